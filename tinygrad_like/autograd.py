@@ -1,0 +1,255 @@
+"""Function (a forward/backward pair) and the Tape (a Wengert list of the ops that ran).
+
+Running a Function with grad enabled appends one Record to the tape: the op, an edge to each
+input's producer (the record that made it, or the leaf tensor itself), and the arrays backward
+needs (the saved tensors). loss.backward() walks the records that lead to the loss in reverse
+order of execution, calls each backward, sums the gradients flowing into each tensor, and drops
+each record's saved arrays as soon as its backward has run.
+
+The tape holds records weakly: a record lives as long as a tensor it produced (or a record
+downstream of it) is alive, so a forward pass that nobody calls backward on frees itself.
+"""
+import contextlib
+import itertools
+import weakref
+
+from . import kernels, profiler
+from .memory import TRACKER
+
+_grad_enabled = [True]
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled[-1]
+
+
+@contextlib.contextmanager
+def _grad_mode(enabled):
+    _grad_enabled.append(enabled)
+    try:
+        yield
+    finally:
+        _grad_enabled.pop()
+
+
+def no_grad():
+    """with no_grad(): ops record nothing (inference, evaluation, optimizer updates)."""
+    return _grad_mode(False)
+
+
+def enable_grad():
+    return _grad_mode(True)
+
+
+_scope = [""]
+
+
+@contextlib.contextmanager
+def scope(name):
+    """Name the module that is running, so tape records can be totalled per layer."""
+    _scope.append(name)
+    try:
+        yield
+    finally:
+        _scope.pop()
+
+
+class Context:
+    """What a Function's forward leaves for its backward."""
+
+    def __init__(self):
+        self.saved = ()
+
+    def save_for_backward(self, *arrays):
+        self.saved = arrays
+
+
+class Function:
+    """One differentiable op: forward(ctx, *arrays, **kw) -> array(s), backward(ctx, *grads)
+    -> one gradient (or None) per array input. Both call kernels through kernels.launch."""
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *inputs, **kwargs):
+        from .tensor import Tensor
+        tensors = [x for x in inputs if isinstance(x, Tensor)]
+        needs_grad = is_grad_enabled() and any(t.requires_grad for t in tensors)
+        args = [x.data if isinstance(x, Tensor) else x for x in inputs]
+        ctx = Context()
+        ctx.needs_grad = needs_grad
+        record = Record(cls, inputs) if needs_grad else None
+        with kernels.sink_to(record or _NULL_SINK):
+            out = cls.forward(ctx, *args, **kwargs)
+        outs = out if isinstance(out, tuple) else (out,)
+        results = tuple(Tensor(o, requires_grad=needs_grad) for o in outs)
+        if needs_grad:
+            record.finish(ctx, results)
+        return results if isinstance(out, tuple) else results[0]
+
+
+class _NullSink:
+    def add(self, flops, nbytes):
+        pass
+
+
+_NULL_SINK = _NullSink()
+
+
+class Record:
+    """One entry of the tape."""
+
+    def __init__(self, fn, inputs):
+        from .tensor import Tensor
+        self.seq = next(_SEQ)
+        self.fn = fn
+        self.op = getattr(fn, "name", fn.__name__.lower())
+        self.scope = _scope[-1]
+        tensors = [x for x in inputs if isinstance(x, Tensor)]
+        self.inputs = [(t.shape, t.dtype) for t in tensors]
+        # one edge per positional input: the producing record and output index, the leaf
+        # tensor itself, or None when no gradient flows there (constants, ints, no-grad tensors)
+        self.edges = [_edge(x) if isinstance(x, Tensor) else None for x in inputs]
+        self.fwd_flops = self.bwd_flops = self.fwd_bytes = self.bwd_bytes = 0
+        self.fwd_launches = self.bwd_launches = 0
+        self._in_backward = False
+        self.freed = False
+
+    def add(self, flops, nbytes):  # kernels.launch reports here while this record runs
+        if self._in_backward:
+            self.bwd_flops += flops
+            self.bwd_bytes += nbytes
+            self.bwd_launches += 1
+        else:
+            self.fwd_flops += flops
+            self.fwd_bytes += nbytes
+            self.fwd_launches += 1
+
+    def finish(self, ctx, outputs):
+        self.ctx = ctx
+        self.outputs = [(t.shape, t.dtype) for t in outputs]
+        for i, t in enumerate(outputs):
+            t._record, t._out_index = self, i
+        self.saved_bytes = TRACKER.save_for_backward(ctx.saved)
+        TAPE.append(self)
+
+    def run_backward(self, grads):
+        if self.freed:
+            raise RuntimeError(
+                f"backward() through a freed tape: the saved tensors of '{self.op}' were "
+                "released by an earlier backward(). Run the forward pass again before calling "
+                "backward() a second time.")
+        self._in_backward = True
+        with kernels.sink_to(self):
+            in_grads = self.fn.backward(self.ctx, *grads)
+        self.free()
+        return in_grads if isinstance(in_grads, tuple) else (in_grads,)
+
+    def free(self):
+        if not self.freed:
+            TRACKER.release_saved(self.ctx.saved)
+            self.ctx.saved = ()
+            self.freed = True
+
+    def as_dict(self):
+        return {"seq": self.seq, "op": self.op, "scope": self.scope,
+                "inputs": [[list(s), str(d)] for s, d in self.inputs],
+                "outputs": [[list(s), str(d)] for s, d in self.outputs],
+                "fwd_flops": self.fwd_flops, "bwd_flops": self.bwd_flops,
+                "fwd_launches": self.fwd_launches, "bwd_launches": self.bwd_launches,
+                "saved_bytes": self.saved_bytes}
+
+
+_SEQ = itertools.count()
+
+
+def _edge(t):
+    if not t.requires_grad:
+        return None
+    return (t._record, t._out_index) if t._record is not None else t
+
+
+class Tape:
+    """The Wengert list: every live record in the order the ops ran."""
+
+    def __init__(self):
+        self._records = weakref.WeakValueDictionary()
+
+    def append(self, record):
+        self._records[record.seq] = record
+
+    def position(self) -> int:
+        """A bookmark: records(since=tape.position()) lists what runs after this point."""
+        return next(_SEQ)
+
+    def records(self, since=0):
+        return [self._records[k] for k in sorted(self._records.keys()) if k >= since]
+
+    def listing(self, since=0):
+        """The tape as data: one dict per record."""
+        return [r.as_dict() for r in self.records(since)]
+
+
+TAPE = Tape()
+
+
+def backward(tensor, grad):
+    """Reverse-mode sweep from tensor (with upstream gradient array grad) to the leaves."""
+    root = tensor._record
+    if root is None:  # a leaf: its gradient is the upstream gradient
+        _accumulate_leaf(tensor, grad)
+        return
+    if root.freed:
+        root.run_backward(())  # raises the freed-tape error
+    grads = {(root, tensor._out_index): grad}
+    with profiler.phase("backward"):
+        for record in _reachable_in_reverse(root):
+            outs = [grads.pop((record, i), None) for i in range(len(record.outputs))]
+            if all(g is None for g in outs):  # on the path but no gradient reached it
+                record.free()
+                continue
+            outs = [g if g is not None else _zeros(shape, dtype, like=grad)
+                    for g, (shape, dtype) in zip(outs, record.outputs)]
+            for edge, g in zip(record.edges, record.run_backward(outs)):
+                if edge is None or g is None:
+                    continue
+                if isinstance(edge, tuple):
+                    prev = grads.get(edge)
+                    grads[edge] = g if prev is None else kernels.launch("add", prev, g)
+                else:
+                    _accumulate_leaf(edge, g)
+
+
+def _reachable_in_reverse(root):
+    """Records the root depends on, latest first (the reverse of the order they ran)."""
+    seen, stack = {root.seq: root}, [root]
+    while stack:
+        for edge in stack.pop().edges:
+            if isinstance(edge, tuple) and edge[0].seq not in seen:
+                seen[edge[0].seq] = edge[0]
+                stack.append(edge[0])
+    return [seen[k] for k in sorted(seen, reverse=True)]
+
+
+def _zeros(shape, dtype, like):
+    from . import backend
+    return kernels.launch("fill", backend.of(like).empty(shape, dtype), 0)
+
+
+def _accumulate_leaf(t, g):
+    """A leaf's .grad is the sum over every use: add in place when it exists (its buffer may
+    be a view into the optimizer's flat gradient buffer), else a private copy."""
+    from .tensor import Tensor
+    if g.dtype != t.dtype:
+        g = kernels.launch("cast", g, t.dtype)
+    if t.grad is None:
+        from . import backend
+        t.grad = Tensor(kernels.launch("copy", backend.of(g).empty(t.shape, t.dtype), g))
+    else:
+        kernels.launch("add", t.grad.data, g, out=t.grad.data)

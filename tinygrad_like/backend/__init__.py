@@ -1,0 +1,53 @@
+"""Device selection. Two backends implement one kernel interface: cpu.py (NumPy, the reference)
+and cuda.py (CuPy and the project's own .cu kernels). CuPy is imported only when CUDA is asked
+for or auto-detected, so the package never needs it.
+
+TG_DEVICE=cpu|cuda picks the default; without it the default is cuda when CuPy sees a GPU.
+"""
+import os
+from functools import lru_cache
+
+from . import cpu
+
+DEVICES = ("cpu", "cuda")
+
+
+@lru_cache(maxsize=None)
+def cuda_available() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, or no device: all mean "no CUDA here"
+        return False
+
+
+@lru_cache(maxsize=None)
+def default_device() -> str:
+    device = os.environ.get("TG_DEVICE")
+    if device:
+        return check_device(device)
+    return "cuda" if cuda_available() else "cpu"
+
+
+def check_device(device: str) -> str:
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
+    if device == "cuda" and not cuda_available():
+        raise RuntimeError("device 'cuda' asked for but no GPU is usable: install the extra "
+                           "with pip install -e '.[cuda]' on a machine with an NVIDIA GPU, "
+                           "or use --device cpu / TG_DEVICE=cpu")
+    return device
+
+
+def get(device: str):
+    """The backend module for a device name."""
+    if device == "cpu":
+        return cpu
+    check_device(device)
+    from . import cuda
+    return cuda
+
+
+def of(array):
+    """The backend that owns an array (NumPy arrays live on the CPU, everything else on CUDA)."""
+    return cpu if isinstance(array, cpu.np.ndarray) else get("cuda")

@@ -1,0 +1,350 @@
+"""The CPU backend: every kernel as vectorized NumPy. This file is the numerical reference.
+
+Rules every backend follows (the CUDA backend in cuda.py matches these names and signatures):
+- Arrays in, arrays out; kernels never see Tensors or the tape.
+- 2-byte inputs (fp16, bf16) are computed in fp32 and rounded once on the way out, which is
+  what a tensor core or an fp32-accumulating CUDA kernel does. Reductions always accumulate
+  in fp32 (or in fp64 when the inputs are fp64, for gradient checks).
+- Outputs have the dtype of the main input unless the kernel says otherwise (statistics such
+  as layernorm's mean/rstd and per-token losses are fp32).
+"""
+import time
+
+import numpy as np
+
+from .. import dtypes
+
+name = "cpu"
+xp = np  # the array module, for code that must allocate on this device
+
+
+# ---------------------------------------------------------------- arrays and timing
+
+def asarray(data, dtype=None):
+    return np.asarray(data, dtype=dtype)
+
+
+def to_numpy(a) -> np.ndarray:
+    return np.asarray(a)
+
+
+def empty(shape, dtype):
+    return np.empty(shape, dtype=dtype)
+
+
+def synchronize():
+    pass
+
+
+class _Timer:
+    """Host timer; the CUDA backend returns CUDA events with the same .seconds()."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.t1 = None
+
+    def stop(self):
+        self.t1 = time.perf_counter()
+        return self
+
+    def seconds(self):
+        return self.t1 - self.t0
+
+
+def start_timer():
+    return _Timer()
+
+
+def _f32(a):
+    """View 2-byte floats as fp32 for computation (fp32/fp64 pass through unchanged)."""
+    return a.astype(np.float32) if a.dtype in (dtypes.float16, dtypes.bfloat16) else a
+
+
+def _round(a, dtype, out=None):
+    """Round a computed result once to the output dtype (into out when given)."""
+    if out is not None:
+        out[...] = a
+        return out
+    return a if a.dtype == dtype else a.astype(dtype)
+
+
+# ---------------------------------------------------------------- GEMMs
+# A linear layer Y = X W (W stored [in, out], as GPT-2's checkpoints) needs three GEMMs of the
+# same cost 2*M*K*N: forward X @ W, backward dX = dY @ W^T (matmul_nt) and dW = X^T @ dY
+# (matmul_tn). Leading dimensions are batch dimensions (attention's B, H).
+
+def matmul(a, b, bias=None):
+    """(..., M, K) @ (..., K, N) [+ bias (N,)] -> (..., M, N)."""
+    y = np.matmul(_f32(a), _f32(b))
+    if bias is not None:
+        y += _f32(bias)
+    return _round(y, a.dtype)
+
+
+def matmul_nt(a, b):
+    """(..., M, N) @ (..., K, N)^T -> (..., M, K)."""
+    return _round(np.matmul(_f32(a), _f32(b).swapaxes(-1, -2)), a.dtype)
+
+
+def matmul_tn(a, b):
+    """(..., M, K)^T @ (..., M, N) -> (..., K, N)."""
+    return _round(np.matmul(_f32(a).swapaxes(-1, -2), _f32(b)), a.dtype)
+
+
+# ---------------------------------------------------------------- elementwise
+
+def _binary(ufunc):
+    """a (op) b with NumPy broadcasting; either side may be a Python scalar."""
+    def kernel(a, b, out=None):
+        dtype = np.result_type(*[x.dtype for x in (a, b) if isinstance(x, np.ndarray)])
+        if dtype in (dtypes.float16, dtypes.bfloat16):
+            return _round(np.asarray(ufunc(_f32s(a), _f32s(b))), dtype, out)
+        return np.asarray(ufunc(a, b, out=out))  # asarray: 0-d results stay arrays
+    kernel.__name__ = ufunc.__name__
+    return kernel
+
+
+def _f32s(x):
+    return _f32(x) if isinstance(x, np.ndarray) else x
+
+
+add = _binary(np.add)
+sub = _binary(np.subtract)
+mul = _binary(np.multiply)
+div = _binary(np.divide)
+
+
+def neg(a):
+    return np.asarray(np.negative(a))
+
+
+def cast(a, dtype):
+    return a.astype(dtype)
+
+
+def copy(dst, src):
+    """dst[...] = src (in place; dst may be a view, e.g. a slice of a KV cache)."""
+    dst[...] = src
+    return dst
+
+
+def fill(dst, value):
+    dst.fill(value)
+    return dst
+
+
+def concat(arrays, axis):
+    return np.concatenate(arrays, axis=axis)
+
+
+def index_bwd(dy, shape, index):
+    """Gradient of x[index]: zeros of x's shape with dy scattered (added) at index."""
+    dx = np.zeros(shape, dtype=dy.dtype)
+    np.add.at(dx, index, dy) if _has_repeats(index) else dx.__setitem__(index, dy)
+    return dx
+
+
+def _has_repeats(index):
+    """Only integer-array indexing can hit one element twice."""
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, np.ndarray) and i.dtype != bool for i in items)
+
+
+def sum(a, axis=None, keepdims=False):
+    """Sum in fp32 (fp64 for fp64 inputs), result in a's dtype."""
+    total = np.sum(a, axis=axis, keepdims=keepdims, dtype=dtypes.compute_dtype(a.dtype))
+    return _round(np.asarray(total), a.dtype)
+
+
+_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def gelu_fwd(x):
+    """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    xf = _f32(x)
+    t = np.tanh(_GELU_C * (xf + 0.044715 * xf ** 3))
+    t += 1.0
+    t *= xf
+    t *= 0.5
+    return _round(t, x.dtype)
+
+
+def gelu_bwd(x, dy):
+    """dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))."""
+    xf = _f32(x)
+    x2 = xf * xf
+    t = np.tanh(_GELU_C * xf * (1.0 + 0.044715 * x2))
+    dgelu = 0.5 * (1.0 + t) + 0.5 * xf * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x2)
+    dgelu *= _f32(dy)
+    return _round(dgelu, x.dtype)
+
+
+def dropout_fwd(x, p, seed):
+    """Inverted dropout: keep with probability 1-p, scale kept values by 1/(1-p).
+    Returns (y, mask) with mask in x's dtype holding 0 or 1/(1-p)."""
+    keep = np.random.default_rng(seed).random(x.shape, dtype=np.float32) >= p
+    mask = (keep / np.float32(1.0 - p)).astype(x.dtype)
+    return mul(x, mask), mask
+
+
+# ---------------------------------------------------------------- row reductions
+
+def layernorm_fwd(x, weight, bias, eps=1e-5):
+    """x (..., C) -> y (..., C), mean (...,) fp32, rstd (...,) fp32 (saved for backward)."""
+    xf = _f32(x)
+    mean = xf.mean(axis=-1, dtype=dtypes.compute_dtype(x.dtype))
+    xc = xf - mean[..., None]
+    var = np.mean(xc * xc, axis=-1)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xc *= rstd[..., None]
+    xc *= _f32(weight)
+    xc += _f32(bias)
+    stat = dtypes.compute_dtype(x.dtype)
+    return _round(xc, x.dtype), mean.astype(stat), rstd.astype(stat)
+
+
+def layernorm_bwd(dy, x, weight, mean, rstd):
+    """-> dx (..., C), dweight (C,), dbias (C,).
+    With xhat = (x - mean) rstd and g = dy * weight:
+    dx = rstd (g - mean(g) - xhat mean(g xhat)), dweight = sum(dy xhat), dbias = sum(dy)."""
+    C = x.shape[-1]
+    dyf = _f32(dy).reshape(-1, C)
+    xhat = (_f32(x).reshape(-1, C) - mean.reshape(-1, 1)) * rstd.reshape(-1, 1)
+    dweight = np.einsum("rc,rc->c", dyf, xhat)
+    dbias = dyf.sum(axis=0)
+    g = dyf * _f32(weight)
+    dx = g - g.mean(axis=1, keepdims=True) - xhat * np.mean(g * xhat, axis=1, keepdims=True)
+    dx *= rstd.reshape(-1, 1)
+    return (_round(dx.reshape(x.shape), x.dtype), _round(dweight, weight.dtype),
+            _round(dbias, weight.dtype))
+
+
+_CAUSAL_MASKS = {}
+
+
+def _future_mask(Tq, Tk):
+    """True where query i (of the last Tq of Tk positions) would look at a future key."""
+    key = (Tq, Tk)
+    if key not in _CAUSAL_MASKS:
+        _CAUSAL_MASKS[key] = np.triu(np.ones((Tq, Tk), dtype=bool), k=Tk - Tq + 1)
+    return _CAUSAL_MASKS[key]
+
+
+def softmax_causal_fwd(scores, scale):
+    """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked.
+    Query i is position Tk - Tq + i, so Tq < Tk serves a KV-cache decode step."""
+    s = _f32(scores) * np.float32(scale) if scores.dtype != np.float64 else scores * scale
+    s[..., _future_mask(*scores.shape[-2:])] = -np.inf
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return _round(s, scores.dtype)
+
+
+def softmax_causal_bwd(probs, dprobs, scale):
+    """dscores = scale * probs * (dprobs - sum(dprobs * probs over keys)); masked entries get 0
+    because their probs are 0."""
+    p, dp = _f32(probs), _f32(dprobs)
+    ds = dp - np.sum(dp * p, axis=-1, keepdims=True)
+    ds *= p
+    ds *= scale
+    return _round(ds, probs.dtype)
+
+
+def _logsumexp_rows(logits):
+    """logits (N, V) -> (exp(logits - max) (N, V) fp32, logsumexp (N,) fp32)."""
+    lf = _f32(logits)
+    m = lf.max(axis=1, keepdims=True)
+    e = np.exp(lf - m)
+    return e, (np.log(e.sum(axis=1, keepdims=True)) + m)[:, 0]
+
+
+def cross_entropy_fwd(logits, targets):
+    """logits (N, V), targets (N,) int with -1 = ignore -> per-row loss (N,) fp32 (0 if ignored).
+    Stable for large logits: the max is subtracted before exp (log-sum-exp)."""
+    _, lse = _logsumexp_rows(logits)
+    return _pick_losses(logits, targets, lse)
+
+
+def cross_entropy_fwd_bwd(logits, targets, dloss):
+    """Forward and backward in one pass over the logits (llm.c style): -> (losses (N,) fp32,
+    dlogits (N, V) = dloss * (softmax - onehot(target)), zero rows for ignored targets)."""
+    e, lse = _logsumexp_rows(logits)
+    losses = _pick_losses(logits, targets, lse)
+    valid = targets >= 0
+    e /= e.sum(axis=1, keepdims=True)
+    e[np.flatnonzero(valid), targets[valid]] -= 1.0
+    e *= (valid * np.float32(dloss))[:, None]
+    return losses, _round(e, logits.dtype)
+
+
+def _pick_losses(logits, targets, lse):
+    rows = np.arange(len(targets))
+    valid = targets >= 0
+    picked = _f32(logits[rows, np.where(valid, targets, 0)])
+    return np.where(valid, lse - picked, 0.0).astype(dtypes.compute_dtype(logits.dtype))
+
+
+# ---------------------------------------------------------------- embedding
+
+def embedding_fwd(weight, idx):
+    """weight (V, C), idx (...) int -> (..., C): a gather."""
+    return weight[idx]
+
+
+def embedding_bwd(dout, idx, num_embeddings):
+    """dout (..., C) -> dweight (V, C), rows of repeated ids summed in a fixed order (sorted),
+    so the result is deterministic."""
+    C = dout.shape[-1]
+    flat_idx = idx.reshape(-1)
+    order = np.argsort(flat_idx, kind="stable")
+    ids, starts = np.unique(flat_idx[order], return_index=True)
+    dweight = np.zeros((num_embeddings, C), dtype=dtypes.compute_dtype(dout.dtype))
+    dweight[ids] = np.add.reduceat(_f32(dout.reshape(-1, C))[order], starts, axis=0)
+    return _round(dweight, dout.dtype)
+
+
+# ---------------------------------------------------------------- optimizer
+
+def grad_norm_sq(grad):
+    """Sum of squares of a flat gradient buffer in fp32 -> array (1,). inf/nan in the gradient
+    make it non-finite, so the same number serves clipping and the overflow check."""
+    g = _f32(grad)
+    return np.array([np.dot(g, g)], dtype=g.dtype)
+
+
+def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, weight_decay,
+               n_decay, step, inv_scale, max_norm):
+    """One fused AdamW update over flat buffers, in place. Returns nothing.
+
+    master, m, v: fp32 (N,). grad: (N,) in the working dtype, multiplied by the loss scale.
+    working: the 2-byte copy to refresh from master, or None when master is the working copy.
+    norm_sq: (1,) sum of squares of the scaled gradient; if it is not finite (overflow) the
+    step is skipped and nothing changes. The first n_decay elements get weight decay (the 2-D
+    weights are packed first). Clipping to max_norm (0 = off) uses the unscaled norm.
+    """
+    scaled_norm_sq = float(norm_sq[0])
+    if not np.isfinite(scaled_norm_sq):
+        return
+    g_coef = inv_scale
+    if max_norm > 0:
+        norm = np.sqrt(scaled_norm_sq) * inv_scale
+        g_coef *= min(1.0, max_norm / (norm + 1e-6))
+    g = _f32(grad) * np.float32(g_coef)
+    m *= beta1
+    m += (1 - beta1) * g
+    g *= g
+    v *= beta2
+    v += (1 - beta2) * g
+    if weight_decay:
+        master[:n_decay] *= np.float32(1 - lr * weight_decay)
+    # update = lr * mhat / (sqrt(vhat) + eps), with the bias corrections folded into scalars
+    bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+    denom = np.sqrt(v)
+    denom *= np.float32(1 / np.sqrt(bc2))
+    denom += eps
+    np.divide(m, denom, out=denom)
+    denom *= np.float32(lr / bc1)
+    master -= denom
+    if working is not None:
+        working[...] = master

@@ -1,0 +1,104 @@
+"""The one place every kernel launch passes through.
+
+ops.py never calls a backend directly: it calls launch("gelu_fwd", x), which finds the backend
+that owns x, runs its kernel, and counts the launch: FLOPs from the shapes (the table below),
+bytes as everything the kernel reads plus everything it writes, the phase, and (when a profiler
+asks) the time. The tape and the profiler read these counts; nothing else computes them.
+"""
+import time
+
+from . import backend, profiler
+from .memory import TRACKER
+
+
+def _per_element(n, of=0):
+    """FLOPs = n per element of argument `of` (0 = the first input)."""
+    return lambda result, *args, **kw: n * args[of].size
+
+
+# FLOPs per launch, from shapes. GEMMs count one multiply and one add per term: 2*M*K*N
+# (times the batch), plus M*N for a fused bias. Elementwise and row kernels count arithmetic
+# per element (exp, tanh and sqrt count as 1): a fraction of a percent of a GPT-2 step, but
+# honest. Data movement (gathers, casts, copies) counts 0 FLOPs and only bytes.
+FLOPS = {
+    "matmul": lambda r, a, b, bias=None: 2 * r.size * a.shape[-1] + (r.size if bias is not None else 0),
+    "matmul_nt": lambda r, a, b: 2 * r.size * a.shape[-1],
+    "matmul_tn": lambda r, a, b: 2 * r.size * a.shape[-2],
+    "add": lambda r, *args, **kw: r.size,
+    "sub": lambda r, *args, **kw: r.size,
+    "mul": lambda r, *args, **kw: r.size,
+    "div": lambda r, *args, **kw: r.size,
+    "neg": _per_element(1),
+    "sum": _per_element(1),
+    "gelu_fwd": _per_element(8),
+    "gelu_bwd": _per_element(16),
+    "dropout_fwd": _per_element(2),
+    "layernorm_fwd": _per_element(8),
+    "layernorm_bwd": _per_element(12, of=1),
+    "softmax_causal_fwd": _per_element(5),
+    "softmax_causal_bwd": _per_element(4),
+    "cross_entropy_fwd": _per_element(4),
+    "cross_entropy_fwd_bwd": _per_element(6),
+    "embedding_bwd": _per_element(1),
+    "grad_norm_sq": _per_element(2),
+    "adamw_step": _per_element(12),
+}
+
+
+def _arrays(items):
+    for x in items:
+        if hasattr(x, "nbytes") and hasattr(x, "shape"):
+            yield x
+        elif isinstance(x, (tuple, list)):
+            yield from _arrays(x)
+
+
+def _first_array(args):
+    for a in _arrays(args):
+        return a
+    raise TypeError("a kernel launch needs at least one array argument")
+
+
+_sinks = []  # objects with .add(flops, nbytes): the tape record being run, if any
+
+
+class sink_to:
+    """with sink_to(record): launches inside add their FLOPs and bytes to the record."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __enter__(self):
+        _sinks.append(self.target)
+
+    def __exit__(self, *exc):
+        _sinks.pop()
+
+
+def launch(name, *args, **kwargs):
+    be = backend.of(_first_array(args))
+    timing = profiler.timing_wanted()
+    timer = be.start_timer() if timing else None
+    t_host = time.perf_counter()
+    out = getattr(be, name)(*args, **kwargs)
+    if timer is not None:
+        timer.stop()
+    outs = out if isinstance(out, tuple) else (out,)
+    if out is None:
+        outs = ()
+    flops_of = FLOPS.get(name)
+    flops = int(flops_of(outs[0] if outs else None, *args, **kwargs)) if flops_of else 0
+    inputs = list(_arrays(args)) + list(_arrays(kwargs.values()))
+    seen = {id(a) for a in inputs}
+    nbytes = sum(a.nbytes for a in inputs) + sum(
+        a.nbytes for a in _arrays(outs) if id(a) not in seen)
+    if _sinks:
+        _sinks[-1].add(flops, nbytes)
+    for prof in profiler.active():
+        prof.launches.append(profiler.Launch(name, profiler.current_phase(), flops, nbytes,
+                                             be.name, timer, t_host - prof._t0))
+    if TRACKER.track_temporaries:
+        for a in _arrays(outs):
+            if id(a) not in seen:
+                TRACKER.register(a, "temporaries")
+    return out

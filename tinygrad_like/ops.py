@@ -1,0 +1,481 @@
+"""The differentiable ops GPT-2 needs: one Function (forward + backward) each, then the
+functional API (PyTorch's names) that the Tensor methods and nn/ call.
+
+Every array operation goes through kernels.launch(name, ...), so each op's FLOPs and bytes are
+counted where they happen. Views (reshape, transpose, permute, split, basic slicing) launch no
+kernel: they move no data. Shapes in comments: B batch, T sequence, C channels, H heads,
+D = C / H, V vocabulary, N = B * T rows.
+"""
+import math
+
+import numpy as np
+
+from . import backend, dtypes
+from .autograd import Function
+from .kernels import launch
+from .tensor import Tensor
+
+
+def _xp(a):
+    return backend.of(a).xp
+
+
+def _unbroadcast(g, shape, dtype):
+    """Sum a gradient back down to the shape of a broadcast input (and to its dtype)."""
+    if tuple(g.shape) != tuple(shape):
+        lead = g.ndim - len(shape)
+        axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
+                                          if n == 1 and g.shape[i + lead] != 1)
+        g = launch("sum", g, axis=axes, keepdims=True).reshape(shape)
+    return g if g.dtype == dtype else launch("cast", g, dtype)
+
+
+def _meta(x):
+    """(shape, dtype) of an array operand, or None for a Python scalar."""
+    return (x.shape, x.dtype) if hasattr(x, "shape") else None
+
+
+# ---------------------------------------------------------------- arithmetic
+
+class Add(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.metas = _meta(a), _meta(b)
+        return launch("add", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        return tuple(_unbroadcast(g, *m) if m else None for m in ctx.metas)
+
+
+class Sub(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.metas = _meta(a), _meta(b)
+        return launch("sub", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        ma, mb = ctx.metas
+        return (_unbroadcast(g, *ma) if ma else None,
+                _unbroadcast(launch("neg", g), *mb) if mb else None)
+
+
+class Mul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        ctx.metas = _meta(a), _meta(b)
+        return launch("mul", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved
+        ma, mb = ctx.metas
+        return (_unbroadcast(launch("mul", g, b), *ma) if ma else None,
+                _unbroadcast(launch("mul", g, a), *mb) if mb else None)
+
+
+class Div(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        ctx.metas = _meta(a), _meta(b)
+        return launch("div", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved
+        ma, mb = ctx.metas
+        da = _unbroadcast(launch("div", g, b), *ma) if ma else None
+        db = None
+        if mb:  # d(a/b)/db = -a / b^2
+            db = _unbroadcast(launch("neg", launch("div", launch("mul", g, a),
+                                                   launch("mul", b, b))), *mb)
+        return da, db
+
+
+class Neg(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return launch("neg", x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("neg", g)
+
+
+class Sum(Function):
+    @staticmethod
+    def forward(ctx, x, axis, keepdims):
+        ctx.shape = x.shape
+        ctx.axis = tuple(range(x.ndim)) if axis is None else tuple(
+            a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+        return launch("sum", x, axis=ctx.axis, keepdims=keepdims)
+
+    @staticmethod
+    def backward(ctx, g):
+        kept = tuple(1 if i in ctx.axis else n for i, n in enumerate(ctx.shape))
+        return _xp(g).broadcast_to(g.reshape(kept), ctx.shape)
+
+
+class Cast(Function):
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = x.dtype
+        return launch("cast", x, dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("cast", g, ctx.dtype)
+
+
+# ---------------------------------------------------------------- views (no kernels)
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.shape = x.shape
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.shape)
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx, x, dims):
+        ctx.inverse = tuple(np.argsort(dims))
+        return x.transpose(dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.transpose(ctx.inverse)
+
+
+class GetItem(Function):
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.shape, ctx.index = x.shape, index
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("index_bwd", g, ctx.shape, ctx.index)
+
+
+class Split(Function):
+    @staticmethod
+    def forward(ctx, x, sizes, axis):
+        ctx.axis = axis
+        bounds = np.cumsum(sizes)[:-1]
+        return tuple(_xp(x).split(x, bounds, axis=axis))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return launch("concat", list(grads), ctx.axis)
+
+
+class Concat(Function):
+    @staticmethod
+    def forward(ctx, *arrays, axis):
+        ctx.axis, ctx.bounds = axis, np.cumsum([a.shape[axis] for a in arrays])[:-1]
+        return launch("concat", list(arrays), axis)
+
+    @staticmethod
+    def backward(ctx, g):
+        return tuple(_xp(g).split(g, ctx.bounds, axis=ctx.axis))
+
+
+# ---------------------------------------------------------------- GEMMs
+
+class MatMul(Function):
+    """a (..., M, K) @ b (..., K, N) with equal batch dims, or either side 2-D."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        if b.ndim == 2 and a.ndim > 2:  # fold the batch into M: one 2-D GEMM
+            return launch("matmul", a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
+        return launch("matmul", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved
+        if b.ndim == 2 and a.ndim > 2:
+            g2, a2 = g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])
+            return launch("matmul_nt", g2, b).reshape(a.shape), launch("matmul_tn", a2, g2)
+        da = launch("matmul_nt", g, b)    # dA = dY B^T
+        db = launch("matmul_tn", a, g)    # dB = A^T dY
+        if a.ndim == 2 and b.ndim > 2:    # a was shared across the batch: sum its gradients
+            da = launch("sum", da, axis=tuple(range(da.ndim - 2)))
+        return da, db
+
+
+class Linear(Function):
+    """y = x W + b, W stored (in, out) as in GPT-2's checkpoints. The three GEMMs of a linear
+    layer, each 2*M*K*N FLOPs: forward x W, backward dx = dy W^T and dW = x^T dy."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias=None):
+        x2 = x.reshape(-1, x.shape[-1])                          # (M, K), M = B*T
+        ctx.save_for_backward(x2, weight)
+        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        y = launch("matmul", x2, weight, bias=bias)              # (M, N)
+        return y.reshape(*x.shape[:-1], weight.shape[1])
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, weight = ctx.saved
+        g2 = g.reshape(-1, g.shape[-1])                          # (M, N)
+        dx = launch("matmul_nt", g2, weight).reshape(ctx.x_shape)  # (M, N) @ (K, N)^T
+        dweight = launch("matmul_tn", x2, g2)                    # (M, K)^T @ (M, N)
+        dbias = launch("sum", g2, axis=0) if ctx.has_bias else None
+        return dx, dweight, dbias
+
+
+# ---------------------------------------------------------------- GPT-2's layers
+
+class Embedding(Function):
+    @staticmethod
+    def forward(ctx, weight, idx):
+        ctx.save_for_backward(idx)
+        ctx.num_embeddings = weight.shape[0]
+        return launch("embedding_fwd", weight, idx)              # (..., C)
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved
+        return launch("embedding_bwd", g, idx, ctx.num_embeddings), None
+
+
+class GELU(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return launch("gelu_fwd", x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved
+        return launch("gelu_bwd", x, g)
+
+
+class LayerNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = launch("layernorm_fwd", x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)              # mean, rstd: (...,) fp32
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("layernorm_bwd", g, *ctx.saved)
+
+
+class Attention(Function):
+    """Causal scaled-dot-product attention, fused into one tape record.
+    q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq (Tk > Tq when decoding with a KV cache).
+    Saves q, k, v and the probabilities (B, H, Tq, Tk). Masked scores are computed, not
+    skipped: forward 4*Tq*Tk*D FLOPs per head, backward twice that."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = launch("matmul_nt", q, k)                       # (B, H, Tq, Tk)
+        probs = launch("softmax_causal_fwd", scores, scale)
+        ctx.save_for_backward(q, k, v, probs)
+        ctx.scale = scale
+        return launch("matmul", probs, v)                        # (B, H, Tq, D)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, probs = ctx.saved
+        dprobs = launch("matmul_nt", g, v)                       # (B, H, Tq, Tk)
+        dv = launch("matmul_tn", probs, g)                       # (B, H, Tk, D)
+        dscores = launch("softmax_causal_bwd", probs, dprobs, ctx.scale)
+        dq = launch("matmul", dscores, k)                        # (B, H, Tq, D)
+        dk = launch("matmul_tn", dscores, q)                     # (B, H, Tk, D)
+        return dq, dk, dv
+
+
+class CrossEntropy(Function):
+    """Mean cross-entropy of logits (N, V) against targets (N,), -1 ignored -> fp32 scalar.
+    With grad enabled the forward also writes dlogits (one pass over the logits, as llm.c
+    does) and saves them instead of the logits; backward only scales them."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, count):
+        if ctx.needs_grad:
+            losses, dlogits = launch("cross_entropy_fwd_bwd", logits, targets, 1.0 / count)
+            ctx.save_for_backward(dlogits)
+        else:
+            losses = launch("cross_entropy_fwd", logits, targets)
+        return launch("mul", launch("sum", losses), 1.0 / count)
+
+    @staticmethod
+    def backward(ctx, g):
+        (dlogits,) = ctx.saved
+        return launch("mul", dlogits, g, out=dlogits), None, None
+
+
+class Dropout(Function):
+    @staticmethod
+    def forward(ctx, x, p, seed):
+        y, mask = launch("dropout_fwd", x, p, seed)
+        ctx.save_for_backward(mask)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("mul", g, ctx.saved[0]), None, None
+
+
+# ---------------------------------------------------------------- the functional API
+
+def _operand(x, like):
+    """Tensors and Python scalars pass through; other array-likes become constant Tensors."""
+    if isinstance(x, (Tensor, int, float)):
+        return x
+    return Tensor(x, device=like.device)
+
+
+def _binary(fn, a, b):
+    like = a if isinstance(a, Tensor) else b
+    return fn.apply(_operand(a, like), _operand(b, like))
+
+
+def add(a, b): return _binary(Add, a, b)
+def sub(a, b): return _binary(Sub, a, b)
+def mul(a, b): return _binary(Mul, a, b)
+def div(a, b): return _binary(Div, a, b)
+def neg(x): return Neg.apply(x)
+def cast(x, dtype): return Cast.apply(x, dtypes.as_dtype(dtype))
+def reshape(x, shape): return Reshape.apply(x, shape)
+def permute(x, dims): return Permute.apply(x, tuple(d % x.ndim for d in dims))
+
+
+def sum(x, axis=None, keepdims=False):
+    return Sum.apply(x, axis, keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    axes = range(x.ndim) if axis is None else ((axis,) if isinstance(axis, int) else axis)
+    n = math.prod(x.shape[a] for a in axes)
+    return mul(sum(x, axis, keepdims), 1.0 / n)
+
+
+def transpose(x, dim0=-2, dim1=-1):
+    dims = list(range(x.ndim))
+    dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+    return permute(x, dims)
+
+
+def getitem(x, index):
+    items = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items):
+        raise TypeError(f"indexing with {index!r}: only ints, slices, None and ... are "
+                        "supported (views); use embedding() to gather rows by id")
+    return GetItem.apply(x, index)
+
+
+def split(x, split_size, dim=-1):
+    """Like torch.split: chunks of split_size (an int) or of the listed sizes along dim."""
+    n = x.shape[dim]
+    sizes = [split_size] * (n // split_size) + ([n % split_size] if n % split_size else []) \
+        if isinstance(split_size, int) else list(split_size)
+    if np.sum(sizes) != n:
+        raise ValueError(f"split: sizes {sizes} do not add up to dimension {dim} of size {n}")
+    return Split.apply(x, sizes, dim % x.ndim)
+
+
+def cat(tensors, dim=0):
+    return Concat.apply(*tensors, axis=dim % tensors[0].ndim)
+
+
+def matmul(a, b):
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"matmul: {a.shape} @ {b.shape}: both operands need at least 2 dims")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: {a.shape} @ {b.shape}: inner dimensions "
+                         f"{a.shape[-1]} and {b.shape[-2]} differ")
+    if a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
+        raise ValueError(f"matmul: {a.shape} @ {b.shape}: batch dimensions "
+                         f"{a.shape[:-2]} and {b.shape[:-2]} differ (no batch broadcasting)")
+    return MatMul.apply(a, b)
+
+
+def linear(x, weight, bias=None):
+    """x (..., in) @ weight (in, out) + bias (out,). Note the (in, out) layout of GPT-2."""
+    if x.shape[-1] != weight.shape[0]:
+        raise ValueError(f"linear: input {x.shape} @ weight {weight.shape}: inner dimensions "
+                         f"{x.shape[-1]} and {weight.shape[0]} differ")
+    return Linear.apply(x, weight, bias)
+
+
+def embedding(idx, weight):
+    """idx (...) int token ids -> weight rows (..., C)."""
+    ids = idx.data if isinstance(idx, Tensor) else idx
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= weight.shape[0]):
+            bad = int(ids.max() if ids.max() >= weight.shape[0] else ids.min())
+            raise ValueError(f"token id {bad} out of range for vocab {weight.shape[0]}")
+        ids = backend.of(weight.data).asarray(ids)
+    return Embedding.apply(weight, ids)
+
+
+def gelu(x):
+    """GELU, tanh approximation (GPT-2's)."""
+    return GELU.apply(x)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    if x.shape[-1] != weight.shape[0]:
+        raise ValueError(f"layer_norm: input {x.shape} has {x.shape[-1]} features, "
+                         f"weight has {weight.shape[0]}")
+    return LayerNorm.apply(x, weight, bias, eps)
+
+
+def scaled_dot_product_attention(q, k, v):
+    """Causal attention over (B, H, T, D) tensors (the only kind GPT-2 uses)."""
+    if q.shape[-1] != k.shape[-1] or k.shape != v.shape or k.shape[-2] < q.shape[-2]:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}: need equal head "
+                         "dims, k and v of one shape, and at least as many keys as queries")
+    return Attention.apply(q, k, v)
+
+
+def cross_entropy(logits, targets, ignore_index=-1):
+    """Mean over the targets that are not ignore_index; logits (N, V), targets (N,)."""
+    t = targets.numpy() if isinstance(targets, Tensor) else np.asarray(targets)
+    N, V = logits.shape
+    if t.shape != (N,):
+        raise ValueError(f"cross_entropy: logits {logits.shape} need targets of shape ({N},), "
+                         f"got {t.shape}")
+    t = np.where(t == ignore_index, -1, t).astype(np.int64)
+    bad = t[(t < -1) | (t >= V)]
+    if bad.size:
+        raise ValueError(f"target id {int(bad[0])} out of range for vocab {V}")
+    count = int((t >= 0).sum())
+    if count == 0:
+        raise ValueError("cross_entropy: every target is ignored (-1), so the mean is undefined")
+    return CrossEntropy.apply(logits, backend.of(logits.data).asarray(t), count)
+
+
+_dropout_rng = np.random.default_rng(0)
+
+
+def manual_seed(seed):
+    """Seed the generator dropout draws its masks from (model init has its own seed)."""
+    global _dropout_rng
+    _dropout_rng = np.random.default_rng(seed)
+
+
+def dropout(x, p=0.0, training=True):
+    if not training or p == 0.0:
+        return x
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    return Dropout.apply(x, p, int(_dropout_rng.integers(2**63)))

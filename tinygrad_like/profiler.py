@@ -1,0 +1,132 @@
+"""Every kernel launch, as data: name, phase, FLOPs, bytes and (when asked) time.
+
+kernels.launch() calls record() once per launch. Nothing is kept unless a Profiler is active,
+so the cost when nobody is looking is one attribute check. The sums per phase divided by the
+tokens in the step and by N are the measured multiples of N (2N forward, 4N backward).
+"""
+import contextlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+PHASES = ("forward", "backward", "optimizer", "other")
+_phase = ["forward"]       # a stack; the top is the current phase
+_active = []               # the profilers recording now
+
+
+@dataclass
+class Launch:
+    name: str
+    phase: str
+    flops: int
+    bytes: int
+    device: str
+    timer: object = None     # backend timer with .seconds(), when timing is on
+    start: float = 0.0       # host seconds since the profiler started (for the trace)
+
+    @property
+    def seconds(self):
+        return self.timer.seconds() if self.timer is not None else 0.0
+
+
+def current_phase() -> str:
+    return _phase[-1]
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    assert name in PHASES, name
+    _phase.append(name)
+    try:
+        yield
+    finally:
+        _phase.pop()
+
+
+def active():
+    return _active
+
+
+def timing_wanted() -> bool:
+    return any(p.timing for p in _active)
+
+
+class Profiler:
+    """with Profiler(timing=True) as prof: ...  then prof.census(), prof.by_phase(), ..."""
+
+    def __init__(self, timing=False):
+        self.timing = timing
+        self.launches = []
+
+    def __enter__(self):
+        import time
+        self._t0 = time.perf_counter()
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _active.remove(self)
+        from . import backend
+        for device in {l.device for l in self.launches}:
+            backend.get(device).synchronize()
+
+    def elapsed(self):
+        import time
+        return time.perf_counter() - self._t0
+
+    def by_phase(self):
+        """phase -> {launches, flops, bytes, seconds}."""
+        out = {p: {"launches": 0, "flops": 0, "bytes": 0, "seconds": 0.0} for p in PHASES}
+        for l in self.launches:
+            row = out[l.phase]
+            row["launches"] += 1
+            row["flops"] += l.flops
+            row["bytes"] += l.bytes
+            row["seconds"] += l.seconds
+        return out
+
+    def census(self):
+        """One row per kernel name, most time (or FLOPs when untimed) first."""
+        rows = defaultdict(lambda: {"calls": 0, "flops": 0, "bytes": 0, "seconds": 0.0})
+        for l in self.launches:
+            r = rows[l.name]
+            r["calls"] += 1
+            r["flops"] += l.flops
+            r["bytes"] += l.bytes
+            r["seconds"] += l.seconds
+        total = sum(r["seconds"] for r in rows.values()) or 1.0
+        table = []
+        for name, r in rows.items():
+            s = r["seconds"]
+            table.append({"kernel": name, **r,
+                          "GB/s": r["bytes"] / s / 1e9 if s else 0.0,
+                          "GFLOP/s": r["flops"] / s / 1e9 if s else 0.0,
+                          "share": s / total})
+        table.sort(key=lambda r: (r["seconds"], r["flops"]), reverse=True)
+        return table
+
+    def chrome_trace_events(self, pid=1):
+        """One complete ("X") event per kernel on a track (tid) per phase, times in µs."""
+        events = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": i,
+                   "args": {"name": p}} for i, p in enumerate(PHASES)]
+        for l in self.launches:
+            events.append({"name": l.name, "ph": "X", "pid": pid, "tid": PHASES.index(l.phase),
+                           "ts": l.start * 1e6, "dur": max(l.seconds * 1e6, 0.01),
+                           "cat": l.phase, "args": {"flops": l.flops, "bytes": l.bytes}})
+        return events
+
+
+def format_census(rows, title="op census"):
+    lines = [title,
+             f"{'kernel':<24}{'calls':>7}{'MB':>10}{'GFLOP':>10}{'ms':>10}{'GB/s':>9}"
+             f"{'GFLOP/s':>10}{'share':>8}"]
+    for r in rows:
+        lines.append(f"{r['kernel']:<24}{r['calls']:>7}{r['bytes'] / 1e6:>10.1f}"
+                     f"{r['flops'] / 1e9:>10.3f}{r['seconds'] * 1e3:>10.2f}{r['GB/s']:>9.1f}"
+                     f"{r['GFLOP/s']:>10.1f}{r['share'] * 100:>7.1f}%")
+    return "\n".join(lines)
+
+
+def save_json(obj, path):
+    with open(path, "w") as f:
+        json.dump(obj, f)

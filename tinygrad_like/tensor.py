@@ -1,0 +1,146 @@
+"""Tensor: an array (NumPy on the CPU, CuPy on a GPU), its dtype and device, and its gradient.
+
+Operators and methods are thin: each calls one differentiable op from ops.py, which launches
+kernels and, with grad enabled, appends a record to the tape.
+"""
+import numpy as np
+
+from . import autograd, backend, dtypes
+
+
+class Tensor:
+    def __init__(self, data, requires_grad=False, dtype=None, device=None):
+        if isinstance(data, Tensor):
+            data = data.data
+        be = backend.get(device) if device is not None else None
+        if be is None:
+            is_array = hasattr(data, "__array_interface__") or hasattr(data, "__cuda_array_interface__")
+            be = backend.of(data) if is_array else backend.get(backend.default_device())
+        if dtype is None and not hasattr(data, "dtype"):
+            # Python lists and scalars: floats become fp32 and ints int64, as in PyTorch
+            data = np.asarray(data)
+            dtype = dtypes.float32 if data.dtype.kind == "f" else data.dtype
+        if backend.of(data) is not be:
+            data = be.asarray(backend.of(data).to_numpy(data))
+        self.data = data if dtype is None else be.asarray(data, dtype=dtypes.as_dtype(dtype))
+        if requires_grad and not dtypes.is_float(self.data.dtype):
+            raise TypeError(f"only floating-point tensors can require gradients, got "
+                            f"{self.data.dtype}: cast first, e.g. Tensor(x, dtype='fp32')")
+        self.requires_grad = requires_grad
+        self.grad = None
+        self._record = None      # the tape record that produced this tensor (None: a leaf)
+        self._out_index = 0
+
+    # ---- facts
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def device(self):
+        return backend.of(self.data).name
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+    def numel(self):
+        return int(self.data.size)
+
+    @property
+    def nbytes(self):
+        return int(self.data.nbytes)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (f"Tensor(shape={self.shape}, dtype={dtypes.name(self.dtype)}, "
+                f"device={self.device}{grad})")
+
+    def numpy(self) -> np.ndarray:
+        return backend.of(self.data).to_numpy(self.data)
+
+    def item(self):
+        return self.numpy().item()
+
+    def detach(self):
+        return Tensor(self.data)
+
+    def is_leaf(self):
+        return self._record is None
+
+    # ---- autograd
+    def backward(self, grad=None):
+        """Accumulate d(self)/d(leaf) into every leaf's .grad, walking the tape in reverse."""
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad: no input "
+                               "of the computation had requires_grad=True (or it ran under "
+                               "no_grad())")
+        if grad is None:
+            if self.numel() != 1:
+                raise RuntimeError(f"backward() on a non-scalar tensor of shape {self.shape} "
+                                   "needs a gradient: call .backward(grad) with an array of "
+                                   "that shape, or reduce to a scalar first (e.g. .sum())")
+            grad = backend.of(self.data).asarray(np.ones(self.shape, dtype=self.dtype))
+        else:
+            grad = grad.data if isinstance(grad, Tensor) else backend.of(self.data).asarray(grad, dtype=self.dtype)
+            if tuple(grad.shape) != self.shape:
+                raise ValueError(f"backward(grad): grad has shape {tuple(grad.shape)} but the "
+                                 f"tensor has shape {self.shape}")
+        autograd.backward(self, grad)
+
+    # ---- conversions
+    def to(self, dtype=None, device=None):
+        out = self
+        if device is not None and device != self.device:
+            out = Tensor(backend.get(device).asarray(self.numpy()), requires_grad=self.requires_grad)
+        if dtype is not None and dtypes.as_dtype(dtype) != out.dtype:
+            out = ops.cast(out, dtypes.as_dtype(dtype))
+        return out
+
+    def float(self):
+        return self.to(dtypes.float32)
+
+    def half(self):
+        return self.to(dtypes.float16)
+
+    def bfloat16(self):
+        return self.to(dtypes.bfloat16)
+
+    # ---- arithmetic (broadcasting like NumPy)
+    def __add__(self, other): return ops.add(self, other)
+    def __radd__(self, other): return ops.add(self, other)
+    def __sub__(self, other): return ops.sub(self, other)
+    def __rsub__(self, other): return ops.sub(other, self)
+    def __mul__(self, other): return ops.mul(self, other)
+    def __rmul__(self, other): return ops.mul(self, other)
+    def __truediv__(self, other): return ops.div(self, other)
+    def __rtruediv__(self, other): return ops.div(other, self)
+    def __neg__(self): return ops.neg(self)
+    def __matmul__(self, other): return ops.matmul(self, other)
+    def __getitem__(self, index): return ops.getitem(self, index)
+
+    def sum(self, axis=None, keepdims=False): return ops.sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return ops.mean(self, axis, keepdims)
+    def reshape(self, *shape): return ops.reshape(self, _shape_arg(shape))
+    def view(self, *shape): return ops.reshape(self, _shape_arg(shape))
+    def transpose(self, dim0=-2, dim1=-1): return ops.transpose(self, dim0, dim1)
+    def permute(self, *dims): return ops.permute(self, _shape_arg(dims))
+    def split(self, split_size, dim=-1): return ops.split(self, split_size, dim)
+
+    @property
+    def T(self):
+        return ops.transpose(self, -2, -1)
+
+
+def _shape_arg(shape):
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+
+
+from . import ops  # noqa: E402  (ops needs Tensor; Tensor's methods need ops)
