@@ -132,15 +132,26 @@ class Cast(Function):
 
 # ---------------------------------------------------------------- views (no kernels)
 
+def _reshape(x, shape):
+    """A view when the layout allows; otherwise an explicit, counted copy first."""
+    if not _is_contiguous(x):
+        x = launch("contiguous", x)
+    return x.reshape(shape)
+
+
+def _is_contiguous(x):
+    return x.flags.c_contiguous
+
+
 class Reshape(Function):
     @staticmethod
     def forward(ctx, x, shape):
         ctx.shape = x.shape
-        return x.reshape(shape)
+        return _reshape(x, shape)
 
     @staticmethod
     def backward(ctx, g):
-        return g.reshape(ctx.shape)
+        return _reshape(g, ctx.shape)
 
 
 class Permute(Function):
@@ -197,14 +208,14 @@ class MatMul(Function):
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
         if b.ndim == 2 and a.ndim > 2:  # fold the batch into M: one 2-D GEMM
-            return launch("matmul", a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
+            return launch("matmul", _reshape(a, (-1, a.shape[-1])), b).reshape(*a.shape[:-1], b.shape[-1])
         return launch("matmul", a, b)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved
         if b.ndim == 2 and a.ndim > 2:
-            g2, a2 = g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])
+            g2, a2 = _reshape(g, (-1, g.shape[-1])), _reshape(a, (-1, a.shape[-1]))
             return launch("matmul_nt", g2, b).reshape(a.shape), launch("matmul_tn", a2, g2)
         da = launch("matmul_nt", g, b)    # dA = dY B^T
         db = launch("matmul_tn", a, g)    # dB = A^T dY
@@ -214,25 +225,34 @@ class MatMul(Function):
 
 
 class Linear(Function):
-    """y = x W + b, W stored (in, out) as in GPT-2's checkpoints. The three GEMMs of a linear
-    layer, each 2*M*K*N FLOPs: forward x W, backward dx = dy W^T and dW = x^T dy."""
+    """y = x W + b with W stored (in, out) as in GPT-2's checkpoints, or (out, in) when
+    transposed (the tied LM head, logits = x wte^T). The three GEMMs of a linear layer, each
+    2*M*K*N FLOPs: forward x W, backward dx = dy W^T and dW = x^T dy."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias=None):
-        x2 = x.reshape(-1, x.shape[-1])                          # (M, K), M = B*T
+    def forward(ctx, x, weight, bias=None, transposed=False):
+        x2 = _reshape(x, (-1, x.shape[-1]))                      # (M, K), M = B*T
         ctx.save_for_backward(x2, weight)
-        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
-        y = launch("matmul", x2, weight, bias=bias)              # (M, N)
-        return y.reshape(*x.shape[:-1], weight.shape[1])
+        ctx.x_shape, ctx.has_bias, ctx.transposed = x.shape, bias is not None, transposed
+        if transposed:                                           # (M, K) @ (N, K)^T
+            y = launch("matmul_nt", x2, weight) if bias is None else \
+                launch("add", launch("matmul_nt", x2, weight), bias)
+        else:                                                    # (M, K) @ (K, N) + b
+            y = launch("matmul", x2, weight, bias=bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, g):
         x2, weight = ctx.saved
-        g2 = g.reshape(-1, g.shape[-1])                          # (M, N)
-        dx = launch("matmul_nt", g2, weight).reshape(ctx.x_shape)  # (M, N) @ (K, N)^T
-        dweight = launch("matmul_tn", x2, g2)                    # (M, K)^T @ (M, N)
+        g2 = _reshape(g, (-1, g.shape[-1]))                      # (M, N)
+        if ctx.transposed:
+            dx = launch("matmul", g2, weight)                    # (M, N) @ (N, K)
+            dweight = launch("matmul_tn", g2, x2)                # (M, N)^T @ (M, K) -> (N, K)
+        else:
+            dx = launch("matmul_nt", g2, weight)                 # (M, N) @ (K, N)^T
+            dweight = launch("matmul_tn", x2, g2)                # (M, K)^T @ (M, N) -> (K, N)
         dbias = launch("sum", g2, axis=0) if ctx.has_bias else None
-        return dx, dweight, dbias
+        return dx.reshape(ctx.x_shape), dweight, dbias
 
 
 # ---------------------------------------------------------------- GPT-2's layers
@@ -406,12 +426,15 @@ def matmul(a, b):
     return MatMul.apply(a, b)
 
 
-def linear(x, weight, bias=None):
-    """x (..., in) @ weight (in, out) + bias (out,). Note the (in, out) layout of GPT-2."""
-    if x.shape[-1] != weight.shape[0]:
-        raise ValueError(f"linear: input {x.shape} @ weight {weight.shape}: inner dimensions "
-                         f"{x.shape[-1]} and {weight.shape[0]} differ")
-    return Linear.apply(x, weight, bias)
+def linear(x, weight, bias=None, transposed=False):
+    """x (..., in) @ weight (in, out) + bias (out,): GPT-2's (in, out) layout. With
+    transposed=True the weight is (out, in), as PyTorch's nn.Linear and the tied LM head."""
+    k = weight.shape[1] if transposed else weight.shape[0]
+    if x.shape[-1] != k:
+        raise ValueError(f"linear: input {x.shape} @ weight {weight.shape}"
+                         f"{'^T' if transposed else ''}: inner dimensions {x.shape[-1]} and "
+                         f"{k} differ")
+    return Linear.apply(x, weight, bias, transposed)
 
 
 def embedding(idx, weight):

@@ -118,6 +118,11 @@ def neg(a):
     return np.asarray(np.negative(a))
 
 
+def contiguous(a):
+    """A C-contiguous copy (reshaping a transposed view needs one; made explicit so it counts)."""
+    return np.ascontiguousarray(a)
+
+
 def cast(a, dtype):
     return a.astype(dtype)
 

@@ -1,0 +1,218 @@
+"""GPT-2, as in nanoGPT's model.py, with Hugging Face's parameter names and layouts.
+
+Shapes: B batch, T tokens, C = n_embd channels, H = n_head heads of D = C / H, V = vocab.
+"""
+import math
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+import tinygrad_like.ops as F
+from tinygrad_like import Tensor, autograd, backend, kernels
+from .layers import Dropout, Embedding, LayerNorm, Linear
+from .module import Module, ModuleList
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    n_positions: int = 1024           # the context length
+    vocab_size: int = 50257
+    dropout: float = 0.0              # embedding and residual dropout (GPT-2's resid/embd_pdrop)
+    layer_norm_epsilon: float = 1e-5
+
+    def __post_init__(self):
+        for field in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"GPT2Config.{field} must be positive, got {getattr(self, field)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+
+    @classmethod
+    def from_preset(cls, name, **overrides):
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
+        return replace(PRESETS[name], **overrides)
+
+    def to_dict(self):
+        return asdict(self)
+
+
+PRESETS = {
+    # the public GPT-2 sizes
+    "gpt2": GPT2Config(12, 12, 768),                 # 124,439,808 parameters
+    "gpt2-medium": GPT2Config(24, 16, 1024),
+    "gpt2-large": GPT2Config(36, 20, 1280),
+    "gpt2-xl": GPT2Config(48, 25, 1600),
+    # small ones that train visibly on 2 CPU cores (GPT-2's tokenizer and vocabulary)
+    "gpt2-mini": GPT2Config(4, 4, 128, n_positions=256),
+    "gpt2-tiny": GPT2Config(2, 2, 32, n_positions=64),
+}
+
+
+class CausalSelfAttention(Module):
+    def __init__(self, config, rng):
+        super().__init__()
+        C, L = config.n_embd, config.n_layer
+        self.n_head = config.n_head
+        self.c_attn = Linear(C, 3 * C, rng=rng)                                # (C, 3C)
+        self.c_proj = Linear(C, C, std=0.02 / math.sqrt(2 * L), rng=rng)       # residual out
+        self.resid_dropout = Dropout(config.dropout)
+
+    def forward(self, x, cache=None, layer=0):
+        B, T, C = x.shape
+        H = self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)                # 3 x (B, T, C), views
+        q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if cache is not None:                                   # decoding: attend to the past
+            k, v = cache.append(layer, k, v)                    # (B, H, Tpast + T, D)
+        y = F.scaled_dot_product_attention(q, k, v)             # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(Module):
+    def __init__(self, config, rng):
+        super().__init__()
+        C = config.n_embd
+        self.c_fc = Linear(C, 4 * C, rng=rng)
+        self.c_proj = Linear(4 * C, C, std=0.02 / math.sqrt(2 * config.n_layer), rng=rng)
+        self.dropout = Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(Module):
+    def __init__(self, config, rng):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, config.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(config, rng)
+        self.ln_2 = LayerNorm(config.n_embd, config.layer_norm_epsilon)
+        self.mlp = MLP(config, rng)
+
+    def forward(self, x, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(Module):
+    def __init__(self, config, rng):
+        super().__init__()
+        self.wte = Embedding(config.vocab_size, config.n_embd, rng=rng)
+        self.wpe = Embedding(config.n_positions, config.n_embd, rng=rng)
+        self.drop = Dropout(config.dropout)
+        self.h = ModuleList([Block(config, rng) for _ in range(config.n_layer)])
+        self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, per layer: (B, H, max_len, D) each.
+    Under no_grad only: the prompt fills it once, then each decode step appends one position."""
+
+    def __init__(self, config, batch, max_len, like):
+        shape = (batch, config.n_head, max_len, config.n_embd // config.n_head)
+        empty = backend.of(like.data).empty
+        self.k = [empty(shape, like.dtype) for _ in range(config.n_layer)]
+        self.v = [empty(shape, like.dtype) for _ in range(config.n_layer)]
+        self.length = 0        # positions already stored (before the current forward)
+        self.max_len = max_len
+
+    def append(self, layer, k, v):
+        """Store this step's k, v (B, H, T, D); return all keys and values so far as views."""
+        start, end = self.length, self.length + k.shape[2]
+        kernels.launch("copy", self.k[layer][:, :, start:end], k.data)
+        kernels.launch("copy", self.v[layer][:, :, start:end], v.data)
+        return Tensor(self.k[layer][:, :, :end]), Tensor(self.v[layer][:, :, :end])
+
+
+class GPT2(Module):
+    def __init__(self, config: GPT2Config, seed=0, device=None):
+        super().__init__()
+        self.config = config
+        rng = np.random.default_rng(seed)
+        self.transformer = Transformer(config, rng)
+        self.name_scopes()
+        self.to(device=device or backend.default_device())
+        # the LM head is tied to the token embedding: logits = x @ wte^T, no parameter of its own
+
+    def forward(self, idx, targets=None, cache=None, last_only=False):
+        """idx (B, T) int token ids -> (logits (B, T, V) fp, mean cross-entropy or None).
+        targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length.
+        last_only computes logits for the last position only (generation)."""
+        idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
+        if idx.ndim != 2:
+            raise ValueError(f"GPT2 expects token ids of shape (B, T), got {idx.shape}")
+        B, T = idx.shape
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.n_positions:
+            raise ValueError(f"sequence of {start + T} tokens is longer than the context of "
+                             f"{self.config.n_positions}: shorten it (or --seq-len)")
+        tr = self.transformer
+        x = tr.wte(idx) + tr.wpe(np.arange(start, start + T))     # (B, T, C) + (T, C)
+        x = tr.drop(x)
+        for i, block in enumerate(tr.h):
+            x = block(x, cache, i)
+        if cache is not None:
+            cache.length += T
+        x = tr.ln_f(x)
+        if last_only:
+            x = x[:, -1:, :]                                     # (B, 1, C)
+        with autograd.scope("lm_head"):
+            logits = F.linear(x, tr.wte.weight, transposed=True)  # (B, T, V), tied to wte
+        loss = None
+        if targets is not None:
+            targets = np.asarray(targets)
+            if targets.shape != (B, T):
+                raise ValueError(f"targets of shape {targets.shape} do not match ids {idx.shape}")
+            with autograd.scope("loss"):
+                loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+        return logits, loss
+
+    # ---- Hugging Face format
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None):
+        from .hf import load_pretrained
+        return load_pretrained(cls, path, dtype=dtype, device=device)
+
+    def save_pretrained(self, path, state=None):
+        from .hf import save_pretrained
+        save_pretrained(self, path, state)
+
+    # ---- generation
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None):
+        """-> (B, T + max_new_tokens) int64 ids: the prompt then the sampled continuation."""
+        idx = np.asarray(idx)
+        new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, seed))
+        return np.concatenate([idx] + [t[:, None] for t in new], axis=1) if new else idx
+
+    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                        seed=None):
+        """Yield each new token column (B,) as it is sampled. The prompt goes through the model
+        once, filling the KV cache; then every step feeds just the one new token."""
+        from .sampling import sample
+        idx = np.asarray(idx)
+        if idx.ndim == 1:
+            idx = idx[None]
+        B, T = idx.shape
+        if T + max_new_tokens > self.config.n_positions:
+            raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens = "
+                             f"{T + max_new_tokens} is longer than the context of "
+                             f"{self.config.n_positions}")
+        rng = np.random.default_rng(seed)
+        was_training = self.training
+        self.eval()
+        try:
+            with autograd.no_grad():
+                cache = KVCache(self.config, B, T + max_new_tokens, self.transformer.wte.weight)
+                logits, _ = self(idx, cache=cache, last_only=True)
+                for i in range(max_new_tokens):
+                    last = logits.numpy()[:, -1, :].astype(np.float32)       # (B, V)
+                    token = sample(last, temperature, top_k, top_p, rng)    # (B,)
+                    yield token
+                    if i + 1 < max_new_tokens:
+                        logits, _ = self(token[:, None], cache=cache, last_only=True)
+        finally:
+            self.train(was_training)

@@ -1,0 +1,98 @@
+"""Hugging Face's GPT-2 format: a directory with config.json and model.safetensors.
+
+Keys may carry the "transformer." prefix (GPT2LMHeadModel) or not (GPT2Model, the original
+gpt2 upload); the causal-mask buffers attn.bias / attn.masked_bias are ignored, and so is
+lm_head.weight, which is tied to transformer.wte.weight. Weights are written in fp32 with
+metadata {"format": "pt"}, so transformers' GPT2LMHeadModel.from_pretrained loads them as is.
+"""
+import json
+import os
+
+import numpy as np
+
+
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+def read_config(path):
+    from .gpt2 import GPT2Config
+    check_dir(path)
+    with open(os.path.join(path, CONFIG)) as f:
+        hf = json.load(f)
+    try:
+        return GPT2Config(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+                          n_positions=hf.get("n_positions", hf.get("n_ctx", 1024)),
+                          vocab_size=hf["vocab_size"],
+                          layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5))
+    except KeyError as e:
+        raise ValueError(f"{os.path.join(path, CONFIG)} has no {e.args[0]!r}: is it a GPT-2 "
+                         "config?") from None
+
+
+def check_dir(path):
+    missing = [f for f in (CONFIG, WEIGHTS) if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} is not a GPT-2 checkpoint: expected {CONFIG} and {WEIGHTS} in it "
+            f"(missing: {', '.join(missing)}). Train one with examples/train_gpt2.py --out DIR, "
+            "or point at a Hugging Face GPT-2 directory.")
+
+
+def read_state(path):
+    """The tensors of a checkpoint as NumPy arrays, with the prefix-free keys mapped to ours."""
+    from safetensors.numpy import load_file
+    state = {}
+    for key, array in load_file(os.path.join(path, WEIGHTS)).items():
+        if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
+            continue
+        state[key if key.startswith("transformer.") else "transformer." + key] = array
+    return state
+
+
+def load_pretrained(cls, path, dtype=None, device=None):
+    config = read_config(path)
+    model = cls(config)
+    model.load_state_dict(read_state(path))
+    return model.to(dtype=dtype, device=device)
+
+
+def hf_config(config):
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "activation_function": "gelu_new", "n_layer": config.n_layer,
+        "n_head": config.n_head, "n_embd": config.n_embd, "n_positions": config.n_positions,
+        "n_ctx": config.n_positions, "n_inner": None, "vocab_size": config.vocab_size,
+        "layer_norm_epsilon": config.layer_norm_epsilon, "initializer_range": 0.02,
+        "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": 0.0,
+        "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+
+
+def save_pretrained(model, path, state=None):
+    """Write config.json and model.safetensors atomically (temp file, fsync, rename).
+    state: name -> array to write instead of the model's own weights (the fp32 master)."""
+    from safetensors.numpy import save
+    state = state if state is not None else model.state_dict()
+    tensors = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
+    os.makedirs(path, exist_ok=True)
+    atomic_write(os.path.join(path, WEIGHTS), save(tensors, metadata={"format": "pt"}))
+    atomic_write(os.path.join(path, CONFIG),
+                 json.dumps(hf_config(model.config), indent=2).encode())
+
+
+def atomic_write(path, data: bytes):
+    """Write to a temporary file beside path, fsync it, then rename over path: a crash at any
+    point leaves either the old file or the new one, never half of one."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

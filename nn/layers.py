@@ -1,0 +1,49 @@
+"""The layers GPT-2 is made of. Weights are stored as GPT-2's checkpoints store them."""
+import numpy as np
+
+import tinygrad_like.ops as F
+from .module import Module, Parameter
+
+
+class Linear(Module):
+    """y = x W + b with W (in_features, out_features): GPT-2's Conv1D layout, so the forward
+    GEMM is X (M, in) @ W (in, out) with no transpose."""
+
+    def __init__(self, in_features, out_features, bias=True, std=0.02, rng=None):
+        super().__init__()
+        rng = rng or np.random.default_rng(0)
+        self.weight = Parameter(rng.normal(0.0, std, (in_features, out_features)).astype(np.float32))
+        self.bias = Parameter(np.zeros(out_features, np.float32)) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings, embedding_dim, std=0.02, rng=None):
+        super().__init__()
+        rng = rng or np.random.default_rng(0)
+        self.weight = Parameter(rng.normal(0.0, std, (num_embeddings, embedding_dim)).astype(np.float32))
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight)
+
+
+class LayerNorm(Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = Parameter(np.ones(dim, np.float32))
+        self.bias = Parameter(np.zeros(dim, np.float32))
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class Dropout(Module):
+    def __init__(self, p=0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training)

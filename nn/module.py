@@ -1,0 +1,140 @@
+"""Module and Parameter, PyTorch's names and semantics where it has them.
+
+Parameters are Tensors that require grad and are tagged 'weights' in the memory tracker.
+state_dict() names come from attribute names, so a GPT2 built from transformer.wte,
+transformer.h.0.attn.c_attn, ... has exactly Hugging Face's GPT-2 keys.
+"""
+import numpy as np
+
+from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
+from tinygrad_like.memory import TRACKER
+
+
+class Parameter(Tensor):
+    def __init__(self, data, dtype=None, device=None):
+        super().__init__(data, requires_grad=True, dtype=dtype, device=device)
+        TRACKER.register(self.data, "weights")
+
+    def assign(self, array):
+        """Rebind to a new buffer (a cast copy, or a view into the optimizer's flat buffer)."""
+        self.data = array
+        TRACKER.register(array, "weights")
+
+
+class Module:
+    def __init__(self):
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_scope", "")
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        object.__setattr__(self, name, value)
+
+    def __call__(self, *args, **kwargs):
+        with autograd.scope(self._scope):
+            return self.forward(*args, **kwargs)
+
+    # ---- traversal
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, m in self._modules.items():
+            yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def named_parameters(self, prefix=""):
+        """(name, parameter) pairs; a parameter shared by two modules (tied) appears once."""
+        seen = set()
+        for mod_name, m in self.named_modules(prefix):
+            for name, p in m._parameters.items():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield (f"{mod_name}.{name}" if mod_name else name), p
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def name_scopes(self):
+        """Give every submodule its dotted name, so tape records know which layer ran them."""
+        for name, m in self.named_modules():
+            object.__setattr__(m, "_scope", name)
+
+    def num_parameters(self):
+        return sum(p.numel() for p in self.parameters())
+
+    # ---- modes and gradients
+    def train(self, mode=True):
+        for _, m in self.named_modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self):
+        """Zero every gradient in place. Gradients stay allocated (they are one of the four
+        consumers of training memory, and may be views into the optimizer's flat buffer)."""
+        for p in self.parameters():
+            if p.grad is not None:
+                kernels.launch("fill", p.grad.data, 0)
+
+    def to(self, dtype=None, device=None):
+        """Move every parameter to device and/or cast it to dtype (e.g. bf16 inference).
+        model.to("cuda") and model.to("bf16") also work."""
+        if dtype in backend.DEVICES:
+            dtype, device = None, dtype
+        with autograd.no_grad():
+            for p in self.parameters():
+                if device is not None and p.device != device:
+                    p.assign(backend.get(device).asarray(p.numpy()))
+                    p.grad = None
+                if dtype is not None and p.dtype != dtypes.as_dtype(dtype):
+                    p.assign(kernels.launch("cast", p.data, dtypes.as_dtype(dtype)))
+                    p.grad = None
+        return self
+
+    # ---- state
+    def state_dict(self):
+        """name -> NumPy array (a host copy), in the parameters' own dtype."""
+        return {name: p.numpy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state, strict=True):
+        """Check every key and shape first, then copy: a bad state dict loads nothing."""
+        params = dict(self.named_parameters())
+        missing = sorted(set(params) - set(state))
+        extra = sorted(set(state) - set(params))
+        problems = []
+        if missing:
+            problems.append(f"missing keys: {', '.join(missing)}")
+        if extra and strict:
+            problems.append(f"unexpected keys: {', '.join(extra)}")
+        for name, p in params.items():
+            if name in state and tuple(state[name].shape) != p.shape:
+                problems.append(f"{name}: checkpoint has shape {tuple(state[name].shape)}, "
+                                f"model expects {p.shape}")
+        if problems:
+            raise ValueError("state dict does not match the model (nothing was loaded): "
+                             + "; ".join(problems))
+        with autograd.no_grad():
+            for name, p in params.items():
+                src = np.ascontiguousarray(state[name]).astype(p.dtype)
+                kernels.launch("copy", p.data, backend.of(p.data).asarray(src))
+
+
+class ModuleList(Module):
+    def __init__(self, modules):
+        super().__init__()
+        for i, m in enumerate(modules):
+            setattr(self, str(i), m)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __getitem__(self, i):
+        return self._modules[str(i)]

@@ -1,0 +1,37 @@
+"""Choosing the next token from the last position's logits (B, V), on the host in fp32."""
+import numpy as np
+
+
+def sample(logits, temperature=1.0, top_k=None, top_p=None, rng=None):
+    """temperature 0 is greedy (argmax). top_k keeps the k most likely tokens, top_p the
+    smallest set whose probability reaches p; sampling never leaves those sets. -> (B,) int64."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(axis=-1).astype(np.int64)
+    rng = rng or np.random.default_rng()
+    logits = logits / temperature
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        probs = _nucleus(probs, top_p)
+    return np.array([rng.choice(len(p), p=p) for p in probs], dtype=np.int64)
+
+
+def _nucleus(probs, top_p):
+    """Zero every token outside the smallest most-likely set with total probability >= top_p."""
+    order = np.argsort(-probs, axis=-1)
+    sorted_p = np.take_along_axis(probs, order, axis=-1)
+    # keep a token if the mass before it is still short of top_p (so the first always stays)
+    keep_sorted = (np.cumsum(sorted_p, axis=-1) - sorted_p) < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    probs = np.where(keep, probs, 0.0)
+    return probs / probs.sum(axis=-1, keepdims=True)
