@@ -496,6 +496,15 @@ def manual_seed(seed):
     _dropout_rng = np.random.default_rng(seed)
 
 
+def get_rng_state():
+    """The dropout generator's state as JSON-friendly data (for checkpoints)."""
+    return _dropout_rng.bit_generator.state
+
+
+def set_rng_state(state):
+    _dropout_rng.bit_generator.state = state
+
+
 def dropout(x, p=0.0, training=True):
     if not training or p == 0.0:
         return x

@@ -18,6 +18,11 @@ name = "cpu"
 xp = np  # the array module, for code that must allocate on this device
 
 
+def supported_dtypes():
+    """fp16 and bf16 are emulated: computed in fp32, stored and rounded in 2 bytes."""
+    return ("fp32", "fp16", "bf16")
+
+
 # ---------------------------------------------------------------- arrays and timing
 
 def asarray(data, dtype=None):

@@ -1,0 +1,47 @@
+"""Dynamic loss scaling for fp16 (GradScaler semantics).
+
+fp16 has 5 exponent bits: gradients below ~6e-8 flush to zero and values above 65,504
+overflow. Multiplying the loss by S before backward lifts small gradients into range; the
+optimizer divides by S again. An inf/nan anywhere means S was too large: skip the step and
+halve S. After growth_interval good steps in a row, try doubling S.
+"""
+
+
+class LossScaler:
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, dynamic=True):
+        if init_scale <= 0:
+            raise ValueError(f"loss scale must be positive, got {init_scale}")
+        self.scale = float(init_scale)
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval, self.dynamic = growth_interval, dynamic
+        self.good_steps = 0
+        self.skipped_steps = 0
+
+    def scale_loss(self, loss):
+        """loss * S, the tensor to call backward() on."""
+        return loss * self.scale
+
+    def update(self, overflow: bool):
+        if overflow:
+            self.skipped_steps += 1
+        if not self.dynamic:
+            return
+        if overflow:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+        else:
+            self.good_steps += 1
+            if self.good_steps == self.growth_interval:
+                self.scale *= self.growth_factor
+                self.good_steps = 0
+
+    def state_dict(self):
+        return {"scale": self.scale, "good_steps": self.good_steps,
+                "skipped_steps": self.skipped_steps, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
+                "dynamic": self.dynamic}
+
+    def load_state_dict(self, state):
+        for key, value in state.items():
+            setattr(self, key, value)

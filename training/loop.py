@@ -1,0 +1,198 @@
+"""The training loop behind examples/train_gpt2.py: data, model, AdamW, loss scaling,
+evaluation, sampling, metrics and checkpoints."""
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+import tinygrad_like.ops as F
+from nn import GPT2, GPT2Config
+from nn.hf import read_config, read_state
+from optim import AdamW, LossScaler, cosine_with_warmup
+from tinygrad_like import backend, dtypes, no_grad
+from tinygrad_like.data import DataLoader
+from tinygrad_like.memory import PERSISTENT, TRACKER
+from . import checkpoint, mfu
+
+
+@dataclass
+class RunConfig:
+    model: str = "gpt2-mini"
+    init_from: str = None
+    data_dir: str = "data/shakespeare"
+    batch_size: int = 8
+    seq_len: int = 128
+    grad_accum: int = 1
+    steps: int = 300
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    dtype: str = "fp32"
+    device: str = "cpu"
+    eval_every: int = 50
+    eval_iters: int = 10
+    sample_every: int = 0
+    out: str = "out"
+    save_every: int = 0
+    resume: str = None
+    seed: int = 1337
+    quiet: bool = False
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.device = backend.check_device(cfg.device)
+        self.dtype = dtypes.as_dtype(cfg.dtype)
+        self.resume_state = None
+        self.model = self._build_model()
+        if self.cfg.seq_len > self.model.config.n_positions:
+            raise ValueError(f"--seq-len {cfg.seq_len} is longer than the context of "
+                             f"{self.model.config.n_positions} of this model")
+        self.optimizer = AdamW(self.model.named_parameters(), lr=cfg.lr,
+                               weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                               dtype=self.dtype)
+        self.scaler = LossScaler() if self.dtype == dtypes.float16 else None
+        self.train_data = DataLoader(os.path.join(cfg.data_dir, "train.bin"), cfg.batch_size,
+                                     cfg.seq_len, seed=cfg.seed)
+        self.val_path = os.path.join(cfg.data_dir, "val.bin")
+        self.step = 0
+        F.manual_seed(cfg.seed)
+        if self.resume_state is not None:
+            self._restore(*self.resume_state)
+        n = self.model.num_parameters()
+        self.flops_per_token = mfu.training_flops_per_token(self.model.config, cfg.seq_len, n)
+
+    # ---- set-up
+    def _build_model(self):
+        cfg = self.cfg
+        source = cfg.resume or cfg.init_from
+        if source is None:
+            return GPT2(GPT2Config.from_preset(cfg.model), seed=cfg.seed, device=self.device)
+        ckpt = checkpoint.find_checkpoint(source)
+        model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device)
+        model.load_state_dict(read_state(ckpt))        # fp32 master: any --dtype can follow
+        if cfg.resume:
+            self.resume_state = checkpoint.load_trainer_state(ckpt)
+        return model
+
+    def _restore(self, state, optimizer_arrays):
+        self.optimizer.load_state_dict(optimizer_arrays, state["optimizer"])
+        self.step = state["step"]
+        self.train_data.load_state_dict(state["data"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        F.set_rng_state(state["dropout_rng"])
+
+    # ---- one optimizer step over grad_accum micro-batches
+    def train_step(self):
+        cfg = self.cfg
+        lr = cosine_with_warmup(self.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
+        total = 0.0
+        for _ in range(cfg.grad_accum):
+            x, y = self.train_data.next_batch()
+            _, loss = self.model(x, y)
+            loss = loss / cfg.grad_accum if cfg.grad_accum > 1 else loss
+            (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
+            total += loss.item()
+        norm, skipped = self.optimizer.step(self.scaler, lr=lr)
+        self.optimizer.zero_grad()
+        return total, lr, norm, skipped
+
+    @no_grad()
+    def evaluate(self):
+        """Mean loss over eval_iters fixed validation batches (the same ones every time)."""
+        self.model.eval()
+        loader = DataLoader(self.val_path, self.cfg.batch_size, self.cfg.seq_len, seed=0)
+        losses = [self.model(*loader.next_batch())[1].item() for _ in range(self.cfg.eval_iters)]
+        self.model.train()
+        return float(np.mean(losses))
+
+    def sample(self, prompt="\n", tokens=48):
+        from tinygrad_like.tokenizer import get_tokenizer
+        tok = get_tokenizer()
+        ids = self.model.generate(np.array([tok.encode(prompt)]), tokens, temperature=0.8,
+                                  top_k=200, seed=self.cfg.seed)
+        return tok.decode(ids[0].tolist())
+
+    def save(self):
+        cfg = self.cfg
+        state = {"step": self.step, "data": self.train_data.state_dict(),
+                 "scaler": self.scaler.state_dict() if self.scaler else None,
+                 "dropout_rng": F.get_rng_state(), "run_config": vars(cfg),
+                 "dtype": cfg.dtype}
+        return checkpoint.save_checkpoint(cfg.out, self.model, self.optimizer, state)
+
+    # ---- reporting
+    def memory_table(self):
+        n = self.model.num_parameters()
+        lines = [f"persistent training memory, measured from the allocated buffers "
+                 f"({dtypes.name(self.dtype)}, N = {n:,} parameters)",
+                 f"  {'consumer':<12}{'bytes':>16}{'bytes/param':>13}"]
+        names = {"weights": "weights", "gradients": "gradients", "master": "master (fp32)",
+                 "adam_m": "adam m", "adam_v": "adam v"}
+        for tag in PERSISTENT:
+            b = TRACKER.current[tag]
+            lines.append(f"  {names[tag]:<12}{b:>16,}{b / n:>13.2f}")
+        total = sum(TRACKER.current[t] for t in PERSISTENT)
+        lines.append(f"  {'total':<12}{total:>16,}{total / n:>13.2f}")
+        return "\n".join(lines)
+
+    # ---- the run
+    def run(self):
+        cfg = self.cfg
+        say = (lambda *a: None) if cfg.quiet else tqdm.write
+        os.makedirs(cfg.out, exist_ok=True)
+        peak, peak_name = mfu.device_peak(self.device, dtypes.name(self.dtype))
+        say(f"model {cfg.model if not (cfg.init_from or cfg.resume) else (cfg.resume or cfg.init_from)}: "
+            f"{self.model.num_parameters():,} parameters, device {self.device}, dtype {cfg.dtype}")
+        say(self.memory_table())
+        say(f"MFU divides 6N + 12LCT = {self.flops_per_token / 1e6:.1f} MFLOP/token by the "
+            f"{peak_name}")
+        tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum
+        metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a")
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=cfg.quiet, dynamic_ncols=True)
+        history = []
+        try:
+            while self.step < cfg.steps:
+                t0 = time.perf_counter()
+                loss, lr, norm, skipped = self.train_step()
+                backend.get(self.device).synchronize()
+                dt = time.perf_counter() - t0
+                if not math.isfinite(loss) and self.scaler is None:
+                    raise FloatingPointError(
+                        f"loss is {loss} at step {self.step}: stopping; the last good checkpoint "
+                        f"in {cfg.out} is kept (lower --lr or use --grad-clip)")
+                self.step += 1
+                tps = tokens_per_step / dt
+                row = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": norm,
+                       "tokens_per_s": tps, "ms": dt * 1e3,
+                       "mfu": tps * self.flops_per_token / peak}
+                if self.scaler is not None:
+                    row.update(loss_scale=self.scaler.scale, skipped=skipped,
+                               skipped_total=self.scaler.skipped_steps)
+                if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
+                    row["val_loss"] = self.evaluate()
+                    say(f"step {self.step}: train loss {loss:.4f}, val loss {row['val_loss']:.4f}")
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+                history.append(row)
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.1%}")
+                bar.update(1)
+                if cfg.sample_every and self.step % cfg.sample_every == 0:
+                    say(f"sample at step {self.step}: {self.sample()!r}")
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save()
+        finally:
+            bar.close()
+            metrics.close()
+        if cfg.save_every or cfg.steps:
+            path = self.save()
+            say(f"checkpoint: {path}")
+        return history
