@@ -1,0 +1,82 @@
+"""Sample text from a GPT-2 checkpoint: one written by examples/train_gpt2.py (its --out
+folder), by save_pretrained, or a Hugging Face GPT-2 directory. Streams tokens as they come,
+then prints prompt and generation speed."""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from nn import GPT2  # noqa: E402
+from tinygrad_like import backend  # noqa: E402
+from tinygrad_like.tokenizer import get_tokenizer  # noqa: E402
+from training.checkpoint import find_checkpoint  # noqa: E402
+
+NO_CHECKPOINT = """error: no --checkpoint given. Either
+  train one:   python examples/train_gpt2.py --out out   (then --checkpoint out)
+  or point at GPT-2 weights you have: a Hugging Face GPT-2 directory with config.json and
+  model.safetensors, e.g. --checkpoint ~/models/gpt2"""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--checkpoint", help="folder with config.json + model.safetensors")
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=200)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
+    p.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 weights")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not args.checkpoint:
+        print(NO_CHECKPOINT, file=sys.stderr)
+        sys.exit(2)
+    try:
+        if args.max_new_tokens <= 0 or args.num_samples <= 0:
+            raise ValueError("--max-new-tokens and --num-samples must be positive")
+        device = backend.check_device(args.device or backend.default_device())
+        model = GPT2.from_pretrained(find_checkpoint(args.checkpoint), dtype=args.dtype,
+                                     device=device)
+        tok = get_tokenizer()
+        prompt = np.array([tok.encode(args.prompt, allow_special=True)])
+        if prompt.size == 0:
+            raise ValueError("--prompt is empty: give at least one character")
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    for i in range(args.num_samples):
+        print(f"--- sample {i + 1}" if args.num_samples > 1 else "---")
+        stream(model, tok, prompt, args, seed=args.seed + i)
+
+
+def stream(model, tok, prompt, args, seed):
+    """Print the prompt, then each token as it is sampled; then the two speeds."""
+    print(args.prompt, end="", flush=True)
+    ids, shown = [], ""
+    t0 = time.perf_counter()
+    t_first = None
+    for token in model.generate_stream(prompt, args.max_new_tokens, args.temperature,
+                                       args.top_k, args.top_p, seed):
+        t_first = t_first or time.perf_counter()
+        ids.append(int(token[0]))
+        text = tok.decode(ids)          # decode the whole tail: a character can span tokens
+        print(text[len(shown):], end="", flush=True)
+        shown = text
+    t_end = time.perf_counter()
+    decode_rate = (len(ids) - 1) / (t_end - t_first) if len(ids) > 1 else float("nan")
+    print(f"\n--- prompt: {prompt.shape[1]} tokens at {prompt.shape[1] / (t_first - t0):,.1f} "
+          f"tokens/s; generated: {len(ids)} tokens at {decode_rate:,.1f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
