@@ -1,0 +1,123 @@
+// Softmax rows: attention's causal softmax (forward and backward) and the cross-entropy loss
+// fused with its softmax over the vocabulary. Everything is computed in acc_t<T>.
+#include "common.cuh"
+
+// Online softmax state over a set of values: m = their max, s = sum(exp(value - m)).
+// Adding one value costs one exp; -inf values add nothing (and never make a NaN).
+template <typename A> __device__ __forceinline__ void online_add(A& m, A& s, A x) {
+    if (x > m) {
+        s = s * tg_exp(m - x) + A(1);
+        m = x;
+    } else {
+        s += x == neg_inf<A>() ? A(0) : tg_exp(x - m);
+    }
+}
+
+// Merge another state (m2, s2) into (m, s). Symmetric, so lanes merging in either order get
+// bit-identical results.
+template <typename A> __device__ __forceinline__ void online_merge(A& m, A& s, A m2, A s2) {
+    const A mx = m > m2 ? m : m2;
+    const A a = m == neg_inf<A>() ? A(0) : s * tg_exp(m - mx);
+    const A b = m2 == neg_inf<A>() ? A(0) : s2 * tg_exp(m2 - mx);
+    s = a + b;
+    m = mx;
+}
+
+template <typename A> __device__ __forceinline__ void warp_merge(A& m, A& s) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const A m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+        const A s2 = __shfl_xor_sync(0xffffffffu, s, offset);
+        online_merge(m, s, m2, s2);
+    }
+}
+
+// Causal softmax forward. scores, probs: (rows, Tk) with rows = batch * Tq; row r is query
+// q = r % Tq at position Tk - Tq + q, which sees keys 0 .. Tk - Tq + q (the KV-cache rule of
+// cpu.py's _future_mask); later keys get probability 0. Launch: one warp per row, 8 rows per
+// 256-thread block. As cpu.softmax_causal_fwd: p = exp(scale s - max) / sum(exp(scale s - max)).
+template <typename T>
+__global__ void softmax_causal_fwd(const T* scores, T* probs, int rows, int Tq, int Tk, acc_t<T> scale) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int last = Tk - Tq + row % Tq;  // the last key this query may see
+    const T* s = scores + (long long)row * Tk;
+    T* p = probs + (long long)row * Tk;
+
+    A m = neg_inf<A>(), sum = 0;
+    for (int k = lane; k <= last && k < Tk; k += 32) online_add(m, sum, to_acc(s[k]) * scale);
+    warp_merge(m, sum);
+    for (int k = lane; k < Tk; k += 32)
+        p[k] = from_acc<T>(k <= last ? tg_exp(to_acc(s[k]) * scale - m) / sum : A(0));
+}
+
+// Causal softmax backward: dscores = scale * p * (dp - sum_k(dp p)), as cpu.softmax_causal_bwd
+// (masked keys have p = 0, so they get 0). probs, dprobs, dscores: (rows, Tk). Launch: one
+// warp per row, 8 rows per 256-thread block.
+template <typename T>
+__global__ void softmax_causal_bwd(const T* probs, const T* dprobs, T* dscores, int rows, int Tk,
+                                   acc_t<T> scale) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long long off = (long long)row * Tk;
+    A dot = 0;
+    for (int k = lane; k < Tk; k += 32) dot += to_acc(dprobs[off + k]) * to_acc(probs[off + k]);
+    dot = warp_sum(dot);
+    for (int k = lane; k < Tk; k += 32)
+        dscores[off + k] = from_acc<T>((to_acc(dprobs[off + k]) - dot) * to_acc(probs[off + k]) * scale);
+}
+
+// Cross-entropy fused with its softmax (llm.c's fused classifier). logits: (N, V); targets:
+// (N,) int64, -1 = ignored; losses: (N,) acc_t<T>; dlogits: (N, V), written when GRAD.
+// Launch: one block per row, 512 threads. Pass 1 reads the row once with an online max/sum and
+// merges the per-thread states (warp shuffles, then shared memory): lse = log(sum) + max and
+// loss = lse - logit[target] (0 if ignored). Pass 2 (GRAD) re-reads the row and writes
+// dlogits = dloss * (softmax - onehot(target)), zero rows for ignored targets. Same formulas as
+// cpu.cross_entropy_fwd / cross_entropy_fwd_bwd.
+template <typename T, bool GRAD>
+__global__ void cross_entropy(const T* logits, const long long* targets, acc_t<T>* losses,
+                              T* dlogits, int V, acc_t<T> dloss) {
+    typedef acc_t<T> A;
+    __shared__ A warp_m[32], warp_s[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    const long long off = (long long)blockIdx.x * V;
+    const T* x = logits + off;
+
+    A m = neg_inf<A>(), s = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) online_add(m, s, to_acc(x[v]));
+    warp_merge(m, s);
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_s[warp] = s;
+    }
+    __syncthreads();
+    m = lane < nwarps ? warp_m[lane] : neg_inf<A>();
+    s = lane < nwarps ? warp_s[lane] : A(0);
+    warp_merge(m, s);  // every warp merges the same values: all threads hold the row's state
+
+    const long long target = targets[blockIdx.x];
+    if (threadIdx.x == 0) losses[blockIdx.x] = target >= 0 ? tg_log(s) + m - to_acc(x[target]) : A(0);
+    if constexpr (GRAD) {
+        const A coef = target >= 0 ? dloss : A(0);
+        T* dx = dlogits + off;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) {
+            const A p = tg_exp(to_acc(x[v]) - m) / s;
+            dx[v] = from_acc<T>((p - (v == target ? A(1) : A(0))) * coef);
+        }
+    }
+}
+
+#ifdef TG_CHECK_INSTANTIATE
+// Every variant cuda.py launches (see elementwise.cu).
+void* tg_instances_softmax[] = {
+    (void*)&softmax_causal_fwd<float>, (void*)&softmax_causal_fwd<__half>,
+    (void*)&softmax_causal_fwd<__nv_bfloat16>, (void*)&softmax_causal_fwd<double>,
+    (void*)&softmax_causal_bwd<float>, (void*)&softmax_causal_bwd<__half>,
+    (void*)&softmax_causal_bwd<__nv_bfloat16>, (void*)&softmax_causal_bwd<double>,
+    (void*)&cross_entropy<float, false>, (void*)&cross_entropy<__half, false>,
+    (void*)&cross_entropy<__nv_bfloat16, false>, (void*)&cross_entropy<double, false>,
+    (void*)&cross_entropy<float, true>, (void*)&cross_entropy<__half, true>,
+    (void*)&cross_entropy<__nv_bfloat16, true>, (void*)&cross_entropy<double, true>,
+};
+#endif
