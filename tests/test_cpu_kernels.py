@@ -227,21 +227,26 @@ def test_cross_entropy_half_logits_fp32_losses(rng, dtype):
                                atol=2 * EPS[dtype] * np.abs(logits).max())
 
 
+@pytest.mark.parametrize("N", [5, 21], ids=["5-rows", "21-rows"])
 @pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
-def test_cross_entropy_fwd_bwd(rng, dtype):
-    logits, targets = rnd(rng, 5, 11, scale=2), np.array([0, 10, -1, 4, 4])
+def test_cross_entropy_fwd_bwd(rng, dtype, N):
+    V = 11
+    logits, targets = rnd(rng, N, V, scale=2), rng.integers(0, V, N)
+    targets[[0, 2, N - 1]] = [0, -1, V - 1]
     lh = logits.astype(dtype)
     losses, dlogits = cpu.cross_entropy_fwd_bwd(lh, targets, 0.25)
-    assert losses.dtype == F32 and dlogits.dtype == dtype
+    assert losses.dtype == F32 and losses.shape == (N,) and dlogits.dtype == dtype
     np.testing.assert_array_equal(losses, cpu.cross_entropy_fwd(lh, targets))
+    np.testing.assert_allclose(losses, _ce_rows(up(lh), targets), rtol=1e-5, atol=1e-5)
+    valid = targets >= 0
     lf = up(lh).astype(np.float64)
     p = np.exp(lf - lf.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
-    p[[0, 1, 3, 4], [0, 10, 4, 4]] -= 1
-    p[2] = 0
+    p[np.flatnonzero(valid), targets[valid]] -= 1
+    p[~valid] = 0
     np.testing.assert_allclose(up(dlogits), 0.25 * p, rtol=EPS[dtype], atol=1e-7)
-    assert np.all(up(dlogits)[2] == 0)
-    np.testing.assert_allclose(up(dlogits)[[0, 1, 3, 4]].sum(1), 0, atol=11 * EPS[dtype])
+    assert np.all(up(dlogits)[2] == 0) and losses[2] == 0
+    np.testing.assert_allclose(up(dlogits)[valid].sum(1), 0, atol=V * EPS[dtype])
 
 
 @pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32"), HALF[1]])

@@ -137,6 +137,8 @@ class Record:
         for i, t in enumerate(outputs):
             t._record, t._out_index = self, i
         self.saved_bytes = TRACKER.save_for_backward(ctx.saved)
+        # a record that dies without a backward (its outputs dropped) releases its saved arrays
+        self._release = weakref.finalize(self, TRACKER.release_saved, ctx.saved)
         TAPE.append(self)
 
     def run_backward(self, grads):
@@ -153,7 +155,7 @@ class Record:
 
     def free(self):
         if not self.freed:
-            TRACKER.release_saved(self.ctx.saved)
+            self._release()
             self.ctx.saved = ()
             self.freed = True
 

@@ -25,6 +25,8 @@ def root(array):
 def _unique_roots(arrays):
     seen = {}
     for a in arrays:
+        if not hasattr(a, "nbytes"):  # a Python scalar saved by Mul or Div: no buffer
+            continue
         buf = root(a)
         seen.setdefault(id(buf), buf)
     return seen.values()
@@ -113,9 +115,11 @@ class MemoryTracker:
                 self.saved_by[id(buf)] = count - 1
 
     # ---- traces
-    def start_recording(self, temporaries=True):
-        """Record a timeline from now; the current bytes per tag are its starting point."""
-        self._t0 = time.perf_counter()
+    def start_recording(self, temporaries=True, t0=None):
+        """Record a timeline from now; the current bytes per tag are its starting point.
+        t0: the perf_counter() reading event times count from (default now); pass a
+        profiler's t0 to put kernels and memory on one clock."""
+        self._t0 = time.perf_counter() if t0 is None else t0
         self.events = [(0.0, tag, self.current[tag]) for tag in TAGS]
         self.peak = dict(self.current)
         self.peak_total = self.total()
@@ -127,6 +131,39 @@ class MemoryTracker:
 
     def report(self):
         return {tag: {"current": self.current[tag], "peak": self.peak[tag]} for tag in TAGS}
+
+
+def timeline(events):
+    """Recorded events -> (times in seconds, {tag: bytes live at each time}), one point per
+    event: the step function a plot or a trace counter draws."""
+    live = dict.fromkeys(TAGS, 0)
+    times, series = [], {tag: [] for tag in TAGS}
+    for t, tag, delta in events:
+        live[tag] += delta
+        times.append(t)
+        for name in TAGS:
+            series[name].append(live[name])
+    return times, series
+
+
+def counter_events(events, pid=1, tid=0, name="memory (bytes)"):
+    """Chrome trace counter ("C") events: bytes per tag after every birth and death, which
+    Perfetto and chrome://tracing draw as one stacked chart."""
+    times, series = timeline(events)
+    return [{"name": name, "ph": "C", "ts": t * 1e6, "pid": pid, "tid": tid,
+             "args": {tag: series[tag][i] for tag in TAGS}} for i, t in enumerate(times)]
+
+
+# ---- the hook point for the real allocator: on CUDA, CuPy's pool seen through a memory hook
+def pool_watcher(device):
+    """The CUDA backend's PoolWatcher (enter it with `with`; .report() gives used_bytes,
+    peak_used_bytes, pool_total_bytes) to set beside TRACKER.total() and peak_total, or None
+    where there is no pool to watch (the CPU: NumPy allocates through malloc)."""
+    if device != "cuda":
+        return None
+    from . import backend
+    watcher = getattr(backend.get("cuda"), "PoolWatcher", None)
+    return watcher() if watcher is not None else None
 
 
 TRACKER = MemoryTracker()

@@ -356,6 +356,8 @@ class Dropout(Function):
 
 def _operand(x, like):
     """Tensors and Python scalars pass through; other array-likes become constant Tensors."""
+    if isinstance(x, np.generic):  # a NumPy scalar acts like the Python number it holds
+        return x.item()
     if isinstance(x, (Tensor, int, float)):
         return x
     return Tensor(x, device=like.device)
@@ -440,7 +442,8 @@ def linear(x, weight, bias=None, transposed=False):
 def embedding(idx, weight):
     """idx (...) int token ids -> weight rows (..., C)."""
     ids = idx.data if isinstance(idx, Tensor) else idx
-    if isinstance(ids, np.ndarray):
+    if not hasattr(ids, "__cuda_array_interface__"):  # host ids (lists too): check, then move
+        ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
         if ids.size and (ids.min() < 0 or ids.max() >= weight.shape[0]):

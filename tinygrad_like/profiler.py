@@ -10,6 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 PHASES = ("forward", "backward", "optimizer", "other")
+GEMMS = ("matmul", "matmul_nt", "matmul_tn")  # the kernels that hold the 2N / 4N of the model
 _phase = ["forward"]       # a stack; the top is the current phase
 _active = []               # the profilers recording now
 
@@ -70,14 +71,23 @@ class Profiler:
         for device in {l.device for l in self.launches}:
             backend.get(device).synchronize()
 
+    @property
+    def t0(self):
+        """The perf_counter() reading every Launch.start counts from (to line up other
+        timelines, e.g. the memory tracker's, with this one)."""
+        return self._t0
+
     def elapsed(self):
         import time
         return time.perf_counter() - self._t0
 
-    def by_phase(self):
-        """phase -> {launches, flops, bytes, seconds}."""
+    def by_phase(self, kernels=None):
+        """phase -> {launches, flops, bytes, seconds}; only the named kernels when given
+        (by_phase(GEMMS) separates the matmul FLOPs from everything else)."""
         out = {p: {"launches": 0, "flops": 0, "bytes": 0, "seconds": 0.0} for p in PHASES}
         for l in self.launches:
+            if kernels is not None and l.name not in kernels:
+                continue
             row = out[l.phase]
             row["launches"] += 1
             row["flops"] += l.flops
@@ -105,9 +115,21 @@ class Profiler:
         table.sort(key=lambda r: (r["seconds"], r["flops"]), reverse=True)
         return table
 
+    def phase_spans(self):
+        """[(phase, start, end)] in seconds since t0: one span per run of consecutive launches
+        in one phase, so a training step reads as forward, backward, optimizer."""
+        spans = []
+        for l in self.launches:
+            end = l.start + l.seconds
+            if spans and spans[-1][0] == l.phase:
+                spans[-1][2] = max(spans[-1][2], end)
+            else:
+                spans.append([l.phase, l.start, end])
+        return [tuple(s) for s in spans]
+
     def chrome_trace_events(self, pid=1):
         """One complete ("X") event per kernel on a track (tid) per phase, times in µs."""
-        events = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": i,
+        events = [{"name": "thread_name", "ph": "M", "ts": 0, "pid": pid, "tid": i,
                    "args": {"name": p}} for i, p in enumerate(PHASES)]
         for l in self.launches:
             events.append({"name": l.name, "ph": "X", "pid": pid, "tid": PHASES.index(l.phase),

@@ -50,4 +50,4 @@ def get(device: str):
 
 def of(array):
     """The backend that owns an array (NumPy arrays live on the CPU, everything else on CUDA)."""
-    return cpu if isinstance(array, cpu.np.ndarray) else get("cuda")
+    return cpu if isinstance(array, (cpu.np.ndarray, cpu.np.generic)) else get("cuda")

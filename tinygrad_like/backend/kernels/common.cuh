@@ -2,8 +2,7 @@
 //
 // cuda.py pastes this file in place of the `#include "common.cuh"` line before handing the
 // source to NVRTC, so CuPy's compile cache sees (and keys on) the whole text; nvcc finds it
-// with -I (scripts/check_kernels.sh).
-#pragma once
+// with -I (scripts/check_kernels.sh). Each .cu includes it once.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Compile-check every CUDA kernel file without a GPU.
+#
+# 1. nvcc: each tinygrad_like/backend/kernels/*.cu for sm_80 and sm_90, with
+#    -DTG_CHECK_INSTANTIATE so the instance list at the bottom of each file makes nvcc compile
+#    every template variant the backend launches. Needs nvcc on PATH (or $NVCC).
+# 2. NVRTC (the compiler the backend really uses, through CuPy): each file exactly as cuda.py
+#    builds it (common.cuh pasted in, the same name expressions), for sm_80 and sm_90. Runs when
+#    Python can load CuPy's NVRTC binding; skipped with a note otherwise.
+#
+# Prints one line per file and check; exits non-zero if anything fails.
+set -u
+cd "$(dirname "$0")/.."
+KDIR=tinygrad_like/backend/kernels
+NVCC=${NVCC:-nvcc}
+PYTHON=${PYTHON:-python}
+ARCHS="80 90"
+status=0
+
+if ! command -v "$NVCC" >/dev/null 2>&1; then
+    echo "FAIL nvcc not found (set NVCC=/path/to/nvcc)"
+    exit 1
+fi
+
+for f in "$KDIR"/*.cu; do
+    for arch in $ARCHS; do
+        if log=$("$NVCC" -std=c++17 -arch=sm_$arch -DTG_CHECK_INSTANTIATE -I"$KDIR" \
+                 -c -o /dev/null "$f" 2>&1); then
+            echo "ok   nvcc  sm_$arch $(basename "$f")"
+        else
+            echo "FAIL nvcc  sm_$arch $(basename "$f")"
+            echo "$log" | sed 's/^/     /'
+            status=1
+        fi
+    done
+done
+
+# CUDA headers for NVRTC (cuda_fp16.h, cuda_bf16.h): the include directory nvcc itself uses.
+CUDA_INCLUDE=$("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
+               | sed -n 's/^#\$ INCLUDES="-I\([^"]*\)".*/\1/p' | head -1 | sed 's/ *$//')
+"$PYTHON" - "$CUDA_INCLUDE" $ARCHS <<'EOF' || status=1
+import sys
+from pathlib import Path
+
+try:
+    from cupy_backends.cuda.libs import nvrtc
+    nvrtc.getVersion()
+    from tinygrad_like.backend import cuda
+except Exception as e:  # no CuPy, or no libnvrtc: nvcc's check above still stands
+    print(f"skip nvrtc ({type(e).__name__}: {e})")
+    sys.exit(0)
+
+include, archs = sys.argv[1], sys.argv[2:]
+failed = False
+for path in sorted(Path(cuda.__file__).with_name("kernels").glob("*.cu")):
+    source = cuda.kernel_source(path.name)
+    names = cuda.instances(source)
+    for arch in archs:
+        prog = nvrtc.createProgram(source, path.name, (), ())
+        try:
+            for n in names:
+                nvrtc.addNameExpression(prog, n)
+            # the options CuPy adds for a RawModule, plus the header path
+            nvrtc.compileProgram(prog, ("-std=c++17", "-ftz=true", "--device-as-default-execution-space",
+                                        f"-arch=sm_{arch}", f"-I{include}"))
+            for n in names:
+                nvrtc.getLoweredName(prog, n)
+            print(f"ok   nvrtc sm_{arch} {path.name} ({len(names)} instances)")
+        except nvrtc.NVRTCError:
+            failed = True
+            print(f"FAIL nvrtc sm_{arch} {path.name}")
+            print("\n".join("     " + line for line in nvrtc.getProgramLog(prog).splitlines()))
+        finally:
+            nvrtc.destroyProgram(prog)
+sys.exit(1 if failed else 0)
+EOF
+
+if [ $status -ne 0 ]; then echo "check_kernels: FAILED"; else echo "check_kernels: all passed"; fi
+exit $status
