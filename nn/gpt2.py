@@ -146,6 +146,8 @@ class GPT2(Module):
         if idx.ndim != 2:
             raise ValueError(f"GPT2 expects token ids of shape (B, T), got {idx.shape}")
         B, T = idx.shape
+        if T == 0:
+            raise ValueError("GPT2 got an empty sequence (T = 0): give at least one token")
         start = cache.length if cache is not None else 0
         if start + T > self.config.n_positions:
             raise ValueError(f"sequence of {start + T} tokens is longer than the context of "
@@ -184,35 +186,55 @@ class GPT2(Module):
     # ---- generation
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None):
         """-> (B, T + max_new_tokens) int64 ids: the prompt then the sampled continuation."""
-        idx = np.asarray(idx)
+        idx = _prompt(idx)
         new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, seed))
-        return np.concatenate([idx] + [t[:, None] for t in new], axis=1) if new else idx
+        return np.concatenate([idx] + [t[:, None] for t in new], axis=1)
 
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                         seed=None):
-        """Yield each new token column (B,) as it is sampled. The prompt goes through the model
-        once, filling the KV cache; then every step feeds just the one new token."""
-        from .sampling import sample
-        idx = np.asarray(idx)
-        if idx.ndim == 1:
-            idx = idx[None]
+        """An iterator over each new token column (B,) as it is sampled. The prompt goes
+        through the model once, filling the KV cache; then every step feeds just the one new
+        token. Bad arguments raise here, not at the first next()."""
+        idx = _prompt(idx)
         B, T = idx.shape
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if T + max_new_tokens > self.config.n_positions:
             raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens = "
                              f"{T + max_new_tokens} is longer than the context of "
                              f"{self.config.n_positions}")
-        rng = np.random.default_rng(seed)
-        was_training = self.training
+        cache = KVCache(self.config, B, T + max_new_tokens, self.transformer.wte.weight)
+        return self._decode(idx, max_new_tokens, cache, temperature, top_k, top_p,
+                            np.random.default_rng(seed))
+
+    def _decode(self, idx, max_new_tokens, cache, temperature, top_k, top_p, rng):
+        from .sampling import sample
+        feed = idx
+        for _ in range(max_new_tokens):
+            logits = self._infer(feed, cache)                        # (B, V) fp32, host
+            token = sample(logits, temperature, top_k, top_p, rng)   # (B,)
+            yield token                  # outside no_grad/eval: the caller's code runs as usual
+            feed = token[:, None]
+
+    def _infer(self, idx, cache):
+        """Last-position logits under no_grad and eval mode (each module's mode restored)."""
+        modes = [(m, m.training) for _, m in self.named_modules()]
         self.eval()
         try:
             with autograd.no_grad():
-                cache = KVCache(self.config, B, T + max_new_tokens, self.transformer.wte.weight)
                 logits, _ = self(idx, cache=cache, last_only=True)
-                for i in range(max_new_tokens):
-                    last = logits.numpy()[:, -1, :].astype(np.float32)       # (B, V)
-                    token = sample(last, temperature, top_k, top_p, rng)    # (B,)
-                    yield token
-                    if i + 1 < max_new_tokens:
-                        logits, _ = self(token[:, None], cache=cache, last_only=True)
+            return logits.numpy()[:, -1, :].astype(np.float32)
         finally:
-            self.train(was_training)
+            for m, mode in modes:
+                object.__setattr__(m, "training", mode)
+
+
+def _prompt(idx):
+    """Token ids as a (B, T) int array with T >= 1 (a 1-D prompt is one sequence)."""
+    idx = np.asarray(idx)
+    if idx.ndim == 1:
+        idx = idx[None]
+    if idx.ndim != 2 or idx.shape[1] == 0:
+        raise ValueError(f"a prompt needs at least one token, as ids of shape (T,) or (B, T); "
+                         f"got shape {idx.shape}")
+    return idx

@@ -24,7 +24,8 @@ def read_config(path):
         return GPT2Config(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
                           n_positions=hf.get("n_positions", hf.get("n_ctx", 1024)),
                           vocab_size=hf["vocab_size"],
-                          layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5))
+                          layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
+                          dropout=hf.get("resid_pdrop", 0.0))
     except KeyError as e:
         raise ValueError(f"{os.path.join(path, CONFIG)} has no {e.args[0]!r}: is it a GPT-2 "
                          "config?") from None

@@ -99,7 +99,7 @@ class Module:
     # ---- state
     def state_dict(self):
         """name -> NumPy array (a host copy), in the parameters' own dtype."""
-        return {name: p.numpy() for name, p in self.named_parameters()}
+        return {name: np.array(p.numpy(), copy=True) for name, p in self.named_parameters()}
 
     def load_state_dict(self, state, strict=True):
         """Check every key and shape first, then copy: a bad state dict loads nothing."""

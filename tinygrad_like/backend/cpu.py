@@ -8,6 +8,7 @@ Rules every backend follows (the CUDA backend in cuda.py matches these names and
 - Outputs have the dtype of the main input unless the kernel says otherwise (statistics such
   as layernorm's mean/rstd and per-token losses are fp32).
 """
+import math
 import time
 
 import numpy as np
@@ -166,7 +167,7 @@ def sum(a, axis=None, keepdims=False):
     return _round(np.asarray(total), a.dtype)
 
 
-_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
+_GELU_C = math.sqrt(2.0 / math.pi)  # a Python float: fp32 arrays stay fp32, fp64 stay exact
 
 
 def _gelu_tanh(xf):

@@ -1,0 +1,409 @@
+"""Predicted beside measured: the figures of ACCOUNTING.md for one GPT-2 configuration.
+
+Predicted numbers come from the config alone (the formulas). Measured numbers come from a real
+training step and a real decode step on a fresh model of that config: FLOPs, bytes and launches
+from the profiler (it sees every kernel launch), persistent and activation bytes from the memory
+tracker (it sees every buffer), and what each layer saves from the tape's records.
+
+The attention convention printed is the one the kernels follow: they compute the masked half of
+the T x T scores, so a training step costs 6N + 12·L·C·T FLOPs per token. The other public
+convention, 6N + 6·L·C·T (masked work skipped), is printed beside it.
+
+scripts/accounting.py prints the report for any preset; Trainer.run() prints it after training.
+The measurement builds its own model and AdamW (a twin of the trained one), so it never touches
+a trainer's weights, optimizer state or data position; the twin costs 16 bytes per parameter
+while it lives.
+"""
+import gc
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from nn import GPT2
+from nn.gpt2 import KVCache
+from optim import AdamW, LossScaler
+from tinygrad_like import TAPE, backend, dtypes, kernels, no_grad
+from tinygrad_like.memory import PERSISTENT, TRACKER
+from tinygrad_like.profiler import GEMMS, PHASES, Profiler, format_census
+from . import mfu
+
+LAUNCH_COST_S = 5e-6  # host cost of one eager launch on a GPU (ACCOUNTING.md, "Launches")
+
+# What each op keeps for its backward, in the order a block runs. The first record to save a
+# buffer is charged for it, so each row is what that record adds.
+SAVES = {
+    "layernorm": "its input x, fp32 mean and rstd per row",
+    "linear": "its input x (the weight is persistent, not an activation)",
+    "attention": "q, k, v (views of c_attn's output) and the probabilities (B, H, T, T)",
+    "gelu": "its input x",
+    "embedding": "the ids (int64)",
+    "crossentropy": "dlogits (B·T, V), written by the fused forward",
+    "mul": "its array operands",
+    "div": "its array operands",
+    "dropout": "the mask",
+}
+ACTIVATION_CONVENTION = (
+    "per layer, per token: ln_1 input C + fp32 mean, rstd; c_attn input C; q, k, v 3C (one "
+    "buffer, c_attn's output); attention probabilities H·T; c_proj input C; ln_2 input C + fp32 "
+    "mean, rstd; c_fc input C; GELU input 4C; mlp.c_proj input 4C. Residual adds, splits and "
+    "views save nothing. Total (16·C + H·T) elements + 16 bytes.")
+
+
+# ---------------------------------------------------------------- predictions (config only)
+
+def parameter_pieces(config):
+    """[(key, piece, shape, parameters)]: the rows of ACCOUNTING.md's table for this config."""
+    V, P, L, C = config.vocab_size, config.n_positions, config.n_layer, config.n_embd
+    block = [("qkv", "per block: QKV projection", f"{C:,} x {3 * C:,} + {3 * C:,}", 3 * C * C + 3 * C),
+             ("attn_out", "per block: attention output", f"{C:,} x {C:,} + {C:,}", C * C + C),
+             ("mlp_up", "per block: MLP up", f"{C:,} x {4 * C:,} + {4 * C:,}", 4 * C * C + 4 * C),
+             ("mlp_down", "per block: MLP down", f"{4 * C:,} x {C:,} + {C:,}", 4 * C * C + C),
+             ("block_ln", "per block: two layernorms", f"4 x {C:,}", 4 * C)]
+    per_block = sum(row[3] for row in block)
+    rows = [("wte", "token embedding (tied with the LM head)", f"{V:,} x {C:,}", V * C),
+            ("wpe", "position embedding", f"{P:,} x {C:,}", P * C),
+            *block,
+            ("blocks", f"{L} blocks", f"{L} x {per_block:,}", L * per_block),
+            ("ln_f", "final layernorm", f"2 x {C:,}", 2 * C)]
+    total = V * C + P * C + L * per_block + 2 * C
+    return rows + [("total", "total", "", total)]
+
+
+# which parameter names each piece counts in a built model (per-block pieces: block 0)
+_PIECE_NAMES = {
+    "wte": r"transformer\.wte\.", "wpe": r"transformer\.wpe\.",
+    "qkv": r"transformer\.h\.0\.attn\.c_attn\.", "attn_out": r"transformer\.h\.0\.attn\.c_proj\.",
+    "mlp_up": r"transformer\.h\.0\.mlp\.c_fc\.", "mlp_down": r"transformer\.h\.0\.mlp\.c_proj\.",
+    "block_ln": r"transformer\.h\.0\.ln_[12]\.", "blocks": r"transformer\.h\.",
+    "ln_f": r"transformer\.ln_f\.", "total": r"",
+}
+
+
+def count_pieces(model):
+    """piece key -> parameters counted in the model's own tensors."""
+    params = list(model.named_parameters())
+    return {key: sum(p.numel() for name, p in params if re.match(pattern, name))
+            for key, pattern in _PIECE_NAMES.items()}
+
+
+def attention_flops_per_token(config, seq_len):
+    """Forward FLOPs per token of attention's own GEMMs (QK^T and probs·V) over all layers:
+    (masked half computed, as our kernels do; masked half skipped)."""
+    computed = 4 * config.n_layer * config.n_embd * seq_len
+    return computed, computed // 2
+
+
+def gemm_flops(config, batch_size, seq_len):
+    """Forward FLOPs of one forward pass's GEMMs from the shapes: (2·M·K·N summed over the
+    linears, the LM head and attention's two GEMMs; the M·N fused-bias epilogues)."""
+    V, L, C, H = config.vocab_size, config.n_layer, config.n_embd, config.n_head
+    B, T = batch_size, seq_len
+    M = B * T
+    linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]   # c_attn, c_proj, c_fc, mlp.c_proj
+    attention = 2 * (2 * B * H * T * T * (C // H))           # scores and probs·V
+    gemm = L * (sum(2 * M * k * n for k, n in linears) + attention) + 2 * M * C * V
+    bias = L * M * sum(n for _, n in linears)
+    return gemm, bias
+
+
+def predicted_state_bytes(dtype):
+    """Bytes per parameter of the persistent training state per tracker tag: the working
+    weights and gradients in the training dtype, an fp32 master only when that is narrower."""
+    size = dtypes.as_dtype(dtype).itemsize
+    return {"weights": size, "gradients": size, "master": 4 if size < 4 else 0,
+            "adam_m": 4, "adam_v": 4}
+
+
+def predicted_activation_bytes(config, seq_len, dtype):
+    """Bytes saved for backward per token per layer under ACTIVATION_CONVENTION."""
+    size = dtypes.as_dtype(dtype).itemsize
+    return (16 * config.n_embd + config.n_head * seq_len) * size + 2 * 2 * 4
+
+
+# ---------------------------------------------------------------- measuring
+
+class Unowned:
+    """A kernels sink beneath every tape record: it counts the launches no record owns (in a
+    backward, the gradients summed across a tensor's uses and added into each leaf's .grad)."""
+
+    def __init__(self):
+        self.launches = self.flops = self.bytes = 0
+
+    def add(self, flops, nbytes):
+        self.launches += 1
+        self.flops += flops
+        self.bytes += nbytes
+
+
+def forward_backward(model, x, y, scaler=None):
+    """One forward and backward as the training loop runs them. -> (the forward's tape as
+    dicts, backward FLOPs filled in; bytes the tracker counted as activations during the
+    forward; the Unowned launches)."""
+    unowned = Unowned()
+    start, saved_before = TAPE.position(), TRACKER.current["activations"]
+    with kernels.sink_to(unowned):
+        _, loss = model(x, y)
+        loss = scaler.scale_loss(loss) if scaler is not None else loss
+        records = TAPE.records(since=start)
+        activations = TRACKER.current["activations"] - saved_before
+        loss.backward()
+    return [r.as_dict() for r in records], activations, unowned
+
+
+def random_batch(vocab_size, batch_size, seq_len, seed=0):
+    """(x, y) int64 (B, T) token ids: counts and shapes do not depend on the values."""
+    ids = np.random.default_rng(seed).integers(0, vocab_size, (batch_size, seq_len + 1))
+    return ids[:, :-1].copy(), ids[:, 1:].copy()
+
+
+@dataclass
+class Measurement:
+    """What the report prints as measured: one training step and one decode step."""
+    config: object
+    dtype: str
+    device: str
+    batch_size: int
+    seq_len: int
+    n_params: int
+    pieces: dict            # piece key -> parameters in the model's tensors
+    persistent: dict        # tracker tag -> bytes the model and AdamW allocated
+    tape: list              # the profiled forward's records as dicts
+    activation_bytes: int   # counted by the tracker during that forward
+    unowned: Unowned        # that step's launches outside any record
+    step: Profiler          # the profiled training step
+    step_seconds: float
+    skipped: bool           # the fp16 loss scaler skipped the profiled step (overflow)
+    decode: Profiler        # one M = 1 decode step with a KV cache
+    decode_seconds: float
+    prompt_len: int
+    peak: float             # FLOP/s the MFU divides by
+    peak_name: str
+
+
+def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=None,
+            warmup=1):
+    """Build a model and AdamW for config, run `warmup` untimed steps (CUDA compiles kernels on
+    first use), then one profiled training step and one profiled decode step.
+    batch: (x, y) token ids of shape (batch_size, seq_len); random when None."""
+    dtype = dtypes.name(dtypes.as_dtype(dtype))
+    gc.collect()  # so the tracker's deltas below are this model's buffers only
+    before = dict(TRACKER.current)
+    model = GPT2(config, device=device)
+    optimizer = AdamW(model.named_parameters(), dtype=dtype)
+    scaler = LossScaler() if dtype == "fp16" else None
+    gc.collect()  # the per-parameter tensors the flat buffers replaced
+    persistent = {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
+    x, y = batch if batch is not None else random_batch(config.vocab_size, batch_size, seq_len)
+    for _ in range(warmup):
+        _train_step(model, optimizer, scaler, x, y)
+    gc.collect()
+    t0 = time.perf_counter()
+    with Profiler(timing=True) as step:
+        tape, activations, unowned, skipped = _train_step(model, optimizer, scaler, x, y)
+    step_seconds = time.perf_counter() - t0
+    decode, decode_seconds, prompt_len = _decode_step(model, x)
+    peak, peak_name = mfu.device_peak(device, dtype)
+    return Measurement(config, dtype, device, x.shape[0], x.shape[1], model.num_parameters(),
+                       count_pieces(model), persistent, tape, activations, unowned, step,
+                       step_seconds, skipped, decode, decode_seconds, prompt_len, peak, peak_name)
+
+
+def _train_step(model, optimizer, scaler, x, y):
+    tape, activations, unowned = forward_backward(model, x, y, scaler)
+    _, skipped = optimizer.step(scaler)
+    optimizer.zero_grad()
+    return tape, activations, unowned, skipped
+
+
+def _decode_step(model, x):
+    """Fill a KV cache with a prompt (the batch's first row), then profile one more token:
+    the M = 1 step of generation. -> (profiler, seconds, prompt length)."""
+    prompt = x[:1, :min(x.shape[1], model.config.n_positions - 1)]
+    model.eval()
+    with no_grad():
+        cache = KVCache(model.config, 1, prompt.shape[1] + 1, model.transformer.wte.weight)
+        model(prompt, cache=cache, last_only=True)
+        t0 = time.perf_counter()
+        with Profiler(timing=True) as prof:
+            model(prompt[:, -1:], cache=cache, last_only=True)
+        seconds = time.perf_counter() - t0
+    return prof, seconds, prompt.shape[1]
+
+
+def for_trainer(trainer):
+    """The report for a Trainer's config, dtype, device and micro-batch (a validation batch),
+    measured on a twin so the trained model and its optimizer stay as they are."""
+    from tinygrad_like.data import DataLoader
+    cfg = trainer.cfg
+    batch = DataLoader(trainer.val_path, cfg.batch_size, cfg.seq_len, seed=0).next_batch()
+    return format_report(measure(trainer.model.config, cfg.dtype, trainer.device,
+                                 batch=batch, warmup=0))
+
+
+# ---------------------------------------------------------------- the tape, grouped
+
+def layer_of(scope):
+    """transformer.h.3.mlp.c_fc -> transformer.h.3; a scope outside the blocks is its own
+    layer (the model's own ops, such as the embedding sum, have the empty scope)."""
+    match = re.match(r"(.*\.h\.\d+)(\.|$)", scope)
+    return match.group(1) if match else (scope or "(model)")
+
+
+def group(records, key):
+    """key(record) -> {records, fwd_flops, bwd_flops, fwd_launches, bwd_launches,
+    saved_bytes}, in order of first appearance."""
+    out = {}
+    for r in records:
+        row = out.setdefault(key(r), dict.fromkeys(
+            ("records", "fwd_flops", "bwd_flops", "fwd_launches", "bwd_launches", "saved_bytes"), 0))
+        row["records"] += 1
+        for field in ("fwd_flops", "bwd_flops", "fwd_launches", "bwd_launches", "saved_bytes"):
+            row[field] += r[field]
+    return out
+
+
+def block_layers(records):
+    """The per-block layer names present in the records (transformer.h.0, ...)."""
+    return [name for name in group(records, lambda r: layer_of(r["scope"]))
+            if re.search(r"\.h\.\d+$", name)]
+
+
+# ---------------------------------------------------------------- text
+
+def table(headers, rows, left=1, indent="  "):
+    """Aligned columns: the first `left` columns flush left, the others flush right."""
+    cells = [list(headers)] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        indent + "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        for row in cells)
+
+
+def format_report(m: Measurement) -> str:
+    c = m.config
+    head = (f"== accounting: L={c.n_layer}, C={c.n_embd}, H={c.n_head}, V={c.vocab_size:,}, "
+            f"context {c.n_positions:,}; {m.dtype} on {m.device}; one training step at "
+            f"B={m.batch_size}, T={m.seq_len} ({m.batch_size * m.seq_len:,} tokens) ==")
+    sections = [_parameters(m), _flops(m), _state_memory(m), _activations(m), _launches(m),
+                format_census(m.step.census(), title=f"-- op census: one training step, "
+                              f"M = B·T = {m.batch_size * m.seq_len:,}"),
+                format_census(m.decode.census(), title=f"-- op census: one decode step, M = 1 "
+                              f"(KV cache of {m.prompt_len} positions, no_grad)")]
+    return "\n\n".join([head] + sections)
+
+
+def _parameters(m):
+    measured = m.pieces
+    rows = [(piece, shape, f"{n:,}", f"{measured[key]:,}", "yes" if measured[key] == n else "NO")
+            for key, piece, shape, n in parameter_pieces(m.config)]
+    total = m.n_params
+    return "\n".join([
+        "-- parameters N: predicted from the config, measured in the model's tensors",
+        table(("piece", "shape", "predicted", "measured", "equal"), rows, left=2),
+        f"  fp32 weights: {total * 4:,} bytes ({total * 4 / 1e6:,.0f} MB)"])
+
+
+def _flops(m):
+    c, n, tokens = m.config, m.n_params, m.batch_size * m.seq_len
+    computed, skipped = attention_flops_per_token(c, m.seq_len)
+    gemm, bias = gemm_flops(c, m.batch_size, m.seq_len)
+    all_ = m.step.by_phase()
+    gemms = m.step.by_phase(GEMMS)
+
+    def multiple(flops):
+        return f"{flops / tokens / n:.4f}"
+
+    predicted = {"forward": (2 * n + computed, 2 * n + skipped, gemm + bias),
+                 "backward": (4 * n + 2 * computed, 4 * n + 2 * skipped, 2 * gemm),
+                 "step": (6 * n + 3 * computed, 6 * n + 3 * skipped, 3 * gemm + bias)}
+    rows = []
+    for phase in ("forward", "backward", "optimizer", "step"):
+        phases = PHASES if phase == "step" else (phase,)
+        got = sum(all_[p]["flops"] for p in phases)
+        got_gemm = sum(gemms[p]["flops"] for p in phases)
+        pred = [multiple(f) for f in predicted[phase]] if phase in predicted else ["-"] * 3
+        rows.append((phase, *pred, multiple(got_gemm), multiple(got), f"{got / 1e9:,.3f}"))
+    step_flops = (6 * n + 3 * computed) * tokens
+    return "\n".join([
+        f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
+        "  printed convention: attention's masked half is computed (our kernels do), so "
+        "6N + 12·L·C·T per token;",
+        "  'masked skipped' is the other public convention, 6N + 6·L·C·T. 'GEMMs from shapes' "
+        "is exact: Σ 2·M·K·N",
+        "  over linears, LM head and attention, + M·N fused bias forward; backward is twice "
+        "the GEMMs (bias grads are sums).",
+        table(("phase", "6N+12LCT", "masked skipped", "GEMMs from shapes", "measured GEMMs",
+               "measured all", "GFLOP"), rows),
+        f"  optimizer: AdamW over N parameters once per step, so its share per token falls as "
+        f"the batch grows ({tokens:,} tokens here)",
+        f"  achieved: {m.step_seconds:.3f} s per step, {tokens / m.step_seconds:,.0f} tokens/s, "
+        f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name}"])
+
+
+def _state_memory(m):
+    n, pred = m.n_params, predicted_state_bytes(m.dtype)
+    names = {"weights": f"weights ({m.dtype})", "gradients": f"gradients ({m.dtype})",
+             "master": "master (fp32)", "adam_m": "adam m (fp32)", "adam_v": "adam v (fp32)"}
+    rows = [(names[tag], pred[tag], f"{m.persistent[tag]:,}", f"{m.persistent[tag] / n:.2f}")
+            for tag in PERSISTENT]
+    total = sum(m.persistent.values())
+    rows.append(("total", sum(pred.values()), f"{total:,}", f"{total / n:.2f}"))
+    return "\n".join([
+        "-- persistent training memory, bytes per parameter (measured: the buffers the model "
+        "and AdamW allocated)",
+        table(("consumer", "predicted", "measured bytes", "measured/param"), rows),
+        f"  {total / 1e9:.2f} GB for N = {n:,}; 14 bytes/param if gradients were freed inside "
+        "the step (ours stay allocated)"])
+
+
+def _activations(m):
+    c, tokens = m.config, m.batch_size * m.seq_len
+    layers = block_layers(m.tape)
+    first = [r for r in m.tape if layer_of(r["scope"]) == layers[0] and r["saved_bytes"]]
+    rows = [(r["scope"][len(layers[0]) + 1:] or "(block)", r["op"],
+             f"{r['saved_bytes'] / tokens:,.0f}", SAVES.get(r["op"], "")) for r in first]
+    per_layer = group(m.tape, lambda r: layer_of(r["scope"]))
+    block_bytes = [per_layer[name]["saved_bytes"] for name in layers]
+    outside = [(name, f"{g['saved_bytes'] / tokens:,.0f}")
+               for name, g in per_layer.items() if name not in layers and g["saved_bytes"]]
+    tape_total = sum(r["saved_bytes"] for r in m.tape)
+    logits = tokens * c.vocab_size * dtypes.as_dtype(m.dtype).itemsize
+    predicted = predicted_activation_bytes(c, m.seq_len, m.dtype)
+    measured = sum(block_bytes) / tokens / len(layers)
+    return "\n".join([
+        f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}), "
+        "from the tape",
+        "  convention: " + ACTIVATION_CONVENTION,
+        f"  what {layers[0]} saves, per record (the first record to save a buffer is charged):",
+        table(("record", "op", "bytes/token", "what"), rows, left=2, indent="    "),
+        f"  per token per layer: predicted {predicted:,}, measured {measured:,.0f} "
+        f"(mean of {len(layers)} layers; all equal: {'yes' if len(set(block_bytes)) == 1 else 'NO'})",
+        "  outside the blocks, bytes per token:",
+        table(("layer", "bytes/token"), outside, indent="    "),
+        f"  the LM head's logits are B·T·V = {logits:,} bytes ({logits / 1e6:,.1f} MB), the "
+        "largest single tensor; the loss keeps dlogits of that size",
+        f"  total saved: {tape_total:,} bytes by the tape's records, {m.activation_bytes:,} "
+        f"counted by the tracker ({'equal' if tape_total == m.activation_bytes else 'DIFFERENT'})"])
+
+
+def _launches(m):
+    phases = m.step.by_phase()
+    layers = block_layers(m.tape)
+    layer = group(m.tape, lambda r: layer_of(r["scope"]))[layers[0]]
+    rows = [("training step: forward", phases["forward"]["launches"], layer["fwd_launches"], ""),
+            ("training step: backward", phases["backward"]["launches"], layer["bwd_launches"],
+             f"{m.unowned.launches} outside any record (gradient sums, adds into .grad)"),
+            ("training step: optimizer", phases["optimizer"]["launches"], "", "")]
+    total = sum(p["launches"] for p in phases.values())
+    rows.append(("training step: total", total, "", ""))
+    decode = len(m.decode.launches)
+    rows.append(("decode step (M = 1)", decode, "", f"{m.decode_seconds * 1e3:.1f} ms measured"))
+    return "\n".join([
+        f"-- kernel launches (per layer: {layers[0]}, from the tape)",
+        table(("where", "launches", "per layer", "note"), rows),
+        f"  at ~{LAUNCH_COST_S * 1e6:.0f} µs each (eager, GPU) the launches alone cost "
+        f"{total * LAUNCH_COST_S * 1e3:.1f} ms per training step and "
+        f"{decode * LAUNCH_COST_S * 1e3:.1f} ms per decode step"])
