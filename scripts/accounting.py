@@ -42,10 +42,13 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = backend.check_device(args.device or backend.default_device())
-    batch = None
-    if args.data:
-        batch = DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
+    try:
+        device = backend.check_device(args.device or backend.default_device())
+        batch = None
+        if args.data:
+            batch = DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
     t0 = time.perf_counter()
     m = report.measure(GPT2Config.from_preset(args.model), args.dtype, device, args.batch_size,
                        args.seq_len, batch=batch, warmup=args.warmup)

@@ -46,6 +46,7 @@ from training import mfu  # noqa: E402
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
 LOSS_TOLERANCE = 1e-4
+QUIET = 0.10   # a step is "quiet" while other processes use under 10% of the CPUs
 
 
 def parse_args(argv=None):
@@ -223,11 +224,22 @@ def format_environment(info, peak):
         t = info["torch"]
         lines.append(f"  torch {t['version']} ({t['blas']}, mkldnn {t['mkldnn']}): "
                      f"{t['threads']} threads, {t['interop_threads']} inter-op")
-    lines.append(f"  fp32 matmul peak (NumPy, 1024^3, best of 5): {peak / 1e9:.0f} GFLOP/s")
+    lines.append(f"  fp32 matmul peak (NumPy, 1024^3, training/mfu.py, best of 5 tries): {peak / 1e9:.0f} GFLOP/s")
     if info["load_average"]:
         lines.append("  load average at start: " +
                      " ".join(f"{x:.2f}" for x in info["load_average"]))
     return "\n".join(lines)
+
+
+def measure_peak(tries=5, pause=0.05):
+    """training/mfu.py's measurement (best of 5 GEMMs), best of a few tries spread over a
+    moment: a burst of load from another process only ever lowers it."""
+    best = 0.0
+    for i in range(tries):
+        if i:
+            time.sleep(pause)
+        best = max(best, mfu.measure_cpu_matmul_peak())
+    return best
 
 
 def torch_matmul_peak(torch, n=1024, repeats=5):
@@ -276,23 +288,68 @@ def ours_train_step(model, opt, x, y):
     return value
 
 
+def cpu_snapshot():
+    """(seconds the machine's CPUs were busy, seconds this process ran, all its threads).
+    Their differences over a step tell our load from other processes' (the noise)."""
+    busy = float("nan")
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]   # user .. steal
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
+    except (OSError, ValueError, IndexError):
+        pass
+    t = os.times()
+    return busy, t.user + t.system
+
+
+def foreign_share(before, after, wall):
+    """The fraction of the machine's CPU time that other processes used during wall seconds
+    (0 = we had the machine to ourselves; NaN where /proc/stat is missing)."""
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    other = (after[0] - before[0]) - (after[1] - before[1])
+    return max(other, 0.0) / (wall * ncpu) if wall > 0 else 0.0
+
+
+def timed(fn):
+    """-> (fn(), wall seconds, share of the CPUs other processes took meanwhile)."""
+    s0, t0 = cpu_snapshot(), time.perf_counter()
+    out = fn()
+    wall = time.perf_counter() - t0
+    return out, wall, foreign_share(s0, cpu_snapshot(), wall)
+
+
 def time_steps(step, n):
-    """Run step() n times; -> (seconds of each, the last loss)."""
-    times, loss = [], None
+    """Run step() n times; -> ([(seconds, foreign CPU share) of each], the last loss)."""
+    samples, loss = [], None
     for _ in range(n):
-        t0 = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - t0)
-    return times, loss
+        loss, wall, foreign = timed(step)
+        samples.append((wall, foreign))
+    return samples, loss
 
 
-def summarize_steps(times, tokens, flops_per_token, peak):
+def quiet(samples, key=lambda s: s):
+    """The samples taken while other processes used under QUIET of the CPUs, when at least
+    3 (or a third) of them were; otherwise all of them (and the report says so)."""
+    calm = [s for s in samples if not key(s)[1] > QUIET]      # NaN (no /proc) counts as calm
+    return (calm, True) if len(calm) >= max(3, len(samples) // 3) else (samples, False)
+
+
+def summarize_steps(samples, tokens, flops_per_token, peak):
+    """Step times -> median (over the quiet steps), min, spread, tokens/s and MFU."""
+    chosen, is_quiet = quiet(samples)
+    times = [t for t, _ in chosen]
     med = statistics.median(times)
     tps = tokens / med
-    return {"steps": len(times), "median_ms": med * 1e3, "min_ms": min(times) * 1e3,
-            "max_ms": max(times) * 1e3, "spread": (max(times) - min(times)) / med,
-            "tokens_per_s": tps, "mfu": tps * flops_per_token / peak,
-            "times_ms": [t * 1e3 for t in times]}
+    all_times = [t for t, _ in samples]
+    return {"steps": len(samples), "quiet_steps": len(chosen) if is_quiet else 0,
+            "median_ms": med * 1e3, "median_all_ms": statistics.median(all_times) * 1e3,
+            "min_ms": min(all_times) * 1e3, "max_ms": max(all_times) * 1e3,
+            "spread": (max(times) - min(times)) / med,
+            "tokens_per_s": tps, "tokens_per_s_best": tokens / min(all_times),
+            "mfu": tps * flops_per_token / peak,
+            "foreign_cpu": statistics.mean(f for _, f in samples),
+            "times_ms": [t * 1e3 for t in all_times],
+            "foreign_cpu_per_step": [f for _, f in samples]}
 
 
 def ours_generate(model, prompt, new_tokens):
@@ -307,16 +364,29 @@ def ours_generate(model, prompt, new_tokens):
     return t1 - t0, t2 - t1, np.stack(tokens, axis=1)
 
 
+def time_generations(generate, n):
+    """n runs of generate() -> [(prompt s, decode s, ids, foreign CPU share)]."""
+    runs = []
+    for _ in range(n):
+        (prompt_s, decode_s, ids), _, foreign = timed(generate)
+        runs.append((prompt_s, decode_s, ids, foreign))
+    return runs
+
+
 def summarize_generation(runs, batch, prompt_len, new_tokens):
-    """runs: [(prompt s, decode s, ids)] -> medians and tokens/s (decode counts the
-    new_tokens - 1 steps after the first token, which the prompt's forward gives)."""
-    prompt_s = statistics.median(r[0] for r in runs)
-    decode_s = statistics.median(r[1] for r in runs)
+    """runs: [(prompt s, decode s, ids, foreign share)] -> medians over the quiet runs and
+    tokens/s (decode counts the new_tokens - 1 steps after the first token, which the
+    prompt's forward gives)."""
+    chosen, is_quiet = quiet(runs, key=lambda r: (r, r[3]))
+    prompt_s = statistics.median(r[0] for r in chosen)
+    decode_s = statistics.median(r[1] for r in chosen)
     steps = max(new_tokens - 1, 1)
-    return {"runs": len(runs), "prompt_ms": prompt_s * 1e3,
+    return {"runs": len(runs), "quiet_runs": len(chosen) if is_quiet else 0,
+            "prompt_ms": prompt_s * 1e3,
             "prompt_tokens_per_s": batch * prompt_len / prompt_s,
             "decode_ms_per_token": decode_s / steps * 1e3,
             "decode_tokens_per_s": batch * steps / decode_s if decode_s > 0 else float("inf"),
+            "foreign_cpu": statistics.mean(r[3] for r in runs),
             "prompt_ms_all": [r[0] * 1e3 for r in runs],
             "decode_ms_all": [r[1] * 1e3 for r in runs]}
 
@@ -532,7 +602,7 @@ def run(args, log=print):
     set_threads(args.threads, torch)
     config = GPT2Config.from_preset(args.model)
     env = environment_info(torch)
-    peak = mfu.measure_cpu_matmul_peak()
+    peak = measure_peak()
     results = {"args": vars(args), "config": config.to_dict(), "environment": env,
                "peak_flops": peak}
     log(format_environment(env, peak))
@@ -570,6 +640,15 @@ def run(args, log=print):
                                           peak, log)
     if args.census:
         results["census"] = run_census(args, config, model, opt, tmodel, topt, torch, x, y, log)
+    late = measure_peak()
+    if late > peak * 1.05:
+        log(f"note: the matmul peak measured at the end, {late / 1e9:.0f} GFLOP/s, is above "
+            f"the one at the start ({peak / 1e9:.0f}): the start was disturbed; MFU is given "
+            "against the higher one")
+        for part in (results.get("train") or {}).values():
+            if isinstance(part, dict) and "mfu" in part:
+                part["mfu"] *= peak / late
+        results["peak_flops"] = peak = late
     results["load_average_end"] = _loadavg()
     return results
 
@@ -594,9 +673,10 @@ def bench_training(args, model, opt, tmodel, topt, torch, x, y, fpt, peak, log):
         if torch_step:
             t, last["torch"] = time_steps(torch_step, args.steps)
             times["torch"] += t
-        log(f"  round {r + 1}: ours {statistics.median(times['ours'][-args.steps:]) * 1e3:.1f} "
-            f"ms/step" + (f", torch {statistics.median(times['torch'][-args.steps:]) * 1e3:.1f}"
-                          f" ms/step" if torch_step else ""))
+        log(f"  round {r + 1}: " + ", ".join(
+            f"{name} {statistics.median(t for t, _ in times[name][-args.steps:]) * 1e3:.1f} "
+            f"ms/step (others used {statistics.mean(f for _, f in times[name][-args.steps:]):.0%}"
+            " of the CPUs)" for name in times if times[name]))
     out = {"ours": summarize_steps(times["ours"], tokens, fpt, peak)}
     out["ours"]["last_loss"] = last["ours"]
     if torch_step:
@@ -615,15 +695,15 @@ def bench_generation(args, config, model, torch, transformers, log):
     log(f"generation: greedy, KV cache, batch {Bg}, prompt {P} tokens, {N} new tokens; "
         f"1 warm-up + {args.gen_repeats} timed runs each")
     ours_generate(model, prompt, N)
-    runs = [ours_generate(model, prompt, N) for _ in range(args.gen_repeats)]
+    runs = time_generations(lambda: ours_generate(model, prompt, N), args.gen_repeats)
     out = {"ours": summarize_generation(runs, Bg, P, N)}
     ours_ids = runs[-1][2]
     if transformers is not None:
         hf = hf_load(transformers, torch, model)
         out["hf_logits_max_abs_diff"] = hf_prompt_logits_diff(torch, hf, model, prompt)
         hf_generate(transformers, torch, hf, prompt, N)
-        hf_runs = [hf_generate(transformers, torch, hf, prompt, N)
-                   for _ in range(args.gen_repeats)]
+        hf_runs = time_generations(lambda: hf_generate(transformers, torch, hf, prompt, N),
+                                   args.gen_repeats)
         out["hf"] = summarize_generation(hf_runs, Bg, P, N)
         out["hf"]["transformers"] = transformers.__version__
         out["hf"]["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
@@ -686,9 +766,15 @@ def format_report(results):
             lines.append(f"{label:<22}{_fmt(a, spec):>12}{_fmt(b, spec):>14}{ratio:>12}")
         row("step ms (median)", "median_ms", ".1f", False)
         row("step ms (min)", "min_ms", ".1f", False)
-        row("tokens/s", "tokens_per_s", ",.0f", True)
-        row("MFU", "mfu", ".1%", True)
+        row("tokens/s (median)", "tokens_per_s", ",.0f", True)
+        row("tokens/s (best step)", "tokens_per_s_best", ",.0f", True)
+        row("MFU (median)", "mfu", ".1%", True)
         row("spread (max-min)/med", "spread", ".0%", False)
+        row("others' CPU share", "foreign_cpu", ".0%", False)
+        lines.append(_noise_note(o, t, "steps"))
+        lines.append(f"MFU = tokens/s x {results['flops_per_token'] / 1e6:.1f} MFLOP/token "
+                     f"(6N + 12LCT) / {results['peak_flops'] / 1e9:.0f} GFLOP/s (NumPy matmul "
+                     "peak measured here)")
         if t:
             ls = tr["loss_after_steps"]
             lines.append(f"loss after the same steps from the same start: ours {ls['ours']:.5f}, "
@@ -704,15 +790,31 @@ def format_report(results):
                 ("prompt ms", "prompt_ms", ".1f", False),
                 ("prompt tokens/s", "prompt_tokens_per_s", ",.0f", True),
                 ("decode ms/token", "decode_ms_per_token", ".2f", False),
-                ("decode tokens/s", "decode_tokens_per_s", ",.1f", True)):
+                ("decode tokens/s", "decode_tokens_per_s", ",.1f", True),
+                ("others' CPU share", "foreign_cpu", ".0%", False)):
             a, b = o[key], (h[key] if h else None)
             ratio = _fmt(a / b, ".2f") + "x" if (show_ratio and b) else ""
             lines.append(f"{label:<22}{_fmt(a, spec):>12}{_fmt(b, spec):>14}{ratio:>12}")
+        lines.append(_noise_note(o, h, "runs"))
     load0, load1 = results["environment"]["load_average"], results.get("load_average_end")
     if load0 and load1:
         lines.append(f"\nload average: {load0[0]:.2f} at start, {load1[0]:.2f} at end "
                      f"(above ~0.1 means something else was running)")
     return "\n".join(lines)
+
+
+def _noise_note(ours, theirs, unit):
+    """Which samples the medians use: the quiet ones, or all when too few were quiet."""
+    key, count = f"quiet_{unit}", unit if unit == "runs" else "steps"
+    parts = []
+    for name, r in (("ours", ours), ("theirs", theirs)):
+        if r is None:
+            continue
+        n = r["runs" if unit == "runs" else "steps"]
+        parts.append(f"{name} {r[key]} of {n} quiet" if r[key] else
+                     f"{name}: too few quiet {count} of {n}, median of all (noisy)")
+    return (f"medians over the {unit} where other processes took under {QUIET:.0%} of the "
+            f"CPUs: " + "; ".join(parts))
 
 
 def main(argv=None):

@@ -16,7 +16,7 @@ from optim import AdamW, LossScaler, cosine_with_warmup
 from tinygrad_like import backend, dtypes, no_grad
 from tinygrad_like.data import DataLoader
 from tinygrad_like.memory import PERSISTENT, TRACKER
-from . import checkpoint, mfu
+from . import checkpoint, mfu, report
 
 
 @dataclass
@@ -195,4 +195,6 @@ class Trainer:
         if cfg.save_every or cfg.steps:
             path = self.save()
             say(f"checkpoint: {path}")
+        if not cfg.quiet:  # predicted vs measured FLOPs, bytes, launches (on a twin model)
+            say(report.for_trainer(self))
         return history

@@ -16,6 +16,7 @@ while it lives.
 """
 import gc
 import re
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -24,19 +25,20 @@ import numpy as np
 from nn import GPT2
 from nn.gpt2 import KVCache
 from optim import AdamW, LossScaler
-from tinygrad_like import TAPE, backend, dtypes, kernels, no_grad
+from tinygrad_like import TAPE, dtypes, kernels, no_grad
+from tinygrad_like.data import DataLoader
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, PHASES, Profiler, format_census
 from . import mfu
 
 LAUNCH_COST_S = 5e-6  # host cost of one eager launch on a GPU (ACCOUNTING.md, "Launches")
 
-# What each op keeps for its backward, in the order a block runs. The first record to save a
-# buffer is charged for it, so each row is what that record adds.
+# What each op keeps for its backward (ops.py). The first record to save a buffer is charged
+# for it, so a record's saved bytes are what it adds.
 SAVES = {
     "layernorm": "its input x, fp32 mean and rstd per row",
     "linear": "its input x (the weight is persistent, not an activation)",
-    "attention": "q, k, v (views of c_attn's output) and the probabilities (B, H, T, T)",
+    "attention": "q, k, v (B, H, T, D) and the probabilities (B, H, T, T)",
     "gelu": "its input x",
     "embedding": "the ids (int64)",
     "crossentropy": "dlogits (B·T, V), written by the fused forward",
@@ -45,8 +47,8 @@ SAVES = {
     "dropout": "the mask",
 }
 ACTIVATION_CONVENTION = (
-    "per layer, per token: ln_1 input C + fp32 mean, rstd; c_attn input C; q, k, v 3C (one "
-    "buffer, c_attn's output); attention probabilities H·T; c_proj input C; ln_2 input C + fp32 "
+    "per layer, per token: ln_1 input C + fp32 mean, rstd; c_attn input C; q, k, v 3C; "
+    "attention probabilities H·T; c_proj input C; ln_2 input C + fp32 "
     "mean, rstd; c_fc input C; GELU input 4C; mlp.c_proj input 4C. Residual adds, splits and "
     "views save nothing. Total (16·C + H·T) elements + 16 bytes.")
 
@@ -56,7 +58,8 @@ ACTIVATION_CONVENTION = (
 def parameter_pieces(config):
     """[(key, piece, shape, parameters)]: the rows of ACCOUNTING.md's table for this config."""
     V, P, L, C = config.vocab_size, config.n_positions, config.n_layer, config.n_embd
-    block = [("qkv", "per block: QKV projection", f"{C:,} x {3 * C:,} + {3 * C:,}", 3 * C * C + 3 * C),
+    block = [("qkv", "per block: QKV projection", f"{C:,} x {3 * C:,} + {3 * C:,}",
+              3 * C * C + 3 * C),
              ("attn_out", "per block: attention output", f"{C:,} x {C:,} + {C:,}", C * C + C),
              ("mlp_up", "per block: MLP up", f"{C:,} x {4 * C:,} + {4 * C:,}", 4 * C * C + 4 * C),
              ("mlp_down", "per block: MLP down", f"{4 * C:,} x {C:,} + {C:,}", 4 * C * C + C),
@@ -140,14 +143,15 @@ class Unowned:
 def forward_backward(model, x, y, scaler=None):
     """One forward and backward as the training loop runs them. -> (the forward's tape as
     dicts, backward FLOPs filled in; bytes the tracker counted as activations during the
-    forward; the Unowned launches)."""
-    unowned = Unowned()
+    forward; {"forward": Unowned, "backward": Unowned} launches outside any record)."""
+    unowned = {"forward": Unowned(), "backward": Unowned()}
     start, saved_before = TAPE.position(), TRACKER.current["activations"]
-    with kernels.sink_to(unowned):
-        _, loss = model(x, y)
+    with kernels.sink_to(unowned["forward"]):
+        loss = model(x, y)[1]  # not keeping the logits (B·T·V) alive through the backward
         loss = scaler.scale_loss(loss) if scaler is not None else loss
-        records = TAPE.records(since=start)
-        activations = TRACKER.current["activations"] - saved_before
+    records = TAPE.records(since=start)
+    activations = TRACKER.current["activations"] - saved_before
+    with kernels.sink_to(unowned["backward"]):
         loss.backward()
     return [r.as_dict() for r in records], activations, unowned
 
@@ -171,7 +175,7 @@ class Measurement:
     persistent: dict        # tracker tag -> bytes the model and AdamW allocated
     tape: list              # the profiled forward's records as dicts
     activation_bytes: int   # counted by the tracker during that forward
-    unowned: Unowned        # that step's launches outside any record
+    unowned: dict           # phase -> that step's launches outside any record (Unowned)
     step: Profiler          # the profiled training step
     step_seconds: float
     skipped: bool           # the fp16 loss scaler skipped the profiled step (overflow)
@@ -234,8 +238,8 @@ def _decode_step(model, x):
 
 def for_trainer(trainer):
     """The report for a Trainer's config, dtype, device and micro-batch (a validation batch),
-    measured on a twin so the trained model and its optimizer stay as they are."""
-    from tinygrad_like.data import DataLoader
+    measured on a twin so the trained model and its optimizer stay as they are. No warm-up
+    step: training already compiled and cached every kernel."""
     cfg = trainer.cfg
     batch = DataLoader(trainer.val_path, cfg.batch_size, cfg.seq_len, seed=0).next_batch()
     return format_report(measure(trainer.model.config, cfg.dtype, trainer.device,
@@ -251,15 +255,17 @@ def layer_of(scope):
     return match.group(1) if match else (scope or "(model)")
 
 
+SUMMED = ("fwd_flops", "bwd_flops", "fwd_launches", "bwd_launches", "saved_bytes")
+
+
 def group(records, key):
-    """key(record) -> {records, fwd_flops, bwd_flops, fwd_launches, bwd_launches,
-    saved_bytes}, in order of first appearance."""
+    """key(record) -> {records, and the sum of each SUMMED field}, in order of first
+    appearance (key=lambda r: r["op"] totals per op kind)."""
     out = {}
     for r in records:
-        row = out.setdefault(key(r), dict.fromkeys(
-            ("records", "fwd_flops", "bwd_flops", "fwd_launches", "bwd_launches", "saved_bytes"), 0))
+        row = out.setdefault(key(r), dict.fromkeys(("records",) + SUMMED, 0))
         row["records"] += 1
-        for field in ("fwd_flops", "bwd_flops", "fwd_launches", "bwd_launches", "saved_bytes"):
+        for field in SUMMED:
             row[field] += r[field]
     return out
 
@@ -272,14 +278,20 @@ def block_layers(records):
 
 # ---------------------------------------------------------------- text
 
-def table(headers, rows, left=1, indent="  "):
-    """Aligned columns: the first `left` columns flush left, the others flush right."""
+def table(headers, rows, align=None, indent="  "):
+    """Aligned columns. align: one letter per column, l (flush left) or r (flush right);
+    default the first column left and the others (numbers) right."""
+    align = align or "l" + "r" * (len(headers) - 1)
     cells = [list(headers)] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
-        indent + "  ".join(c.ljust(w) if i < left else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        indent + "  ".join(c.ljust(w) if a == "l" else c.rjust(w)
+                           for c, w, a in zip(row, widths, align)).rstrip()
         for row in cells)
+
+
+def wrap(text, indent="  "):
+    return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
 def format_report(m: Measurement) -> str:
@@ -287,6 +299,8 @@ def format_report(m: Measurement) -> str:
     head = (f"== accounting: L={c.n_layer}, C={c.n_embd}, H={c.n_head}, V={c.vocab_size:,}, "
             f"context {c.n_positions:,}; {m.dtype} on {m.device}; one training step at "
             f"B={m.batch_size}, T={m.seq_len} ({m.batch_size * m.seq_len:,} tokens) ==")
+    if m.skipped:
+        head += "\n(the fp16 loss scaler skipped the profiled step for an overflow)"
     sections = [_parameters(m), _flops(m), _state_memory(m), _activations(m), _launches(m),
                 format_census(m.step.census(), title=f"-- op census: one training step, "
                               f"M = B·T = {m.batch_size * m.seq_len:,}"),
@@ -302,7 +316,7 @@ def _parameters(m):
     total = m.n_params
     return "\n".join([
         "-- parameters N: predicted from the config, measured in the model's tensors",
-        table(("piece", "shape", "predicted", "measured", "equal"), rows, left=2),
+        table(("piece", "shape", "predicted", "measured", "equal"), rows, "llrrr"),
         f"  fp32 weights: {total * 4:,} bytes ({total * 4 / 1e6:,.0f} MB)"])
 
 
@@ -313,34 +327,39 @@ def _flops(m):
     all_ = m.step.by_phase()
     gemms = m.step.by_phase(GEMMS)
 
-    def multiple(flops):
-        return f"{flops / tokens / n:.4f}"
+    def multiple(flops_per_token):
+        return f"{flops_per_token / n:.4f}"
 
-    predicted = {"forward": (2 * n + computed, 2 * n + skipped, gemm + bias),
-                 "backward": (4 * n + 2 * computed, 4 * n + 2 * skipped, 2 * gemm),
-                 "step": (6 * n + 3 * computed, 6 * n + 3 * skipped, 3 * gemm + bias)}
+    # per token: the two conventions, then the GEMMs counted exactly from the shapes
+    predicted = {"forward": (2 * n + computed, 2 * n + skipped, (gemm + bias) / tokens),
+                 "backward": (4 * n + 2 * computed, 4 * n + 2 * skipped, 2 * gemm / tokens),
+                 "step": (6 * n + 3 * computed, 6 * n + 3 * skipped, (3 * gemm + bias) / tokens)}
     rows = []
     for phase in ("forward", "backward", "optimizer", "step"):
         phases = PHASES if phase == "step" else (phase,)
         got = sum(all_[p]["flops"] for p in phases)
         got_gemm = sum(gemms[p]["flops"] for p in phases)
         pred = [multiple(f) for f in predicted[phase]] if phase in predicted else ["-"] * 3
-        rows.append((phase, *pred, multiple(got_gemm), multiple(got), f"{got / 1e9:,.3f}"))
+        rows.append((phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens),
+                     f"{got / 1e9:,.3f}"))
     step_flops = (6 * n + 3 * computed) * tokens
     return "\n".join([
         f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
-        "  printed convention: attention's masked half is computed (our kernels do), so "
-        "6N + 12·L·C·T per token;",
-        "  'masked skipped' is the other public convention, 6N + 6·L·C·T. 'GEMMs from shapes' "
-        "is exact: Σ 2·M·K·N",
-        "  over linears, LM head and attention, + M·N fused bias forward; backward is twice "
-        "the GEMMs (bias grads are sums).",
+        wrap("printed convention: attention's masked half is computed, as our kernels do: "
+             "2N + 4·L·C·T forward, 4N + 8·L·C·T backward, 6N + 12·L·C·T per step. 'masked "
+             "skipped' is the other public convention (6N + 6·L·C·T). 'GEMMs from shapes' is "
+             "exact: Σ 2·M·K·N over the linears, the LM head and attention's two GEMMs, plus "
+             "M·N per fused bias, forward; backward is twice the GEMMs (bias gradients are "
+             "sum kernels, not GEMMs). 'measured all' adds layernorm, GELU, softmax, adds, "
+             "casts and the optimizer."),
         table(("phase", "6N+12LCT", "masked skipped", "GEMMs from shapes", "measured GEMMs",
                "measured all", "GFLOP"), rows),
-        f"  optimizer: AdamW over N parameters once per step, so its share per token falls as "
-        f"the batch grows ({tokens:,} tokens here)",
-        f"  achieved: {m.step_seconds:.3f} s per step, {tokens / m.step_seconds:,.0f} tokens/s, "
-        f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name}"])
+        wrap(f"the optimizer updates N parameters once per step, so its share per token falls "
+             f"as the batch grows ({tokens:,} tokens here)"),
+        wrap(f"achieved: {m.step_seconds:.3f} s per step (profiled), "
+             f"{tokens / m.step_seconds:,.0f} tokens/s, "
+             f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
+             "(6N + 12·L·C·T per token)")])
 
 
 def _state_memory(m):
@@ -364,10 +383,10 @@ def _activations(m):
     layers = block_layers(m.tape)
     first = [r for r in m.tape if layer_of(r["scope"]) == layers[0] and r["saved_bytes"]]
     rows = [(r["scope"][len(layers[0]) + 1:] or "(block)", r["op"],
-             f"{r['saved_bytes'] / tokens:,.0f}", SAVES.get(r["op"], "")) for r in first]
+             _bytes_per_token(r["saved_bytes"], tokens), SAVES.get(r["op"], "")) for r in first]
     per_layer = group(m.tape, lambda r: layer_of(r["scope"]))
     block_bytes = [per_layer[name]["saved_bytes"] for name in layers]
-    outside = [(name, f"{g['saved_bytes'] / tokens:,.0f}")
+    outside = [(name, _bytes_per_token(g["saved_bytes"], tokens))
                for name, g in per_layer.items() if name not in layers and g["saved_bytes"]]
     tape_total = sum(r["saved_bytes"] for r in m.tape)
     logits = tokens * c.vocab_size * dtypes.as_dtype(m.dtype).itemsize
@@ -376,17 +395,23 @@ def _activations(m):
     return "\n".join([
         f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}), "
         "from the tape",
-        "  convention: " + ACTIVATION_CONVENTION,
+        wrap("convention: " + ACTIVATION_CONVENTION),
         f"  what {layers[0]} saves, per record (the first record to save a buffer is charged):",
-        table(("record", "op", "bytes/token", "what"), rows, left=2, indent="    "),
+        table(("record", "op", "bytes/token", "what"), rows, "llrl", indent="    "),
         f"  per token per layer: predicted {predicted:,}, measured {measured:,.0f} "
-        f"(mean of {len(layers)} layers; all equal: {'yes' if len(set(block_bytes)) == 1 else 'NO'})",
+        f"(mean of {len(layers)} layers; all equal: "
+        f"{'yes' if len(set(block_bytes)) == 1 else 'NO'})",
         "  outside the blocks, bytes per token:",
         table(("layer", "bytes/token"), outside, indent="    "),
-        f"  the LM head's logits are B·T·V = {logits:,} bytes ({logits / 1e6:,.1f} MB), the "
-        "largest single tensor; the loss keeps dlogits of that size",
+        wrap(f"the LM head's logits are B·T·V = {logits:,} bytes ({logits / 1e6:,.1f} MB), "
+             "the largest single tensor of the step; the loss saves dlogits of that size"),
         f"  total saved: {tape_total:,} bytes by the tape's records, {m.activation_bytes:,} "
         f"counted by the tracker ({'equal' if tape_total == m.activation_bytes else 'DIFFERENT'})"])
+
+
+def _bytes_per_token(nbytes, tokens):
+    per = nbytes / tokens
+    return f"{per:,.0f}" if per == int(per) else f"{per:,.2f}"
 
 
 def _launches(m):
@@ -395,7 +420,8 @@ def _launches(m):
     layer = group(m.tape, lambda r: layer_of(r["scope"]))[layers[0]]
     rows = [("training step: forward", phases["forward"]["launches"], layer["fwd_launches"], ""),
             ("training step: backward", phases["backward"]["launches"], layer["bwd_launches"],
-             f"{m.unowned.launches} outside any record (gradient sums, adds into .grad)"),
+             f"{m.unowned['backward'].launches} outside any record (gradient sums, adds "
+             "into .grad)"),
             ("training step: optimizer", phases["optimizer"]["launches"], "", "")]
     total = sum(p["launches"] for p in phases.values())
     rows.append(("training step: total", total, "", ""))
@@ -403,7 +429,7 @@ def _launches(m):
     rows.append(("decode step (M = 1)", decode, "", f"{m.decode_seconds * 1e3:.1f} ms measured"))
     return "\n".join([
         f"-- kernel launches (per layer: {layers[0]}, from the tape)",
-        table(("where", "launches", "per layer", "note"), rows),
+        table(("where", "launches", "per layer", "note"), rows, "lrrl"),
         f"  at ~{LAUNCH_COST_S * 1e6:.0f} µs each (eager, GPU) the launches alone cost "
         f"{total * LAUNCH_COST_S * 1e3:.1f} ms per training step and "
         f"{decode * LAUNCH_COST_S * 1e3:.1f} ms per decode step"])

@@ -36,6 +36,11 @@ _NULL = np.uint64(0)  # a null pointer argument
 _BLOCK = 256          # threads per block of the flat and one-warp-per-row kernels
 
 
+def supported_dtypes():
+    """fp16 and bf16 run natively: tensor-core GEMMs, fp32-accumulating kernels."""
+    return ("fp32", "fp16", "bf16")
+
+
 # ---------------------------------------------------------------- arrays and timing
 
 def asarray(data, dtype=None):
@@ -52,6 +57,12 @@ def empty(shape, dtype):
 
 def synchronize():
     cupy.cuda.Device().synchronize()
+
+
+def device_name():
+    """The current GPU's name, e.g. 'NVIDIA H200' (training/mfu.py picks its peak by it)."""
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else name
 
 
 class _Timer:
@@ -271,6 +282,10 @@ def neg(a):
     return mul(a, -1.0) if a.dtype in _CTYPES else cupy.negative(a)
 
 
+def contiguous(a):
+    return cupy.ascontiguousarray(a)
+
+
 def cast(a, dtype):
     dtype = np.dtype(dtype)
     if a.dtype == dtype or a.dtype not in _TRAINING or dtype not in _TRAINING:
@@ -306,7 +321,7 @@ def index_bwd(dy, shape, index):
         dx[index] = dy
         return dx
     acc = cupy.zeros(shape, dtype=dtypes.compute_dtype(dy.dtype))
-    cupyx.scatter_add(acc, index, dy.astype(acc.dtype))
+    cupyx.scatter_add(acc, index, dy.astype(acc.dtype, copy=False))
     return acc.astype(dy.dtype, copy=False)
 
 

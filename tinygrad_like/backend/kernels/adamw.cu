@@ -20,9 +20,10 @@ __global__ void sum_partials(const T* x, acc_t<T>* out, long long n) {
     if (threadIdx.x == 0) out[blockIdx.x] = sum;
 }
 
-// One AdamW step, in place, one thread per element. master, m, v: (n,) in P (fp32; fp64 in
-// fp64 runs); grad: (n,) in G, still multiplied by the loss scale; working: (n,) G copy of the
-// weights refreshed from master, or null; norm_sq: (1,) P sum of squares of the scaled grad.
+// One AdamW step, in place, one thread per element. master, m, v: (n,) in P (fp32; optim/ keeps
+// them fp32 even for an fp64 model); grad: (n,) in G, still multiplied by the loss scale;
+// working: (n,) G copy of the weights refreshed from master, or null; norm_sq: (1,) P sum of
+// squares of the scaled grad (cuda.py converts it to P).
 // As cpu.adamw_step: if norm_sq is inf/nan every thread returns (the step is skipped; nothing
 // is written). Else g = grad * coef with coef = inv_scale * min(1, max_norm / (norm + 1e-6))
 // (norm = sqrt(norm_sq) inv_scale; no clip when max_norm == 0), computed in fp64 and rounded to
@@ -59,6 +60,7 @@ void* tg_instances_adamw[] = {
     (void*)&sum_partials<__nv_bfloat16, true>, (void*)&sum_partials<double, true>,
     (void*)&sum_partials<float, false>, (void*)&sum_partials<double, false>,
     (void*)&adamw_step<float, float>, (void*)&adamw_step<float, __half>,
-    (void*)&adamw_step<float, __nv_bfloat16>, (void*)&adamw_step<double, double>,
+    (void*)&adamw_step<float, __nv_bfloat16>, (void*)&adamw_step<float, double>,
+    (void*)&adamw_step<double, double>,
 };
 #endif

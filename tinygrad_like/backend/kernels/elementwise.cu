@@ -25,29 +25,35 @@ __global__ void binary(const T* a, const T* b, acc_t<T> sa, acc_t<T> sb, T* out,
     out[i] = from_acc<T>(apply_op<OP>(x, y));
 }
 
-// GPT-2's tanh GELU, y = 0.5 x (1 + tanh(c (x + 0.044715 x^3))) with c = sqrt(2/pi) rounded to
-// fp32 as cpu.py's _GELU_C. x, y: (n,). Same formula and order as cpu.gelu_fwd.
+// GPT-2's tanh GELU: t = tanh(c x (1 + 0.044715 x^2)) with c = sqrt(2/pi), evaluated in the order
+// of cpu.py's _gelu_tanh, ((x x 0.044715 + 1) x) c, with c rounded to the compute type as NumPy
+// rounds the Python float.
+constexpr double GELU_C = 0.7978845608028654;
+
+template <typename A> __device__ __forceinline__ A gelu_tanh(A x) {
+    return tg_tanh((x * x * A(0.044715) + A(1)) * x * A(GELU_C));
+}
+
+// y = 0.5 x (1 + t). x, y: (n,). Same formula and order as cpu.gelu_fwd.
 template <typename T>
 __global__ void gelu_fwd(const T* x, T* y, long long n) {
     typedef acc_t<T> A;
     const long long i = global_index();
     if (i >= n) return;
-    const A c = A(0.7978845608028654f), v = to_acc(x[i]);
-    const A t = tg_tanh(c * (v + A(0.044715) * (v * v * v)));
-    y[i] = from_acc<T>((t + A(1)) * v * A(0.5));
+    const A v = to_acc(x[i]);
+    y[i] = from_acc<T>((gelu_tanh(v) + A(1)) * v * A(0.5));
 }
 
-// dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)), t = tanh(c x (1 + 0.044715 x^2)).
-// x, dy, dx: (n,). Same formula as cpu.gelu_bwd.
+// dx = dy (0.5 (1 + t) + (1 - t^2) 0.5 c x (1 + 3 * 0.044715 x^2)). x, dy, dx: (n,). Same formula
+// and order as cpu.gelu_bwd.
 template <typename T>
 __global__ void gelu_bwd(const T* x, const T* dy, T* dx, long long n) {
     typedef acc_t<T> A;
     const long long i = global_index();
     if (i >= n) return;
-    const A c = A(0.7978845608028654f), v = to_acc(x[i]), v2 = v * v;
-    const A t = tg_tanh(c * v * (A(1) + A(0.044715) * v2));
-    const A dgelu = A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * c * (A(1) + A(3 * 0.044715) * v2);
-    dx[i] = from_acc<T>(dgelu * to_acc(dy[i]));
+    const A v = to_acc(x[i]), t = gelu_tanh(v);
+    const A inner = (v * v * A(3 * 0.044715) + A(1)) * v * A(0.5 * GELU_C);
+    dx[i] = from_acc<T>(((t + A(1)) * A(0.5) + inner * (A(1) - t * t)) * to_acc(dy[i]));
 }
 
 // y[i] = x[i] converted from Tin to Tout (through fp32: exact for the 2-byte formats, then

@@ -73,8 +73,8 @@ __global__ void softmax_causal_bwd(const T* probs, const T* dprobs, T* dscores, 
 // Launch: one block per row, 512 threads. Pass 1 reads the row once with an online max/sum and
 // merges the per-thread states (warp shuffles, then shared memory): lse = log(sum) + max and
 // loss = lse - logit[target] (0 if ignored). Pass 2 (GRAD) re-reads the row and writes
-// dlogits = dloss * (softmax - onehot(target)), zero rows for ignored targets. Same formulas as
-// cpu.cross_entropy_fwd / cross_entropy_fwd_bwd.
+// dlogits = dloss * (softmax - onehot(target)) = exp(logit - max) (dloss / sum) - dloss [target],
+// zero rows for ignored targets. Same formulas as cpu.cross_entropy_fwd / cross_entropy_fwd_bwd.
 template <typename T, bool GRAD>
 __global__ void cross_entropy(const T* logits, const long long* targets, acc_t<T>* losses,
                               T* dlogits, int V, acc_t<T> dloss) {
@@ -99,12 +99,10 @@ __global__ void cross_entropy(const T* logits, const long long* targets, acc_t<T
     const long long target = targets[blockIdx.x];
     if (threadIdx.x == 0) losses[blockIdx.x] = target >= 0 ? tg_log(s) + m - to_acc(x[target]) : A(0);
     if constexpr (GRAD) {
-        const A coef = target >= 0 ? dloss : A(0);
+        const A coef = target >= 0 ? dloss / s : A(0);
         T* dx = dlogits + off;
-        for (int v = threadIdx.x; v < V; v += blockDim.x) {
-            const A p = tg_exp(to_acc(x[v]) - m) / s;
-            dx[v] = from_acc<T>((p - (v == target ? A(1) : A(0))) * coef);
-        }
+        for (int v = threadIdx.x; v < V; v += blockDim.x)
+            dx[v] = from_acc<T>(tg_exp(to_acc(x[v]) - m) * coef - (v == target ? dloss : A(0)));
     }
 }
 

@@ -1,0 +1,148 @@
+"""Print the tape of one forward pass: every record with its op, module scope, shapes, dtype,
+forward and backward FLOPs and the bytes it saved for backward, then totals per op kind and per
+layer. The backward runs too, so its FLOPs are counted from the kernels it really launches.
+
+    python scripts/inspect_tape.py                                  # gpt2-mini, B=1, T=64
+    python scripts/inspect_tape.py --model gpt2 --seq-len 128 --json tape.json
+    python scripts/inspect_tape.py --checkpoint out --data data/shakespeare/val.bin --dtype bf16
+
+The totals are checked against the profiler, which sees every launch: the records' forward
+FLOPs are the forward phase's, and the records' backward FLOPs plus the launches no record
+owns (gradients summed across uses, added into each .grad) are the backward phase's.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nn import GPT2, GPT2Config  # noqa: E402
+from nn.gpt2 import PRESETS  # noqa: E402
+from tinygrad_like import backend, dtypes  # noqa: E402
+from tinygrad_like.data import DataLoader  # noqa: E402
+from tinygrad_like.profiler import Profiler  # noqa: E402
+from training.checkpoint import find_checkpoint  # noqa: E402
+from training.report import forward_backward, group, layer_of, random_batch, table  # noqa: E402
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="List the autograd tape of one GPT-2 forward pass "
+                                "with FLOPs and saved bytes per record, op kind and layer.")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model", default="gpt2-mini", choices=sorted(PRESETS),
+                        help="preset (default gpt2-mini)")
+    source.add_argument("--checkpoint", metavar="DIR",
+                        help="a training run's folder or a Hugging Face GPT-2 directory")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
+    p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
+    p.add_argument("--data", metavar="BIN", help="token file to draw the batch from "
+                   "(e.g. data/shakespeare/val.bin); default random ids")
+    p.add_argument("--json", metavar="PATH", help="also write the listing and totals as JSON")
+    args = p.parse_args(argv)
+    if args.batch_size <= 0 or args.seq_len <= 0:
+        p.error("--batch-size and --seq-len must be positive")
+    return args
+
+
+def build_model(args, device):
+    if args.checkpoint:
+        return GPT2.from_pretrained(find_checkpoint(args.checkpoint), dtype=args.dtype,
+                                    device=device)
+    return GPT2(GPT2Config.from_preset(args.model), device=device).to(dtype=args.dtype)
+
+
+def inspect(model, x, y):
+    """Run forward and backward under a profiler. -> the JSON-ready result: the records, totals
+    per op and per layer, the launches outside records, and the profiler's sums per phase."""
+    with Profiler() as prof:
+        records, _, unowned = forward_backward(model, x, y)
+    return {"batch_size": int(x.shape[0]), "seq_len": int(x.shape[1]), "records": records,
+            "per_op": group(records, lambda r: r["op"]),
+            "per_layer": group(records, lambda r: layer_of(r["scope"])),
+            "outside_records": {phase: vars(u) for phase, u in unowned.items()},
+            "profiler": prof.by_phase()}
+
+
+def _shapes(pairs):
+    return ", ".join("x".join(map(str, shape)) or "scalar" for shape, _ in pairs)
+
+
+def format_listing(result):
+    rows = [(r["seq"] - result["records"][0]["seq"], r["op"], r["scope"] or "(model)",
+             _shapes(r["inputs"]), _shapes(r["outputs"]),
+             dtypes.name(dtypes.as_dtype(r["outputs"][0][1])),
+             f"{r['fwd_flops']:,}", f"{r['bwd_flops']:,}", f"{r['saved_bytes']:,}")
+            for r in result["records"]]
+    return table(("#", "op", "scope", "inputs", "outputs", "dtype", "fwd FLOPs", "bwd FLOPs",
+                  "saved bytes"), rows, "rllllrrrr")
+
+
+def format_totals(groups, label):
+    rows = [(name, g["records"], f"{g['fwd_flops']:,}", f"{g['bwd_flops']:,}",
+             g["fwd_launches"], g["bwd_launches"], f"{g['saved_bytes']:,}")
+            for name, g in groups.items()]
+    return table((label, "records", "fwd FLOPs", "bwd FLOPs", "fwd launches", "bwd launches",
+                  "saved bytes"), rows)
+
+
+def format_check(result):
+    """The tape's totals beside the profiler's, phase by phase."""
+    lines = []
+    for phase, field in (("forward", "fwd_flops"), ("backward", "bwd_flops")):
+        on_tape = sum(r[field] for r in result["records"])
+        outside = result["outside_records"][phase]
+        counted = result["profiler"][phase]["flops"]
+        total = on_tape + outside["flops"]
+        lines.append(f"  {phase:<9} records {on_tape:>16,} + outside records "
+                     f"{outside['flops']:>12,} ({outside['launches']} launches) = {total:>16,}; "
+                     f"profiler {counted:>16,}  {'equal' if total == counted else 'DIFFERENT'}")
+    return "\n".join(lines)
+
+
+def load(args):
+    """-> (model, x, y); bad input (a missing checkpoint or data file, a sequence longer than
+    the context) raises ValueError or FileNotFoundError with the reason."""
+    device = backend.check_device(args.device or backend.default_device())
+    model = build_model(args, device)
+    if args.seq_len > model.config.n_positions:
+        raise ValueError(f"--seq-len {args.seq_len} is longer than the context of "
+                         f"{model.config.n_positions}")
+    if args.data:
+        x, y = DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
+    else:
+        x, y = random_batch(model.config.vocab_size, args.batch_size, args.seq_len)
+    return model, x, y
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        model, x, y = load(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
+    result = inspect(model, x, y)
+    result.update(model=args.checkpoint or args.model, dtype=args.dtype)
+    tokens = args.batch_size * args.seq_len
+    print(f"tape of {result['model']}: B={args.batch_size}, T={args.seq_len}, {args.dtype}, "
+          f"{len(result['records'])} records (FLOPs counted from the kernels each record "
+          "launched, forward and backward; saved bytes charged to the first record that "
+          "saved a buffer)")
+    print(format_listing(result))
+    print("\ntotals per op kind")
+    print(format_totals(result["per_op"], "op"))
+    print("\ntotals per layer")
+    print(format_totals(result["per_layer"], "layer"))
+    saved = sum(r["saved_bytes"] for r in result["records"])
+    print(f"\nsaved for backward: {saved:,} bytes, {saved / tokens:,.0f} per token")
+    print("tape against the profiler (FLOPs):")
+    print(format_check(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

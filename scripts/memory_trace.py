@@ -1,0 +1,143 @@
+"""Trace a few training steps: every kernel launch on a timeline per phase, and the live bytes
+of every tagged buffer (weights, gradients, master, adam_m, adam_v, activations, temporaries).
+
+Writes to --out-dir (default out/trace):
+  trace.json   Chrome trace events: one duration ("X") event per kernel on a track per phase,
+               and a counter ("C") of live bytes per tag after every allocation and free.
+               Open it in https://ui.perfetto.dev or chrome://tracing.
+  memory.png   live bytes over time stacked by tag, with the forward, backward and optimizer
+               phases shaded.
+and prints the peak bytes per tag (on CUDA, beside what CuPy's memory pool saw).
+
+    python scripts/memory_trace.py                          # gpt2-mini, 3 steps, B=4, T=64
+    python scripts/memory_trace.py --model gpt2 --steps 2 --batch-size 1 --dtype bf16
+"""
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from nn.gpt2 import PRESETS  # noqa: E402
+from tinygrad_like import backend, memory  # noqa: E402
+from tinygrad_like.memory import TAGS, TRACKER  # noqa: E402
+from tinygrad_like.profiler import PHASES, Profiler  # noqa: E402
+from training.cli import ensure_data  # noqa: E402
+from training.loop import RunConfig, Trainer  # noqa: E402
+from training.report import table  # noqa: E402
+
+PHASE_COLORS = {"forward": "tab:blue", "backward": "tab:red", "optimizer": "tab:green",
+                "other": "tab:gray"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Chrome trace and memory plot of a few GPT-2 "
+                                "training steps.")
+    p.add_argument("--model", default="gpt2-mini", choices=sorted(PRESETS),
+                   help="preset (default gpt2-mini)")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
+    p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
+    p.add_argument("--data-dir", default="data/shakespeare",
+                   help="folder with train.bin and val.bin (the default is made if missing)")
+    p.add_argument("--out-dir", default="out/trace", help="where trace.json and memory.png go")
+    args = p.parse_args(argv)
+    if min(args.steps, args.batch_size, args.seq_len) <= 0:
+        p.error("--steps, --batch-size and --seq-len must be positive")
+    return args
+
+
+def trace_steps(trainer, steps):
+    """Run training steps with every launch timed and every buffer (temporaries too) tracked
+    on one clock. -> (profiler, memory events, the pool watcher's report or None)."""
+    watcher = memory.pool_watcher(trainer.device)   # CUDA: CuPy's pool, to cross-check
+    with watcher or contextlib.nullcontext(), Profiler(timing=True) as prof:
+        TRACKER.start_recording(temporaries=True, t0=prof.t0)
+        try:
+            for _ in range(steps):
+                trainer.train_step()
+                trainer.step += 1
+        finally:
+            events = TRACKER.stop_recording()
+    return prof, events, watcher.report() if watcher else None
+
+
+def chrome_trace(prof, events, title):
+    """The trace-event JSON object: kernels on a track per phase, memory as one counter."""
+    meta = [{"name": "process_name", "ph": "M", "ts": 0, "pid": 1, "tid": 0,
+             "args": {"name": title}}]
+    counters = memory.counter_events(events, pid=1, tid=len(PHASES))
+    return {"traceEvents": meta + prof.chrome_trace_events(pid=1) + counters,
+            "displayTimeUnit": "ms"}
+
+
+def plot_memory(events, spans, path, title):
+    """Live MB over time stacked by tag, each phase's spans shaded behind."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    times, series = memory.timeline(events)
+    t_ms = np.asarray(times) * 1e3
+    fig, ax = plt.subplots(figsize=(12, 5))
+    for phase, start, end in spans:
+        ax.axvspan(start * 1e3, end * 1e3, color=PHASE_COLORS[phase], alpha=0.12, lw=0)
+    ax.stackplot(t_ms, *[np.asarray(series[tag]) / 1e6 for tag in TAGS], labels=TAGS,
+                 step="post")
+    tags = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="buffers")
+    ax.add_artist(tags)
+    phases = ax.legend(handles=[Patch(color=PHASE_COLORS[p], alpha=0.25, label=p)
+                                for p in PHASES if any(s[0] == p for s in spans)],
+                       loc="lower left", bbox_to_anchor=(1.01, 0.0), title="phases")
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("live bytes (MB)")
+    ax.set_xlim(0, t_ms[-1] if len(t_ms) else 1)
+    ax.set_title(title)
+    fig.savefig(path, dpi=110, bbox_inches="tight", bbox_extra_artists=(tags, phases))
+    plt.close(fig)
+
+
+def format_peaks(pool):
+    rows = [(tag, f"{TRACKER.peak[tag]:,}", f"{TRACKER.peak[tag] / 1e6:,.1f}") for tag in TAGS]
+    rows.append(("total (peak of the sum)", f"{TRACKER.peak_total:,}",
+                 f"{TRACKER.peak_total / 1e6:,.1f}"))
+    if pool is not None:
+        rows.append(("CuPy pool, peak in use", f"{pool['peak_used_bytes']:,}",
+                     f"{pool['peak_used_bytes'] / 1e6:,.1f}"))
+    return table(("tag", "peak bytes", "peak MB"), rows)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        device = backend.check_device(args.device or backend.default_device())
+        cfg = RunConfig(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size,
+                        seq_len=args.seq_len, steps=args.steps, dtype=args.dtype, device=device,
+                        eval_every=0, out=args.out_dir, quiet=True)
+        ensure_data(cfg)
+        trainer = Trainer(cfg)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
+    prof, events, pool = trace_steps(trainer, args.steps)
+    title = (f"{args.model}, {args.dtype}, B={args.batch_size}, T={args.seq_len}: "
+             f"{args.steps} training steps on {device}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    trace_path = os.path.join(args.out_dir, "trace.json")
+    with open(trace_path, "w") as f:
+        json.dump(chrome_trace(prof, events, title), f)
+    png_path = os.path.join(args.out_dir, "memory.png")
+    plot_memory(events, prof.phase_spans(), png_path, title)
+    print(f"traced {title}: {len(prof.launches):,} launches, {len(events):,} memory events")
+    print(f"peak live bytes per tag while tracing:\n{format_peaks(pool)}")
+    print(f"wrote {trace_path} (open in https://ui.perfetto.dev) and {png_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""The accounting layer: FLOPs counted from real launches against ACCOUNTING.md's formulas
+(written out here from the config, never taken from the code under test), bytes per parameter,
+activations (tape against tracker), the tape listing against the profiler, the Chrome trace's
+format, and the report printed by scripts/accounting.py and at the end of training."""
+import gc
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from nn import GPT2, GPT2Config
+from optim import AdamW
+from tinygrad_like.data import write_tokens
+from tinygrad_like.memory import PERSISTENT, TRACKER
+from tinygrad_like.profiler import GEMMS, Profiler
+from training import report
+from training.loop import RunConfig, Trainer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+import inspect_tape  # noqa: E402
+import memory_trace  # noqa: E402
+
+B, T = 1, 8  # a small batch: the counts are exact at any size, and gpt2's LM head is big
+
+
+def allocated_by(build):
+    """-> (build(), bytes per persistent tag that building allocated, as the tracker saw)."""
+    gc.collect()
+    before = dict(TRACKER.current)
+    built = build()
+    gc.collect()  # the per-parameter tensors the optimizer's flat buffers replaced
+    return built, {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    """GPT-2 124M with fp32 AdamW, shared by the module (it takes seconds to build), and the
+    bytes the two allocated per tag."""
+    def build():
+        model = GPT2(GPT2Config.from_preset("gpt2"))
+        return model, AdamW(model.named_parameters())
+    (model, optimizer), allocated = allocated_by(build)
+    return model, optimizer, allocated
+
+
+@pytest.fixture(scope="module")
+def step(gpt2):
+    """One profiled forward and backward of gpt2 at B x T, through the helper the report and
+    inspect_tape share. -> (profiler, tape records as dicts, tracker's activation bytes,
+    launches outside records per phase)."""
+    model, optimizer, _ = gpt2
+    x, y = report.random_batch(model.config.vocab_size, B, T)
+    with Profiler() as prof:
+        records, activations, unowned = report.forward_backward(model, x, y)
+    optimizer.zero_grad()
+    return prof, records, activations, unowned
+
+
+def flops(prof, phase, kernels):
+    return sum(l.flops for l in prof.launches if l.phase == phase and l.name in kernels)
+
+
+def linear_shapes(config):
+    """(K, N) of each linear layer of a block: c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj."""
+    C = config.n_embd
+    return [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]
+
+
+def forward_gemm_flops(config, batch, seq):
+    """ACCOUNTING.md, written out for GPT-2: each linear Y = XW costs 2·M·K·N (one multiply and
+    one add per weight per token), the tied LM head 2·M·C·V, attention's two GEMMs (QK^T and
+    probs·V) 2·B·H·T·T·D each. -> (GEMM FLOPs, FLOPs of the fused bias adds: M·N per
+    linear)."""
+    C, H, L, V = config.n_embd, config.n_head, config.n_layer, config.vocab_size
+    M, D = batch * seq, config.n_embd // config.n_head
+    attention = 2 * (2 * batch * H * seq * seq * D)
+    per_layer = sum(2 * M * k * n for k, n in linear_shapes(config)) + attention
+    bias = L * sum(M * n for _, n in linear_shapes(config))
+    return L * per_layer + 2 * M * C * V, bias
+
+
+# ---------------------------------------------------------------- FLOPs
+
+def test_forward_matmul_flops_equal_the_formula(gpt2, step):
+    prof = step[0]
+    gemm, bias = forward_gemm_flops(gpt2[0].config, B, T)
+    # the forward matmul kernels count the fused bias epilogue (M·N per linear) with the GEMM
+    assert flops(prof, "forward", GEMMS) == gemm + bias
+    assert report.gemm_flops(gpt2[0].config, B, T) == (gemm, bias)
+
+
+def test_backward_gemms_are_twice_the_forward_gemms(gpt2, step):
+    """dX = dY·W^T and dW = X^T·dY for every forward GEMM: exactly twice the forward GEMM FLOPs.
+    The comparison leaves out the forward's fused bias adds: the bias gradient is a sum kernel
+    over dY (M·N per linear), not a GEMM."""
+    prof = step[0]
+    config = gpt2[0].config
+    gemm, bias = forward_gemm_flops(config, B, T)
+    assert flops(prof, "backward", GEMMS) == 2 * (flops(prof, "forward", GEMMS) - bias) == 2 * gemm
+    # the backward's sum kernels: every linear's bias gradient, and the position embedding's
+    # gradient summed over the batch (wpe's (T, C) was broadcast over B in the forward)
+    assert flops(prof, "backward", ("sum",)) == bias + B * T * config.n_embd
+
+
+def test_gemms_are_2n_forward_and_4n_backward_per_token(gpt2, step):
+    """Within 1%: the position embedding, layernorms and biases are parameters without a GEMM,
+    attention's GEMMs have no parameters (and are small at T=8)."""
+    prof = step[0]
+    n = gpt2[0].num_parameters()
+    assert flops(prof, "forward", GEMMS) / (B * T) / n == pytest.approx(2, rel=0.01)
+    assert flops(prof, "backward", GEMMS) / (B * T) / n == pytest.approx(4, rel=0.01)
+
+
+def test_backward_work_outside_the_records(gpt2, step):
+    """What the backward launches outside any record: every parameter's gradient added into
+    its .grad (N FLOPs; the tied wte twice, + V·C) and the residual stream's gradient summed
+    over its two uses in each half of every block (2·L·B·T·C). At small batch that is a visible
+    share of the backward: N/(B·T) per token on top of the 4N."""
+    c, n = gpt2[0].config, gpt2[0].num_parameters()
+    outside = step[3]
+    assert outside["forward"].launches == 0
+    residual_sums = 2 * c.n_layer * B * T * c.n_embd
+    assert outside["backward"].flops == n + c.vocab_size * c.n_embd + residual_sums
+
+
+# ---------------------------------------------------------------- memory
+
+HALF = {"weights": 2, "gradients": 2, "master": 4, "adam_m": 4, "adam_v": 4}
+FULL = {"weights": 4, "gradients": 4, "master": 0, "adam_m": 4, "adam_v": 4}
+
+
+def test_gpt2_fp32_state_is_16_bytes_per_parameter(gpt2):
+    model, _, allocated = gpt2
+    n = model.num_parameters()
+    assert n == 124_439_808
+    assert {tag: allocated[tag] / n for tag in PERSISTENT} == FULL
+    assert sum(allocated.values()) == 16 * n
+
+
+@pytest.mark.parametrize("dtype, expected", [("fp32", FULL), ("fp16", HALF), ("bf16", HALF)])
+def test_state_bytes_per_parameter(dtype, expected):
+    def build():
+        model = GPT2(GPT2Config.from_preset("gpt2-mini"))
+        return model, AdamW(model.named_parameters(), dtype=dtype)
+    (model, _), allocated = allocated_by(build)
+    n = model.num_parameters()
+    assert {tag: allocated[tag] / n for tag in PERSISTENT} == expected
+    assert sum(allocated.values()) == 16 * n
+
+
+def test_tracker_activations_equal_the_tapes_saved_bytes(gpt2, step):
+    _, records, activations, _ = step
+    assert activations > 0
+    assert activations == sum(r["saved_bytes"] for r in records)
+    # and the convention the report prints: (16·C + H·T) elements + two layernorms' fp32
+    # mean and rstd, per token per layer
+    c = gpt2[0].config
+    per_layer = report.group(records, lambda r: report.layer_of(r["scope"]))
+    blocks = [per_layer[f"transformer.h.{i}"]["saved_bytes"] for i in range(c.n_layer)]
+    assert blocks == [B * T * ((16 * c.n_embd + c.n_head * T) * 4 + 16)] * c.n_layer
+
+
+# ---------------------------------------------------------------- the tape listing
+
+def test_tape_totals_equal_the_profilers(gpt2):
+    model, optimizer, _ = gpt2
+    result = inspect_tape.inspect(model, *report.random_batch(model.config.vocab_size, B, T))
+    optimizer.zero_grad()
+    records, outside, prof = result["records"], result["outside_records"], result["profiler"]
+    assert outside["forward"]["launches"] == 0        # every forward launch belongs to a record
+    assert sum(r["fwd_flops"] for r in records) == prof["forward"]["flops"]
+    # the backward adds gradients across a tensor's uses and into each .grad outside records
+    assert outside["backward"]["launches"] > 0
+    assert sum(r["bwd_flops"] for r in records) + outside["backward"]["flops"] == \
+        prof["backward"]["flops"]
+    for groups in (result["per_op"], result["per_layer"]):
+        for field in ("fwd_flops", "bwd_flops", "saved_bytes"):
+            assert sum(g[field] for g in groups.values()) == sum(r[field] for r in records)
+    json.dumps(result)  # what --json writes
+    assert "equal" in inspect_tape.format_check(result)
+    assert "DIFFERENT" not in inspect_tape.format_check(result)
+
+
+def test_layer_of():
+    assert report.layer_of("transformer.h.3.mlp.c_fc") == "transformer.h.3"
+    assert report.layer_of("transformer.h.11") == "transformer.h.11"
+    assert report.layer_of("transformer.wte") == "transformer.wte"
+    assert report.layer_of("") == "(model)"
+
+
+# ---------------------------------------------------------------- the trace
+
+@pytest.fixture
+def data_dir(tmp_path):
+    tokens = np.random.default_rng(0).integers(0, 50257, 4000)
+    for name in ("train.bin", "val.bin"):
+        write_tokens(tmp_path / name, tokens)
+    return tmp_path
+
+
+REQUIRED = ("name", "ph", "ts", "pid", "tid")
+
+
+def test_memory_trace_writes_a_valid_chrome_trace_and_plot(data_dir, tmp_path, capsys):
+    out = tmp_path / "trace"
+    memory_trace.main(["--model", "gpt2-tiny", "--steps", "2", "--batch-size", "2",
+                       "--seq-len", "16", "--data-dir", str(data_dir), "--out-dir", str(out),
+                       "--device", "cpu"])
+    with open(out / "trace.json") as f:
+        events = json.load(f)["traceEvents"]
+    for e in events:
+        assert all(key in e for key in REQUIRED), e
+        if e["ph"] == "X":
+            assert e["dur"] > 0 and e["args"]["flops"] >= 0
+        if e["ph"] == "C":
+            assert set(e["args"]) == set(TRACKER.current)
+    kinds = {e["ph"] for e in events}
+    assert {"X", "C", "M"} <= kinds
+    assert {e["cat"] for e in events if e["ph"] == "X"} == {"forward", "backward", "optimizer"}
+    assert (out / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "activations" in printed and "temporaries" in printed
+
+
+def test_phase_spans_follow_the_step():
+    """A step is forward, backward, optimizer, in that order, one span each."""
+    model = GPT2(GPT2Config.from_preset("gpt2-tiny"))
+    optimizer = AdamW(model.named_parameters())
+    x, y = report.random_batch(model.config.vocab_size, 2, 8)
+    with Profiler(timing=True) as prof:
+        report.forward_backward(model, x, y)
+        optimizer.step()
+        optimizer.zero_grad()
+    spans = prof.phase_spans()
+    assert [s[0] for s in spans] == ["forward", "backward", "optimizer"]
+    assert all(start <= end for _, start, end in spans)
+    assert all(a[2] <= b[1] for a, b in zip(spans, spans[1:]))
+
+
+# ---------------------------------------------------------------- the report
+
+def test_report_for_a_small_model():
+    config = GPT2Config.from_preset("gpt2-tiny")
+    m = report.measure(config, "bf16", batch_size=2, seq_len=16, warmup=0)
+    text = report.format_report(m)
+    for section in ("-- parameters N", "-- FLOPs per token", "-- persistent training memory",
+                    "-- activations saved", "-- kernel launches", "-- op census: one training",
+                    "-- op census: one decode step, M = 1"):
+        assert section in text
+    assert "NO" not in text.split() and "DIFFERENT" not in text
+    # the decode step is one token: its LM head is a (1, C) x (C, V) GEMM under no_grad
+    head = [l for l in m.decode.launches if l.name == "matmul_nt" and
+            l.flops == 2 * config.n_embd * config.vocab_size]
+    assert len(head) == 1
+    assert m.unowned["backward"].launches > 0 and m.unowned["forward"].launches == 0
+
+
+def test_trainer_prints_the_report_at_the_end(data_dir, tmp_path, capsys):
+    cfg = RunConfig(model="gpt2-tiny", data_dir=str(data_dir), batch_size=2, seq_len=16,
+                    steps=1, eval_every=0, out=str(tmp_path / "run"))
+    Trainer(cfg).run()
+    printed = capsys.readouterr().out
+    assert "== accounting:" in printed and "-- op census: one decode step" in printed

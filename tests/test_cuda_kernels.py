@@ -1,0 +1,335 @@
+"""The CUDA backend (backend/cuda.py and kernels/*.cu) against the CPU reference (cpu.py).
+
+Every kernel runs on the same inputs on both devices, in every dtype, on ragged shapes (sizes
+that are not multiples of any tile or warp). Tolerances, per output dtype, relative to the
+element and (absolute part) to the largest reference value:
+  fp64 1e-9 (cuBLAS / other summation orders), fp32 1e-4,
+  fp16 2e-3 (two ulps of fp16: both sides compute in fp32 and round once, and may round a
+  near-tie differently), bf16 1.6e-2 (two ulps of bf16).
+Statistics (layernorm mean/rstd, per-row losses, norms) are fp32 on both sides and are held to
+the fp32 tolerance. Casts and the overflow skip are exact; embedding_bwd, layernorm_bwd and
+grad_norm_sq must be bit-identical from run to run.
+
+Skipped entirely without CuPy or without a GPU.
+"""
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+from tinygrad_like.backend import cuda_available  # noqa: E402
+
+if not cuda_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from tinygrad_like import dtypes  # noqa: E402
+from tinygrad_like.backend import cpu, cuda  # noqa: E402
+
+F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
+FLOATS = [F32, F16, BF16, F64]
+TRAINING = [F32, F16, BF16]
+TOL = {F64: (1e-9, 1e-12), F32: (1e-4, 1e-5), F16: (2e-3, 1e-3), BF16: (1.6e-2, 1e-2)}
+ids = dtypes.name
+
+
+def rand(shape, dtype, scale=1.0, seed=0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)
+
+
+def dev(x):
+    """NumPy arrays (also inside tuples) -> device arrays; anything else unchanged."""
+    if isinstance(x, np.ndarray):
+        return cuda.asarray(x)
+    if isinstance(x, tuple):
+        return tuple(dev(i) for i in x)
+    return x
+
+
+def both(kernel, *args, **kwargs):
+    """(result on the GPU, result of cpu.py) for the same inputs."""
+    got = getattr(cuda, kernel)(*[dev(a) for a in args], **{k: dev(v) for k, v in kwargs.items()})
+    return got, getattr(cpu, kernel)(*args, **kwargs)
+
+
+def close(got, ref, tol_dtype=None):
+    """got (device) matches ref (NumPy) in shape, dtype and value, at the tolerance of tol_dtype
+    (default: the result's dtype)."""
+    got, ref = cuda.to_numpy(got), np.asarray(ref)
+    assert got.shape == ref.shape and got.dtype == ref.dtype, (got.shape, got.dtype, ref.shape, ref.dtype)
+    rtol, atol = TOL[np.dtype(tol_dtype or ref.dtype)]
+    ref64 = ref.astype(np.float64)
+    np.testing.assert_allclose(got.astype(np.float64), ref64, rtol=rtol,
+                               atol=atol * float(np.abs(ref64).max(initial=0.0)))
+
+
+# ---------------------------------------------------------------- GEMMs
+
+# (M, K, N): ragged everywhere; aligned K and N (the cp.async path) with a ragged M; one tile
+# or less; several tiles with a ragged K tail.
+GEMM_SHAPES = [(77, 45, 131), (257, 200, 136), (1, 8, 5), (300, 70, 260), (128, 64, 96)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("M,K,N", GEMM_SHAPES)
+def test_gemm_three_layouts(dtype, M, K, N):
+    x, w, dy, bias = rand((M, K), dtype, seed=1), rand((K, N), dtype, seed=2), rand((M, N), dtype, seed=3), rand(N, dtype, seed=4)
+    close(*both("matmul", x, w))                 # forward X W
+    close(*both("matmul", x, w, bias=bias))      # with the bias epilogue
+    close(*both("matmul_nt", dy, w))             # dX = dY W^T
+    close(*both("matmul_tn", x, dy))             # dW = X^T dY
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("T,D", [(37, 24), (64, 64)])
+def test_gemm_batched(dtype, T, D):
+    """Attention's GEMMs over [B, H, T, D], and leading dims on one side only."""
+    q, k, v = (rand((2, 3, T, D), dtype, seed=s) for s in (1, 2, 3))
+    att, datt = rand((2, 3, T, T), dtype, seed=4), rand((2, 3, T, T), dtype, seed=5)
+    close(*both("matmul_nt", q, k))              # scores = Q K^T
+    close(*both("matmul", att, v))               # out = P V
+    close(*both("matmul", datt, k))              # dQ = dS K
+    close(*both("matmul_tn", datt, q))           # dK = dS^T Q
+    close(*both("matmul_tn", att, v))            # dV = P^T dOut
+    w, bias = rand((D, 40), dtype, seed=6), rand(40, dtype, seed=7)
+    close(*both("matmul", q, w, bias=bias))      # (B, H, T, D) @ (D, 40): leading dims folded into M
+    close(*both("matmul", q, rand((3, D, 40), dtype, seed=8)))  # broadcast over the batch
+    close(*both("matmul_nt", rand((2, 3, T, 40), dtype, seed=9), w))
+
+
+@pytest.mark.parametrize("dtype", TRAINING, ids=ids)
+def test_gemm_gpt2_shape_and_strided_input(dtype):
+    x, w, bias = rand((1024, 768), dtype, seed=1), rand((768, 2304), dtype, scale=0.05, seed=2), rand(2304, dtype, seed=3)
+    close(*both("matmul", x, w, bias=bias))
+    got = cuda.matmul(dev(np.ascontiguousarray(x.T)).T, dev(w))  # a transposed (non-contiguous) view
+    close(got, cpu.matmul(x, w))
+
+
+@pytest.mark.parametrize("dtype", TRAINING, ids=ids)
+def test_gemm_cublas_switch(dtype, monkeypatch):
+    monkeypatch.setenv("TG_MATMUL", "cublas")
+    x, w, dy, bias = rand((77, 45), dtype, seed=1), rand((45, 131), dtype, seed=2), rand((77, 131), dtype, seed=3), rand(131, dtype)
+    close(*both("matmul", x, w, bias=bias))
+    close(*both("matmul_nt", dy, w))
+    close(*both("matmul_tn", x, dy))
+
+
+# ---------------------------------------------------------------- elementwise
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_binary(dtype, op):
+    a = rand((37, 129), dtype, seed=1)
+    b = (np.abs(rand((37, 129), np.float64, seed=2)) + 0.5).astype(dtype)  # safe divisor
+    close(*both(op, a, b))                       # same shape: the custom kernel
+    close(*both(op, a, 2.5))                     # scale by a scalar
+    close(*both(op, 2.5, b))                     # scalar on the left
+    close(*both(op, a, b[0]))                    # broadcasting: CuPy's fallback
+    out_gpu, out_cpu = cuda.empty(a.shape, dtype), np.empty(a.shape, dtype)
+    got = getattr(cuda, op)(dev(a), dev(b), out=out_gpu)
+    assert got is out_gpu
+    close(got, getattr(cpu, op)(a, b, out=out_cpu))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_neg_copy_fill_concat_sum(dtype):
+    a = rand((5, 33, 17), dtype)
+    close(*both("neg", a))
+    got = cuda.contiguous(dev(a).swapaxes(0, 1))
+    assert got.flags.c_contiguous
+    close(got, np.ascontiguousarray(a.swapaxes(0, 1)))
+    close(*both("concat", (a, a[:, :3]), 1))
+    close(*both("sum", a, axis=(0, 1)))
+    close(*both("sum", a, axis=-1, keepdims=True))
+    close(*both("sum", a), tol_dtype=dtype)
+    dst = cuda.empty((5, 40, 17), dtype)
+    cuda.fill(dst, 0.0)
+    cuda.copy(dst[:, 3:36], dev(a))
+    ref = np.zeros((5, 40, 17), dtype)
+    ref[:, 3:36] = a
+    close(dst, ref)
+
+
+CASTS = [(s, d) for s in TRAINING for d in TRAINING] + [(F64, F32), (F32, F64)]
+
+
+@pytest.mark.parametrize("src,dst", CASTS, ids=ids)
+def test_cast_is_exact(src, dst):
+    a = rand((3, 1001), src, scale=300.0)
+    got, ref = both("cast", a, dst)
+    assert got.dtype == ref.dtype
+    np.testing.assert_array_equal(cuda.to_numpy(got).astype(np.float64), ref.astype(np.float64))
+
+
+def test_index_bwd():
+    dy = rand((4, 6, 8), F32)
+    idx = np.array([0, 2, 2, 5, 0, 1])
+    close(*both("index_bwd", dy, (4, 7, 8), (slice(None), idx)))   # repeated ids: summed
+    close(*both("index_bwd", dy[:, :3], (4, 7, 8), (slice(None), slice(1, 4))))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_gelu(dtype):
+    x, dy = rand((7, 1001), dtype, scale=3.0, seed=1), rand((7, 1001), dtype, seed=2)
+    close(*both("gelu_fwd", x))
+    close(*both("gelu_bwd", x, dy))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_dropout(dtype):
+    x = rand((64, 1000), dtype)
+    y, mask = cuda.dropout_fwd(dev(x), 0.25, seed=7)
+    y_again, mask_again = cuda.dropout_fwd(dev(x), 0.25, seed=7)
+    m = cuda.to_numpy(mask).astype(np.float64)
+    keep_value = np.float64(np.asarray(np.float32(1.0) / np.float32(0.75)).astype(dtype))
+    assert set(np.unique(m)) <= {0.0, keep_value}
+    assert abs((m != 0).mean() - 0.75) < 0.01
+    close(y, cpu.mul(x, cuda.to_numpy(mask)))
+    np.testing.assert_array_equal(cuda.to_numpy(mask_again), cuda.to_numpy(mask))
+    assert not np.array_equal(cuda.to_numpy(cuda.dropout_fwd(dev(x), 0.25, seed=8)[1]), cuda.to_numpy(mask))
+
+
+# ---------------------------------------------------------------- row reductions
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_layernorm(dtype):
+    x = (rand((3, 37, 100), dtype, scale=2.0, seed=1).astype(np.float64) + 0.5).astype(dtype)
+    w, b, dy = rand(100, dtype, seed=2), rand(100, dtype, seed=3), rand((3, 37, 100), dtype, seed=4)
+    (y, mean, rstd), (y_ref, mean_ref, rstd_ref) = both("layernorm_fwd", x, w, b)
+    close(y, y_ref)
+    close(mean, mean_ref)
+    close(rstd, rstd_ref)
+    got, ref = both("layernorm_bwd", dy, x, w, mean_ref, rstd_ref)
+    for g, r in zip(got, ref):
+        close(g, r)
+    again = cuda.layernorm_bwd(dev(dy), dev(x), dev(w), dev(mean_ref), dev(rstd_ref))
+    for g, r in zip(again[1:], got[1:]):   # dweight, dbias: no atomics, bit-identical
+        np.testing.assert_array_equal(cuda.to_numpy(g), cuda.to_numpy(r))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("Tq,Tk", [(37, 37), (5, 70), (1, 33)])  # full, KV-cache chunk, decode step
+def test_softmax_causal(dtype, Tq, Tk):
+    s, dp = rand((2, 3, Tq, Tk), dtype, scale=3.0, seed=1), rand((2, 3, Tq, Tk), dtype, seed=2)
+    got, ref = both("softmax_causal_fwd", s, 0.125)
+    close(got, ref)
+    assert not cuda.to_numpy(got)[..., np.triu(np.ones((Tq, Tk), bool), Tk - Tq + 1)].any()
+    close(*both("softmax_causal_bwd", ref, dp, 0.125))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_cross_entropy_gpt2_vocab(dtype):
+    N, V = 33, 50257
+    logits = rand((N, V), np.float64, scale=4.0, seed=1)
+    logits[3] += 1000.0 if dtype != F16 else 100.0   # large logits: needs the max subtracted
+    logits = logits.astype(dtype)
+    targets = np.random.default_rng(2).integers(0, V, N)
+    targets[[0, 7, 8, 32]] = -1                      # ignored rows
+    targets[5] = V - 1                               # the last column
+    dloss = 1.0 / (targets >= 0).sum()
+    stat = dtypes.compute_dtype(dtype)
+    got, ref = both("cross_entropy_fwd", logits, targets)
+    close(got, ref, tol_dtype=stat)
+    (losses, dlogits), (losses_ref, dlogits_ref) = both("cross_entropy_fwd_bwd", logits, targets, dloss)
+    close(losses, losses_ref, tol_dtype=stat)
+    close(dlogits, dlogits_ref)
+    assert not cuda.to_numpy(dlogits)[targets < 0].any()
+
+
+# ---------------------------------------------------------------- embedding
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_embedding(dtype):
+    V, C = 1000, 70
+    weight, dout = rand((V, C), dtype, seed=1), rand((4, 33, C), dtype, seed=2)
+    idx = np.random.default_rng(3).integers(0, 12, (4, 33))   # many repeated ids
+    idx[0, :5] = V - 1
+    close(*both("embedding_fwd", weight, idx))
+    got, ref = both("embedding_bwd", dout, idx, V)
+    close(got, ref)
+    again = cuda.embedding_bwd(dev(dout), dev(idx), V)
+    np.testing.assert_array_equal(cuda.to_numpy(again), cuda.to_numpy(got))   # deterministic
+
+
+# ---------------------------------------------------------------- optimizer
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_grad_norm_sq(dtype):
+    g = rand(300_007, dtype, seed=1)
+    got, ref = both("grad_norm_sq", g)
+    close(got, ref, tol_dtype=dtypes.compute_dtype(dtype))
+    np.testing.assert_array_equal(cuda.to_numpy(cuda.grad_norm_sq(dev(g))), cuda.to_numpy(got))
+    for bad in (np.inf, -np.inf, np.nan):
+        g_bad = g.copy()
+        g_bad[123_456] = bad
+        assert not np.isfinite(cuda.to_numpy(cuda.grad_norm_sq(dev(g_bad)))[0])
+
+
+ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, n_decay=600, step=3,
+             inv_scale=1 / 1024)
+
+
+def adamw_buffers(P, G, n=1037):
+    master = rand(n, P, seed=1)
+    grad = rand(n, G, scale=1024.0, seed=2)            # multiplied by the loss scale
+    m, v = rand(n, P, scale=0.01, seed=3), np.abs(rand(n, P, scale=1e-4, seed=4))
+    working = master.astype(G) if G != P else None
+    return master, grad, m, v, working
+
+
+@pytest.mark.parametrize("P,G", [(F32, F32), (F32, F16), (F32, BF16), (F32, F64), (F64, F64)], ids=ids)
+@pytest.mark.parametrize("max_norm", [0.0, 1.0])
+def test_adamw_step(P, G, max_norm):
+    bufs = adamw_buffers(P, G)
+    ref = [None if b is None else b.copy() for b in bufs]
+    cpu.adamw_step(*ref, cpu.grad_norm_sq(ref[1]), max_norm=max_norm, **ADAMW)
+    gpu = [None if b is None else dev(b) for b in bufs]
+    assert cuda.adamw_step(*gpu, cuda.grad_norm_sq(gpu[1]), max_norm=max_norm, **ADAMW) is None
+    working_tol = G if G in (F16, BF16) else P     # a rounded copy of the master
+    for g, r, tol in zip(gpu, ref, (P, G, P, P, working_tol)):
+        if r is not None:
+            close(g, r, tol_dtype=tol)
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+@pytest.mark.parametrize("P,G", [(F32, F16), (F32, BF16)], ids=ids)
+def test_adamw_overflow_skips_the_step(P, G, bad):
+    master, grad, m, v, working = adamw_buffers(P, G)
+    grad[17] = bad
+    gpu = [dev(b) for b in (master, grad, m, v, working)]
+    cuda.adamw_step(*gpu, cuda.grad_norm_sq(gpu[1]), max_norm=1.0, **ADAMW)
+    for g, before in zip(gpu, (master, grad, m, v, working)):
+        assert cuda.to_numpy(g).tobytes() == before.tobytes()   # bit-identical: nothing written
+
+
+def test_adamw_step_never_waits_for_the_host():
+    """Captured into a CUDA graph: any device-to-host read (e.g. float(norm_sq[0])) would make
+    the capture fail."""
+    gpu = [dev(b) for b in adamw_buffers(F32, BF16)]
+    norm_sq = cuda.grad_norm_sq(gpu[1])
+    cuda.adamw_step(*gpu, norm_sq, max_norm=1.0, **ADAMW)   # compile and load outside the capture
+    before = cuda.to_numpy(gpu[0])
+    cuda.synchronize()  # the capture stream does not wait for the default stream
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        cuda.adamw_step(*gpu, norm_sq, max_norm=1.0, **ADAMW)
+        graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    assert not np.array_equal(cuda.to_numpy(gpu[0]), before)
+
+
+# ---------------------------------------------------------------- timing and memory
+
+def test_timer_and_pool_watcher():
+    timer = cuda.start_timer()
+    cuda.matmul(dev(rand((512, 512), F32)), dev(rand((512, 512), F32)))
+    assert timer.stop().seconds() > 0
+    with cuda.PoolWatcher() as watcher:
+        start = watcher.report()["used_bytes"]
+        x = cupy.zeros(1 << 20, dtype=np.uint8)
+        assert watcher.report()["used_bytes"] >= start + (1 << 20)
+        del x
+    report = watcher.report()
+    assert report["used_bytes"] == start
+    assert report["peak_used_bytes"] >= start + (1 << 20)
+    assert report["pool_total_bytes"] >= report["used_bytes"]

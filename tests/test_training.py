@@ -1,0 +1,340 @@
+"""The training loop end to end on the gpt2-tiny preset and the Shakespeare default: the loss
+falls, resume is bit-identical, a save killed mid-way leaves a loadable checkpoint, the
+command line turns bad input into one line on stderr, and a non-finite loss stops the run."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from nn.hf import read_state
+from optim import cosine_with_warmup
+from tinygrad_like import backend
+from tinygrad_like.data import prepare
+from training import checkpoint
+from training.cli import main
+from training.loop import RunConfig, Trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def shakespeare(tmp_path_factory):
+    """The default corpus prepared once per session (shared by every test file that asks)."""
+    d = tmp_path_factory.getbasetemp() / "shakespeare_data"
+    if not (d / "val.bin").is_file():
+        prepare(d)
+    return str(d)
+
+
+def tiny(data_dir, out, **overrides):
+    """A fast run: gpt2-tiny, 2 x 16 tokens a step, no evaluation unless asked."""
+    cfg = dict(model="gpt2-tiny", data_dir=data_dir, batch_size=2, seq_len=16, steps=10,
+               lr=5e-3, min_lr=5e-4, warmup=2, eval_every=0, eval_iters=2, out=str(out),
+               quiet=True, seed=1337)
+    cfg.update(overrides)
+    return RunConfig(**cfg)
+
+
+def read_metrics(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def ckpt_step(path):
+    state, _ = checkpoint.load_trainer_state(path)
+    return state["step"]
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: not an Exception, so nothing in the loop catches it."""
+
+
+# ----------------------------------------------------------------------------- it learns
+
+def test_short_run_lowers_val_loss(shakespeare, tmp_path):
+    steps = 40
+    tr = Trainer(tiny(shakespeare, tmp_path, batch_size=4, seq_len=32, steps=steps, lr=1e-2,
+                      min_lr=1e-3, warmup=5, eval_every=steps, eval_iters=4))
+    initial = tr.evaluate()
+    assert initial == pytest.approx(math.log(50257), abs=0.3)    # untrained: ~uniform
+    history = tr.run()
+    assert [r["step"] for r in history] == list(range(1, steps + 1))
+    final = history[-1]["val_loss"]
+    # measured: 10.8 -> ~7.3 in 40 steps; a clear margin, far from noise
+    assert final < initial - 1.5, (initial, final)
+    assert final == tr.evaluate()          # evaluation uses fixed batches: deterministic
+    # the loop follows the schedule, and the metrics file holds the same rows
+    for r in history:
+        assert r["lr"] == cosine_with_warmup(r["step"] - 1, 1e-2, 1e-3, 5, steps)
+        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0
+    assert [r["loss"] for r in read_metrics(tmp_path)] == [r["loss"] for r in history]
+    ck = checkpoint.find_checkpoint(str(tmp_path))
+    assert ckpt_step(ck) == steps
+
+
+# ----------------------------------------------------------------------------- resume
+
+def test_resume_is_bit_identical(shakespeare, tmp_path, monkeypatch):
+    """20 straight steps vs. the same run killed right after its step-10 checkpoint and
+    resumed with --resume: every loss, lr and grad norm, and the final weights, identical."""
+    straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
+    Trainer(tiny(shakespeare, straight_dir, steps=20)).run()
+    straight = read_metrics(straight_dir)
+
+    real_save = Trainer.save
+
+    def save_then_die(self):
+        path = real_save(self)
+        if self.step == 10:
+            raise Killed
+        return path
+
+    monkeypatch.setattr(Trainer, "save", save_then_die)
+    with pytest.raises(Killed):
+        Trainer(tiny(shakespeare, split_dir, steps=20, save_every=10)).run()
+    monkeypatch.undo()
+    assert ckpt_step(checkpoint.find_checkpoint(str(split_dir))) == 10
+    assert len(read_metrics(split_dir)) == 10
+
+    resumed = Trainer(tiny(shakespeare, split_dir, steps=20, resume=str(split_dir)))
+    assert resumed.step == 10 and resumed.optimizer.step_count == 10
+    history = resumed.run()
+    assert [r["step"] for r in history] == list(range(11, 21))
+    split = read_metrics(split_dir)
+    for key in ("step", "loss", "lr", "grad_norm"):
+        assert [r[key] for r in split] == [r[key] for r in straight], key
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        a = (straight_dir / "checkpoint" / name).read_bytes()
+        b = (split_dir / "checkpoint" / name).read_bytes()
+        assert a == b, name
+
+
+# ----------------------------------------------------------------------------- crash safety
+
+def _kill_rename(monkeypatch, out, which):
+    """Make the save's `which`-th rename under out (1-based, counted from now) raise Killed."""
+    real_rename = os.rename
+    count = [0]
+
+    def rename(src, dst):
+        if os.path.dirname(os.path.abspath(src)) == os.path.abspath(out):
+            count[0] += 1
+            if count[0] == which:
+                raise Killed
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+def _run_killed_at_second_save(shakespeare, out, monkeypatch, kill):
+    """Steps 1-4 with a save every 2 steps; the step-4 save dies at its rename number `kill`
+    (1: checkpoint -> checkpoint.old, 2: checkpoint.new -> checkpoint). Returns the fp32
+    master weights the step-2 save wrote."""
+    saved = {}
+    real_save = checkpoint.save_checkpoint
+
+    def save(out_dir, model, optimizer, state):
+        if state["step"] == 2:
+            saved.update(optimizer.master_state())
+            path = real_save(out_dir, model, optimizer, state)
+            _kill_rename(monkeypatch, out_dir, kill)
+            return path
+        return real_save(out_dir, model, optimizer, state)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save)
+    with pytest.raises(Killed):
+        Trainer(tiny(shakespeare, out, steps=4, save_every=2)).run()
+    monkeypatch.undo()
+    return saved
+
+
+@pytest.mark.parametrize("kill, expect_dir", [(1, "checkpoint"), (2, "checkpoint.old")],
+                         ids=["before-swap", "mid-swap"])
+def test_killed_save_keeps_previous_checkpoint(shakespeare, tmp_path, monkeypatch, kill,
+                                               expect_dir):
+    saved = _run_killed_at_second_save(shakespeare, tmp_path, monkeypatch, kill)
+    ck = checkpoint.find_checkpoint(str(tmp_path))
+    assert os.path.normpath(ck) == os.path.normpath(tmp_path / expect_dir)
+    assert ckpt_step(ck) == 2
+    state = read_state(ck)
+    assert set(state) == set(saved)
+    for k in saved:
+        np.testing.assert_array_equal(state[k], saved[k], err_msg=k)
+
+    # resume from it: it carries on from step 2 and redoes steps 3 and 4 exactly
+    killed_rows = read_metrics(tmp_path)
+    tr = Trainer(tiny(shakespeare, tmp_path, steps=4, save_every=2, resume=str(tmp_path)))
+    assert tr.step == 2
+    for k, p in tr.model.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), saved[k], err_msg=k)
+    tr.run()
+    rows = read_metrics(tmp_path)
+    assert [r["loss"] for r in rows[4:]] == [r["loss"] for r in killed_rows[2:4]]
+    ck = checkpoint.find_checkpoint(str(tmp_path))
+    assert os.path.basename(ck) == "checkpoint" and ckpt_step(ck) == 4
+    assert not os.path.exists(tmp_path / "checkpoint.old")
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: after a save killed mid-swap (only checkpoint.old "
+                   "left), the next save_checkpoint() deletes checkpoint.old before its new "
+                   "checkpoint is renamed into place; a kill in that window leaves no "
+                   "loadable checkpoint")
+def test_second_kill_after_mid_swap_kill_keeps_a_checkpoint(shakespeare, tmp_path, monkeypatch):
+    _run_killed_at_second_save(shakespeare, tmp_path, monkeypatch, kill=2)
+    assert os.listdir(tmp_path) and (tmp_path / "checkpoint.old").is_dir()
+    tr = Trainer(tiny(shakespeare, tmp_path, steps=4, save_every=2, resume=str(tmp_path)))
+    # the next save has no checkpoint/ to move aside, so its one rename is new -> checkpoint
+    _kill_rename(monkeypatch, tmp_path, 1)
+    with pytest.raises(Killed):
+        tr.run()
+    monkeypatch.undo()
+    ck = checkpoint.find_checkpoint(str(tmp_path))      # raises today: nothing is left
+    assert ckpt_step(ck) in (2, 4)
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+def cli_args(data_dir, out, *extra):
+    return ["--model", "gpt2-tiny", "--data-dir", data_dir, "--out", str(out), "--quiet",
+            "--device", "cpu", "--dtype", "fp32", "--steps", "2", "--batch-size", "2",
+            "--seq-len", "16", "--eval-every", "0", *extra]
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def assert_one_line_error(err, *needles):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], (needle, err)
+
+
+BAD_INPUT = {
+    "zero-batch": (["--batch-size", "0"], "--batch-size"),
+    "negative-batch": (["--batch-size", "-4"], "--batch-size"),
+    "zero-seq-len": (["--seq-len", "0"], "--seq-len"),
+    "negative-seq-len": (["--seq-len", "-16"], "--seq-len"),
+    "zero-steps": (["--steps", "0"], "--steps"),
+    "negative-steps": (["--steps", "-1"], "--steps"),
+    "zero-grad-accum": (["--grad-accum", "0"], "--grad-accum"),
+    "zero-eval-iters": (["--eval-iters", "0"], "--eval-iters"),
+    "negative-warmup": (["--warmup", "-1"], "--warmup"),
+    "negative-save-every": (["--save-every", "-5"], "--save-every"),
+    "zero-lr": (["--lr", "0"], "--lr"),
+    "negative-grad-clip": (["--grad-clip", "-1"], "--grad-clip"),
+    "seq-len-over-context": (["--seq-len", "65"], "64"),
+    "unknown-preset": (["--model", "gpt5-huge"], "gpt5-huge"),
+    "unknown-dtype": (["--dtype", "fp8"], "fp8"),
+    "unknown-device": (["--device", "tpu"], "tpu"),
+}
+
+
+@pytest.mark.parametrize("extra, needle", list(BAD_INPUT.values()), ids=list(BAD_INPUT))
+def test_cli_bad_input_is_one_line_exit_2(shakespeare, tmp_path, capsys, extra, needle):
+    code, err = run_cli(cli_args(shakespeare, tmp_path, *extra), capsys)
+    assert code == 2
+    assert_one_line_error(err, needle)
+    assert not os.path.exists(tmp_path / "checkpoint")
+
+
+@pytest.mark.skipif(backend.cuda_available(), reason="a GPU is usable here")
+def test_cli_cuda_without_gpu_is_one_line_exit_2(shakespeare, tmp_path, capsys):
+    code, err = run_cli(cli_args(shakespeare, tmp_path, "--device", "cuda"), capsys)
+    assert code == 2
+    assert_one_line_error(err, "cuda")
+
+
+def test_cli_seq_len_over_context_on_resume(shakespeare, tmp_path, capsys):
+    """With --resume the context comes from the checkpoint; still a one-line error."""
+    Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
+    code, err = run_cli(cli_args(shakespeare, tmp_path, "--resume", str(tmp_path),
+                                 "--seq-len", "100"), capsys)
+    assert code == 2
+    assert_one_line_error(err, "--seq-len 100", "64")
+
+
+def test_cli_resume_from_nothing_is_one_line_exit_2(shakespeare, tmp_path, capsys):
+    code, err = run_cli(cli_args(shakespeare, tmp_path, "--resume", str(tmp_path / "nope")),
+                        capsys)
+    assert code == 2
+    assert_one_line_error(err, "nope")
+
+
+def test_cli_missing_data_names_the_command(tmp_path, capsys):
+    data = tmp_path / "my_corpus"
+    code, err = run_cli(cli_args(str(data), tmp_path / "out"), capsys)
+    assert code == 2
+    assert_one_line_error(err, "scripts/prepare_data.py", f"--out-dir {data}")
+    assert not data.exists()          # a non-default folder is never made behind your back
+
+
+def test_cli_trains_and_returns_the_trainer(shakespeare, tmp_path, capsys):
+    tr = main(cli_args(shakespeare, tmp_path))
+    assert tr.step == 2 and tr.cfg.model == "gpt2-tiny"
+    assert ckpt_step(checkpoint.find_checkpoint(str(tmp_path))) == 2
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("extra, needle", [(["--model", "nope"], "nope"),
+                                           (["--batch-size", "0"], "--batch-size")],
+                         ids=["unknown-preset", "zero-batch"])
+def test_train_script_bad_input_subprocess(shakespeare, tmp_path, extra, needle):
+    proc = subprocess.run([sys.executable, os.path.join("examples", "train_gpt2.py"),
+                           *cli_args(shakespeare, tmp_path, *extra)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, needle)
+    assert proc.stdout == ""
+
+
+# ----------------------------------------------------------------------------- non-finite loss
+
+def test_nan_loss_stops_with_exit_1_and_keeps_last_checkpoint(shakespeare, tmp_path, capsys,
+                                                               monkeypatch):
+    """A learning rate of 1e9 with no clipping blows the weights up: the loss is finite on
+    step 1 and nan soon after. With a save every step, the checkpoint on disk must be the one
+    written after the last finite step, byte for byte, and nothing may be saved after."""
+    writes = []
+    real_save = checkpoint.save_checkpoint
+
+    def save(out_dir, model, optimizer, state):
+        path = real_save(out_dir, model, optimizer, state)
+        writes.append((state["step"], (tmp_path / "checkpoint" / "model.safetensors").read_bytes()))
+        return path
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save)
+    code, err = run_cli(cli_args(shakespeare, tmp_path, "--lr", "1e9", "--min-lr", "0",
+                                 "--warmup", "0", "--grad-clip", "0", "--weight-decay", "0",
+                                 "--steps", "6", "--save-every", "1"), capsys)
+    assert code == 1
+    assert_one_line_error(err, "loss is nan", str(tmp_path))
+    good = read_metrics(tmp_path)
+    assert 1 <= len(good) < 6 and all(math.isfinite(r["loss"]) for r in good)
+    assert [step for step, _ in writes] == list(range(1, len(good) + 1))   # no save after nan
+    ck = checkpoint.find_checkpoint(str(tmp_path))
+    assert os.path.basename(ck) == "checkpoint" and ckpt_step(ck) == len(good)
+    assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == writes[-1][1]
+    assert all(np.isfinite(a).all() for a in read_state(ck).values())
+    tr = Trainer(tiny(shakespeare, tmp_path, steps=6, resume=str(tmp_path)))   # still loads
+    assert tr.step == len(good)
+
+
+# ----------------------------------------------------------------------------- grad accumulation
+
+def test_grad_accum_averages_micro_batches(shakespeare, tmp_path):
+    tr = Trainer(tiny(shakespeare, tmp_path, steps=2, grad_accum=2))
+    probe = Trainer(tiny(shakespeare, tmp_path / "probe", steps=2))     # same weights, batches
+    expected = np.mean([probe.model(*probe.train_data.next_batch())[1].item() for _ in range(2)])
+    loss, _, _, skipped = tr.train_step()
+    assert not skipped
+    assert loss == pytest.approx(expected, rel=1e-5)
