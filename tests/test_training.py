@@ -57,14 +57,14 @@ class Killed(BaseException):
 
 def test_short_run_lowers_val_loss(shakespeare, tmp_path):
     steps = 40
-    tr = Trainer(tiny(shakespeare, tmp_path, batch_size=4, seq_len=32, steps=steps, lr=1e-2,
+    tr = Trainer(tiny(shakespeare, tmp_path, batch_size=4, seq_len=16, steps=steps, lr=1e-2,
                       min_lr=1e-3, warmup=5, eval_every=steps, eval_iters=4))
     initial = tr.evaluate()
     assert initial == pytest.approx(math.log(50257), abs=0.3)    # untrained: ~uniform
     history = tr.run()
     assert [r["step"] for r in history] == list(range(1, steps + 1))
     final = history[-1]["val_loss"]
-    # measured: 10.8 -> ~7.3 in 40 steps; a clear margin, far from noise
+    # measured: 10.8 -> ~7.5 in 40 steps; a clear margin, far from noise
     assert final < initial - 1.5, (initial, final)
     assert final == tr.evaluate()          # evaluation uses fixed batches: deterministic
     # the loop follows the schedule, and the metrics file holds the same rows

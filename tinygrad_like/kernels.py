@@ -45,6 +45,28 @@ FLOPS = {
 }
 
 
+# Bytes per launch = what the kernel reads + what it writes. By default every array argument is
+# read once and every new output written once; these entries correct the kernels that write
+# into an argument (in place) or read only part of one.
+WRITES_ARGS = {"copy": (0,), "fill": (0,), "adamw_step": (0, 2, 3, 4)}  # master, m, v, working
+SKIPS_READING = {"copy": (0,), "fill": (0,), "embedding_fwd": (0,)}      # overwritten / gathered
+
+
+def _bytes(name, args, kwargs, outs):
+    skip = SKIPS_READING.get(name, ())
+    reads = [a for i, a in enumerate(args) if i not in skip]
+    nbytes = sum(a.nbytes for a in _arrays(reads))
+    nbytes += sum(a.nbytes for k, a in kwargs.items() if k != "out" and hasattr(a, "nbytes"))
+    written = [args[i] for i in WRITES_ARGS.get(name, ()) if args[i] is not None]
+    written += [kwargs["out"]] if kwargs.get("out") is not None else []
+    ids = {id(a) for a in written}
+    nbytes += sum(a.nbytes for a in written)
+    nbytes += sum(a.nbytes for a in _arrays(outs) if id(a) not in ids)
+    if name == "embedding_fwd":  # a gather reads only the rows it copies
+        nbytes += sum(a.nbytes for a in _arrays(outs))
+    return nbytes
+
+
 def _arrays(items):
     for x in items:
         if hasattr(x, "nbytes") and hasattr(x, "shape"):
@@ -88,17 +110,15 @@ def launch(name, *args, **kwargs):
         outs = ()
     flops_of = FLOPS.get(name)
     flops = int(flops_of(outs[0] if outs else None, *args, **kwargs)) if flops_of else 0
-    inputs = list(_arrays(args)) + list(_arrays(kwargs.values()))
-    seen = {id(a) for a in inputs}
-    nbytes = sum(a.nbytes for a in inputs) + sum(
-        a.nbytes for a in _arrays(outs) if id(a) not in seen)
+    nbytes = _bytes(name, args, kwargs, outs)
     if _sinks:
         _sinks[-1].add(flops, nbytes)
     for prof in profiler.active():
         prof.launches.append(profiler.Launch(name, profiler.current_phase(), flops, nbytes,
                                              be.name, timer, t_host - prof._t0))
     if TRACKER.track_temporaries:
+        inputs = {id(a) for a in _arrays(args)} | {id(a) for a in _arrays(kwargs.values())}
         for a in _arrays(outs):
-            if id(a) not in seen:
+            if id(a) not in inputs:
                 TRACKER.register(a, "temporaries")
     return out

@@ -133,14 +133,16 @@ class Cast(Function):
 # ---------------------------------------------------------------- views (no kernels)
 
 def _reshape(x, shape):
-    """A view when the layout allows; otherwise an explicit, counted copy first."""
-    if not _is_contiguous(x):
+    """A view when the strides allow one (always for contiguous arrays; also e.g. splitting the
+    last dimension of a column slice); otherwise an explicit, counted copy first."""
+    if not x.flags.c_contiguous:
+        if isinstance(x, np.ndarray):
+            try:
+                return np.reshape(x, shape, copy=False)
+            except ValueError:  # NumPy says a view is impossible: copy, and count the copy
+                pass
         x = launch("contiguous", x)
     return x.reshape(shape)
-
-
-def _is_contiguous(x):
-    return x.flags.c_contiguous
 
 
 class Reshape(Function):

@@ -13,7 +13,7 @@ import tinygrad_like.ops as F
 from nn import GPT2, GPT2Config
 from nn.hf import read_config, read_state
 from optim import AdamW, LossScaler, cosine_with_warmup
-from tinygrad_like import backend, dtypes, no_grad
+from tinygrad_like import backend, dtypes, no_grad, profiler
 from tinygrad_like.data import DataLoader
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from . import checkpoint, mfu, report
@@ -97,7 +97,7 @@ class Trainer:
         total = 0.0
         for _ in range(cfg.grad_accum):
             x, y = self.train_data.next_batch()
-            _, loss = self.model(x, y)
+            loss = self.model(x, y)[1]              # the (B, T, V) logits die right here
             loss = loss / cfg.grad_accum if cfg.grad_accum > 1 else loss
             (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
             total += loss.item()
@@ -106,6 +106,7 @@ class Trainer:
         return total, lr, norm, skipped
 
     @no_grad()
+    @profiler.phase("other")
     def evaluate(self):
         """Mean loss over eval_iters fixed validation batches (the same ones every time)."""
         self.model.eval()
