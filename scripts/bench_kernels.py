@@ -85,7 +85,7 @@ def gemm_rows(dtype):
                      "shape": f"{'x'.join(map(str, batch)) + ' of ' if batch else ''}{M}x{K} @ {K}x{N}",
                      "ms": ms, "tflops": flops / ms / 1e9, "cublas_ms": cublas_ms,
                      "of_cublas": cublas_ms / ms})
-        del a, b, bias, a_nn, b_nn
+        del a, b, bias
     return rows
 
 

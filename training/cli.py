@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from tinygrad_like import backend, dtypes
+from tinygrad_like import backend
 from .loop import RunConfig, Trainer
 
 # with no arguments: a small model that shows the loss falling in about 5 minutes on 2 CPU
