@@ -21,6 +21,21 @@ from training.loop import RunConfig, Trainer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    """gpt2-tiny's GEMMs are far too small to gain from a second BLAS thread, and on a busy
+    2-core machine OpenBLAS's spinning threads make them up to 100x slower (this module took
+    6x longer). One thread keeps its run time steady; the limit is lifted after the module.
+    threadpoolctl is optional: without it nothing changes."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 @pytest.fixture(scope="session")
 def shakespeare(tmp_path_factory):
     """The default corpus prepared once per session (shared by every test file that asks)."""
