@@ -212,11 +212,6 @@ def test_loss_scaling_rescues_gradients_that_flush_to_zero_in_fp16(rng):
     np.testing.assert_allclose(opt.m / (1 - 0.9), ref, rtol=2e-3)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the fused cross-entropy writes dlogits in the "
-                   "logits' dtype during the forward, with dloss = 1/count and before the loss "
-                   "scale multiplies them in backward, so in fp16 every dlogit below ~3e-8 is "
-                   "flushed to zero whatever the loss scale (all of the LM head's small-"
-                   "probability gradients)")
 def test_loss_scaling_rescues_small_cross_entropy_gradients_in_fp16():
     """The LM head's gradient: dlogit = p / N for a token of probability p over N rows. With
     p ~ 4e-8 and N = 4 that is ~1e-8: zero in fp16, but 7e-4 (normal) once scaled by 2^16."""

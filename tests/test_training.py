@@ -194,10 +194,6 @@ def test_killed_save_keeps_previous_checkpoint(shakespeare, tmp_path, monkeypatc
     assert not os.path.exists(tmp_path / "checkpoint.old")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: after a save killed mid-swap (only checkpoint.old "
-                   "left), the next save_checkpoint() deletes checkpoint.old before its new "
-                   "checkpoint is renamed into place; a kill in that window leaves no "
-                   "loadable checkpoint")
 def test_second_kill_after_mid_swap_kill_keeps_a_checkpoint(shakespeare, tmp_path, monkeypatch):
     _run_killed_at_second_save(shakespeare, tmp_path, monkeypatch, kill=2)
     assert os.listdir(tmp_path) and (tmp_path / "checkpoint.old").is_dir()

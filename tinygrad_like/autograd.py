@@ -83,7 +83,6 @@ class Function:
         needs_grad = is_grad_enabled() and any(t.requires_grad for t in tensors)
         args = [x.data if isinstance(x, Tensor) else x for x in inputs]
         ctx = Context()
-        ctx.needs_grad = needs_grad
         record = Record(cls, inputs) if needs_grad else None
         with kernels.sink_to(record or _NULL_SINK):
             out = cls.forward(ctx, *args, **kwargs)

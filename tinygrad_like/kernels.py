@@ -38,7 +38,7 @@ FLOPS = {
     "softmax_causal_fwd": _per_element(5),
     "softmax_causal_bwd": _per_element(4),
     "cross_entropy_fwd": _per_element(4),
-    "cross_entropy_fwd_bwd": _per_element(6),
+    "cross_entropy_bwd": _per_element(4),
     "embedding_bwd": _per_element(1),
     "grad_norm_sq": _per_element(2),
     "adamw_step": _per_element(12),

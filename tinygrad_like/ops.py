@@ -324,22 +324,21 @@ class Attention(Function):
 
 class CrossEntropy(Function):
     """Mean cross-entropy of logits (N, V) against targets (N,), -1 ignored -> fp32 scalar.
-    With grad enabled the forward also writes dlogits (one pass over the logits, as llm.c
-    does) and saves them instead of the logits; backward only scales them."""
+    Saves the logits and each row's log-sum-exp (N,); backward makes dlogits in one pass with
+    the upstream gradient (and so the fp16 loss scale) folded in before rounding."""
 
     @staticmethod
     def forward(ctx, logits, targets, count):
-        if ctx.needs_grad:
-            losses, dlogits = launch("cross_entropy_fwd_bwd", logits, targets, 1.0 / count)
-            ctx.save_for_backward(dlogits)
-        else:
-            losses = launch("cross_entropy_fwd", logits, targets)
+        losses, lse = launch("cross_entropy_fwd", logits, targets)
+        ctx.save_for_backward(logits, lse, targets)
+        ctx.count = count
         return launch("mul", launch("sum", losses), 1.0 / count)
 
     @staticmethod
     def backward(ctx, g):
-        (dlogits,) = ctx.saved
-        return launch("mul", dlogits, g, out=dlogits), None, None
+        logits, lse, targets = ctx.saved
+        dloss = launch("mul", g, 1.0 / ctx.count)                # (,) fp32, stays on the device
+        return launch("cross_entropy_bwd", logits, lse, targets, dloss), None, None
 
 
 class Dropout(Function):

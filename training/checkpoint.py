@@ -31,6 +31,8 @@ def save_checkpoint(out, model, optimizer, trainer_state):
     state = dict(trainer_state, optimizer=scalars)
     atomic_write(os.path.join(staging, STATE), json.dumps(state, indent=1).encode())
     old = os.path.join(out, "checkpoint.old")
+    if not os.path.isdir(final) and os.path.isdir(old):
+        os.rename(old, final)  # an earlier save died mid-swap: its old checkpoint is the one
     shutil.rmtree(old, ignore_errors=True)
     if os.path.isdir(final):
         os.rename(final, old)

@@ -286,50 +286,55 @@ def softmax_causal_bwd(probs, dprobs, scale):
     return _round(ds, probs.dtype)
 
 
-# Cross-entropy works through the (N, V) logits a few rows at a time: each chunk (about 1.6 MB
-# of fp32 at V = 50,257) stays in cache across the max, exp, sum and scale steps, so the logits
-# are read from memory once and dlogits written once, instead of once per NumPy pass.
+# Cross-entropy is two kernels over the (N, V) logits. The forward reads them once for the
+# loss and the log-sum-exp; the backward reads them once more and writes dlogits with the
+# upstream gradient (loss scale included) folded in, so small fp16 gradients are scaled before
+# they are rounded. (Writing dlogits in the forward, llm.c style, would round them unscaled.)
+# Both work a few rows at a time: each chunk (about 1.6 MB of fp32 at V = 50,257) stays in
+# cache across the max, exp, sum and scale steps, so each pass touches memory once.
 _CE_ROWS = 8
 
 
-def _ce_chunks(logits, targets):
-    """Yield (rows slice, e = exp(logits - rowmax) fp32 (n, V), per-row loss (n,))."""
-    for lo in range(0, logits.shape[0], _CE_ROWS):
-        rows = slice(lo, min(lo + _CE_ROWS, logits.shape[0]))
-        e = logits[rows].astype(dtypes.compute_dtype(logits.dtype))   # a private copy
-        m = e.max(axis=1, keepdims=True)
-        t = targets[rows]
-        picked = np.take_along_axis(e, np.maximum(t, 0)[:, None], axis=1)
-        e -= m
-        np.exp(e, out=e)
-        total = e.sum(axis=1, keepdims=True)
-        loss = (np.log(total) + m - picked)[:, 0]
-        yield rows, e, total[:, 0], np.where(t >= 0, loss, 0.0)
+def _row_chunks(n):
+    for lo in range(0, n, _CE_ROWS):
+        yield slice(lo, min(lo + _CE_ROWS, n))
 
 
 def cross_entropy_fwd(logits, targets):
-    """logits (N, V), targets (N,) int with -1 = ignore -> per-row loss (N,) fp32 (0 if ignored).
-    Stable for large logits: the row max is subtracted before exp (log-sum-exp)."""
-    losses = np.empty(logits.shape[0], dtype=dtypes.compute_dtype(logits.dtype))
-    for rows, _, _, loss in _ce_chunks(logits, targets):
-        losses[rows] = loss
-    return losses
+    """logits (N, V), targets (N,) int with -1 = ignore -> (losses (N,) fp32, 0 if ignored;
+    lse (N,) fp32, the log-sum-exp of each row, saved for backward). Stable for large logits:
+    the row max is subtracted before exp."""
+    acc = dtypes.compute_dtype(logits.dtype)
+    losses = np.empty(logits.shape[0], dtype=acc)
+    lse = np.empty(logits.shape[0], dtype=acc)
+    for rows in _row_chunks(logits.shape[0]):
+        e = logits[rows].astype(acc)                     # a private fp32 copy of the chunk
+        m = e.max(axis=1, keepdims=True)
+        t = targets[rows]
+        picked = np.take_along_axis(e, np.maximum(t, 0)[:, None], axis=1)[:, 0]
+        e -= m
+        np.exp(e, out=e)
+        lse[rows] = np.log(e.sum(axis=1)) + m[:, 0]
+        losses[rows] = np.where(t >= 0, lse[rows] - picked, 0.0)
+    return losses, lse
 
 
-def cross_entropy_fwd_bwd(logits, targets, dloss):
-    """Forward and backward in one pass over the logits (llm.c style): -> (losses (N,) fp32,
-    dlogits (N, V) = dloss * (softmax - onehot(target)), zero rows for ignored targets)."""
-    losses = np.empty(logits.shape[0], dtype=dtypes.compute_dtype(logits.dtype))
+def cross_entropy_bwd(logits, lse, targets, dloss):
+    """dlogits (N, V) = dloss * (softmax(logits) - onehot(target)), zero rows for ignored
+    targets; dloss is a 1-element array (the upstream gradient over the count of targets)."""
+    acc = dtypes.compute_dtype(logits.dtype)
+    d = acc.type(np.asarray(dloss).reshape(-1)[0])
     dlogits = np.empty(logits.shape, dtype=logits.dtype)
-    for rows, e, total, loss in _ce_chunks(logits, targets):
+    for rows in _row_chunks(logits.shape[0]):
+        e = logits[rows].astype(acc)
+        e -= lse[rows, None]
+        np.exp(e, out=e)                                 # softmax, from the saved lse
         t = targets[rows]
         valid = t >= 0
-        losses[rows] = loss
-        e *= (valid * dloss / total)[:, None]              # softmax * dloss, 0 if ignored
-        r = np.flatnonzero(valid)
-        e[r, t[valid]] -= dloss                            # minus the one-hot target
+        e *= (valid * d)[:, None]
+        e[np.flatnonzero(valid), t[valid]] -= d          # minus the one-hot target
         dlogits[rows] = e
-    return losses, dlogits
+    return dlogits
 
 
 # ---------------------------------------------------------------- embedding

@@ -426,28 +426,34 @@ def softmax_causal_bwd(probs, dprobs, scale):
     return ds
 
 
-def _cross_entropy(logits, targets, dloss, grad):
+def cross_entropy_fwd(logits, targets):
+    """logits (N, V), targets (N,) int, -1 = ignore -> (losses (N,) fp32, 0 if ignored;
+    lse (N,) fp32). One block per row (see softmax.cu)."""
     logits = cupy.ascontiguousarray(logits)
     N, V = logits.shape
     targets = cupy.ascontiguousarray(targets, dtype=cupy.int64)
-    losses = cupy.empty(N, dtype=dtypes.compute_dtype(logits.dtype))
-    dlogits = cupy.empty_like(logits) if grad else None
+    acc = dtypes.compute_dtype(logits.dtype)
+    losses, lse = cupy.empty(N, dtype=acc), cupy.empty(N, dtype=acc)
     if N:
-        _kernel("softmax.cu", "cross_entropy", logits.dtype, grad)(
-            (N,), (512,), (logits, targets, losses, _NULL if dlogits is None else dlogits,
-                           np.int32(V), _acc(logits.dtype)(dloss)))
-    return losses, dlogits
+        _kernel("softmax.cu", "cross_entropy_fwd", logits.dtype)(
+            (N,), (512,), (logits, targets, losses, lse, np.int32(V)))
+    return losses, lse
 
 
-def cross_entropy_fwd(logits, targets):
-    """logits (N, V), targets (N,) int with -1 = ignore -> per-row loss (N,) fp32 (0 if ignored)."""
-    return _cross_entropy(logits, targets, 0.0, False)[0]
-
-
-def cross_entropy_fwd_bwd(logits, targets, dloss):
-    """-> (losses (N,) fp32, dlogits (N, V) = dloss * (softmax - onehot(target))), one kernel
-    reading each row twice (see softmax.cu). dloss is a host number."""
-    return _cross_entropy(logits, targets, float(dloss), True)
+def cross_entropy_bwd(logits, lse, targets, dloss):
+    """dlogits (N, V) = dloss * (softmax - onehot(target)), zero rows for ignored targets.
+    dloss is a 1-element device array, read by the kernel (no host synchronization)."""
+    logits = cupy.ascontiguousarray(logits)
+    N, V = logits.shape
+    acc = dtypes.compute_dtype(logits.dtype)
+    dlogits = cupy.empty_like(logits)
+    if N:
+        _kernel("softmax.cu", "cross_entropy_bwd", logits.dtype)(
+            (N,), (512,), (logits, cupy.ascontiguousarray(lse, dtype=acc),
+                           cupy.ascontiguousarray(targets, dtype=cupy.int64),
+                           cupy.ascontiguousarray(dloss, dtype=acc).reshape(1), dlogits,
+                           np.int32(V)))
+    return dlogits
 
 
 # ---------------------------------------------------------------- embedding

@@ -1,5 +1,5 @@
 // Softmax rows: attention's causal softmax (forward and backward) and the cross-entropy loss
-// fused with its softmax over the vocabulary. Everything is computed in acc_t<T>.
+// with its softmax over the vocabulary (forward and backward). Everything is computed in acc_t<T>.
 #include "common.cuh"
 
 // Online softmax state over a set of values: m = their max, s = sum(exp(value - m)).
@@ -68,21 +68,17 @@ __global__ void softmax_causal_bwd(const T* probs, const T* dprobs, T* dscores, 
         dscores[off + k] = from_acc<T>((to_acc(dprobs[off + k]) - dot) * to_acc(probs[off + k]) * scale);
 }
 
-// Cross-entropy fused with its softmax (llm.c's fused classifier). logits: (N, V); targets:
-// (N,) int64, -1 = ignored; losses: (N,) acc_t<T>; dlogits: (N, V), written when GRAD.
-// Launch: one block per row, 512 threads. Pass 1 reads the row once with an online max/sum and
-// merges the per-thread states (warp shuffles, then shared memory): lse = log(sum) + max and
-// loss = lse - logit[target] (0 if ignored). Pass 2 (GRAD) re-reads the row and writes
-// dlogits = dloss * (softmax - onehot(target)) = exp(logit - max) (dloss / sum) - dloss [target],
-// zero rows for ignored targets. Same formulas as cpu.cross_entropy_fwd / cross_entropy_fwd_bwd.
-template <typename T, bool GRAD>
-__global__ void cross_entropy(const T* logits, const long long* targets, acc_t<T>* losses,
-                              T* dlogits, int V, acc_t<T> dloss) {
+// Cross-entropy forward over the vocabulary. logits: (N, V); targets: (N,) int64, -1 = ignored;
+// losses, lse: (N,) acc_t<T>. Launch: one block per row, 512 threads. Reads the row once with an
+// online max/sum, merges the per-thread states (warp shuffles, then shared memory) and writes
+// lse = log(sum) + max and loss = lse - logit[target] (0 if ignored), as cpu.cross_entropy_fwd.
+template <typename T>
+__global__ void cross_entropy_fwd(const T* logits, const long long* targets, acc_t<T>* losses,
+                                  acc_t<T>* lse, int V) {
     typedef acc_t<T> A;
     __shared__ A warp_m[32], warp_s[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    const long long off = (long long)blockIdx.x * V;
-    const T* x = logits + off;
+    const T* x = logits + (long long)blockIdx.x * V;
 
     A m = neg_inf<A>(), s = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) online_add(m, s, to_acc(x[v]));
@@ -92,18 +88,32 @@ __global__ void cross_entropy(const T* logits, const long long* targets, acc_t<T
         warp_s[warp] = s;
     }
     __syncthreads();
-    m = lane < nwarps ? warp_m[lane] : neg_inf<A>();
-    s = lane < nwarps ? warp_s[lane] : A(0);
-    warp_merge(m, s);  // every warp merges the same values: all threads hold the row's state
-
-    const long long target = targets[blockIdx.x];
-    if (threadIdx.x == 0) losses[blockIdx.x] = target >= 0 ? tg_log(s) + m - to_acc(x[target]) : A(0);
-    if constexpr (GRAD) {
-        const A coef = target >= 0 ? dloss / s : A(0);
-        T* dx = dlogits + off;
-        for (int v = threadIdx.x; v < V; v += blockDim.x)
-            dx[v] = from_acc<T>(tg_exp(to_acc(x[v]) - m) * coef - (v == target ? dloss : A(0)));
+    if (warp == 0) {
+        m = lane < nwarps ? warp_m[lane] : neg_inf<A>();
+        s = lane < nwarps ? warp_s[lane] : A(0);
+        warp_merge(m, s);
+        if (lane == 0) {
+            const long long target = targets[blockIdx.x];
+            const A row_lse = tg_log(s) + m;
+            lse[blockIdx.x] = row_lse;
+            losses[blockIdx.x] = target >= 0 ? row_lse - to_acc(x[target]) : A(0);
+        }
     }
+}
+
+// Cross-entropy backward: dlogits = dloss * (exp(logit - lse) - onehot(target)), zero rows for
+// ignored targets, as cpu.cross_entropy_bwd. dloss: a 1-element device array (the upstream
+// gradient, loss scale included, over the number of targets), read on the device so the host
+// never waits. Launch: one block per row, 512 threads, one read of the row and one write.
+template <typename T>
+__global__ void cross_entropy_bwd(const T* logits, const acc_t<T>* lse, const long long* targets,
+                                  const acc_t<T>* dloss, T* dlogits, int V) {
+    typedef acc_t<T> A;
+    const long long off = (long long)blockIdx.x * V;
+    const long long target = targets[blockIdx.x];
+    const A d = target >= 0 ? dloss[0] : A(0), row_lse = lse[blockIdx.x];
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+        dlogits[off + v] = from_acc<T>(tg_exp(to_acc(logits[off + v]) - row_lse) * d - (v == target ? d : A(0)));
 }
 
 #ifdef TG_CHECK_INSTANTIATE
@@ -113,9 +123,9 @@ void* tg_instances_softmax[] = {
     (void*)&softmax_causal_fwd<__nv_bfloat16>, (void*)&softmax_causal_fwd<double>,
     (void*)&softmax_causal_bwd<float>, (void*)&softmax_causal_bwd<__half>,
     (void*)&softmax_causal_bwd<__nv_bfloat16>, (void*)&softmax_causal_bwd<double>,
-    (void*)&cross_entropy<float, false>, (void*)&cross_entropy<__half, false>,
-    (void*)&cross_entropy<__nv_bfloat16, false>, (void*)&cross_entropy<double, false>,
-    (void*)&cross_entropy<float, true>, (void*)&cross_entropy<__half, true>,
-    (void*)&cross_entropy<__nv_bfloat16, true>, (void*)&cross_entropy<double, true>,
+    (void*)&cross_entropy_fwd<float>, (void*)&cross_entropy_fwd<__half>,
+    (void*)&cross_entropy_fwd<__nv_bfloat16>, (void*)&cross_entropy_fwd<double>,
+    (void*)&cross_entropy_bwd<float>, (void*)&cross_entropy_bwd<__half>,
+    (void*)&cross_entropy_bwd<__nv_bfloat16>, (void*)&cross_entropy_bwd<double>,
 };
 #endif
