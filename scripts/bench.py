@@ -26,7 +26,6 @@ use; to measure what a current NumPy does on this CPU, unset both for that comma
 """
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -39,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from nn import GPT2, GPT2Config  # noqa: E402
+from nn.gpt2 import PRESETS  # noqa: E402
 from optim import AdamW  # noqa: E402
 from tinygrad_like.profiler import Profiler, format_census  # noqa: E402
 from training import mfu  # noqa: E402
@@ -84,9 +84,11 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.warmup < 0:
         p.error("--warmup must be >= 0")
-    config = GPT2Config.from_preset(args.model) if args.model in _presets() else None
-    if config is None:
-        p.error(f"unknown preset {args.model!r}: use one of {', '.join(_presets())}")
+    if args.threads is not None and args.threads <= 0:
+        p.error("--threads must be positive")
+    if args.model not in PRESETS:
+        p.error(f"unknown preset {args.model!r}: use one of {', '.join(PRESETS)}")
+    config = PRESETS[args.model]
     if args.seq_len > config.n_positions:
         p.error(f"--seq-len {args.seq_len} is longer than {args.model}'s context "
                 f"{config.n_positions}")
@@ -94,11 +96,6 @@ def parse_args(argv=None):
         p.error(f"--prompt-len + --new-tokens = {args.prompt_len + args.new_tokens} is longer "
                 f"than {args.model}'s context {config.n_positions}")
     return args
-
-
-def _presets():
-    from nn.gpt2 import PRESETS
-    return PRESETS
 
 
 # ---------------------------------------------------------------- optional libraries

@@ -47,7 +47,8 @@ def test_run_returns_positive_finite_numbers(bench):
     assert "hf" not in results["generate"]
     census = results["census"]
     names = {r["kernel"] for r in census["train"]["rows"]}
-    assert {"matmul", "cross_entropy_bwd", "adamw_step"} <= names
+    assert {"matmul", "adamw_step"} <= names
+    assert any(name.startswith("cross_entropy") for name in names)
     assert all(r["seconds"] >= 0 and r["calls"] > 0 for r in census["train"]["rows"])
     assert positive(census["train"]["wall_s"]) and positive(census["decode"]["wall_s"])
     assert {r["kernel"] for r in census["decode"]["rows"]} >= {"matmul", "softmax_causal_fwd"}

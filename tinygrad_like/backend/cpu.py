@@ -382,21 +382,36 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
     if max_norm > 0:
         norm = np.sqrt(scaled_norm_sq) * inv_scale
         g_coef *= min(1.0, max_norm / (norm + 1e-6))
-    g = _f32(grad) * np.float32(g_coef)
-    m *= beta1
-    m += (1 - beta1) * g
-    g *= g
-    v *= beta2
-    v += (1 - beta2) * g
-    if weight_decay:
-        master[:n_decay] *= np.float32(1 - lr * weight_decay)
-    # update = lr * mhat / (sqrt(vhat) + eps), with the bias corrections folded into scalars
+    # the bias corrections fold into two scalars: update = lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
     bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
-    denom = np.sqrt(v)
-    denom *= np.float32(1 / np.sqrt(bc2))
-    denom += eps
-    np.divide(m, denom, out=denom)
-    denom *= np.float32(lr / bc1)
-    master -= denom
-    if working is not None:
-        working[...] = master
+    acc = master.dtype.type
+    decay, lr_c, v_c = acc(1 - lr * weight_decay), acc(lr / bc1), acc(1 / np.sqrt(bc2))
+    # one chunk at a time, through two scratch buffers that stay in cache: every buffer is read
+    # and written once per step, with no N-sized temporaries
+    g_buf, d_buf = np.empty(_ADAM_CHUNK, master.dtype), np.empty(_ADAM_CHUNK, master.dtype)
+    for lo in range(0, master.shape[0], _ADAM_CHUNK):
+        hi = min(lo + _ADAM_CHUNK, master.shape[0])
+        g, d = g_buf[:hi - lo], d_buf[:hi - lo]
+        mc, vc, wc = m[lo:hi], v[lo:hi], master[lo:hi]
+        g[...] = grad[lo:hi]
+        g *= acc(g_coef)                          # unscaled, clipped gradient
+        mc *= beta1
+        np.multiply(g, 1 - beta1, out=d)
+        mc += d                                   # m = b1 m + (1 - b1) g
+        g *= g
+        g *= 1 - beta2
+        vc *= beta2
+        vc += g                                   # v = b2 v + (1 - b2) g^2
+        if weight_decay and lo < n_decay:         # decoupled decay, 2-D weights only
+            wc[:n_decay - lo] *= decay
+        np.sqrt(vc, out=d)
+        d *= v_c
+        d += eps
+        np.divide(mc, d, out=d)
+        d *= lr_c
+        wc -= d
+        if working is not None:
+            working[lo:hi] = wc
+
+
+_ADAM_CHUNK = 1 << 16
