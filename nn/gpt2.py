@@ -209,23 +209,25 @@ class GPT2(Module):
 
     def _decode(self, idx, max_new_tokens, cache, temperature, top_k, top_p, rng):
         from .sampling import sample
+        modules = [m for _, m in self.named_modules()]
         feed = idx
         for _ in range(max_new_tokens):
-            logits = self._infer(feed, cache)                        # (B, V) fp32, host
+            logits = self._infer(feed, cache, modules)               # (B, V) fp32, host
             token = sample(logits, temperature, top_k, top_p, rng)   # (B,)
             yield token                  # outside no_grad/eval: the caller's code runs as usual
             feed = token[:, None]
 
-    def _infer(self, idx, cache):
+    def _infer(self, idx, cache, modules):
         """Last-position logits under no_grad and eval mode (each module's mode restored)."""
-        modes = [(m, m.training) for _, m in self.named_modules()]
-        self.eval()
+        modes = [m.training for m in modules]
+        for m in modules:
+            object.__setattr__(m, "training", False)
         try:
             with autograd.no_grad():
                 logits, _ = self(idx, cache=cache, last_only=True)
             return logits.numpy()[:, -1, :].astype(np.float32)
         finally:
-            for m, mode in modes:
+            for m, mode in zip(modules, modes):
                 object.__setattr__(m, "training", mode)
 
 

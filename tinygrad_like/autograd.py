@@ -83,22 +83,17 @@ class Function:
         needs_grad = is_grad_enabled() and any(t.requires_grad for t in tensors)
         args = [x.data if isinstance(x, Tensor) else x for x in inputs]
         ctx = Context()
-        record = Record(cls, inputs) if needs_grad else None
-        with kernels.sink_to(record or _NULL_SINK):
+        if needs_grad:
+            record = Record(cls, inputs)
+            with kernels.sink_to(record):
+                out = cls.forward(ctx, *args, **kwargs)
+        else:
             out = cls.forward(ctx, *args, **kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         results = tuple(Tensor(o, requires_grad=needs_grad) for o in outs)
         if needs_grad:
             record.finish(ctx, results)
         return results if isinstance(out, tuple) else results[0]
-
-
-class _NullSink:
-    def add(self, flops, nbytes):
-        pass
-
-
-_NULL_SINK = _NullSink()
 
 
 class Record:

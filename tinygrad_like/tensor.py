@@ -10,6 +10,10 @@ from . import autograd, backend, dtypes
 
 class Tensor:
     def __init__(self, data, requires_grad=False, dtype=None, device=None):
+        if dtype is None and device is None and not requires_grad and isinstance(data, np.ndarray):
+            self.data, self.requires_grad, self.grad = data, False, None   # the common case
+            self._record, self._out_index = None, 0
+            return
         if isinstance(data, Tensor):
             data = data.data
         be = backend.get(device) if device is not None else None

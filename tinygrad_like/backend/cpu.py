@@ -99,6 +99,30 @@ def _round(a, dtype, out=None):
     return a if a.dtype == dtype else a.astype(dtype)
 
 
+# NumPy's elementwise loops run on one core (BLAS uses them all). The row and elementwise
+# kernels below split their rows into one contiguous block per core and run the blocks on a
+# thread pool: NumPy releases the GIL inside its loops, so the blocks run at the same time.
+# The split depends only on the sizes and the core count, so results are deterministic.
+_THREADS = max(1, min(os.cpu_count() or 1, 8))
+_MIN_BLOCK = 1 << 16        # elements: smaller blocks are not worth a thread hand-off
+_pool = None
+
+
+def _in_parallel(n, body, per_row=1):
+    """body(lo, hi) over [0, n) rows, one block per core (one block when the work is small)."""
+    global _pool
+    blocks = max(1, min(_THREADS, n * per_row // _MIN_BLOCK, n))
+    if blocks == 1:
+        body(0, n)
+        return
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="tg-cpu")
+    edges = [n * i // blocks for i in range(blocks + 1)]
+    for job in [_pool.submit(body, lo, hi) for lo, hi in zip(edges, edges[1:])]:
+        job.result()
+
+
 # ---------------------------------------------------------------- GEMMs
 # A linear layer Y = X W (W stored [in, out], as GPT-2's checkpoints) needs three GEMMs of the
 # same cost 2*M*K*N: forward X @ W, backward dX = dY @ W^T (matmul_nt) and dW = X^T @ dY
@@ -196,9 +220,9 @@ _GELU_C = math.sqrt(2.0 / math.pi)  # a Python float: fp32 arrays stay fp32, fp6
 
 
 def _gelu_tanh(xf):
-    """t = tanh(sqrt(2/pi) (x + 0.044715 x^3)), in a fresh fp32 buffer (x*x*x, not x**3:
-    NumPy's float32 power is ~25x slower than two multiplies)."""
-    t = np.multiply(xf, xf, out=np.empty_like(xf))   # out=: 0-d inputs stay arrays
+    """t = tanh(sqrt(2/pi) (x + 0.044715 x^3)), in a fresh buffer (x*x*x, not x**3: NumPy's
+    float32 power is ~25x slower than two multiplies)."""
+    t = xf * xf
     t *= 0.044715
     t += 1.0
     t *= xf
@@ -206,33 +230,45 @@ def _gelu_tanh(xf):
     return np.tanh(t, out=t)
 
 
+def _elementwise(x, *others, body):
+    """Run body(out_block, x_block, *other_blocks) over flat blocks in parallel -> out."""
+    out = np.empty(x.shape, dtype=x.dtype)
+    flat = [a.reshape(-1) for a in (out, x) + others]
+    _in_parallel(x.size, lambda lo, hi: body(*[a[lo:hi] for a in flat]))
+    return out
+
+
 def gelu_fwd(x):
     """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    xf = _f32(x)
-    t = _gelu_tanh(xf)
-    t += 1.0
-    t *= xf
-    t *= 0.5
-    return _round(t, x.dtype)
+    def body(out, x):
+        xf = _f32(x)
+        t = _gelu_tanh(xf)
+        t += 1.0
+        t *= xf
+        t *= 0.5
+        out[...] = t
+    return _elementwise(x, body=body)
 
 
 def gelu_bwd(x, dy):
     """dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))."""
-    xf = _f32(x)
-    t = _gelu_tanh(xf)
-    inner = np.multiply(xf, xf, out=np.empty_like(xf))  # 0.5 x sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-    inner *= 3 * 0.044715
-    inner += 1.0
-    inner *= xf
-    inner *= 0.5 * _GELU_C
-    sech2 = np.multiply(t, t, out=np.empty_like(t))     # 1 - t^2
-    np.subtract(1.0, sech2, out=sech2)
-    inner *= sech2
-    t += 1.0
-    t *= 0.5
-    t += inner
-    t *= _f32(dy)
-    return _round(t, x.dtype)
+    def body(out, x, dy):
+        xf = _f32(x)
+        t = _gelu_tanh(xf)
+        inner = xf * xf                    # 0.5 x sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+        inner *= 3 * 0.044715
+        inner += 1.0
+        inner *= xf
+        inner *= 0.5 * _GELU_C
+        sech2 = t * t                      # 1 - t^2
+        np.subtract(1.0, sech2, out=sech2)
+        inner *= sech2
+        t += 1.0
+        t *= 0.5
+        t += inner
+        t *= _f32(dy)
+        out[...] = t
+    return _elementwise(x, dy, body=body)
 
 
 def dropout_fwd(x, p, seed):
@@ -247,32 +283,53 @@ def dropout_fwd(x, p, seed):
 
 def layernorm_fwd(x, weight, bias, eps=1e-5):
     """x (..., C) -> y (..., C), mean (...,) fp32, rstd (...,) fp32 (saved for backward)."""
-    xf = _f32(x)
-    mean = xf.mean(axis=-1, dtype=dtypes.compute_dtype(x.dtype))
-    xc = xf - mean[..., None]
-    var = np.mean(xc * xc, axis=-1)
-    rstd = 1.0 / np.sqrt(var + eps)
-    xc *= rstd[..., None]
-    xc *= _f32(weight)
-    xc += _f32(bias)
+    C = x.shape[-1]
     stat = dtypes.compute_dtype(x.dtype)
-    return _round(xc, x.dtype), mean.astype(stat), rstd.astype(stat)
+    xs = x.reshape(-1, C)
+    y = np.empty(xs.shape, dtype=x.dtype)
+    mean, rstd = np.empty(xs.shape[0], dtype=stat), np.empty(xs.shape[0], dtype=stat)
+    w, b = _f32(weight), _f32(bias)
+
+    def rows(lo, hi):
+        xc = xs[lo:hi].astype(stat)                       # a private copy, centred in place
+        mean[lo:hi] = xc.mean(axis=1)
+        xc -= mean[lo:hi, None]
+        rstd[lo:hi] = 1.0 / np.sqrt(np.mean(xc * xc, axis=1) + eps)
+        xc *= rstd[lo:hi, None]
+        xc *= w
+        xc += b
+        y[lo:hi] = xc
+    _in_parallel(xs.shape[0], rows, per_row=C)
+    return y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
     """-> dx (..., C), dweight (C,), dbias (C,).
     With xhat = (x - mean) rstd and g = dy * weight:
-    dx = rstd (g - mean(g) - xhat mean(g xhat)), dweight = sum(dy xhat), dbias = sum(dy)."""
+    dx = rstd (g - mean(g) - xhat mean(g xhat)), dweight = sum(dy xhat), dbias = sum(dy).
+    dweight and dbias are summed per row block, then over the blocks in order."""
     C = x.shape[-1]
-    dyf = _f32(dy).reshape(-1, C)
-    xhat = (_f32(x).reshape(-1, C) - mean.reshape(-1, 1)) * rstd.reshape(-1, 1)
-    dweight = np.einsum("rc,rc->c", dyf, xhat)
-    dbias = dyf.sum(axis=0)
-    g = dyf * _f32(weight)
-    dx = g - g.mean(axis=1, keepdims=True) - xhat * np.mean(g * xhat, axis=1, keepdims=True)
-    dx *= rstd.reshape(-1, 1)
-    return (_round(dx.reshape(x.shape), x.dtype), _round(dweight, weight.dtype),
-            _round(dbias, weight.dtype))
+    dys, xs = dy.reshape(-1, C), x.reshape(-1, C)
+    means, rstds = mean.reshape(-1, 1), rstd.reshape(-1, 1)
+    dx = np.empty(xs.shape, dtype=x.dtype)
+    w = _f32(weight)
+    partials = {}
+
+    def rows(lo, hi):
+        dyf = _f32(dys[lo:hi])
+        xhat = (_f32(xs[lo:hi]) - means[lo:hi]) * rstds[lo:hi]
+        partials[lo] = (np.einsum("rc,rc->c", dyf, xhat), dyf.sum(axis=0))
+        g = dyf * w
+        d = g - g.mean(axis=1, keepdims=True)
+        xhat *= np.mean(g * xhat, axis=1, keepdims=True)
+        d -= xhat
+        d *= rstds[lo:hi]
+        dx[lo:hi] = d
+    _in_parallel(xs.shape[0], rows, per_row=C)
+    blocks = [partials[k] for k in sorted(partials)]
+    dweight = np.sum([p[0] for p in blocks], axis=0)
+    dbias = np.sum([p[1] for p in blocks], axis=0)
+    return dx.reshape(x.shape), _round(dweight, weight.dtype), _round(dbias, weight.dtype)
 
 
 _CAUSAL_MASKS = {}
@@ -291,24 +348,39 @@ def _future_mask(Tq, Tk, dtype):
 def softmax_causal_fwd(scores, scale):
     """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked.
     Query i is position Tk - Tq + i, so Tq < Tk serves a KV-cache decode step."""
-    dtype = dtypes.compute_dtype(scores.dtype)
-    s = scores.astype(dtype)             # a copy we own, computed in place from here on
-    s *= dtype.type(scale)
-    s += _future_mask(*scores.shape[-2:], dtype)
-    s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    return _round(s, scores.dtype)
+    Tq, Tk = scores.shape[-2:]
+    acc = dtypes.compute_dtype(scores.dtype)
+    mask = _future_mask(Tq, Tk, acc)
+    ss = scores.reshape(-1, Tq, Tk)
+    probs = np.empty(ss.shape, dtype=scores.dtype)
+
+    def heads(lo, hi):
+        s = ss[lo:hi].astype(acc)                         # a private copy, worked in place
+        s *= acc.type(scale)
+        s += mask
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        probs[lo:hi] = s
+    _in_parallel(ss.shape[0], heads, per_row=Tq * Tk)
+    return probs.reshape(scores.shape)
 
 
 def softmax_causal_bwd(probs, dprobs, scale):
     """dscores = scale * probs * (dprobs - sum(dprobs * probs over keys)); masked entries get 0
     because their probs are 0."""
-    p, dp = _f32(probs), _f32(dprobs)
-    ds = dp - np.sum(dp * p, axis=-1, keepdims=True)
-    ds *= p
-    ds *= scale
-    return _round(ds, probs.dtype)
+    Tq, Tk = probs.shape[-2:]
+    ps, dps = probs.reshape(-1, Tq, Tk), dprobs.reshape(-1, Tq, Tk)
+    dscores = np.empty(ps.shape, dtype=probs.dtype)
+
+    def heads(lo, hi):
+        p, dp = _f32(ps[lo:hi]), _f32(dps[lo:hi])
+        ds = dp - np.sum(dp * p, axis=-1, keepdims=True)
+        ds *= p
+        ds *= scale
+        dscores[lo:hi] = ds
+    _in_parallel(ps.shape[0], heads, per_row=Tq * Tk)
+    return dscores.reshape(probs.shape)
 
 
 # Cross-entropy is two kernels over the (N, V) logits. The forward reads them once for the
@@ -320,9 +392,9 @@ def softmax_causal_bwd(probs, dprobs, scale):
 _CE_ROWS = 8
 
 
-def _row_chunks(n):
-    for lo in range(0, n, _CE_ROWS):
-        yield slice(lo, min(lo + _CE_ROWS, n))
+def _row_chunks(lo, hi):
+    for start in range(lo, hi, _CE_ROWS):
+        yield slice(start, min(start + _CE_ROWS, hi))
 
 
 def _minus_rowwise(x, row_values, out):
@@ -341,14 +413,17 @@ def cross_entropy_fwd(logits, targets):
     acc = dtypes.compute_dtype(logits.dtype)
     N, V = logits.shape
     losses, lse = np.empty(N, dtype=acc), np.empty(N, dtype=acc)
-    scratch = np.empty((_CE_ROWS, V), dtype=acc)
-    for rows in _row_chunks(N):
-        x, t = logits[rows], targets[rows]
-        m = x.max(axis=1).astype(acc)
-        e = np.exp(_minus_rowwise(x, m, scratch[:len(t)]), out=scratch[:len(t)])
-        lse[rows] = np.log(e.sum(axis=1)) + m
-        picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
-        losses[rows] = np.where(t >= 0, lse[rows] - picked, 0.0)
+
+    def rows(lo, hi):
+        scratch = np.empty((_CE_ROWS, V), dtype=acc)
+        for r in _row_chunks(lo, hi):
+            x, t = logits[r], targets[r]
+            m = x.max(axis=1).astype(acc)
+            e = np.exp(_minus_rowwise(x, m, scratch[:len(t)]), out=scratch[:len(t)])
+            lse[r] = np.log(e.sum(axis=1)) + m
+            picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
+            losses[r] = np.where(t >= 0, lse[r] - picked, 0.0)
+    _in_parallel(N, rows, per_row=V)
     return losses, lse
 
 
@@ -357,17 +432,21 @@ def cross_entropy_bwd(logits, lse, targets, dloss):
     targets; dloss is a 1-element array (the upstream gradient over the count of targets)."""
     acc = dtypes.compute_dtype(logits.dtype)
     d = acc.type(np.asarray(dloss).reshape(-1)[0])
+    N, V = logits.shape
     dlogits = np.empty(logits.shape, dtype=logits.dtype)
-    scratch = None if logits.dtype == acc else np.empty((_CE_ROWS, logits.shape[1]), dtype=acc)
-    for rows in _row_chunks(logits.shape[0]):
-        t = targets[rows]
-        e = dlogits[rows] if scratch is None else scratch[:len(t)]   # fp32 work in place
-        np.exp(_minus_rowwise(logits[rows], lse[rows], e), out=e)     # softmax, from the lse
-        valid = t >= 0
-        e *= (valid * d)[:, None]
-        e[np.flatnonzero(valid), t[valid]] -= d                      # minus the one-hot target
-        if scratch is not None:
-            dlogits[rows] = e
+
+    def rows(lo, hi):
+        scratch = None if logits.dtype == acc else np.empty((_CE_ROWS, V), dtype=acc)
+        for r in _row_chunks(lo, hi):
+            t = targets[r]
+            e = dlogits[r] if scratch is None else scratch[:len(t)]   # fp32 work in place
+            np.exp(_minus_rowwise(logits[r], lse[r], e), out=e)       # softmax, from the lse
+            valid = t >= 0
+            e *= (valid * d)[:, None]
+            e[np.flatnonzero(valid), t[valid]] -= d                  # minus the one-hot target
+            if scratch is not None:
+                dlogits[r] = e
+    _in_parallel(N, rows, per_row=V)
     return dlogits
 
 
@@ -422,30 +501,32 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
     decay, lr_c, v_c = acc(1 - lr * weight_decay), acc(lr / bc1), acc(1 / np.sqrt(bc2))
     # one chunk at a time, through two scratch buffers that stay in cache: every buffer is read
     # and written once per step, with no N-sized temporaries
-    g_buf, d_buf = np.empty(_ADAM_CHUNK, master.dtype), np.empty(_ADAM_CHUNK, master.dtype)
-    for lo in range(0, master.shape[0], _ADAM_CHUNK):
-        hi = min(lo + _ADAM_CHUNK, master.shape[0])
-        g, d = g_buf[:hi - lo], d_buf[:hi - lo]
-        mc, vc, wc = m[lo:hi], v[lo:hi], master[lo:hi]
-        g[...] = grad[lo:hi]
-        g *= acc(g_coef)                          # unscaled, clipped gradient
-        mc *= beta1
-        np.multiply(g, 1 - beta1, out=d)
-        mc += d                                   # m = b1 m + (1 - b1) g
-        g *= g
-        g *= 1 - beta2
-        vc *= beta2
-        vc += g                                   # v = b2 v + (1 - b2) g^2
-        if weight_decay and lo < n_decay:         # decoupled decay, 2-D weights only
-            wc[:n_decay - lo] *= decay
-        np.sqrt(vc, out=d)
-        d *= v_c
-        d += eps
-        np.divide(mc, d, out=d)
-        d *= lr_c
-        wc -= d
-        if working is not None:
-            working[lo:hi] = wc
+    def span(start, stop):
+        g_buf, d_buf = np.empty(_ADAM_CHUNK, master.dtype), np.empty(_ADAM_CHUNK, master.dtype)
+        for lo in range(start, stop, _ADAM_CHUNK):
+            hi = min(lo + _ADAM_CHUNK, stop)
+            g, d = g_buf[:hi - lo], d_buf[:hi - lo]
+            mc, vc, wc = m[lo:hi], v[lo:hi], master[lo:hi]
+            g[...] = grad[lo:hi]
+            g *= acc(g_coef)                          # unscaled, clipped gradient
+            mc *= beta1
+            np.multiply(g, 1 - beta1, out=d)
+            mc += d                                   # m = b1 m + (1 - b1) g
+            g *= g
+            g *= 1 - beta2
+            vc *= beta2
+            vc += g                                   # v = b2 v + (1 - b2) g^2
+            if weight_decay and lo < n_decay:         # decoupled decay, 2-D weights only
+                wc[:n_decay - lo] *= decay
+            np.sqrt(vc, out=d)
+            d *= v_c
+            d += eps
+            np.divide(mc, d, out=d)
+            d *= lr_c
+            wc -= d
+            if working is not None:
+                working[lo:hi] = wc
+    _in_parallel(master.shape[0], span)
 
 
 _ADAM_CHUNK = 1 << 16
