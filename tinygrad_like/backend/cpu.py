@@ -99,27 +99,35 @@ def _round(a, dtype, out=None):
     return a if a.dtype == dtype else a.astype(dtype)
 
 
-# NumPy's elementwise loops run on one core (BLAS uses them all). The row and elementwise
-# kernels below split their rows into one contiguous block per core and run the blocks on a
-# thread pool: NumPy releases the GIL inside its loops, so the blocks run at the same time.
-# The split depends only on the sizes and the core count, so results are deterministic.
+# NumPy's elementwise loops run on one core (BLAS uses them all), and each NumPy call is one
+# pass over memory. So the row and elementwise kernels below split their rows into one block per
+# core, run the blocks on a thread pool (NumPy releases the GIL inside its loops, so the blocks
+# run at the same time), and inside a block work through chunks small enough (~128K elements)
+# that their many passes hit the core's cache, not memory. The split depends only on the sizes
+# and the core count, so results are deterministic.
 _THREADS = max(1, min(os.cpu_count() or 1, 8))
-_MIN_BLOCK = 1 << 16        # elements: smaller blocks are not worth a thread hand-off
+_CHUNK = 1 << 17            # elements per chunk: with a few fp32 temporaries, fits in L2
 _pool = None
 
 
-def _in_parallel(n, body, per_row=1):
-    """body(lo, hi) over [0, n) rows, one block per core (one block when the work is small)."""
+def _in_parallel(n, body, per_row=1, chunk_rows=None):
+    """Call body(lo, hi) over [0, n) rows: one block per core (one block when the work is
+    small), each block in chunks of chunk_rows rows (default: about _CHUNK elements)."""
     global _pool
-    blocks = max(1, min(_THREADS, n * per_row // _MIN_BLOCK, n))
+    chunk_rows = chunk_rows or max(1, _CHUNK // per_row)
+    blocks = max(1, min(_THREADS, n * per_row // _CHUNK, n))
+
+    def block(start, stop):
+        for lo in range(start, stop, chunk_rows):
+            body(lo, min(lo + chunk_rows, stop))
     if blocks == 1:
-        body(0, n)
+        block(0, n)
         return
     if _pool is None:
         from concurrent.futures import ThreadPoolExecutor
         _pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="tg-cpu")
     edges = [n * i // blocks for i in range(blocks + 1)]
-    for job in [_pool.submit(body, lo, hi) for lo, hi in zip(edges, edges[1:])]:
+    for job in [_pool.submit(block, lo, hi) for lo, hi in zip(edges, edges[1:])]:
         job.result()
 
 
@@ -392,11 +400,6 @@ def softmax_causal_bwd(probs, dprobs, scale):
 _CE_ROWS = 8
 
 
-def _row_chunks(lo, hi):
-    for start in range(lo, hi, _CE_ROWS):
-        yield slice(start, min(start + _CE_ROWS, hi))
-
-
 def _minus_rowwise(x, row_values, out):
     """out = x - row_values[:, None] in fp32, reading x (any float dtype) once."""
     if x.dtype == out.dtype:
@@ -415,15 +418,13 @@ def cross_entropy_fwd(logits, targets):
     losses, lse = np.empty(N, dtype=acc), np.empty(N, dtype=acc)
 
     def rows(lo, hi):
-        scratch = np.empty((_CE_ROWS, V), dtype=acc)
-        for r in _row_chunks(lo, hi):
-            x, t = logits[r], targets[r]
-            m = x.max(axis=1).astype(acc)
-            e = np.exp(_minus_rowwise(x, m, scratch[:len(t)]), out=scratch[:len(t)])
-            lse[r] = np.log(e.sum(axis=1)) + m
-            picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
-            losses[r] = np.where(t >= 0, lse[r] - picked, 0.0)
-    _in_parallel(N, rows, per_row=V)
+        x, t = logits[lo:hi], targets[lo:hi]
+        m = x.max(axis=1).astype(acc)
+        e = np.exp(_minus_rowwise(x, m, np.empty(x.shape, acc)))
+        lse[lo:hi] = np.log(e.sum(axis=1)) + m
+        picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
+        losses[lo:hi] = np.where(t >= 0, lse[lo:hi] - picked, 0.0)
+    _in_parallel(N, rows, chunk_rows=_CE_ROWS)
     return losses, lse
 
 
@@ -436,17 +437,15 @@ def cross_entropy_bwd(logits, lse, targets, dloss):
     dlogits = np.empty(logits.shape, dtype=logits.dtype)
 
     def rows(lo, hi):
-        scratch = None if logits.dtype == acc else np.empty((_CE_ROWS, V), dtype=acc)
-        for r in _row_chunks(lo, hi):
-            t = targets[r]
-            e = dlogits[r] if scratch is None else scratch[:len(t)]   # fp32 work in place
-            np.exp(_minus_rowwise(logits[r], lse[r], e), out=e)       # softmax, from the lse
-            valid = t >= 0
-            e *= (valid * d)[:, None]
-            e[np.flatnonzero(valid), t[valid]] -= d                  # minus the one-hot target
-            if scratch is not None:
-                dlogits[r] = e
-    _in_parallel(N, rows, per_row=V)
+        t = targets[lo:hi]
+        e = dlogits[lo:hi] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32 work
+        np.exp(_minus_rowwise(logits[lo:hi], lse[lo:hi], e), out=e)   # softmax, from the lse
+        valid = t >= 0
+        e *= (valid * d)[:, None]
+        e[np.flatnonzero(valid), t[valid]] -= d                      # minus the one-hot target
+        if logits.dtype != acc:
+            dlogits[lo:hi] = e
+    _in_parallel(N, rows, chunk_rows=_CE_ROWS)
     return dlogits
 
 
@@ -499,34 +498,28 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
     bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
     acc = master.dtype.type
     decay, lr_c, v_c = acc(1 - lr * weight_decay), acc(lr / bc1), acc(1 / np.sqrt(bc2))
-    # one chunk at a time, through two scratch buffers that stay in cache: every buffer is read
-    # and written once per step, with no N-sized temporaries
-    def span(start, stop):
-        g_buf, d_buf = np.empty(_ADAM_CHUNK, master.dtype), np.empty(_ADAM_CHUNK, master.dtype)
-        for lo in range(start, stop, _ADAM_CHUNK):
-            hi = min(lo + _ADAM_CHUNK, stop)
-            g, d = g_buf[:hi - lo], d_buf[:hi - lo]
-            mc, vc, wc = m[lo:hi], v[lo:hi], master[lo:hi]
-            g[...] = grad[lo:hi]
-            g *= acc(g_coef)                          # unscaled, clipped gradient
-            mc *= beta1
-            np.multiply(g, 1 - beta1, out=d)
-            mc += d                                   # m = b1 m + (1 - b1) g
-            g *= g
-            g *= 1 - beta2
-            vc *= beta2
-            vc += g                                   # v = b2 v + (1 - b2) g^2
-            if weight_decay and lo < n_decay:         # decoupled decay, 2-D weights only
-                wc[:n_decay - lo] *= decay
-            np.sqrt(vc, out=d)
-            d *= v_c
-            d += eps
-            np.divide(mc, d, out=d)
-            d *= lr_c
-            wc -= d
-            if working is not None:
-                working[lo:hi] = wc
-    _in_parallel(master.shape[0], span)
+    # one cache-sized chunk at a time: every buffer is read and written once per step, with no
+    # N-sized temporaries
+    def chunk(lo, hi):
+        g = grad[lo:hi].astype(master.dtype)      # a private copy
+        mc, vc, wc = m[lo:hi], v[lo:hi], master[lo:hi]
+        g *= acc(g_coef)                          # unscaled, clipped gradient
+        mc *= beta1
+        d = np.multiply(g, 1 - beta1)
+        mc += d                                   # m = b1 m + (1 - b1) g
+        g *= g
+        g *= 1 - beta2
+        vc *= beta2
+        vc += g                                   # v = b2 v + (1 - b2) g^2
+        if weight_decay and lo < n_decay:         # decoupled decay, 2-D weights only
+            wc[:n_decay - lo] *= decay
+        np.sqrt(vc, out=d)
+        d *= v_c
+        d += eps
+        np.divide(mc, d, out=d)
+        d *= lr_c
+        wc -= d
+        if working is not None:
+            working[lo:hi] = wc
+    _in_parallel(master.shape[0], chunk)
 
-
-_ADAM_CHUNK = 1 << 16
