@@ -8,7 +8,7 @@ from .loop import RunConfig, Trainer
 
 # with no arguments: a small model that shows the loss falling in about 5 minutes on 2 CPU
 # cores, or GPT-2 124M at its full context when a GPU is there
-CPU_DEFAULTS = dict(model="gpt2-mini", batch_size=8, seq_len=128, steps=300, lr=2e-3,
+CPU_DEFAULTS = dict(model="gpt2-mini", batch_size=8, seq_len=128, steps=550, lr=2e-3,
                     min_lr=2e-4, warmup=20, dtype="fp32", eval_every=50)
 GPU_DEFAULTS = dict(model="gpt2", batch_size=16, seq_len=1024, steps=2000, lr=6e-4,
                     min_lr=6e-5, warmup=100, dtype="bf16", eval_every=250)

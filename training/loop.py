@@ -27,7 +27,7 @@ class RunConfig:
     batch_size: int = 8
     seq_len: int = 128
     grad_accum: int = 1
-    steps: int = 300
+    steps: int = 550
     lr: float = 1e-3
     min_lr: float = 1e-4
     warmup: int = 20

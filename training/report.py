@@ -41,7 +41,7 @@ SAVES = {
     "attention": "q, k, v (B, H, T, D) and the probabilities (B, H, T, T)",
     "gelu": "its input x",
     "embedding": "the ids (int64)",
-    "crossentropy": "dlogits (B·T, V), written by the fused forward",
+    "crossentropy": "the logits (B·T, V), read again by its backward; fp32 log-sum-exp per row",
     "mul": "its array operands",
     "div": "its array operands",
     "dropout": "the mask",
@@ -238,12 +238,12 @@ def _decode_step(model, x):
 
 def for_trainer(trainer):
     """The report for a Trainer's config, dtype, device and micro-batch (a validation batch),
-    measured on a twin so the trained model and its optimizer stay as they are. No warm-up
-    step: training already compiled and cached every kernel."""
+    measured on a twin so the trained model and its optimizer stay as they are. One warm-up
+    step first, so the twin's buffers are in place before the step that is timed."""
     cfg = trainer.cfg
     batch = DataLoader(trainer.val_path, cfg.batch_size, cfg.seq_len, seed=0).next_batch()
     return format_report(measure(trainer.model.config, cfg.dtype, trainer.device,
-                                 batch=batch, warmup=0))
+                                 batch=batch, warmup=1))
 
 
 # ---------------------------------------------------------------- the tape, grouped
@@ -404,7 +404,7 @@ def _activations(m):
         "  outside the blocks, bytes per token:",
         table(("layer", "bytes/token"), outside, indent="    "),
         wrap(f"the LM head's logits are B·T·V = {logits:,} bytes ({logits / 1e6:,.1f} MB), "
-             "the largest single tensor of the step; the loss saves dlogits of that size"),
+             "the largest single tensor of the step; the loss saves them for its backward"),
         f"  total saved: {tape_total:,} bytes by the tape's records, {m.activation_bytes:,} "
         f"counted by the tracker ({'equal' if tape_total == m.activation_bytes else 'DIFFERENT'})"])
 
