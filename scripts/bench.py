@@ -244,13 +244,7 @@ def torch_matmul_peak(torch, n=1024, repeats=5):
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g) for _ in range(2))
     out = torch.empty(n, n)
-    torch.mm(a, b, out=out)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b, out=out)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+    return 2 * n ** 3 / mfu.best_seconds(lambda: torch.mm(a, b, out=out), repeats)
 
 
 # ---------------------------------------------------------------- ours

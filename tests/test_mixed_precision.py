@@ -13,7 +13,6 @@ from nn.hf import read_state
 from nn.module import Parameter
 from optim import AdamW, LossScaler
 from tinygrad_like import Tensor, dtypes
-from tinygrad_like.data import prepare
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from training import checkpoint
 from training.loop import RunConfig, Trainer
@@ -21,28 +20,7 @@ from training.loop import RunConfig, Trainer
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    """gpt2-tiny's GEMMs are far too small to gain from a second BLAS thread, and on a busy
-    2-core machine OpenBLAS's spinning threads make them up to 100x slower (this module took
-    6x longer). One thread keeps its run time steady; the limit is lifted after the module.
-    threadpoolctl is optional: without it nothing changes."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
-@pytest.fixture(scope="session")
-def shakespeare(tmp_path_factory):
-    """The default corpus prepared once per session (shared by every test file that asks)."""
-    d = tmp_path_factory.getbasetemp() / "shakespeare_data"
-    if not (d / "val.bin").is_file():
-        prepare(d)
-    return str(d)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def tiny(data_dir, out, **overrides):

@@ -13,7 +13,6 @@ import pytest
 from nn.hf import read_state
 from optim import cosine_with_warmup
 from tinygrad_like import backend
-from tinygrad_like.data import prepare
 from training import checkpoint
 from training.cli import main
 from training.loop import RunConfig, Trainer
@@ -21,28 +20,7 @@ from training.loop import RunConfig, Trainer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    """gpt2-tiny's GEMMs are far too small to gain from a second BLAS thread, and on a busy
-    2-core machine OpenBLAS's spinning threads make them up to 100x slower (this module took
-    6x longer). One thread keeps its run time steady; the limit is lifted after the module.
-    threadpoolctl is optional: without it nothing changes."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
-@pytest.fixture(scope="session")
-def shakespeare(tmp_path_factory):
-    """The default corpus prepared once per session (shared by every test file that asks)."""
-    d = tmp_path_factory.getbasetemp() / "shakespeare_data"
-    if not (d / "val.bin").is_file():
-        prepare(d)
-    return str(d)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def tiny(data_dir, out, **overrides):

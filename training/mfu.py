@@ -24,19 +24,24 @@ def training_flops_per_token(config, seq_len, n_params):
     return 6 * n_params + 12 * config.n_layer * config.n_embd * seq_len
 
 
+def best_seconds(fn, repeats=5):
+    """The fastest of `repeats` timed calls of fn, after one untimed warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def measure_cpu_matmul_peak(n=1024, repeats=5):
     """The best fp32 GEMM throughput NumPy's BLAS reaches here (FLOP/s): the CPU's practical
     peak, since no datasheet number describes a laptop's sustained AVX throughput."""
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     out = np.empty((n, n), np.float32)
-    np.matmul(a, b, out=out)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.matmul(a, b, out=out)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+    return 2 * n ** 3 / best_seconds(lambda: np.matmul(a, b, out=out), repeats)
 
 
 def device_peak(device, dtype_name):
