@@ -17,6 +17,7 @@ from . import kernels, profiler
 from .memory import TRACKER
 
 _grad_enabled = [True]
+Tensor = None  # tensor.py imports this module, then binds its Tensor class here
 
 
 def is_grad_enabled() -> bool:
@@ -44,13 +45,19 @@ def enable_grad():
 _scope = [""]
 
 
-@contextlib.contextmanager
-def scope(name):
-    """Name the module that is running, so tape records can be totalled per layer."""
-    _scope.append(name)
-    try:
-        yield
-    finally:
+class scope:
+    """with scope(name): name the module that is running, so tape records can be totalled per
+    layer. A plain class, not a generator context manager: it runs once per module call."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        _scope.append(self.name)
+
+    def __exit__(self, *exc):
         _scope.pop()
 
 
@@ -78,21 +85,19 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs, **kwargs):
-        from .tensor import Tensor
-        tensors = [x for x in inputs if isinstance(x, Tensor)]
-        needs_grad = is_grad_enabled() and any(t.requires_grad for t in tensors)
+        needs_grad = _grad_enabled[-1] and any(
+            isinstance(x, Tensor) and x.requires_grad for x in inputs)
         args = [x.data if isinstance(x, Tensor) else x for x in inputs]
         ctx = Context()
-        if needs_grad:
-            record = Record(cls, inputs)
-            with kernels.sink_to(record):
-                out = cls.forward(ctx, *args, **kwargs)
-        else:
+        if not needs_grad:                      # inference: no record, no counting
+            out = cls.forward(ctx, *args, **kwargs)
+            return tuple(map(Tensor, out)) if isinstance(out, tuple) else Tensor(out)
+        record = Record(cls, inputs)
+        with kernels.sink_to(record):
             out = cls.forward(ctx, *args, **kwargs)
         outs = out if isinstance(out, tuple) else (out,)
-        results = tuple(Tensor(o, requires_grad=needs_grad) for o in outs)
-        if needs_grad:
-            record.finish(ctx, results)
+        results = tuple(Tensor(o, requires_grad=True) for o in outs)
+        record.finish(ctx, results)
         return results if isinstance(out, tuple) else results[0]
 
 
@@ -100,7 +105,6 @@ class Record:
     """One entry of the tape."""
 
     def __init__(self, fn, inputs):
-        from .tensor import Tensor
         self.seq = next(_SEQ)
         self.fn = fn
         self.op = getattr(fn, "name", fn.__name__.lower())
@@ -241,7 +245,6 @@ def _zeros(shape, dtype, like):
 def _accumulate_leaf(t, g):
     """A leaf's .grad is the sum over every use: add in place when it exists (its buffer may
     be a view into the optimizer's flat gradient buffer), else a private copy."""
-    from .tensor import Tensor
     if g.dtype != t.dtype:
         g = kernels.launch("cast", g, t.dtype)
     if t.grad is None:

@@ -147,4 +147,5 @@ def _shape_arg(shape):
     return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
 
 
+autograd.Tensor = Tensor  # Function.apply wraps results without importing this module
 from . import ops  # noqa: E402  (ops needs Tensor; Tensor's methods need ops)
