@@ -42,10 +42,11 @@ class AdamW:
     # ---- the flat buffers
     def _pack(self):
         be = backend.of(self.params[0].data)
-        n = sum(p.numel() for p in self.params)
-        self.offsets = np.cumsum([0] + [p.numel() for p in self.params])
+        edges = np.cumsum([0] + [p.numel() for p in self.params]).tolist()
+        self.spans = {name: (lo, hi) for name, lo, hi in zip(self.names, edges, edges[1:])}
+        n = edges[-1]
         self.master = be.empty((n,), dtypes.float32)
-        for p, lo, hi in self._spans():
+        for p, (lo, hi) in zip(self.params, self.spans.values()):
             kernels.launch("copy", self.master[lo:hi], kernels.launch("cast", p.data, dtypes.float32).reshape(-1))
         if self.dtype == dtypes.float32:
             self.working = None                   # the master is the working copy
@@ -61,12 +62,9 @@ class AdamW:
             TRACKER.register(buf, tag)
         weights = self.master if self.working is None else self.working
         from tinygrad_like import Tensor
-        for p, lo, hi in self._spans():
+        for p, (lo, hi) in zip(self.params, self.spans.values()):
             p.assign(weights[lo:hi].reshape(p.shape))
             p.grad = Tensor(self.grad[lo:hi].reshape(p.shape))
-
-    def _spans(self):
-        return [(p, int(self.offsets[i]), int(self.offsets[i + 1])) for i, p in enumerate(self.params)]
 
     # ---- the step
     def zero_grad(self):
@@ -116,20 +114,19 @@ class AdamW:
             missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
             raise ValueError(f"optimizer state does not match the model (nothing loaded): "
                              f"missing {missing[:5]}, unexpected {extra[:5]}")
-        spans = {name: (lo, hi) for name, (_, lo, hi) in zip(self.names, self._spans())}
         for key, array in arrays.items():
-            lo, hi = spans[key[2:]]
+            lo, hi = self.spans[key[2:]]
             if array.size != hi - lo:
                 raise ValueError(f"optimizer state {key} has {array.size} values, the "
                                  f"parameter has {hi - lo} (nothing loaded)")
         be = backend.of(self.master)
         for key, array in arrays.items():
             buf = self.m if key[0] == "m" else self.v
-            lo, hi = spans[key[2:]]
+            lo, hi = self.spans[key[2:]]
             kernels.launch("copy", buf[lo:hi], be.asarray(np.asarray(array, np.float32).reshape(-1)))
         self.step_count = int(scalars["step"])
 
     def _unflatten(self, flat):
         host = backend.of(flat).to_numpy(flat)
         return {name: host[lo:hi].reshape(p.shape).astype(np.float32)
-                for name, (p, lo, hi) in zip(self.names, self._spans())}
+                for p, (name, (lo, hi)) in zip(self.params, self.spans.items())}

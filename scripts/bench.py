@@ -42,6 +42,8 @@ from nn.gpt2 import PRESETS  # noqa: E402
 from optim import AdamW  # noqa: E402
 from tinygrad_like.profiler import Profiler, format_census  # noqa: E402
 from training import mfu  # noqa: E402
+from training.loop import train_on  # noqa: E402
+from training.report import random_batch  # noqa: E402
 
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
@@ -249,13 +251,6 @@ def torch_matmul_peak(torch, n=1024, repeats=5):
 
 # ---------------------------------------------------------------- ours
 
-def make_batch(config, batch, seq_len, seed=0):
-    """Random token ids (B, T) and their next-token targets, the same for every framework."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, config.vocab_size, (batch, seq_len + 1), dtype=np.int64)
-    return ids[:, :-1].copy(), ids[:, 1:].copy()
-
-
 def build_ours(config, seed=0, lr=1e-4, weight_decay=0.1, grad_clip=1.0):
     model = GPT2(config, seed=seed, device="cpu")
     opt = AdamW(model.named_parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8,
@@ -271,12 +266,7 @@ def ours_loss(model, x, y):
 
 def ours_train_step(model, opt, x, y):
     """One optimizer step as Trainer.train_step takes it (grad_accum 1, no data loading)."""
-    _, loss = model(x, y)
-    loss.backward()
-    value = loss.item()
-    opt.step()
-    opt.zero_grad()
-    return value
+    return train_on(model, opt, [(x, y)])[0]
 
 
 def cpu_snapshot():
@@ -611,7 +601,7 @@ def run(args, log=print):
     log(f"model {args.model}: {n_params:,} parameters, L={config.n_layer} C={config.n_embd} "
         f"H={config.n_head} V={config.vocab_size}; batch {B} x {T} = {B * T} tokens/step; "
         f"6N + 12LCT = {fpt / 1e6:.1f} MFLOP/token")
-    x, y = make_batch(config, B, T, args.seed)
+    x, y = random_batch(config.vocab_size, B, T, args.seed)
 
     tmodel = topt = None
     if torch is not None:

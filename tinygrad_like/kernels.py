@@ -16,6 +16,11 @@ def _per_element(n, of=0):
     return lambda result, *args, **kw: n * args[of].size
 
 
+def _per_output(result, *args, **kw):
+    """One FLOP per output element (binary ops, whatever broadcast their inputs)."""
+    return result.size
+
+
 # FLOPs per launch, from shapes. GEMMs count one multiply and one add per term: 2*M*K*N
 # (times the batch), plus M*N for a fused bias. Elementwise and row kernels count arithmetic
 # per element (exp, tanh and sqrt count as 1): a fraction of a percent of a GPT-2 step, but
@@ -24,10 +29,10 @@ FLOPS = {
     "matmul": lambda r, a, b, bias=None: 2 * r.size * a.shape[-1] + (r.size if bias is not None else 0),
     "matmul_nt": lambda r, a, b: 2 * r.size * a.shape[-1],
     "matmul_tn": lambda r, a, b: 2 * r.size * a.shape[-2],
-    "add": lambda r, *args, **kw: r.size,
-    "sub": lambda r, *args, **kw: r.size,
-    "mul": lambda r, *args, **kw: r.size,
-    "div": lambda r, *args, **kw: r.size,
+    "add": _per_output,
+    "sub": _per_output,
+    "mul": _per_output,
+    "div": _per_output,
     "neg": _per_element(1),
     "sum": _per_element(1),
     "gelu_fwd": _per_element(8),
@@ -107,9 +112,7 @@ def launch(name, *args, **kwargs):
     out = getattr(be, name)(*args, **kwargs)
     if timer is not None:
         timer.stop()
-    outs = out if isinstance(out, tuple) else (out,)
-    if out is None:
-        outs = ()
+    outs = () if out is None else out if isinstance(out, tuple) else (out,)
     flops_of = FLOPS.get(name)
     flops = int(flops_of(outs[0] if outs else None, *args, **kwargs)) if flops_of else 0
     nbytes = _bytes(name, args, kwargs, outs)
@@ -117,7 +120,7 @@ def launch(name, *args, **kwargs):
         _sinks[-1].add(flops, nbytes)
     for prof in profiler.active():
         prof.launches.append(profiler.Launch(name, profiler.current_phase(), flops, nbytes,
-                                             be.name, timer, t_host - prof._t0))
+                                             be.name, timer, t_host - prof.t0))
     if TRACKER.track_temporaries:
         inputs = {id(a) for a in _arrays(args)} | {id(a) for a in _arrays(kwargs.values())}
         for a in _arrays(outs):

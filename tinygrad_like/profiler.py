@@ -1,13 +1,15 @@
 """Every kernel launch, as data: name, phase, FLOPs, bytes and (when asked) time.
 
-kernels.launch() calls record() once per launch. Nothing is kept unless a Profiler is active,
-so the cost when nobody is looking is one attribute check. The sums per phase divided by the
+kernels.launch() appends one Launch per kernel to every active Profiler. Nothing is kept unless
+a Profiler is active, so the cost when nobody is looking is one list check. The sums per phase divided by the
 tokens in the step and by N are the measured multiples of N (2N forward, 4N backward).
 """
 import contextlib
-import json
+import time
 from collections import defaultdict
 from dataclasses import dataclass
+
+from . import backend
 
 PHASES = ("forward", "backward", "optimizer", "other")
 GEMMS = ("matmul", "matmul_nt", "matmul_tn")  # the kernels that hold the 2N / 4N of the model
@@ -60,26 +62,19 @@ class Profiler:
         self.launches = []
 
     def __enter__(self):
-        import time
-        self._t0 = time.perf_counter()
+        # the perf_counter() reading every Launch.start counts from (other timelines, such as
+        # the memory tracker's, line up with this one through it)
+        self.t0 = time.perf_counter()
         _active.append(self)
         return self
 
     def __exit__(self, *exc):
         _active.remove(self)
-        from . import backend
         for device in {l.device for l in self.launches}:
             backend.get(device).synchronize()
 
-    @property
-    def t0(self):
-        """The perf_counter() reading every Launch.start counts from (to line up other
-        timelines, e.g. the memory tracker's, with this one)."""
-        return self._t0
-
     def elapsed(self):
-        import time
-        return time.perf_counter() - self._t0
+        return time.perf_counter() - self.t0
 
     def by_phase(self, kernels=None):
         """phase -> {launches, flops, bytes, seconds}; only the named kernels when given
@@ -147,8 +142,3 @@ def format_census(rows, title="op census"):
                      f"{r['flops'] / 1e9:>10.3f}{r['seconds'] * 1e3:>10.2f}{r['GB/s']:>9.1f}"
                      f"{r['GFLOP/s']:>10.1f}{r['share'] * 100:>7.1f}%")
     return "\n".join(lines)
-
-
-def save_json(obj, path):
-    with open(path, "w") as f:
-        json.dump(obj, f)

@@ -6,10 +6,8 @@ import sys
 from tinygrad_like import backend
 from .loop import RunConfig, Trainer
 
-# with no arguments: a small model that shows the loss falling in about 5 minutes on 2 CPU
-# cores, or GPT-2 124M at its full context when a GPU is there
-CPU_DEFAULTS = dict(model="gpt2-mini", batch_size=8, seq_len=128, steps=550, lr=2e-3,
-                    min_lr=2e-4, warmup=20, dtype="fp32", eval_every=50)
+# with no arguments: RunConfig's defaults (a small model that shows the loss falling in about
+# 5 minutes on 2 CPU cores), or GPT-2 124M at its full context when a GPU is there
 GPU_DEFAULTS = dict(model="gpt2", batch_size=16, seq_len=1024, steps=2000, lr=6e-4,
                     min_lr=6e-5, warmup=100, dtype="bf16", eval_every=250)
 
@@ -39,7 +37,7 @@ def parser():
 def config_from_args(argv=None) -> RunConfig:
     args = parser().parse_args(argv)
     device = args.device or backend.default_device()
-    defaults = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
+    defaults = GPU_DEFAULTS if device == "cuda" else {}
     given = {k: v for k, v in vars(args).items() if v is not None}
     cfg = RunConfig(**{**defaults, "device": device, **given})
     validate(cfg)
