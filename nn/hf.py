@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 
+from tinygrad_like.files import atomic_write
+
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
@@ -81,19 +83,3 @@ def save_pretrained(model, path, state=None):
     atomic_write(os.path.join(path, WEIGHTS), save(tensors, metadata={"format": "pt"}))
     atomic_write(os.path.join(path, CONFIG),
                  json.dumps(hf_config(model.config), indent=2).encode())
-
-
-def atomic_write(path, data: bytes):
-    """Write to a temporary file beside path, fsync it, then rename over path: a crash at any
-    point leaves either the old file or the new one, never half of one."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

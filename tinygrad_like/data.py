@@ -12,13 +12,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from .files import atomic_write
 from .tokenizer import get_tokenizer
 
 MAGIC = 20240520
@@ -58,17 +58,7 @@ def write_tokens(path: str | os.PathLike, tokens: Iterable[int]) -> None:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (MAGIC, VERSION, arr.size)
 
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(header.tobytes())
-            f.write(arr.astype("<u2").tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, header.tobytes() + arr.astype("<u2").tobytes())
 
 
 def read_tokens(path: str | os.PathLike) -> np.ndarray:

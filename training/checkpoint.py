@@ -15,7 +15,8 @@ import json
 import os
 import shutil
 
-from nn.hf import WEIGHTS, atomic_write, check_dir
+from nn.hf import WEIGHTS, check_dir
+from tinygrad_like.files import atomic_write, fsync_dir
 
 STATE, OPTIMIZER = "trainer_state.json", "optimizer.safetensors"
 
@@ -37,7 +38,7 @@ def save_checkpoint(out, model, optimizer, trainer_state):
     if os.path.isdir(final):
         os.rename(final, old)
     os.rename(staging, final)
-    _fsync_dir(out)
+    fsync_dir(out)
     shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -61,11 +62,3 @@ def load_trainer_state(ckpt):
     with open(os.path.join(ckpt, STATE)) as f:
         state = json.load(f)
     return state, load_file(os.path.join(ckpt, OPTIMIZER))
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -13,6 +13,7 @@ import ctypes.util
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -87,8 +88,9 @@ def start_timer():
 
 
 def _f32(a):
-    """View 2-byte floats as fp32 for computation (fp32/fp64 pass through unchanged)."""
-    return a.astype(np.float32) if a.dtype in (dtypes.float16, dtypes.bfloat16) else a
+    """2-byte floats as fp32 for computation (fp32, fp64 and Python scalars pass through)."""
+    half = getattr(a, "dtype", None) in (dtypes.float16, dtypes.bfloat16)
+    return a.astype(np.float32) if half else a
 
 
 def _round(a, dtype, out=None):
@@ -124,7 +126,6 @@ def _in_parallel(n, body, per_row=1, chunk_rows=None):
         block(0, n)
         return
     if _pool is None:
-        from concurrent.futures import ThreadPoolExecutor
         _pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="tg-cpu")
     edges = [n * i // blocks for i in range(blocks + 1)]
     for job in [_pool.submit(block, lo, hi) for lo, hi in zip(edges, edges[1:])]:
@@ -161,14 +162,10 @@ def _binary(ufunc):
     def kernel(a, b, out=None):
         dtype = np.result_type(*[x.dtype for x in (a, b) if isinstance(x, np.ndarray)])
         if dtype in (dtypes.float16, dtypes.bfloat16):
-            return _round(np.asarray(ufunc(_f32s(a), _f32s(b))), dtype, out)
+            return _round(np.asarray(ufunc(_f32(a), _f32(b))), dtype, out)
         return np.asarray(ufunc(a, b, out=out))  # asarray: 0-d results stay arrays
     kernel.__name__ = ufunc.__name__
     return kernel
-
-
-def _f32s(x):
-    return _f32(x) if isinstance(x, np.ndarray) else x
 
 
 add = _binary(np.add)
