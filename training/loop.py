@@ -142,18 +142,10 @@ class Trainer:
 
     # ---- reporting
     def memory_table(self):
-        n = self.model.num_parameters()
-        lines = [f"persistent training memory, measured from the allocated buffers "
-                 f"({dtypes.name(self.dtype)}, N = {n:,} parameters)",
-                 f"  {'consumer':<12}{'bytes':>16}{'bytes/param':>13}"]
-        names = {"weights": "weights", "gradients": "gradients", "master": "master (fp32)",
-                 "adam_m": "adam m", "adam_v": "adam v"}
-        for tag in PERSISTENT:
-            b = TRACKER.current[tag]
-            lines.append(f"  {names[tag]:<12}{b:>16,}{b / n:>13.2f}")
-        total = sum(TRACKER.current[t] for t in PERSISTENT)
-        lines.append(f"  {'total':<12}{total:>16,}{total / n:>13.2f}")
-        return "\n".join(lines)
+        persistent = {tag: TRACKER.current[tag] for tag in PERSISTENT}
+        return report.state_memory_table(persistent, self.model.num_parameters(),
+                                         dtypes.name(self.dtype),
+                                         "measured from the buffers allocated for this run")
 
     # ---- the run
     def run(self):

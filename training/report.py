@@ -342,7 +342,7 @@ def _flops(m):
         pred = [multiple(f) for f in predicted[phase]] if phase in predicted else ["-"] * 3
         rows.append((phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens),
                      f"{got / 1e9:,.3f}"))
-    step_flops = (6 * n + 3 * computed) * tokens
+    step_flops = mfu.training_flops_per_token(c, m.seq_len, n) * tokens
     return "\n".join([
         f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
         wrap("printed convention: attention's masked half is computed, as our kernels do: "
@@ -363,16 +363,22 @@ def _flops(m):
 
 
 def _state_memory(m):
-    n, pred = m.n_params, predicted_state_bytes(m.dtype)
-    names = {"weights": f"weights ({m.dtype})", "gradients": f"gradients ({m.dtype})",
+    return state_memory_table(m.persistent, m.n_params, m.dtype,
+                              "measured: the buffers the model and AdamW allocated")
+
+
+def state_memory_table(persistent, n, dtype, source):
+    """Bytes per parameter by consumer, predicted beside measured: persistent is tracker tag ->
+    bytes, n the parameter count, source says where the bytes were measured."""
+    pred = predicted_state_bytes(dtype)
+    names = {"weights": f"weights ({dtype})", "gradients": f"gradients ({dtype})",
              "master": "master (fp32)", "adam_m": "adam m (fp32)", "adam_v": "adam v (fp32)"}
-    rows = [(names[tag], pred[tag], f"{m.persistent[tag]:,}", f"{m.persistent[tag] / n:.2f}")
+    rows = [(names[tag], pred[tag], f"{persistent[tag]:,}", f"{persistent[tag] / n:.2f}")
             for tag in PERSISTENT]
-    total = sum(m.persistent.values())
+    total = sum(persistent[tag] for tag in PERSISTENT)
     rows.append(("total", sum(pred.values()), f"{total:,}", f"{total / n:.2f}"))
     return "\n".join([
-        "-- persistent training memory, bytes per parameter (measured: the buffers the model "
-        "and AdamW allocated)",
+        f"-- persistent training memory, bytes per parameter ({source})",
         table(("consumer", "predicted", "measured bytes", "measured/param"), rows),
         f"  {total / 1e9:.2f} GB for N = {n:,}; 14 bytes/param if gradients were freed inside "
         "the step (ours stay allocated)"])
