@@ -11,6 +11,7 @@ import tinygrad_like.ops as F
 from tinygrad_like import Tensor, autograd, backend, kernels
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList
+from .sampling import sample
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,6 @@ class GPT2(Module):
                             np.random.default_rng(seed))
 
     def _decode(self, idx, max_new_tokens, cache, temperature, top_k, top_p, rng):
-        from .sampling import sample
         modules = [m for _, m in self.named_modules()]
         feed = idx
         for _ in range(max_new_tokens):

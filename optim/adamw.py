@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from tinygrad_like import autograd, backend, dtypes, kernels, profiler
+from tinygrad_like import Tensor, autograd, backend, dtypes, kernels, profiler
 from tinygrad_like.memory import TRACKER
 
 
@@ -61,7 +61,6 @@ class AdamW:
         for buf, tag in ((self.grad, "gradients"), (self.m, "adam_m"), (self.v, "adam_v")):
             TRACKER.register(buf, tag)
         weights = self.master if self.working is None else self.working
-        from tinygrad_like import Tensor
         for p, (lo, hi) in zip(self.params, self.spans.values()):
             p.assign(weights[lo:hi].reshape(p.shape))
             p.grad = Tensor(self.grad[lo:hi].reshape(p.shape))

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import weakref
 
-from . import kernels, profiler
+from . import backend, kernels, profiler
 from .memory import TRACKER
 
 _grad_enabled = [True]
@@ -238,7 +238,6 @@ def _reachable_in_reverse(root):
 
 
 def _zeros(shape, dtype, like):
-    from . import backend
     return kernels.launch("fill", backend.of(like).empty(shape, dtype), 0)
 
 
@@ -248,7 +247,6 @@ def _accumulate_leaf(t, g):
     if g.dtype != t.dtype:
         g = kernels.launch("cast", g, t.dtype)
     if t.grad is None:
-        from . import backend
         t.grad = Tensor(kernels.launch("copy", backend.of(g).empty(t.shape, t.dtype), g))
     else:
         kernels.launch("add", t.grad.data, g, out=t.grad.data)

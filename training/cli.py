@@ -3,7 +3,9 @@ import argparse
 import os
 import sys
 
+from nn.gpt2 import PRESETS
 from tinygrad_like import backend
+from tinygrad_like.data import DEFAULT_DATA_DIR, prepare
 from .loop import RunConfig, Trainer
 
 # with no arguments: RunConfig's defaults (a small model that shows the loss falling in about
@@ -45,7 +47,6 @@ def config_from_args(argv=None) -> RunConfig:
 
 
 def validate(cfg):
-    from nn.gpt2 import PRESETS
     for name in ("batch_size", "seq_len", "grad_accum", "steps", "eval_iters"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}")
@@ -70,7 +71,6 @@ def validate(cfg):
 
 def ensure_data(cfg):
     """Make the Shakespeare default if it is missing; other folders must be prepared first."""
-    from tinygrad_like.data import DEFAULT_DATA_DIR, prepare
     have = all(os.path.isfile(os.path.join(cfg.data_dir, f)) for f in ("train.bin", "val.bin"))
     if have:
         return
