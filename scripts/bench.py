@@ -43,7 +43,7 @@ from optim import AdamW  # noqa: E402
 from tinygrad_like.profiler import Profiler, format_census  # noqa: E402
 from training import mfu  # noqa: E402
 from training.loop import train_on  # noqa: E402
-from training.report import random_batch  # noqa: E402
+from training.measure import random_batch  # noqa: E402
 
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "OMP_WAIT_POLICY")

@@ -23,7 +23,9 @@ from tinygrad_like import backend, dtypes  # noqa: E402
 from tinygrad_like.data import DataLoader  # noqa: E402
 from tinygrad_like.profiler import Profiler  # noqa: E402
 from training.checkpoint import find_checkpoint  # noqa: E402
-from training.report import forward_backward, group, layer_of, random_batch, table  # noqa: E402
+from training.measure import random_batch  # noqa: E402
+from training.report import forward_backward, group, layer_of  # noqa: E402
+from training.tables import table  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="List the autograd tape of one GPT-2 forward pass "

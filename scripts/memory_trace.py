@@ -28,7 +28,7 @@ from tinygrad_like.memory import TAGS, TRACKER  # noqa: E402
 from tinygrad_like.profiler import PHASES, Profiler  # noqa: E402
 from training.cli import ensure_data  # noqa: E402
 from training.loop import RunConfig, Trainer  # noqa: E402
-from training.report import table  # noqa: E402
+from training.tables import table  # noqa: E402
 
 PHASE_COLORS = {"forward": "tab:blue", "backward": "tab:red", "optimizer": "tab:green",
                 "other": "tab:gray"}

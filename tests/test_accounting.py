@@ -15,7 +15,7 @@ from optim import AdamW
 from tinygrad_like.data import write_tokens
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
-from training import report
+from training import measure, report
 from training.loop import RunConfig, Trainer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -52,7 +52,7 @@ def step(gpt2):
     inspect_tape share. -> (profiler, tape records as dicts, tracker's activation bytes,
     launches outside records per phase)."""
     model, optimizer, _ = gpt2
-    x, y = report.random_batch(model.config.vocab_size, B, T)
+    x, y = measure.random_batch(model.config.vocab_size, B, T)
     with Profiler() as prof:
         records, activations, unowned = report.forward_backward(model, x, y)
     optimizer.zero_grad()
@@ -167,7 +167,7 @@ def test_tracker_activations_equal_the_tapes_saved_bytes(gpt2, step):
 
 def test_tape_totals_equal_the_profilers(gpt2):
     model, optimizer, _ = gpt2
-    result = inspect_tape.inspect(model, *report.random_batch(model.config.vocab_size, B, T))
+    result = inspect_tape.inspect(model, *measure.random_batch(model.config.vocab_size, B, T))
     optimizer.zero_grad()
     records, outside, prof = result["records"], result["outside_records"], result["profiler"]
     assert outside["forward"]["launches"] == 0        # every forward launch belongs to a record
@@ -229,7 +229,7 @@ def test_phase_spans_follow_the_step():
     """A step is forward, backward, optimizer, in that order, one span each."""
     model = GPT2(GPT2Config.from_preset("gpt2-tiny"))
     optimizer = AdamW(model.named_parameters())
-    x, y = report.random_batch(model.config.vocab_size, 2, 8)
+    x, y = measure.random_batch(model.config.vocab_size, 2, 8)
     with Profiler(timing=True) as prof:
         report.forward_backward(model, x, y)
         optimizer.step()

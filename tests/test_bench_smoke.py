@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from training.report import random_batch
+from training.measure import random_batch
 
 _BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "scripts", "bench.py")

@@ -15,6 +15,7 @@ int64 = np.dtype(np.int64)
 
 BY_NAME = {"fp32": float32, "fp16": float16, "bf16": bfloat16, "fp64": float64}
 FLOATS = (float32, float16, bfloat16, float64)
+TRAINING = ("fp32", "fp16", "bf16")  # the formats a run trains in (fp64 is for gradient checks)
 
 
 def as_dtype(dtype) -> np.dtype:

@@ -45,6 +45,8 @@ class RunConfig:
     resume: str = None
     seed: int = 1337
     quiet: bool = False
+    save: bool = True
+    report: bool = True
 
 
 def train_on(model, optimizer, batches, scaler=None, lr=None):
@@ -190,14 +192,14 @@ class Trainer:
                 bar.update(1)
                 if cfg.sample_every and self.step % cfg.sample_every == 0:
                     say(f"sample at step {self.step}: {self.sample()!r}")
-                if cfg.save_every and self.step % cfg.save_every == 0:
+                if cfg.save and cfg.save_every and self.step % cfg.save_every == 0:
                     self.save()
         finally:
             bar.close()
             metrics.close()
-        if cfg.save_every or cfg.steps:
+        if cfg.save:
             path = self.save()
             say(f"checkpoint: {path}")
-        if not cfg.quiet:  # predicted vs measured FLOPs, bytes, launches (on a twin model)
+        if cfg.report and not cfg.quiet:  # predicted vs measured FLOPs, bytes, launches (on a twin model)
             say(report.for_trainer(self))
         return history

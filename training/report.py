@@ -16,11 +16,8 @@ while it lives.
 """
 import gc
 import re
-import textwrap
 import time
 from dataclasses import dataclass
-
-import numpy as np
 
 from nn import GPT2
 from nn.gpt2 import KVCache
@@ -30,6 +27,8 @@ from tinygrad_like.data import DataLoader
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, PHASES, Profiler, format_census
 from . import mfu
+from .measure import random_batch
+from .tables import table, wrap
 
 LAUNCH_COST_S = 5e-6  # host cost of one eager launch on a GPU (ACCOUNTING.md, "Launches")
 
@@ -156,12 +155,6 @@ def forward_backward(model, x, y, scaler=None):
     return [r.as_dict() for r in records], activations, unowned
 
 
-def random_batch(vocab_size, batch_size, seq_len, seed=0):
-    """(x, y) int64 (B, T) token ids: counts and shapes do not depend on the values."""
-    ids = np.random.default_rng(seed).integers(0, vocab_size, (batch_size, seq_len + 1))
-    return ids[:, :-1].copy(), ids[:, 1:].copy()
-
-
 @dataclass
 class Measurement:
     """What the report prints as measured: one training step and one decode step."""
@@ -274,24 +267,6 @@ def block_layers(records):
     """The per-block layer names present in the records (transformer.h.0, ...)."""
     return [name for name in group(records, lambda r: layer_of(r["scope"]))
             if re.search(r"\.h\.\d+$", name)]
-
-
-# ---------------------------------------------------------------- text
-
-def table(headers, rows, align=None, indent="  "):
-    """Aligned columns. align: one letter per column, l (flush left) or r (flush right);
-    default the first column left and the others (numbers) right."""
-    align = align or "l" + "r" * (len(headers) - 1)
-    cells = [list(headers)] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join(
-        indent + "  ".join(c.ljust(w) if a == "l" else c.rjust(w)
-                           for c, w, a in zip(row, widths, align)).rstrip()
-        for row in cells)
-
-
-def wrap(text, indent="  "):
-    return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
 def format_report(m: Measurement) -> str:
