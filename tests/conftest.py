@@ -38,7 +38,7 @@ def one_blas_thread():
 @pytest.fixture(scope="session")
 def shakespeare(tmp_path_factory):
     """The default corpus prepared once per session (shared by every test file that asks)."""
-    from tinygrad_like.data import prepare
+    from training.corpus import prepare
     d = tmp_path_factory.getbasetemp() / "shakespeare_data"
     if not (d / "val.bin").is_file():
         prepare(d)

@@ -9,17 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygrad_like.data import (
-    HEADER_BYTES,
-    MAGIC,
-    DataError,
-    DataLoader,
-    prepare,
-    read_tokens,
-    strip_markdown,
-    write_tokens,
-)
-from tinygrad_like.tokenizer import get_tokenizer
+from nn.tokenizer import get_tokenizer
+from training.corpus import prepare, strip_markdown
+from training.data import HEADER_BYTES, MAGIC, DataError, DataLoader, read_tokens, write_tokens
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py"
 

@@ -7,7 +7,7 @@ import socket
 import numpy as np
 import pytest
 
-from tinygrad_like import tokenizer as tk
+from nn import tokenizer as tk
 
 
 def test_shipped_files_have_gpt2_hashes():
