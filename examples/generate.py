@@ -1,19 +1,16 @@
 """Sample text from a GPT-2 checkpoint: one written by examples/train_gpt2.py (its --out
 folder), by save_pretrained, or a Hugging Face GPT-2 directory. Streams tokens as they come,
 then prints prompt and generation speed."""
-import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from nn import GPT2  # noqa: E402
-from tinygrad_like import backend  # noqa: E402
-from tinygrad_like.tokenizer import get_tokenizer  # noqa: E402
-from training.checkpoint import find_checkpoint  # noqa: E402
+from nn import GPT2
+from nn.tokenizer import get_tokenizer
+from tinygrad_like import backend
+from training.args import ArgumentParser, user_errors
+from training.checkpoint import find_checkpoint
 
 NO_CHECKPOINT = """error: no --checkpoint given. Either
   train one:   python examples/train_gpt2.py --out out   (then --checkpoint out)
@@ -22,17 +19,17 @@ NO_CHECKPOINT = """error: no --checkpoint given. Either
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--checkpoint", help="folder with config.json + model.safetensors")
-    p.add_argument("--prompt", default="\n")
-    p.add_argument("--max-new-tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=200)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--prompt", default="\n", help="text to continue (default a newline)")
+    p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to sample (default 100)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=200, help="sample from the k likeliest (200)")
+    p.add_argument("--top-p", type=float, help="sample from the smallest set of this mass")
+    p.add_argument("--num-samples", type=int, default=1, help="samples, one after another")
+    p.add_argument("--seed", type=int, default=1337, help="sampling seed (sample i uses seed + i)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
-    p.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 weights")
+    p.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 weights (default fp32)")
     return p.parse_args(argv)
 
 
@@ -41,7 +38,7 @@ def main(argv=None):
     if not args.checkpoint:
         print(NO_CHECKPOINT, file=sys.stderr)
         sys.exit(2)
-    try:
+    with user_errors():
         if args.max_new_tokens <= 0 or args.num_samples <= 0:
             raise ValueError("--max-new-tokens and --num-samples must be positive")
         device = backend.check_device(args.device or backend.default_device())
@@ -51,9 +48,6 @@ def main(argv=None):
         prompt = np.array([tok.encode(args.prompt, allow_special=True)])
         if prompt.size == 0:
             raise ValueError("--prompt is empty: give at least one character")
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     for i in range(args.num_samples):
         print(f"--- sample {i + 1}" if args.num_samples > 1 else "---")
         stream(model, tok, prompt, args, seed=args.seed + i)

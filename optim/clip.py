@@ -1,13 +1,16 @@
-"""Global gradient-norm clipping for any list of parameters (PyTorch's clip_grad_norm_).
-AdamW(grad_clip=...) does the same inside its fused step without the extra pass."""
+"""Global gradient-norm clipping for any parameters, as PyTorch's
+torch.nn.utils.clip_grad_norm_. The trainer does not call it: AdamW(grad_clip=...) clips inside
+its fused step from the norm it already computes, with no extra pass over the gradients. This is
+for a loop of a user's own, with any optimizer."""
 import math
 
-from tinygrad_like import backend, kernels
+from tinygrad_like import Tensor, backend, kernels
 
 
-def clip_grad_norm(parameters, max_norm):
-    """Scale every gradient in place so their global L2 norm is at most max_norm.
-    Returns the norm before clipping."""
+def clip_grad_norm_(parameters, max_norm):
+    """Scale every gradient in place so their global L2 norm is at most max_norm (a Tensor or
+    an iterable of them; those without a gradient are skipped). -> the norm before clipping."""
+    parameters = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     grads = [p.grad.data for p in parameters if p.grad is not None]
     total = 0.0
     for g in grads:

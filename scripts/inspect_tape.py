@@ -10,42 +10,28 @@ The totals are checked against the profiler, which sees every launch: the record
 FLOPs are the forward phase's, and the records' backward FLOPs plus the launches no record
 owns (gradients summed across uses, added into each .grad) are the backward phase's.
 """
-import argparse
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nn import GPT2, GPT2Config
+from tinygrad_like import dtypes
+from tinygrad_like.profiler import Profiler
+from training.args import ArgumentParser, add_model_args, check_model_args, user_errors
+from training.checkpoint import find_checkpoint
+from training.data import DataLoader
+from training.measure import forward_backward, group, layer_of, random_batch
+from training.tables import table
 
-from nn import GPT2, GPT2Config  # noqa: E402
-from nn.gpt2 import PRESETS  # noqa: E402
-from tinygrad_like import backend, dtypes  # noqa: E402
-from tinygrad_like.data import DataLoader  # noqa: E402
-from tinygrad_like.profiler import Profiler  # noqa: E402
-from training.checkpoint import find_checkpoint  # noqa: E402
-from training.measure import random_batch  # noqa: E402
-from training.report import forward_backward, group, layer_of  # noqa: E402
-from training.tables import table  # noqa: E402
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="List the autograd tape of one GPT-2 forward pass "
-                                "with FLOPs and saved bytes per record, op kind and layer.")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--model", default="gpt2-mini", choices=sorted(PRESETS),
-                        help="preset (default gpt2-mini)")
-    source.add_argument("--checkpoint", metavar="DIR",
-                        help="a training run's folder or a Hugging Face GPT-2 directory")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
-    p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
+    p = ArgumentParser(description="List the autograd tape of one GPT-2 forward pass with "
+                       "FLOPs and saved bytes per record, op kind and layer.")
+    add_model_args(p, model="gpt2-mini")
+    p.add_argument("--checkpoint", metavar="DIR", help="instead of --model: a training run's "
+                   "folder or a Hugging Face GPT-2 directory")
     p.add_argument("--data", metavar="BIN", help="token file to draw the batch from "
                    "(e.g. data/shakespeare/val.bin); default random ids")
     p.add_argument("--json", metavar="PATH", help="also write the listing and totals as JSON")
-    args = p.parse_args(argv)
-    if args.batch_size <= 0 or args.seq_len <= 0:
-        p.error("--batch-size and --seq-len must be positive")
-    return args
+    return p.parse_args(argv)
 
 
 def build_model(args, device):
@@ -106,11 +92,9 @@ def format_check(result):
 def load(args):
     """-> (model, x, y); bad input (a missing checkpoint or data file, a sequence longer than
     the context) raises ValueError or FileNotFoundError with the reason."""
-    device = backend.check_device(args.device or backend.default_device())
-    model = build_model(args, device)
-    if args.seq_len > model.config.n_positions:
-        raise ValueError(f"--seq-len {args.seq_len} is longer than the context of "
-                         f"{model.config.n_positions}")
+    check_model_args(args, model_from_checkpoint=bool(args.checkpoint))
+    model = build_model(args, args.device)
+    model.config.check_context(args.seq_len, "--seq-len")
     if args.data:
         x, y = DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
     else:
@@ -120,10 +104,8 @@ def load(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
+    with user_errors():
         model, x, y = load(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        sys.exit(f"error: {e}")
     result = inspect(model, x, y)
     result.update(model=args.checkpoint or args.model, dtype=args.dtype)
     tokens = args.batch_size * args.seq_len

@@ -12,45 +12,34 @@ and prints the peak bytes per tag (on CUDA, beside what CuPy's memory pool saw).
     python scripts/memory_trace.py                          # gpt2-mini, 3 steps, B=4, T=64
     python scripts/memory_trace.py --model gpt2 --steps 2 --batch-size 1 --dtype bf16
 """
-import argparse
 import contextlib
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from nn.gpt2 import PRESETS  # noqa: E402
-from tinygrad_like import backend, memory  # noqa: E402
-from tinygrad_like.memory import TAGS, TRACKER  # noqa: E402
-from tinygrad_like.profiler import PHASES, Profiler  # noqa: E402
-from training.cli import ensure_data  # noqa: E402
-from training.loop import RunConfig, Trainer  # noqa: E402
-from training.tables import table  # noqa: E402
+from tinygrad_like import memory
+from tinygrad_like.memory import TAGS, TRACKER
+from tinygrad_like.profiler import PHASES, Profiler
+from training.args import ArgumentParser, add_model_args, check_model_args, user_errors
+from training.cli import ensure_data
+from training.corpus import DEFAULT_DATA_DIR
+from training.loop import RunConfig, Trainer
+from training.tables import table
 
 PHASE_COLORS = {"forward": "tab:blue", "backward": "tab:red", "optimizer": "tab:green",
                 "other": "tab:gray"}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Chrome trace and memory plot of a few GPT-2 "
-                                "training steps.")
-    p.add_argument("--model", default="gpt2-mini", choices=sorted(PRESETS),
-                   help="preset (default gpt2-mini)")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
-    p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
-    p.add_argument("--data-dir", default="data/shakespeare",
+    p = ArgumentParser(description="Chrome trace and memory plot of a few GPT-2 training "
+                       "steps.")
+    add_model_args(p, model="gpt2-mini", batch_size=4, seq_len=64)
+    p.add_argument("--steps", type=int, default=3, help="training steps traced (default 3)")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
                    help="folder with train.bin and val.bin (the default is made if missing)")
     p.add_argument("--out-dir", default="out/trace", help="where trace.json and memory.png go")
-    args = p.parse_args(argv)
-    if min(args.steps, args.batch_size, args.seq_len) <= 0:
-        p.error("--steps, --batch-size and --seq-len must be positive")
-    return args
+    return p.parse_args(argv)
 
 
 def trace_steps(trainer, steps):
@@ -116,15 +105,16 @@ def format_peaks(pool):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        device = backend.check_device(args.device or backend.default_device())
+    with user_errors():
+        check_model_args(args)
+        if args.steps <= 0:
+            raise ValueError(f"--steps must be positive, got {args.steps}")
+        device = args.device
         cfg = RunConfig(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size,
                         seq_len=args.seq_len, steps=args.steps, dtype=args.dtype, device=device,
                         eval_every=0, out=args.out_dir, quiet=True)
         ensure_data(cfg)
         trainer = Trainer(cfg)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        sys.exit(f"error: {e}")
     prof, events, pool = trace_steps(trainer, args.steps)
     title = (f"{args.model}, {args.dtype}, B={args.batch_size}, T={args.seq_len}: "
              f"{args.steps} training steps on {device}")

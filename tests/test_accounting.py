@@ -12,10 +12,10 @@ import pytest
 
 from nn import GPT2, GPT2Config
 from optim import AdamW
-from tinygrad_like.data import write_tokens
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
 from training import measure, report
+from training.data import write_tokens
 from training.loop import RunConfig, Trainer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -54,7 +54,7 @@ def step(gpt2):
     model, optimizer, _ = gpt2
     x, y = measure.random_batch(model.config.vocab_size, B, T)
     with Profiler() as prof:
-        records, activations, unowned = report.forward_backward(model, x, y)
+        records, activations, unowned = measure.forward_backward(model, x, y)
     optimizer.zero_grad()
     return prof, records, activations, unowned
 
@@ -158,7 +158,7 @@ def test_tracker_activations_equal_the_tapes_saved_bytes(gpt2, step):
     # and the convention the report prints: (16·C + H·T) elements + two layernorms' fp32
     # mean and rstd, per token per layer
     c = gpt2[0].config
-    per_layer = report.group(records, lambda r: report.layer_of(r["scope"]))
+    per_layer = measure.group(records, lambda r: measure.layer_of(r["scope"]))
     blocks = [per_layer[f"transformer.h.{i}"]["saved_bytes"] for i in range(c.n_layer)]
     assert blocks == [B * T * ((16 * c.n_embd + c.n_head * T) * 4 + 16)] * c.n_layer
 
@@ -185,10 +185,10 @@ def test_tape_totals_equal_the_profilers(gpt2):
 
 
 def test_layer_of():
-    assert report.layer_of("transformer.h.3.mlp.c_fc") == "transformer.h.3"
-    assert report.layer_of("transformer.h.11") == "transformer.h.11"
-    assert report.layer_of("transformer.wte") == "transformer.wte"
-    assert report.layer_of("") == "(model)"
+    assert measure.layer_of("transformer.h.3.mlp.c_fc") == "transformer.h.3"
+    assert measure.layer_of("transformer.h.11") == "transformer.h.11"
+    assert measure.layer_of("transformer.wte") == "transformer.wte"
+    assert measure.layer_of("") == "(model)"
 
 
 # ---------------------------------------------------------------- the trace
@@ -231,7 +231,7 @@ def test_phase_spans_follow_the_step():
     optimizer = AdamW(model.named_parameters())
     x, y = measure.random_batch(model.config.vocab_size, 2, 8)
     with Profiler(timing=True) as prof:
-        report.forward_backward(model, x, y)
+        measure.forward_backward(model, x, y)
         optimizer.step()
         optimizer.zero_grad()
     spans = prof.phase_spans()
@@ -244,7 +244,7 @@ def test_phase_spans_follow_the_step():
 
 def test_report_for_a_small_model():
     config = GPT2Config.from_preset("gpt2-tiny")
-    m = report.measure(config, "bf16", batch_size=2, seq_len=16, warmup=0)
+    m = measure.measure(config, "bf16", batch_size=2, seq_len=16, warmup=0)
     text = report.format_report(m)
     for section in ("-- parameters N", "-- FLOPs per token", "-- persistent training memory",
                     "-- activations saved", "-- kernel launches", "-- op census: one training",

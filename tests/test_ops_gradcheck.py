@@ -16,6 +16,7 @@ from gradcheck import gradcheck
 from tinygrad_like import TAPE, Tensor, dtypes, ops
 from tinygrad_like.autograd import Function
 from tinygrad_like.kernels import launch
+from tinygrad_like.profiler import Profiler
 
 def randn(rng, *shape):
     return np.asarray(rng.standard_normal(shape))  # shape (): a 0-d array, not a NumPy scalar
@@ -583,3 +584,20 @@ def test_mlp_block_composite(rng):
 
     gradcheck(block, randn(rng, 2, 2, 3), 1 + 0.1 * randn(rng, 3), randn(rng, 3),
               randn(rng, 3, 4), randn(rng, 4), randn(rng, 4, 3))
+
+
+def test_view_never_copies_and_reshape_does(rng):
+    """PyTorch's rule: view() raises where only a copy could give the shape; reshape() copies
+    there (one counted contiguous launch); both are views where the strides allow one."""
+    x = Tensor(randn(rng, 2, 3, 4))
+    t = x.transpose(1, 2)                                    # (2, 4, 3), not contiguous
+    with pytest.raises(RuntimeError, match="use reshape"):
+        t.view(2, 12)
+    with Profiler() as prof:
+        flat = t.reshape(2, 12)
+    assert [launch.name for launch in prof.launches] == ["contiguous"]
+    np.testing.assert_array_equal(flat.numpy(), x.numpy().swapaxes(1, 2).reshape(2, 12))
+    column = x[:, :, 1:3]                                    # a column slice: splittable
+    with Profiler() as prof:
+        split = column.view(2, 3, 2, 1)
+    assert prof.launches == [] and np.shares_memory(split.data, x.data)

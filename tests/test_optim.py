@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nn.module import Parameter
-from optim import AdamW, clip_grad_norm, cosine_with_warmup
+from optim import AdamW, clip_grad_norm_, cosine_with_warmup
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -223,7 +223,7 @@ def test_clip_grad_norm_scales_to_max_norm(rng):
     for p, g in zip(ps, grads):
         p.grad = type(p)(g.copy())
     total = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads))
-    norm = clip_grad_norm(ps, 1.0)
+    norm = clip_grad_norm_(ps, 1.0)
     assert norm == pytest.approx(total, rel=1e-6)
     after = math.sqrt(sum(float((p.grad.numpy().astype(np.float64) ** 2).sum()) for p in ps))
     assert after == pytest.approx(1.0, rel=1e-5)
@@ -237,14 +237,27 @@ def test_clip_grad_norm_below_threshold_is_untouched(rng):
     for p, g in zip(ps, grads):
         p.grad = type(p)(g.copy())
     ps.append(Parameter(np.zeros(3, np.float32)))       # no gradient: skipped
-    norm = clip_grad_norm(ps, 1.0)
+    norm = clip_grad_norm_(ps, 1.0)
     assert norm < 1.0
     for p, g in zip(ps, grads):
         np.testing.assert_array_equal(p.grad.numpy(), g)
 
 
+def test_clip_grad_norm_takes_what_pytorch_users_pass(rng):
+    """torch.nn.utils.clip_grad_norm_'s calling forms: one tensor, or a generator such as
+    model.parameters()."""
+    one = Parameter(np.zeros(4, np.float32))
+    one.grad = type(one)(np.full(4, 2.0, np.float32))         # norm 4
+    assert clip_grad_norm_(one, 1.0) == pytest.approx(4.0)
+    np.testing.assert_allclose(one.grad.numpy(), 0.5 / (1 + 2.5e-7), rtol=1e-6)
+    ps = [Parameter(np.zeros(3, np.float32)) for _ in range(2)]
+    for p in ps:
+        p.grad = type(p)(np.full(3, 1.0, np.float32))
+    assert clip_grad_norm_((p for p in ps), 10.0) == pytest.approx(math.sqrt(6))
+
+
 def test_adamw_fused_clip_equals_clip_then_step(rng):
-    """AdamW(grad_clip=c) gives the same update as clip_grad_norm(c) and an unclipped AdamW."""
+    """AdamW(grad_clip=c) gives the same update as clip_grad_norm_(c) and an unclipped AdamW."""
     grads = grad_schedule(rng)
     a = make_params(rng)
     b = {k: Parameter(p.numpy().copy()) for k, p in a.items()}
@@ -254,7 +267,7 @@ def test_adamw_fused_clip_equals_clip_then_step(rng):
         set_grads(a, g)
         set_grads(b, g)
         n1, _ = fused.step()
-        n2 = clip_grad_norm(list(b.values()), 1.0)
+        n2 = clip_grad_norm_(list(b.values()), 1.0)
         plain.step()
         fused.zero_grad()
         plain.zero_grad()

@@ -1,8 +1,10 @@
 """Every kernel launch, as data: name, phase, FLOPs, bytes and (when asked) time.
 
 kernels.launch() appends one Launch per kernel to every active Profiler. Nothing is kept unless
-a Profiler is active, so the cost when nobody is looking is one list check. The sums per phase divided by the
-tokens in the step and by N are the measured multiples of N (2N forward, 4N backward).
+a Profiler is active: when nobody is looking (no profiler, no tape record being counted, no
+memory tracker recording temporaries) a launch costs three checks before its kernel runs. The
+sums per phase divided by the tokens in the step and by N are the measured multiples of N (2N
+forward, 4N backward).
 """
 import contextlib
 import time

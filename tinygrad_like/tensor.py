@@ -133,7 +133,7 @@ class Tensor:
     def sum(self, axis=None, keepdims=False): return ops.sum(self, axis, keepdims)
     def mean(self, axis=None, keepdims=False): return ops.mean(self, axis, keepdims)
     def reshape(self, *shape): return ops.reshape(self, _shape_arg(shape))
-    def view(self, *shape): return ops.reshape(self, _shape_arg(shape))
+    def view(self, *shape): return ops.view(self, _shape_arg(shape))
     def transpose(self, dim0=-2, dim1=-1): return ops.transpose(self, dim0, dim1)
     def permute(self, *dims): return ops.permute(self, _shape_arg(dims))
     def split(self, split_size, dim=-1): return ops.split(self, split_size, dim)

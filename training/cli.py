@@ -1,11 +1,16 @@
-"""Command line of examples/train_gpt2.py. Bad input is one line on stderr and exit code 2."""
-import argparse
+"""Command line of examples/train_gpt2.py: one flag per RunConfig field, its help the field's
+comment. Bad input is one line on stderr and exit code 2 (training/args.py)."""
+import dataclasses
+import inspect
 import os
+import re
 import sys
 
-from nn.gpt2 import PRESETS
+from nn import GPT2Config
 from tinygrad_like import backend
-from tinygrad_like.data import DEFAULT_DATA_DIR, prepare
+
+from .args import ArgumentParser, check_dtype, user_errors
+from .corpus import DEFAULT_DATA_DIR, prepare
 from .loop import RunConfig, Trainer
 
 # with no arguments: RunConfig's defaults (a small model that shows the loss falling in about
@@ -14,29 +19,30 @@ GPU_DEFAULTS = dict(model="gpt2", batch_size=16, seq_len=1024, steps=2000, lr=6e
                     min_lr=6e-5, warmup=100, dtype="bf16", eval_every=250)
 
 
+def _comments():
+    """RunConfig's one-line comments, field name -> text (the one place they are written)."""
+    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", inspect.getsource(RunConfig), re.M))
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
 def parser():
-    p = argparse.ArgumentParser(description="Train GPT-2 on the Shakespeare default (or any "
-                                "prepared .bin data) with the tinygrad_like autograd.")
-    p.add_argument("--model", help="preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-mini, "
-                   "gpt2-tiny (default: gpt2-mini on CPU, gpt2 on GPU)")
-    p.add_argument("--init-from", help="fine-tune from a checkpoint or Hugging Face GPT-2 dir")
-    p.add_argument("--data-dir", default="data/shakespeare",
-                   help="folder with train.bin and val.bin (made if it is the default)")
-    for flag, typ in (("--batch-size", int), ("--seq-len", int), ("--grad-accum", int),
-                      ("--steps", int), ("--lr", float), ("--min-lr", float), ("--warmup", int),
-                      ("--weight-decay", float), ("--grad-clip", float), ("--eval-every", int),
-                      ("--eval-iters", int), ("--sample-every", int), ("--save-every", int),
-                      ("--seed", int)):
-        p.add_argument(flag, type=typ)
-    p.add_argument("--dtype", help="fp32, fp16 or bf16 (default fp32 on CPU, bf16 on GPU)")
-    p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
-    p.add_argument("--out", default="out", help="run folder: metrics.jsonl and checkpoint/")
-    p.add_argument("--resume", help="continue the run saved in this folder")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or messages")
-    p.add_argument("--no-save", dest="save", action="store_false", default=None,
-                   help="write no checkpoint (a speed test: GPT-2 124M's is 1.5 GB)")
-    p.add_argument("--no-report", dest="report", action="store_false", default=None,
-                   help="skip the closing accounting report (it trains a twin model)")
+    p = ArgumentParser(description="Train GPT-2 on the Shakespeare default (or any prepared "
+                       ".bin data) with the tinygrad_like autograd.")
+    comments = _comments()
+    for f in dataclasses.fields(RunConfig):
+        flag, text = _flag(f.name), comments[f.name]
+        if f.type is bool:  # on/off switches: --quiet turns one on, --no-save one off
+            on = not f.default
+            p.add_argument(flag if on else "--no-" + flag[2:], dest=f.name, default=None,
+                           action="store_true" if on else "store_false", help=text)
+            continue
+        if f.default is not None:
+            gpu = GPU_DEFAULTS.get(f.name)
+            text += f" (default {f.default}" + (f"; {gpu} on a GPU)" if gpu else ")")
+        p.add_argument(flag, type=f.type, help=text, metavar=f.name.upper())
     return p
 
 
@@ -53,24 +59,21 @@ def config_from_args(argv=None) -> RunConfig:
 def validate(cfg):
     for name in ("batch_size", "seq_len", "grad_accum", "steps", "eval_iters"):
         if getattr(cfg, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}")
+            raise ValueError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
     for name in ("warmup", "eval_every", "sample_every", "save_every"):
         if getattr(cfg, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+            raise ValueError(f"{_flag(name)} must be >= 0, got {getattr(cfg, name)}")
     if cfg.lr <= 0 or cfg.min_lr < 0 or cfg.weight_decay < 0 or cfg.grad_clip < 0:
         raise ValueError("--lr must be positive; --min-lr, --weight-decay, --grad-clip >= 0")
-    if cfg.model not in PRESETS:
-        raise ValueError(f"unknown preset {cfg.model!r}: use one of {', '.join(PRESETS)}")
-    if cfg.dtype not in ("fp32", "fp16", "bf16"):
-        raise ValueError(f"unknown dtype {cfg.dtype!r}: use fp32, fp16 or bf16")
+    config = GPT2Config.from_preset(cfg.model)
+    check_dtype(cfg.dtype)
     backend.check_device(cfg.device)
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:
         raise ValueError(f"device {cfg.device} cannot train in {cfg.dtype}: it supports "
                          f"{', '.join(supported)}")
-    if not (cfg.init_from or cfg.resume) and cfg.seq_len > PRESETS[cfg.model].n_positions:
-        raise ValueError(f"--seq-len {cfg.seq_len} is longer than the context of "
-                         f"{PRESETS[cfg.model].n_positions} of {cfg.model}")
+    if not (cfg.init_from or cfg.resume):  # else the checkpoint's context (Trainer checks it)
+        config.check_context(cfg.seq_len, "--seq-len")
 
 
 def ensure_data(cfg):
@@ -86,16 +89,13 @@ def ensure_data(cfg):
 
 
 def main(argv=None):
-    try:
+    with user_errors():
         cfg = config_from_args(argv)
         ensure_data(cfg)
         trainer = Trainer(cfg)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     try:
         trainer.run()
-    except FloatingPointError as e:
+    except FloatingPointError as e:  # the run diverged: not a bad input, so exit code 1
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     return trainer

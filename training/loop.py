@@ -12,56 +12,46 @@ from tqdm import tqdm
 import tinygrad_like.ops as F
 from nn import GPT2, GPT2Config
 from nn.hf import read_config, read_state
+from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from tinygrad_like import backend, dtypes, no_grad, profiler
-from tinygrad_like.data import DataLoader
 from tinygrad_like.memory import PERSISTENT, TRACKER
+
 from . import checkpoint, mfu, report
+from .corpus import DEFAULT_DATA_DIR
+from .data import DataLoader
+from .plot import plot_metrics
+from .step import train_on
 
 
 @dataclass
 class RunConfig:
     """Every setting of a run. The defaults are the no-argument CPU run (gpt2-mini on the
     Shakespeare default, about 5 minutes on 2 cores); training/cli.py overrides them on a GPU."""
-    model: str = "gpt2-mini"
-    init_from: str = None
-    data_dir: str = "data/shakespeare"
-    batch_size: int = 8
-    seq_len: int = 128
-    grad_accum: int = 1
-    steps: int = 550
-    lr: float = 2e-3
-    min_lr: float = 2e-4
-    warmup: int = 20
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    dtype: str = "fp32"
-    device: str = "cpu"
-    eval_every: int = 50
-    eval_iters: int = 10
-    sample_every: int = 0
-    out: str = "out"
-    save_every: int = 0
-    resume: str = None
-    seed: int = 1337
-    quiet: bool = False
-    save: bool = True
-    report: bool = True
-
-
-def train_on(model, optimizer, batches, scaler=None, lr=None):
-    """One optimizer step over micro-batches [(x, y), ...]: forward and backward each (its loss
-    divided by their number, times the fp16 loss scale), then the fused AdamW step and
-    zero_grad. -> (loss summed over the micro-batches, gradient norm, skipped for overflow)."""
-    total = 0.0
-    for x, y in batches:
-        loss = model(x, y)[1]                   # the (B, T, V) logits die right here
-        loss = loss / len(batches) if len(batches) > 1 else loss
-        (scaler.scale_loss(loss) if scaler else loss).backward()
-        total += loss.item()
-    norm, skipped = optimizer.step(scaler, lr=lr)
-    optimizer.zero_grad()
-    return total, norm, skipped
+    model: str = "gpt2-mini"          # a preset of nn/gpt2.py (PRESETS) for a fresh model
+    init_from: str = None             # fine-tune from this checkpoint or Hugging Face directory
+    data_dir: str = DEFAULT_DATA_DIR  # folder with train.bin and val.bin (training/data.py)
+    batch_size: int = 8               # sequences per micro-batch (B)
+    seq_len: int = 128                # tokens per sequence (T), at most the model's context
+    grad_accum: int = 1               # micro-batches per optimizer step
+    steps: int = 550                  # optimizer steps in the whole run
+    lr: float = 2e-3                  # peak learning rate, reached after the warmup
+    min_lr: float = 2e-4              # the cosine schedule's floor at the last step
+    warmup: int = 20                  # steps of linear warmup from 0 to lr
+    weight_decay: float = 0.1         # AdamW's decoupled decay, on the 2-D weights only
+    grad_clip: float = 1.0            # clip the global gradient norm to this (0 = off)
+    dtype: str = "fp32"               # working weights and gradients: fp32, fp16 or bf16
+    device: str = "cpu"               # cpu or cuda
+    eval_every: int = 50              # steps between validation losses (0 = never)
+    eval_iters: int = 10              # validation batches per evaluation
+    sample_every: int = 0             # steps between printed samples (0 = never)
+    out: str = "out"                  # run folder: metrics.jsonl, checkpoint/, loss.png
+    save_every: int = 0               # steps between checkpoints (0 = only at the end)
+    resume: str = None                # continue the run saved in this folder
+    seed: int = 1337                  # initial weights, batch order and dropout
+    quiet: bool = False               # no progress bar, messages or report
+    save: bool = True                 # write checkpoints (off for speed tests: 1.5 GB for gpt2)
+    report: bool = True               # print the accounting report after training
 
 
 class Trainer:
@@ -71,9 +61,7 @@ class Trainer:
         self.dtype = dtypes.as_dtype(cfg.dtype)
         self.resume_state = None
         self.model = self._build_model()
-        if self.cfg.seq_len > self.model.config.n_positions:
-            raise ValueError(f"--seq-len {cfg.seq_len} is longer than the context of "
-                             f"{self.model.config.n_positions} of this model")
+        self.model.config.check_context(cfg.seq_len, "--seq-len")
         self.optimizer = AdamW(self.model.named_parameters(), lr=cfg.lr,
                                weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
                                dtype=self.dtype)
@@ -128,7 +116,6 @@ class Trainer:
         return float(np.mean(losses))
 
     def sample(self, prompt="\n", tokens=48):
-        from tinygrad_like.tokenizer import get_tokenizer
         tok = get_tokenizer()
         ids = self.model.generate(np.array([tok.encode(prompt)]), tokens, temperature=0.8,
                                   top_k=200, seed=self.cfg.seed)
@@ -200,6 +187,7 @@ class Trainer:
         if cfg.save:
             path = self.save()
             say(f"checkpoint: {path}")
-        if cfg.report and not cfg.quiet:  # predicted vs measured FLOPs, bytes, launches (on a twin model)
+        say(f"metrics: {plot_metrics(cfg.out)} (python scripts/plot_metrics.py {cfg.out})")
+        if cfg.report and not cfg.quiet:  # predicted vs measured, measured on a twin model
             say(report.for_trainer(self))
         return history

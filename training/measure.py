@@ -1,8 +1,181 @@
-"""Measuring a training step: what the accounting report, inspect_tape and the benchmarks run."""
+"""Measuring a training step and a decode step: what the accounting report, inspect_tape and
+the benchmarks read. The step is training/step.py's, the one the trainer runs; around it the
+profiler sees every launch, the memory tracker every buffer, and a watch between the forward
+and its backward reads the tape the forward appended."""
+import gc
+import re
+import time
+from dataclasses import dataclass
+
 import numpy as np
+
+from nn import GPT2
+from nn.gpt2 import KVCache
+from optim import AdamW, LossScaler
+from tinygrad_like import TAPE, dtypes, kernels, no_grad, profiler
+from tinygrad_like.memory import PERSISTENT, TRACKER
+from tinygrad_like.profiler import Profiler
+
+from . import mfu, step
 
 
 def random_batch(vocab_size, batch_size, seq_len, seed=0):
     """(x, y) int64 (B, T) token ids: counts and shapes do not depend on the values."""
     ids = np.random.default_rng(seed).integers(0, vocab_size, (batch_size, seq_len + 1))
     return ids[:, :-1].copy(), ids[:, 1:].copy()
+
+
+# ---------------------------------------------------------------- watching one step
+
+class Unowned:
+    """Launches no tape record owns in one phase (in a backward, the gradients summed across a
+    tensor's uses and added into each leaf's .grad; in the optimizer phase, all of them)."""
+
+    def __init__(self):
+        self.launches = self.flops = self.bytes = 0
+
+    def add(self, flops, nbytes):
+        self.launches += 1
+        self.flops += flops
+        self.bytes += nbytes
+
+
+class _ByPhase:
+    """A kernels sink beneath every tape record, counting what reaches it per phase."""
+
+    def __init__(self):
+        self.phases = {phase: Unowned() for phase in profiler.PHASES}
+
+    def add(self, flops, nbytes):
+        self.phases[profiler.current_phase()].add(flops, nbytes)
+
+
+class _TapeWatch:
+    """Called between a forward and its backward: keeps the records the forward appended (the
+    backward fills in their backward counts) and the activation bytes it saved."""
+
+    def __init__(self):
+        self.start, self.saved_before = TAPE.position(), TRACKER.current["activations"]
+        self.records, self.activations = [], 0
+
+    def __call__(self):
+        self.records = TAPE.records(since=self.start)
+        self.activations = TRACKER.current["activations"] - self.saved_before
+
+
+def watched(run):
+    """run(watch) with a _TapeWatch and a per-phase sink. -> (the forward's tape as dicts,
+    backward counts filled in; activation bytes the tracker counted during the forward;
+    {phase: Unowned}; run's result)."""
+    watch, unowned = _TapeWatch(), _ByPhase()
+    with kernels.sink_to(unowned):
+        result = run(watch)
+    return [r.as_dict() for r in watch.records], watch.activations, unowned.phases, result
+
+
+def forward_backward(model, x, y, scaler=None):
+    """One forward and backward as training runs them. -> watched()'s first three."""
+    return watched(lambda watch: step.forward_backward(model, x, y, scaler, watch=watch))[:3]
+
+
+# ---------------------------------------------------------------- the measurement
+
+@dataclass
+class Measurement:
+    """What the report prints as measured: one training step and one decode step."""
+    config: object
+    dtype: str
+    device: str
+    batch_size: int
+    seq_len: int
+    n_params: int
+    parameters: dict        # parameter name -> elements, as the model holds them
+    persistent: dict        # tracker tag -> bytes the model and AdamW allocated
+    tape: list              # the profiled forward's records as dicts
+    activation_bytes: int   # counted by the tracker during that forward
+    unowned: dict           # phase -> that step's launches outside any record (Unowned)
+    step: Profiler          # the profiled training step
+    step_seconds: float
+    skipped: bool           # the fp16 loss scaler skipped the profiled step (overflow)
+    decode: Profiler        # one M = 1 decode step with a KV cache
+    decode_seconds: float
+    prompt_len: int
+    peak: float             # FLOP/s the MFU divides by
+    peak_name: str
+
+
+def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=None,
+            warmup=1):
+    """Build a model and AdamW for config, run `warmup` untimed steps (CUDA compiles kernels on
+    first use), then one profiled training step and one profiled decode step.
+    batch: (x, y) token ids of shape (batch_size, seq_len); random when None."""
+    dtype = dtypes.name(dtypes.as_dtype(dtype))
+    gc.collect()  # so the tracker's deltas below are this model's buffers only
+    before = dict(TRACKER.current)
+    model = GPT2(config, device=device)
+    optimizer = AdamW(model.named_parameters(), dtype=dtype)
+    scaler = LossScaler() if dtype == "fp16" else None
+    gc.collect()  # the per-parameter tensors the flat buffers replaced
+    persistent = {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
+    x, y = batch if batch is not None else random_batch(config.vocab_size, batch_size, seq_len)
+
+    def train_step(watch=None):
+        return step.train_on(model, optimizer, [(x, y)], scaler, watch=watch)
+    for _ in range(warmup):
+        train_step()
+    gc.collect()
+    t0 = time.perf_counter()
+    with Profiler(timing=True) as prof:
+        tape, activations, unowned, (_, _, skipped) = watched(train_step)
+    step_seconds = time.perf_counter() - t0
+    decode, decode_seconds, prompt_len = _decode_step(model, x)
+    peak, peak_name = mfu.device_peak(device, dtype)
+    parameters = {name: p.numel() for name, p in model.named_parameters()}
+    return Measurement(config, dtype, device, x.shape[0], x.shape[1], model.num_parameters(),
+                       parameters, persistent, tape, activations, unowned, prof, step_seconds,
+                       skipped, decode, decode_seconds, prompt_len, peak, peak_name)
+
+
+def _decode_step(model, x):
+    """Fill a KV cache with a prompt (the batch's first row), then profile one more token:
+    the M = 1 step of generation. -> (profiler, seconds, prompt length)."""
+    prompt = x[:1, :min(x.shape[1], model.config.n_positions - 1)]
+    model.eval()
+    with no_grad():
+        cache = KVCache(model.config, 1, prompt.shape[1] + 1, model.transformer.wte.weight)
+        model(prompt, cache=cache, last_only=True)
+        t0 = time.perf_counter()
+        with Profiler(timing=True) as prof:
+            model(prompt[:, -1:], cache=cache, last_only=True)
+        seconds = time.perf_counter() - t0
+    return prof, seconds, prompt.shape[1]
+
+
+# ---------------------------------------------------------------- the tape, grouped
+
+def layer_of(scope):
+    """transformer.h.3.mlp.c_fc -> transformer.h.3; a scope outside the blocks is its own
+    layer (the model's own ops, such as the embedding sum, have the empty scope)."""
+    match = re.match(r"(.*\.h\.\d+)(\.|$)", scope)
+    return match.group(1) if match else (scope or "(model)")
+
+
+SUMMED = ("fwd_flops", "bwd_flops", "fwd_launches", "bwd_launches", "saved_bytes")
+
+
+def group(records, key):
+    """key(record) -> {records, and the sum of each SUMMED field}, in order of first
+    appearance (key=lambda r: r["op"] totals per op kind)."""
+    out = {}
+    for r in records:
+        row = out.setdefault(key(r), dict.fromkeys(("records",) + SUMMED, 0))
+        row["records"] += 1
+        for field in SUMMED:
+            row[field] += r[field]
+    return out
+
+
+def block_layers(records):
+    """The per-block layer names present in the records (transformer.h.0, ...)."""
+    return [name for name in group(records, lambda r: layer_of(r["scope"]))
+            if re.search(r"\.h\.\d+$", name)]

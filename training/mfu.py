@@ -52,6 +52,7 @@ def device_peak(device, dtype_name):
     name = backend.get("cuda").device_name()
     for key, peaks in DATASHEET_PEAKS.items():
         if key in name:
-            return peaks[dtype_name], f"{key} datasheet dense {dtype_name}, {peaks[dtype_name] / 1e12:.0f} TFLOP/s"
+            peak = peaks[dtype_name]
+            return peak, f"{key} datasheet dense {dtype_name}, {peak / 1e12:.0f} TFLOP/s"
     peak = 989e12
     return peak, f"unknown GPU {name!r}: assumed H100 dense bf16, 989 TFLOP/s"

@@ -14,20 +14,15 @@ The measurement builds its own model and AdamW (a twin of the trained one), so i
 a trainer's weights, optimizer state or data position; the twin costs 16 bytes per parameter
 while it lives.
 """
-import gc
 import re
-import time
-from dataclasses import dataclass
 
-from nn import GPT2
-from nn.gpt2 import KVCache
-from optim import AdamW, LossScaler
-from tinygrad_like import TAPE, dtypes, kernels, no_grad
-from tinygrad_like.data import DataLoader
-from tinygrad_like.memory import PERSISTENT, TRACKER
-from tinygrad_like.profiler import GEMMS, PHASES, Profiler, format_census
+from tinygrad_like import dtypes
+from tinygrad_like.memory import PERSISTENT
+from tinygrad_like.profiler import GEMMS, PHASES, format_census
+
 from . import mfu
-from .measure import random_batch
+from .data import DataLoader
+from .measure import Measurement, block_layers, group, layer_of, measure
 from .tables import table, wrap
 
 LAUNCH_COST_S = 5e-6  # host cost of one eager launch on a GPU (ACCOUNTING.md, "Launches")
@@ -83,10 +78,9 @@ _PIECE_NAMES = {
 }
 
 
-def count_pieces(model):
-    """piece key -> parameters counted in the model's own tensors."""
-    params = list(model.named_parameters())
-    return {key: sum(p.numel() for name, p in params if re.match(pattern, name))
+def count_pieces(parameters):
+    """piece key -> parameters counted in the model's own tensors ({name: elements})."""
+    return {key: sum(n for name, n in parameters.items() if re.match(pattern, name))
             for key, pattern in _PIECE_NAMES.items()}
 
 
@@ -124,111 +118,6 @@ def predicted_activation_bytes(config, seq_len, dtype):
     return (16 * config.n_embd + config.n_head * seq_len) * size + 2 * 2 * 4
 
 
-# ---------------------------------------------------------------- measuring
-
-class Unowned:
-    """A kernels sink beneath every tape record: it counts the launches no record owns (in a
-    backward, the gradients summed across a tensor's uses and added into each leaf's .grad)."""
-
-    def __init__(self):
-        self.launches = self.flops = self.bytes = 0
-
-    def add(self, flops, nbytes):
-        self.launches += 1
-        self.flops += flops
-        self.bytes += nbytes
-
-
-def forward_backward(model, x, y, scaler=None):
-    """One forward and backward as the training loop runs them. -> (the forward's tape as
-    dicts, backward FLOPs filled in; bytes the tracker counted as activations during the
-    forward; {"forward": Unowned, "backward": Unowned} launches outside any record)."""
-    unowned = {"forward": Unowned(), "backward": Unowned()}
-    start, saved_before = TAPE.position(), TRACKER.current["activations"]
-    with kernels.sink_to(unowned["forward"]):
-        loss = model(x, y)[1]  # not keeping the logits (B·T·V) alive through the backward
-        loss = scaler.scale_loss(loss) if scaler is not None else loss
-    records = TAPE.records(since=start)
-    activations = TRACKER.current["activations"] - saved_before
-    with kernels.sink_to(unowned["backward"]):
-        loss.backward()
-    return [r.as_dict() for r in records], activations, unowned
-
-
-@dataclass
-class Measurement:
-    """What the report prints as measured: one training step and one decode step."""
-    config: object
-    dtype: str
-    device: str
-    batch_size: int
-    seq_len: int
-    n_params: int
-    pieces: dict            # piece key -> parameters in the model's tensors
-    persistent: dict        # tracker tag -> bytes the model and AdamW allocated
-    tape: list              # the profiled forward's records as dicts
-    activation_bytes: int   # counted by the tracker during that forward
-    unowned: dict           # phase -> that step's launches outside any record (Unowned)
-    step: Profiler          # the profiled training step
-    step_seconds: float
-    skipped: bool           # the fp16 loss scaler skipped the profiled step (overflow)
-    decode: Profiler        # one M = 1 decode step with a KV cache
-    decode_seconds: float
-    prompt_len: int
-    peak: float             # FLOP/s the MFU divides by
-    peak_name: str
-
-
-def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=None,
-            warmup=1):
-    """Build a model and AdamW for config, run `warmup` untimed steps (CUDA compiles kernels on
-    first use), then one profiled training step and one profiled decode step.
-    batch: (x, y) token ids of shape (batch_size, seq_len); random when None."""
-    dtype = dtypes.name(dtypes.as_dtype(dtype))
-    gc.collect()  # so the tracker's deltas below are this model's buffers only
-    before = dict(TRACKER.current)
-    model = GPT2(config, device=device)
-    optimizer = AdamW(model.named_parameters(), dtype=dtype)
-    scaler = LossScaler() if dtype == "fp16" else None
-    gc.collect()  # the per-parameter tensors the flat buffers replaced
-    persistent = {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
-    x, y = batch if batch is not None else random_batch(config.vocab_size, batch_size, seq_len)
-    for _ in range(warmup):
-        _train_step(model, optimizer, scaler, x, y)
-    gc.collect()
-    t0 = time.perf_counter()
-    with Profiler(timing=True) as step:
-        tape, activations, unowned, skipped = _train_step(model, optimizer, scaler, x, y)
-    step_seconds = time.perf_counter() - t0
-    decode, decode_seconds, prompt_len = _decode_step(model, x)
-    peak, peak_name = mfu.device_peak(device, dtype)
-    return Measurement(config, dtype, device, x.shape[0], x.shape[1], model.num_parameters(),
-                       count_pieces(model), persistent, tape, activations, unowned, step,
-                       step_seconds, skipped, decode, decode_seconds, prompt_len, peak, peak_name)
-
-
-def _train_step(model, optimizer, scaler, x, y):
-    tape, activations, unowned = forward_backward(model, x, y, scaler)
-    _, skipped = optimizer.step(scaler)
-    optimizer.zero_grad()
-    return tape, activations, unowned, skipped
-
-
-def _decode_step(model, x):
-    """Fill a KV cache with a prompt (the batch's first row), then profile one more token:
-    the M = 1 step of generation. -> (profiler, seconds, prompt length)."""
-    prompt = x[:1, :min(x.shape[1], model.config.n_positions - 1)]
-    model.eval()
-    with no_grad():
-        cache = KVCache(model.config, 1, prompt.shape[1] + 1, model.transformer.wte.weight)
-        model(prompt, cache=cache, last_only=True)
-        t0 = time.perf_counter()
-        with Profiler(timing=True) as prof:
-            model(prompt[:, -1:], cache=cache, last_only=True)
-        seconds = time.perf_counter() - t0
-    return prof, seconds, prompt.shape[1]
-
-
 def for_trainer(trainer):
     """The report for a Trainer's config, dtype, device and micro-batch (a validation batch),
     measured on a twin so the trained model and its optimizer stay as they are. One warm-up
@@ -237,36 +126,6 @@ def for_trainer(trainer):
     batch = DataLoader(trainer.val_path, cfg.batch_size, cfg.seq_len, seed=0).next_batch()
     return format_report(measure(trainer.model.config, cfg.dtype, trainer.device,
                                  batch=batch, warmup=1))
-
-
-# ---------------------------------------------------------------- the tape, grouped
-
-def layer_of(scope):
-    """transformer.h.3.mlp.c_fc -> transformer.h.3; a scope outside the blocks is its own
-    layer (the model's own ops, such as the embedding sum, have the empty scope)."""
-    match = re.match(r"(.*\.h\.\d+)(\.|$)", scope)
-    return match.group(1) if match else (scope or "(model)")
-
-
-SUMMED = ("fwd_flops", "bwd_flops", "fwd_launches", "bwd_launches", "saved_bytes")
-
-
-def group(records, key):
-    """key(record) -> {records, and the sum of each SUMMED field}, in order of first
-    appearance (key=lambda r: r["op"] totals per op kind)."""
-    out = {}
-    for r in records:
-        row = out.setdefault(key(r), dict.fromkeys(("records",) + SUMMED, 0))
-        row["records"] += 1
-        for field in SUMMED:
-            row[field] += r[field]
-    return out
-
-
-def block_layers(records):
-    """The per-block layer names present in the records (transformer.h.0, ...)."""
-    return [name for name in group(records, lambda r: layer_of(r["scope"]))
-            if re.search(r"\.h\.\d+$", name)]
 
 
 def format_report(m: Measurement) -> str:
@@ -285,7 +144,7 @@ def format_report(m: Measurement) -> str:
 
 
 def _parameters(m):
-    measured = m.pieces
+    measured = count_pieces(m.parameters)
     rows = [(piece, shape, f"{n:,}", f"{measured[key]:,}", "yes" if measured[key] == n else "NO")
             for key, piece, shape, n in parameter_pieces(m.config)]
     total = m.n_params

@@ -1,0 +1,61 @@
+"""What every command-line program of the project shares: one bad-input convention (one line
+`error: ...` on stderr, exit code 2) and one argument set for the model, dtype, device, batch
+and sequence length, so train_gpt2.py and the scripts check them the same way."""
+import argparse
+import contextlib
+import sys
+
+from nn.gpt2 import PRESETS, GPT2Config
+from tinygrad_like import backend, dtypes
+
+BAD_INPUT = (ValueError, FileNotFoundError, RuntimeError)  # what a user's mistake raises
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """with user_errors(): ...  turns a bad input's exception into its one-line error."""
+    try:
+        yield
+    except BAD_INPUT as e:
+        fail(e)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with its errors (a bad value, an unknown flag) as one line and exit 2."""
+
+    def error(self, message):
+        fail(f"{message} (see {self.prog} --help)")
+
+
+def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
+    """--model, --batch-size, --seq-len, --dtype, --device with these defaults."""
+    p.add_argument("--model", default=model, help=f"preset: {', '.join(PRESETS)} "
+                   f"(default {model})")
+    p.add_argument("--batch-size", type=int, default=batch_size,
+                   help=f"sequences per batch (default {batch_size})")
+    p.add_argument("--seq-len", type=int, default=seq_len,
+                   help=f"tokens per sequence (default {seq_len})")
+    p.add_argument("--dtype", default="fp32", help=f"{', '.join(dtypes.TRAINING)} (default fp32)")
+    p.add_argument("--device", help=f"{' or '.join(backend.DEVICES)} "
+                   "(default: cuda when a GPU is usable)")
+
+
+def check_model_args(args, model_from_checkpoint=False):
+    """Validate add_model_args' values (raises ValueError) and resolve args.device."""
+    if args.batch_size <= 0 or args.seq_len <= 0:
+        raise ValueError(f"--batch-size and --seq-len must be positive, got {args.batch_size} "
+                         f"and {args.seq_len}")
+    check_dtype(args.dtype)
+    args.device = backend.check_device(args.device or backend.default_device())
+    if not model_from_checkpoint:
+        GPT2Config.from_preset(args.model).check_context(args.seq_len, "--seq-len")
+
+
+def check_dtype(name):
+    if name not in dtypes.TRAINING:
+        raise ValueError(f"unknown dtype {name!r}: use one of {', '.join(dtypes.TRAINING)}")

@@ -1,0 +1,64 @@
+"""The picture of a run: train and validation loss, learning rate, tokens/s and (fp16) the loss
+scale over the steps, drawn from the run's metrics.jsonl into a PNG."""
+import json
+import os
+
+PANELS = [  # (title, [(metrics.jsonl key, label)], log scale)
+    ("loss", [("loss", "train"), ("val_loss", "validation")], False),
+    ("learning rate", [("lr", "lr")], False),
+    ("tokens/s", [("tokens_per_s", "tokens/s")], False),
+    ("fp16 loss scale", [("loss_scale", "scale")], True),
+]
+
+
+def read_metrics(path):
+    """The rows of a metrics.jsonl; a partial last line (a run killed mid-write) is left out."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def panels_for(rows):
+    """The PANELS a run's rows have data for (the loss scale only in fp16)."""
+    return [p for p in PANELS if any(r.get(key) is not None for r in rows for key, _ in p[1])]
+
+
+def plot_metrics(run_dir, out=None):
+    """Draw <run_dir>/metrics.jsonl into out (default <run_dir>/loss.png). -> the PNG's path.
+    A panel is drawn only for the metrics the run has (panels_for)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(metrics):
+        raise FileNotFoundError(f"no metrics.jsonl in {run_dir}: is it a training run's --out?")
+    rows = read_metrics(metrics)
+    panels = panels_for(rows)
+    if not panels:
+        raise ValueError(f"{metrics} has no rows to plot")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    for ax, (title, series, log) in zip(axes[0], panels):
+        for key, label in series:
+            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, label=label, marker="o" if key == "val_loss" else None,
+                        markersize=3)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_yscale("log" if log else "linear")
+        ax.grid(alpha=0.3)
+        if len(series) > 1:
+            ax.legend()
+    fig.suptitle(os.path.abspath(run_dir), fontsize=9)
+    fig.tight_layout()
+    out = out or os.path.join(run_dir, "loss.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
