@@ -1,5 +1,5 @@
 """Neural-network modules: Module, the layers of GPT-2, and GPT2 itself."""
-from .gpt2 import GPT2, PRESETS, Block, CausalSelfAttention, GPT2Config, KVCache, MLP
+from .gpt2 import GPT2, MLP, PRESETS, Block, CausalSelfAttention, GPT2Config, KVCache
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList, Parameter
 

@@ -1,6 +1,7 @@
 """GPT-2, as in nanoGPT's model.py, with Hugging Face's parameter names and layouts.
 
-Shapes: B batch, T tokens, C = n_embd channels, H = n_head heads of D = C / H, V = vocab.
+Shapes: B batch, T tokens, C = n_embd channels, H = n_head heads of D = C / H, V = vocab,
+Vp = V padded to a multiple of VOCAB_MULTIPLE (the rows wte stores, the logits' columns).
 """
 import math
 from dataclasses import asdict, dataclass, replace
@@ -9,9 +10,18 @@ import numpy as np
 
 import tinygrad_like.ops as F
 from tinygrad_like import Tensor, autograd, backend, kernels
+
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList
 from .sampling import sample
+
+# wte is stored with its vocabulary padded to a multiple of 64 (50,257 -> 50,304 for GPT-2, as
+# llm.c and nanoGPT do), so the tied LM head's GEMMs have 16-byte aligned rows: the logits
+# (B*T, Vp) and dlogits rows and wte's Vp dimension then take gemm.cu's cp.async 16-byte loads
+# (any multiple of 8 would do for 2-byte types) and fill its 64- and 128-wide tiles, where
+# V = 50,257 falls to the element-by-element path. The padding rows are zero, never sampled,
+# never parameters, and absent from Hugging Face files.
+VOCAB_MULTIPLE = 64
 
 
 @dataclass(frozen=True)
@@ -37,8 +47,29 @@ class GPT2Config:
             raise ValueError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
         return replace(PRESETS[name], **overrides)
 
+    @property
+    def padded_vocab_size(self):
+        """Vp: the rows wte stores and the logits' columns (derived: config.json keeps V)."""
+        return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+    def padding_cost(self):
+        """What the padding rows cost, for the accounting: elements stored beyond the
+        parameters (in the weights and in each of AdamW's buffers), and the tied LM head's
+        extra GEMM FLOPs per token (forward 2·C·pad, backward twice that). The cross-entropy
+        kernels skip the padding columns, so they add nothing there."""
+        pad, C = self.padded_vocab_size - self.vocab_size, self.n_embd
+        return {"rows": pad, "elements": pad * C, "forward_flops_per_token": 2 * C * pad,
+                "backward_flops_per_token": 4 * C * pad}
+
     def to_dict(self):
         return asdict(self)
+
+    def check_context(self, n_tokens, what="a sequence of length"):
+        """The one error for n_tokens positions that do not fit the context: '{what} {n_tokens}
+        is longer than the context of ...'."""
+        if n_tokens > self.n_positions:
+            raise ValueError(f"{what} {n_tokens} is longer than the context of "
+                             f"{self.n_positions} positions: shorten it")
 
 
 PRESETS = {
@@ -102,7 +133,8 @@ class Block(Module):
 class Transformer(Module):
     def __init__(self, config, rng):
         super().__init__()
-        self.wte = Embedding(config.vocab_size, config.n_embd, rng=rng)
+        self.wte = Embedding(config.vocab_size, config.n_embd, rng=rng,
+                             padded_to=config.padded_vocab_size)   # (Vp, C), zero past V
         self.wpe = Embedding(config.n_positions, config.n_embd, rng=rng)
         self.drop = Dropout(config.dropout)
         self.h = ModuleList([Block(config, rng) for _ in range(config.n_layer)])
@@ -142,7 +174,9 @@ class GPT2(Module):
     def forward(self, idx, targets=None, cache=None, last_only=False):
         """idx (B, T) int token ids -> (logits (B, T, V) fp, mean cross-entropy or None).
         targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length.
-        last_only computes logits for the last position only (generation)."""
+        last_only computes logits for the last position only (generation). The head computes
+        (B, T, Vp) padded logits; the loss reads them over the first V columns, and the logits
+        returned are a view of those V columns (no copy)."""
         idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
         if idx.ndim != 2:
             raise ValueError(f"GPT2 expects token ids of shape (B, T), got {idx.shape}")
@@ -163,15 +197,18 @@ class GPT2(Module):
         x = tr.ln_f(x)
         if last_only:
             x = x[:, -1:, :]                                     # (B, 1, C)
+        V = self.config.vocab_size
         with autograd.scope("lm_head"):
-            logits = F.linear(x, tr.wte.weight, transposed=True)  # (B, T, V), tied to wte
+            padded = F.linear(x, tr.wte.weight, transposed=True)  # (B, T, Vp), tied to wte
+            logits = padded[:, :, :V]                              # (B, T, V), a view
         loss = None
         if targets is not None:
             targets = np.asarray(targets)
             if targets.shape != (B, T):
                 raise ValueError(f"targets of shape {targets.shape} do not match ids {idx.shape}")
             with autograd.scope("loss"):
-                loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+                loss = F.cross_entropy(padded.reshape(B * T, -1), targets.reshape(-1),
+                                       n_classes=V)
         return logits, loss
 
     # ---- Hugging Face format

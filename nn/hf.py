@@ -12,7 +12,6 @@ import numpy as np
 
 from tinygrad_like.files import atomic_write
 
-
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 

@@ -2,6 +2,7 @@
 import numpy as np
 
 import tinygrad_like.ops as F
+
 from .module import Module, Parameter
 
 
@@ -12,7 +13,8 @@ class Linear(Module):
     def __init__(self, in_features, out_features, bias=True, std=0.02, rng=None):
         super().__init__()
         rng = rng or np.random.default_rng(0)
-        self.weight = Parameter(rng.normal(0.0, std, (in_features, out_features)).astype(np.float32))
+        weight = rng.normal(0.0, std, (in_features, out_features)).astype(np.float32)
+        self.weight = Parameter(weight)
         self.bias = Parameter(np.zeros(out_features, np.float32)) if bias else None
 
     def forward(self, x):
@@ -20,13 +22,20 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings, embedding_dim, std=0.02, rng=None):
+    """A table of num_embeddings rows. padded_to stores it with zero rows up to that many
+    (padded_to, embedding_dim), for the tied LM head's aligned GEMMs; ids stay < num_embeddings
+    and the random init is the unpadded table's (the same draws)."""
+
+    def __init__(self, num_embeddings, embedding_dim, std=0.02, rng=None, padded_to=None):
         super().__init__()
         rng = rng or np.random.default_rng(0)
-        self.weight = Parameter(rng.normal(0.0, std, (num_embeddings, embedding_dim)).astype(np.float32))
+        self.num_embeddings = num_embeddings
+        table = np.zeros((padded_to or num_embeddings, embedding_dim), np.float32)
+        table[:num_embeddings] = rng.normal(0.0, std, (num_embeddings, embedding_dim))
+        self.weight = Parameter(table, rows=num_embeddings)
 
     def forward(self, idx):
-        return F.embedding(idx, self.weight)
+        return F.embedding(idx, self.weight, self.num_embeddings)
 
 
 class LayerNorm(Module):

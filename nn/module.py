@@ -4,6 +4,8 @@ Parameters are Tensors that require grad and are tagged 'weights' in the memory 
 state_dict() names come from attribute names, so a GPT2 built from transformer.wte,
 transformer.h.0.attn.c_attn, ... has exactly Hugging Face's GPT-2 keys.
 """
+import math
+
 import numpy as np
 
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
@@ -11,9 +13,26 @@ from tinygrad_like.memory import TRACKER
 
 
 class Parameter(Tensor):
-    def __init__(self, data, dtype=None, device=None):
+    """rows: how many leading rows are parameters when the storage has zero rows past them (the
+    tied token embedding, padded to an aligned vocabulary: GPT2Config.padded_vocab_size); None
+    when all are. num_parameters(), state dicts and checkpoints see only those rows; the padding
+    rows get zero gradients, so AdamW keeps them zero."""
+
+    def __init__(self, data, dtype=None, device=None, rows=None):
         super().__init__(data, requires_grad=True, dtype=dtype, device=device)
+        self.rows = rows
         TRACKER.register(self.data, "weights")
+
+    @property
+    def unpadded_shape(self):
+        return self.shape if self.rows is None else (self.rows,) + self.shape[1:]
+
+    def unpadded_numel(self):
+        return math.prod(self.unpadded_shape)
+
+    def unpadded(self, array):
+        """The parameter rows of an array of this parameter's shape (a view)."""
+        return array if self.rows is None else array[:self.rows]
 
     def assign(self, array):
         """Rebind to a new buffer (a cast copy, or a view into the optimizer's flat buffer)."""
@@ -63,7 +82,8 @@ class Module:
             object.__setattr__(m, "_scope", name)
 
     def num_parameters(self):
-        return sum(p.numel() for p in self.parameters())
+        """Parameters without storage padding (see Parameter.rows)."""
+        return sum(p.unpadded_numel() for p in self.parameters())
 
     # ---- modes and gradients
     def train(self, mode=True):
@@ -98,8 +118,9 @@ class Module:
 
     # ---- state
     def state_dict(self):
-        """name -> NumPy array (a host copy), in the parameters' own dtype."""
-        return {name: np.array(p.numpy(), copy=True) for name, p in self.named_parameters()}
+        """name -> NumPy array (a host copy of the parameter rows), in the parameters' own dtype."""
+        return {name: np.array(p.unpadded(p.numpy()), copy=True)
+                for name, p in self.named_parameters()}
 
     def load_state_dict(self, state, strict=True):
         """Check every key and shape first, then copy: a bad state dict loads nothing."""
@@ -112,16 +133,16 @@ class Module:
         if extra and strict:
             problems.append(f"unexpected keys: {', '.join(extra)}")
         for name, p in params.items():
-            if name in state and tuple(state[name].shape) != p.shape:
+            if name in state and tuple(state[name].shape) != p.unpadded_shape:
                 problems.append(f"{name}: checkpoint has shape {tuple(state[name].shape)}, "
-                                f"model expects {p.shape}")
+                                f"model expects {p.unpadded_shape}")
         if problems:
             raise ValueError("state dict does not match the model (nothing was loaded): "
                              + "; ".join(problems))
         with autograd.no_grad():
             for name, p in params.items():
                 src = np.ascontiguousarray(state[name]).astype(p.dtype)
-                kernels.launch("copy", p.data, backend.of(p.data).asarray(src))
+                kernels.launch("copy", p.unpadded(p.data), backend.of(p.data).asarray(src))
 
 
 class ModuleList(Module):

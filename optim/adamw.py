@@ -11,6 +11,11 @@ decay applies to a prefix) and each Parameter is rebound to a view of the workin
 
 A step is three launches whatever the model: the gradient's sum of squares (for clipping and
 the overflow check), the fused update, and (in zero_grad) one fill of the gradient buffer.
+
+A parameter stored with zero padding rows (Parameter.rows: the tied wte, padded to an aligned
+vocabulary) is packed whole, padding included: those elements are real memory in every buffer.
+Their gradient is always zero, so m, v and the weights stay exactly zero there (decay keeps 0 at
+0). The checkpoint state (master_state, state_dict) holds the parameter rows only.
 """
 import math
 
@@ -47,7 +52,8 @@ class AdamW:
         n = edges[-1]
         self.master = be.empty((n,), dtypes.float32)
         for p, (lo, hi) in zip(self.params, self.spans.values()):
-            kernels.launch("copy", self.master[lo:hi], kernels.launch("cast", p.data, dtypes.float32).reshape(-1))
+            weights = kernels.launch("cast", p.data, dtypes.float32).reshape(-1)
+            kernels.launch("copy", self.master[lo:hi], weights)
         if self.dtype == dtypes.float32:
             self.working = None                   # the master is the working copy
             TRACKER.register(self.master, "weights")
@@ -113,19 +119,22 @@ class AdamW:
             missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
             raise ValueError(f"optimizer state does not match the model (nothing loaded): "
                              f"missing {missing[:5]}, unexpected {extra[:5]}")
+        params = dict(zip(self.names, self.params))
         for key, array in arrays.items():
-            lo, hi = self.spans[key[2:]]
-            if array.size != hi - lo:
+            n = params[key[2:]].unpadded_numel()
+            if array.size != n:
                 raise ValueError(f"optimizer state {key} has {array.size} values, the "
-                                 f"parameter has {hi - lo} (nothing loaded)")
+                                 f"parameter has {n} (nothing loaded)")
         be = backend.of(self.master)
         for key, array in arrays.items():
             buf = self.m if key[0] == "m" else self.v
-            lo, hi = self.spans[key[2:]]
-            kernels.launch("copy", buf[lo:hi], be.asarray(np.asarray(array, np.float32).reshape(-1)))
+            lo = self.spans[key[2:]][0]   # the parameter rows lead; padding rows stay 0
+            kernels.launch("copy", buf[lo:lo + array.size],
+                           be.asarray(np.asarray(array, np.float32).reshape(-1)))
         self.step_count = int(scalars["step"])
 
     def _unflatten(self, flat):
+        """name -> fp32 host array of the parameter rows (no padding rows)."""
         host = backend.of(flat).to_numpy(flat)
-        return {name: host[lo:hi].reshape(p.shape).astype(np.float32)
+        return {name: p.unpadded(host[lo:hi].reshape(p.shape)).astype(np.float32)
                 for p, (name, (lo, hi)) in zip(self.params, self.spans.items())}

@@ -10,16 +10,21 @@ import time
 
 from nn import GPT2Config
 from training import measure, report
-from training.args import ArgumentParser, add_model_args, check_model_args, user_errors
-from training.data import DataLoader
+from training.args import (
+    ArgumentParser,
+    add_data_arg,
+    add_model_args,
+    batch_from_args,
+    check_model_args,
+    user_errors,
+)
 
 
 def parse_args(argv=None):
     p = ArgumentParser(description="Predicted versus measured FLOPs, bytes, memory and "
                        "launches of a GPT-2 training step.")
     add_model_args(p, model="gpt2")
-    p.add_argument("--data", metavar="BIN", help="draw the batch from this token file "
-                   "(e.g. data/shakespeare/val.bin) instead of random ids")
+    add_data_arg(p)
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     return p.parse_args(argv)
 
@@ -30,12 +35,10 @@ def main(argv=None):
         check_model_args(args)
         if args.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-        batch = None
-        if args.data:
-            batch = DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
+        config = GPT2Config.from_preset(args.model)
+        batch = batch_from_args(args, config.vocab_size)
     t0 = time.perf_counter()
-    m = measure.measure(GPT2Config.from_preset(args.model), args.dtype, args.device,
-                        args.batch_size, args.seq_len, batch=batch, warmup=args.warmup)
+    m = measure.measure(config, args.dtype, args.device, batch=batch, warmup=args.warmup)
     print(f"model {args.model}: measured in {time.perf_counter() - t0:.1f} s")
     print(report.format_report(m))
 

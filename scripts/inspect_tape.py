@@ -15,10 +15,16 @@ import json
 from nn import GPT2, GPT2Config
 from tinygrad_like import dtypes
 from tinygrad_like.profiler import Profiler
-from training.args import ArgumentParser, add_model_args, check_model_args, user_errors
+from training.args import (
+    ArgumentParser,
+    add_data_arg,
+    add_model_args,
+    batch_from_args,
+    check_model_args,
+    user_errors,
+)
 from training.checkpoint import find_checkpoint
-from training.data import DataLoader
-from training.measure import forward_backward, group, layer_of, random_batch
+from training.measure import forward_backward, group, layer_of
 from training.tables import table
 
 
@@ -28,8 +34,7 @@ def parse_args(argv=None):
     add_model_args(p, model="gpt2-mini")
     p.add_argument("--checkpoint", metavar="DIR", help="instead of --model: a training run's "
                    "folder or a Hugging Face GPT-2 directory")
-    p.add_argument("--data", metavar="BIN", help="token file to draw the batch from "
-                   "(e.g. data/shakespeare/val.bin); default random ids")
+    add_data_arg(p)
     p.add_argument("--json", metavar="PATH", help="also write the listing and totals as JSON")
     return p.parse_args(argv)
 
@@ -95,11 +100,7 @@ def load(args):
     check_model_args(args, model_from_checkpoint=bool(args.checkpoint))
     model = build_model(args, args.device)
     model.config.check_context(args.seq_len, "--seq-len")
-    if args.data:
-        x, y = DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
-    else:
-        x, y = random_batch(model.config.vocab_size, args.batch_size, args.seq_len)
-    return model, x, y
+    return (model, *batch_from_args(args, model.config.vocab_size))
 
 
 def main(argv=None):

@@ -60,7 +60,7 @@ def step(gpt2):
 
 
 def flops(prof, phase, kernels):
-    return sum(l.flops for l in prof.launches if l.phase == phase and l.name in kernels)
+    return sum(x.flops for x in prof.launches if x.phase == phase and x.name in kernels)
 
 
 def linear_shapes(config):
@@ -71,10 +71,11 @@ def linear_shapes(config):
 
 def forward_gemm_flops(config, batch, seq):
     """ACCOUNTING.md, written out for GPT-2: each linear Y = XW costs 2·M·K·N (one multiply and
-    one add per weight per token), the tied LM head 2·M·C·V, attention's two GEMMs (QK^T and
-    probs·V) 2·B·H·T·T·D each. -> (GEMM FLOPs, FLOPs of the fused bias adds: M·N per
-    linear)."""
-    C, H, L, V = config.n_embd, config.n_head, config.n_layer, config.vocab_size
+    one add per weight per token), the tied LM head 2·M·C·Vp (over the vocabulary padded to a
+    multiple of 64: 50,304 for GPT-2's 50,257), attention's two GEMMs (QK^T and probs·V)
+    2·B·H·T·T·D each. -> (GEMM FLOPs, FLOPs of the fused bias adds: M·N per linear)."""
+    C, H, L = config.n_embd, config.n_head, config.n_layer
+    V = -(-config.vocab_size // 64) * 64
     M, D = batch * seq, config.n_embd // config.n_head
     attention = 2 * (2 * batch * H * seq * seq * D)
     per_layer = sum(2 * M * k * n for k, n in linear_shapes(config)) + attention
@@ -116,14 +117,17 @@ def test_gemms_are_2n_forward_and_4n_backward_per_token(gpt2, step):
 
 def test_backward_work_outside_the_records(gpt2, step):
     """What the backward launches outside any record: every parameter's gradient added into
-    its .grad (N FLOPs; the tied wte twice, + V·C) and the residual stream's gradient summed
-    over its two uses in each half of every block (2·L·B·T·C). At small batch that is a visible
-    share of the backward: N/(B·T) per token on top of the 4N."""
+    its .grad (N FLOPs, + pad·C for wte's padding rows; the tied wte twice, + Vp·C) and the
+    residual stream's gradient summed over its two uses in each half of every block (2·L·B·T·C).
+    At small batch that is a visible share of the backward: N/(B·T) per token on top of the
+    4N."""
     c, n = gpt2[0].config, gpt2[0].num_parameters()
+    Vp = 50_304
     outside = step[3]
     assert outside["forward"].launches == 0
     residual_sums = 2 * c.n_layer * B * T * c.n_embd
-    assert outside["backward"].flops == n + c.vocab_size * c.n_embd + residual_sums
+    assert outside["backward"].flops == \
+        n + (Vp - c.vocab_size) * c.n_embd + Vp * c.n_embd + residual_sums
 
 
 # ---------------------------------------------------------------- memory
@@ -132,12 +136,20 @@ HALF = {"weights": 2, "gradients": 2, "master": 4, "adam_m": 4, "adam_v": 4}
 FULL = {"weights": 4, "gradients": 4, "master": 0, "adam_m": 4, "adam_v": 4}
 
 
+def stored_elements(model):
+    """The N parameters plus wte's zero padding rows (vocabulary padded to a multiple of 64):
+    every buffer of the training state holds both."""
+    c = model.config
+    return model.num_parameters() + (-(-c.vocab_size // 64) * 64 - c.vocab_size) * c.n_embd
+
+
 def test_gpt2_fp32_state_is_16_bytes_per_parameter(gpt2):
+    """16 bytes per stored element: 16 (N + 47·768) / N = 16.0046 bytes per parameter."""
     model, _, allocated = gpt2
-    n = model.num_parameters()
-    assert n == 124_439_808
-    assert {tag: allocated[tag] / n for tag in PERSISTENT} == FULL
-    assert sum(allocated.values()) == 16 * n
+    n, stored = model.num_parameters(), stored_elements(model)
+    assert n == 124_439_808 and stored == n + 36_096
+    assert {tag: allocated[tag] / stored for tag in PERSISTENT} == FULL
+    assert sum(allocated.values()) == 16 * stored == 1_991_614_464
 
 
 @pytest.mark.parametrize("dtype, expected", [("fp32", FULL), ("fp16", HALF), ("bf16", HALF)])
@@ -146,7 +158,7 @@ def test_state_bytes_per_parameter(dtype, expected):
         model = GPT2(GPT2Config.from_preset("gpt2-mini"))
         return model, AdamW(model.named_parameters(), dtype=dtype)
     (model, _), allocated = allocated_by(build)
-    n = model.num_parameters()
+    n = stored_elements(model)
     assert {tag: allocated[tag] / n for tag in PERSISTENT} == expected
     assert sum(allocated.values()) == 16 * n
 
@@ -251,9 +263,9 @@ def test_report_for_a_small_model():
                     "-- op census: one decode step, M = 1"):
         assert section in text
     assert "NO" not in text.split() and "DIFFERENT" not in text
-    # the decode step is one token: its LM head is a (1, C) x (C, V) GEMM under no_grad
-    head = [l for l in m.decode.launches if l.name == "matmul_nt" and
-            l.flops == 2 * config.n_embd * config.vocab_size]
+    # the decode step is one token: its LM head is a (1, C) x (C, Vp) GEMM under no_grad
+    head = [x for x in m.decode.launches if x.name == "matmul_nt" and
+            x.flops == 2 * config.n_embd * config.padded_vocab_size]
     assert len(head) == 1
     assert m.unowned["backward"].launches > 0 and m.unowned["forward"].launches == 0
 

@@ -45,7 +45,8 @@ def test_gemm_half_rounds_once(rng, name, dtype):
     out = getattr(cpu, name)(ah, bh)
     assert out.dtype == dtype
     # fp32 arithmetic on the rounded inputs, rounded once: bit for bit
-    np.testing.assert_array_equal(out.view(np.uint16), ref(up(ah), up(bh)).astype(dtype).view(np.uint16))
+    want = ref(up(ah), up(bh)).astype(dtype)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
     # and within 4 eps (two input roundings, one output rounding) of fp32 on the originals,
     # relative to sum |a||b|
     bound = 4 * EPS[dtype] * ref(np.abs(a), np.abs(b))
@@ -79,11 +80,13 @@ def test_binary_half_rounds_once(rng, name, ufunc, dtype):
     a, b = rnd(rng, 3, 4).astype(dtype), (rnd(rng, 4) + 3).astype(dtype)
     out = getattr(cpu, name)(a, b)
     assert out.dtype == dtype
-    np.testing.assert_array_equal(out.view(np.uint16), ufunc(up(a), up(b)).astype(dtype).view(np.uint16))
+    want = ufunc(up(a), up(b)).astype(dtype)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
     # a Python scalar operand does not promote, and out= writes in place
     dst = np.empty((3, 4), dtype)
     assert getattr(cpu, name)(a, 1.5, out=dst) is dst
-    np.testing.assert_array_equal(dst.view(np.uint16), ufunc(up(a), np.float32(1.5)).astype(dtype).view(np.uint16))
+    want = ufunc(up(a), np.float32(1.5)).astype(dtype)
+    np.testing.assert_array_equal(dst.view(np.uint16), want.view(np.uint16))
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -260,6 +263,56 @@ def test_cross_entropy_large_logits(rng, dtype):
     assert np.all(np.isfinite(up(dlogits)))
 
 
+@pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
+def test_cross_entropy_over_the_first_n_classes_of_padded_rows(rng, dtype):
+    """Rows of Vp = 16 columns, V = 11 classes (the padded LM head): the padding columns, here
+    huge so that reading them would show, take no probability; their dlogits are exactly 0
+    and the rest equal the kernels on the V columns alone."""
+    N, V, Vp = 9, 11, 16
+    logits = rnd(rng, N, Vp, scale=2)
+    logits[:, V:] = 1e4
+    targets = rng.integers(0, V, N)
+    targets[[0, 3]] = [-1, V - 1]
+    lh, plain = logits.astype(dtype), np.ascontiguousarray(logits[:, :V]).astype(dtype)
+    losses, lse = cpu.cross_entropy_fwd(lh, targets, V)
+    want_losses, want_lse = cpu.cross_entropy_fwd(plain, targets)
+    np.testing.assert_array_equal(losses, want_losses)
+    np.testing.assert_array_equal(lse, want_lse)
+    np.testing.assert_allclose(losses, _ce_rows(up(plain), targets), rtol=1e-5, atol=1e-5)
+    dlogits = cpu.cross_entropy_bwd(lh, lse, targets, np.array([0.5], F32), V)
+    assert dlogits.shape == (N, Vp) and dlogits.dtype == dtype
+    np.testing.assert_array_equal(dlogits[:, :V], cpu.cross_entropy_bwd(
+        plain, want_lse, targets, np.array([0.5], F32)))
+    assert np.all(up(dlogits)[:, V:] == 0)
+
+
+@pytest.mark.parametrize("bad", [11, 15, 99, -2])
+def test_cross_entropy_kernels_refuse_a_target_out_of_range(rng, bad):
+    """The same error as ops.cross_entropy, also for a target that lands in a padding column."""
+    logits, targets = rnd(rng, 4, 16), np.array([0, bad, -1, 10])
+    lse = np.zeros(4, F32)
+    for call in (lambda: cpu.cross_entropy_fwd(logits, targets, 11),
+                 lambda: cpu.cross_entropy_bwd(logits, lse, targets, np.ones(1, F32), 11),
+                 lambda: ops.cross_entropy(Tensor(logits), targets, n_classes=11)):
+        with pytest.raises(ValueError, match=f"target id {bad} out of range for vocab 11"):
+            call()
+
+
+def test_cross_entropy_counts_the_classes_not_the_padding(rng):
+    """FLOPs and bytes of the launches: 4 FLOPs per class per row; the forward reads N·V
+    logits, the backward reads N·V and writes the whole N·Vp dlogits (zeros included)."""
+    N, V, Vp = 6, 11, 16
+    x = Tensor(rnd(rng, N, Vp), requires_grad=True)
+    targets = rng.integers(0, V, N)
+    with profiler.Profiler() as prof:
+        ops.cross_entropy(x, targets, n_classes=V).backward()
+    ce = {x.name: x for x in prof.launches if x.name.startswith("cross_entropy")}
+    assert ce["cross_entropy_fwd"].flops == ce["cross_entropy_bwd"].flops == 4 * N * V
+    stats, ids = 4 * N, 8 * N                        # fp32 losses or lse per row; int64 targets
+    assert ce["cross_entropy_fwd"].bytes == 4 * N * V + ids + 2 * stats
+    assert ce["cross_entropy_bwd"].bytes == 4 * N * V + stats + ids + 4 + 4 * N * Vp
+
+
 def test_cross_entropy_through_ops_bf16_gives_fp32_loss(rng):
     logits, targets = rnd(rng, 4, 9, scale=2), np.array([8, 0, -1, 3])
     x = Tensor(logits, requires_grad=True)
@@ -428,11 +481,11 @@ def test_profiler_linear_forward_backward(rng):
     with profiler.Profiler() as p:
         y = ops.linear(x, w, b)
         y.backward(g)
-    assert p.launches and {l.phase for l in p.launches} == {"forward", "backward"}
-    assert all(l.device == "cpu" for l in p.launches)
-    fwd = [l for l in p.launches if l.phase == "forward"]
-    assert any(l.name == "matmul" for l in fwd)
-    bwd_names = [l.name for l in p.launches if l.phase == "backward"]
+    assert p.launches and {la.phase for la in p.launches} == {"forward", "backward"}
+    assert all(la.device == "cpu" for la in p.launches)
+    fwd = [la for la in p.launches if la.phase == "forward"]
+    assert any(la.name == "matmul" for la in fwd)
+    bwd_names = [la.name for la in p.launches if la.phase == "backward"]
     assert "matmul_nt" in bwd_names and "matmul_tn" in bwd_names and "sum" in bwd_names
     phases = p.by_phase()
     assert phases["forward"]["flops"] == 2 * M * K * N + M * N
@@ -441,15 +494,16 @@ def test_profiler_linear_forward_backward(rng):
     assert sum(r["launches"] for r in phases.values()) == len(p.launches)
     census = p.census()
     assert sum(r["calls"] for r in census) == len(p.launches)
-    assert sum(r["flops"] for r in census) == sum(l.flops for l in p.launches)
+    assert sum(r["flops"] for r in census) == sum(la.flops for la in p.launches)
     assert len({r["kernel"] for r in census}) == len(census)
-    assert all(l.bytes > 0 for l in p.launches if l.name.startswith("matmul"))
+    assert all(la.bytes > 0 for la in p.launches if la.name.startswith("matmul"))
     trace = p.chrome_trace_events()
     assert len(trace) == len(profiler.PHASES) + len(p.launches)
     assert "matmul" in profiler.format_census(census)
     # the launch counts agree with the tape record's
     rec = y._record
-    assert rec.fwd_flops == phases["forward"]["flops"] and rec.bwd_flops == phases["backward"]["flops"]
+    assert rec.fwd_flops == phases["forward"]["flops"]
+    assert rec.bwd_flops == phases["backward"]["flops"]
 
 
 def test_profiler_phases_timing_and_inactivity(rng):
@@ -459,10 +513,10 @@ def test_profiler_phases_timing_and_inactivity(rng):
         with profiler.phase("optimizer"):
             kernels.launch("grad_norm_sq", g)
         kernels.launch("neg", g)
-    assert [(l.name, l.phase) for l in p.launches] == [("grad_norm_sq", "optimizer"),
-                                                       ("neg", "forward")]
+    assert [(la.name, la.phase) for la in p.launches] == [("grad_norm_sq", "optimizer"),
+                                                         ("neg", "forward")]
     assert p.launches[0].flops == 2 * 64 and p.launches[1].flops == 64
-    assert all(l.seconds >= 0 for l in p.launches)
+    assert all(la.seconds >= 0 for la in p.launches)
     assert p.by_phase()["optimizer"]["flops"] == 128
     kernels.launch("neg", g)
     assert len(p.launches) == 2  # the profiler stopped recording on exit

@@ -54,7 +54,7 @@ def close(got, ref, tol_dtype=None):
     """got (device) matches ref (NumPy) in shape, dtype and value, at the tolerance of tol_dtype
     (default: the result's dtype)."""
     got, ref = cuda.to_numpy(got), np.asarray(ref)
-    assert got.shape == ref.shape and got.dtype == ref.dtype, (got.shape, got.dtype, ref.shape, ref.dtype)
+    assert (got.shape, got.dtype) == (ref.shape, ref.dtype)
     rtol, atol = TOL[np.dtype(tol_dtype or ref.dtype)]
     ref64 = ref.astype(np.float64)
     np.testing.assert_allclose(got.astype(np.float64), ref64, rtol=rtol,
@@ -71,7 +71,8 @@ GEMM_SHAPES = [(77, 45, 131), (257, 200, 136), (1, 8, 5), (300, 70, 260), (128, 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 @pytest.mark.parametrize("M,K,N", GEMM_SHAPES)
 def test_gemm_three_layouts(dtype, M, K, N):
-    x, w, dy, bias = rand((M, K), dtype, seed=1), rand((K, N), dtype, seed=2), rand((M, N), dtype, seed=3), rand(N, dtype, seed=4)
+    x, w, dy = rand((M, K), dtype, seed=1), rand((K, N), dtype, seed=2), rand((M, N), dtype, seed=3)
+    bias = rand(N, dtype, seed=4)
     close(*both("matmul", x, w))                 # forward X W
     close(*both("matmul", x, w, bias=bias))      # with the bias epilogue
     close(*both("matmul_nt", dy, w))             # dX = dY W^T
@@ -90,23 +91,47 @@ def test_gemm_batched(dtype, T, D):
     close(*both("matmul_tn", datt, q))           # dK = dS^T Q
     close(*both("matmul_tn", att, v))            # dV = P^T dOut
     w, bias = rand((D, 40), dtype, seed=6), rand(40, dtype, seed=7)
-    close(*both("matmul", q, w, bias=bias))      # (B, H, T, D) @ (D, 40): leading dims folded into M
+    close(*both("matmul", q, w, bias=bias))      # (B, H, T, D) @ (D, 40): leading dims into M
     close(*both("matmul", q, rand((3, D, 40), dtype, seed=8)))  # broadcast over the batch
     close(*both("matmul_nt", rand((2, 3, T, 40), dtype, seed=9), w))
 
 
 @pytest.mark.parametrize("dtype", TRAINING, ids=ids)
 def test_gemm_gpt2_shape_and_strided_input(dtype):
-    x, w, bias = rand((1024, 768), dtype, seed=1), rand((768, 2304), dtype, scale=0.05, seed=2), rand(2304, dtype, seed=3)
+    x, w = rand((1024, 768), dtype, seed=1), rand((768, 2304), dtype, scale=0.05, seed=2)
+    bias = rand(2304, dtype, seed=3)
     close(*both("matmul", x, w, bias=bias))
-    got = cuda.matmul(dev(np.ascontiguousarray(x.T)).T, dev(w))  # a transposed (non-contiguous) view
+    got = cuda.matmul(dev(np.ascontiguousarray(x.T)).T, dev(w))  # a transposed view
     close(got, cpu.matmul(x, w))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_gemm_with_k_zero(dtype):
+    """K = 0: C = bias or 0. cuda.py fills it without a launch; the kernels themselves, launched
+    directly, must give the same (no k-tile runs, and no cp.async is left in flight)."""
+    x, w, bias = np.zeros((37, 0), dtype), np.zeros((0, 133), dtype), rand(133, dtype)
+    close(*both("matmul", x, w, bias=bias))
+    close(*both("matmul_nt", np.zeros((2, 5, 0), dtype), np.zeros((7, 0), dtype)))
+    close(*both("matmul_tn", np.zeros((0, 37), dtype), np.zeros((0, 133), dtype)))
+    if dtype == F64:
+        return
+    for aligned in (False, True):
+        kernel = (cuda._kernel("gemm.cu", "gemm_f32", False, False, aligned) if dtype == F32
+                  else cuda._kernel("gemm.cu", "gemm_tc", dtype, False, False, aligned))
+        tile = 64 if dtype == F32 else 128
+        operand = cupy.zeros(64, dtype)  # a valid address for A and B; with K = 0 none is read
+        c = cupy.full((37, 133), 7, dtype)
+        kernel((cuda._blocks(133, tile), cuda._blocks(37, tile), 1), (256,),
+               (operand, operand, dev(bias), c, np.int32(37), np.int32(133), np.int32(0),
+                np.int64(0), np.int64(0), np.int64(37 * 133)))
+        close(c, np.broadcast_to(bias, (37, 133)))
 
 
 @pytest.mark.parametrize("dtype", TRAINING, ids=ids)
 def test_gemm_cublas_switch(dtype, monkeypatch):
     monkeypatch.setenv("TG_MATMUL", "cublas")
-    x, w, dy, bias = rand((77, 45), dtype, seed=1), rand((45, 131), dtype, seed=2), rand((77, 131), dtype, seed=3), rand(131, dtype)
+    x, w, dy = rand((77, 45), dtype, seed=1), rand((45, 131), dtype, seed=2), rand((77, 131), dtype)
+    bias = rand(131, dtype)
     close(*both("matmul", x, w, bias=bias))
     close(*both("matmul_nt", dy, w))
     close(*both("matmul_tn", x, dy))
@@ -184,7 +209,8 @@ def test_dropout(dtype):
     assert abs((m != 0).mean() - 0.75) < 0.01
     close(y, cpu.mul(x, cuda.to_numpy(mask)))
     np.testing.assert_array_equal(cuda.to_numpy(mask_again), cuda.to_numpy(mask))
-    assert not np.array_equal(cuda.to_numpy(cuda.dropout_fwd(dev(x), 0.25, seed=8)[1]), cuda.to_numpy(mask))
+    other_seed = cuda.to_numpy(cuda.dropout_fwd(dev(x), 0.25, seed=8)[1])
+    assert not np.array_equal(other_seed, cuda.to_numpy(mask))
 
 
 # ---------------------------------------------------------------- row reductions
@@ -203,6 +229,21 @@ def test_layernorm(dtype):
     again = cuda.layernorm_bwd(dev(dy), dev(x), dev(w), dev(mean_ref), dev(rstd_ref))
     for g, r in zip(again[1:], got[1:]):   # dweight, dbias: no atomics, bit-identical
         np.testing.assert_array_equal(cuda.to_numpy(g), cuda.to_numpy(r))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_layernorm_without_rows(dtype):
+    """Zero rows: no launch (a grid of 0 blocks is invalid); dweight, dbias zeros (C,) as cpu.py."""
+    stat = dtypes.compute_dtype(dtype)
+    x, w, stats = np.zeros((0, 3, 100), dtype), rand(100, dtype), np.zeros((0, 3), stat)
+    y, mean, rstd = cuda.layernorm_fwd(dev(x), dev(w), dev(w))
+    assert y.shape == x.shape and mean.shape == rstd.shape == (0, 3)
+    got, ref = both("layernorm_bwd", x, x, w, stats, stats)
+    for g, r in zip(got, ref):
+        close(g, r)
+    assert cuda.layernorm_bwd(dev(np.zeros((4, 0), dtype)), dev(np.zeros((4, 0), dtype)),
+                              dev(np.zeros(0, dtype)), dev(np.zeros(4, stat)),
+                              dev(np.zeros(4, stat)))[1].shape == (0,)   # no columns either
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
@@ -249,6 +290,19 @@ def test_embedding(dtype):
     np.testing.assert_array_equal(cuda.to_numpy(again), cuda.to_numpy(got))   # deterministic
 
 
+@pytest.mark.parametrize("bad", [1000, -1])
+def test_embedding_ids_out_of_range_raise(bad):
+    """The ValueError of cpu.py, raised before any launch (the kernels do no bounds check)."""
+    weight, dout = rand((1000, 70), F32), rand((2, 3, 70), F32)
+    idx = np.array([[0, 5, bad], [999, 1, 2]])
+    for kernel, args in [("embedding_fwd", (weight, idx)), ("embedding_bwd", (dout, idx, 1000))]:
+        with pytest.raises(ValueError) as on_cpu:
+            getattr(cpu, kernel)(*args)
+        with pytest.raises(ValueError) as on_gpu:
+            getattr(cuda, kernel)(*[dev(a) for a in args])
+        assert str(on_gpu.value) == str(on_cpu.value)
+
+
 # ---------------------------------------------------------------- optimizer
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
@@ -275,7 +329,8 @@ def adamw_buffers(P, G, n=1037):
     return master, grad, m, v, working
 
 
-@pytest.mark.parametrize("P,G", [(F32, F32), (F32, F16), (F32, BF16), (F32, F64), (F64, F64)], ids=ids)
+@pytest.mark.parametrize("P,G", [(F32, F32), (F32, F16), (F32, BF16), (F32, F64), (F64, F64)],
+                         ids=ids)
 @pytest.mark.parametrize("max_norm", [0.0, 1.0])
 def test_adamw_step(P, G, max_norm):
     bufs = adamw_buffers(P, G)
@@ -333,3 +388,38 @@ def test_timer_and_pool_watcher():
     assert report["used_bytes"] == start
     assert report["peak_used_bytes"] >= start + (1 << 20)
     assert report["pool_total_bytes"] >= report["used_bytes"]
+
+
+# ---------------------------------------------------------------- the padded vocabulary
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("N,V,Vp", [(33, 50257, 50304), (5, 11, 64), (1, 7, 8)])
+def test_cross_entropy_over_the_first_n_classes_of_padded_rows(dtype, N, V, Vp):
+    """Rows of Vp columns, V classes (the padded LM head), against cpu.py: the padding columns
+    (huge here, so a kernel that read them would show) take no probability, and the backward
+    writes exactly 0 there."""
+    stat = dtypes.compute_dtype(dtype)
+    logits = rand((N, Vp), dtype, scale=3.0, seed=5)
+    logits[:, V:] = 1e4 if dtype != F16 else 6e4
+    targets = np.random.default_rng(6).integers(0, V, N)
+    targets[::4] = -1
+    targets[-1] = V - 1
+    (losses, lse), (losses_ref, lse_ref) = both("cross_entropy_fwd", logits, targets, V)
+    close(losses, losses_ref, stat)
+    close(lse, lse_ref, stat)
+    dloss = np.array([0.5], stat)
+    dlogits, dlogits_ref = both("cross_entropy_bwd", logits, lse_ref, targets, dloss, V)
+    close(dlogits, dlogits_ref)
+    assert not cuda.to_numpy(dlogits)[:, V:].astype(np.float64).any()
+
+
+@pytest.mark.parametrize("bad", [11, 63, 64, -2])
+def test_cross_entropy_refuses_a_target_out_of_range_before_launching(bad):
+    """As cpu.py: the kernels index the row with the target, so one past V (even inside the
+    padding) is refused on the host, with the same message."""
+    logits, lse = dev(rand((3, 64), F32)), dev(np.zeros(3, F32))
+    targets = dev(np.array([0, bad, -1]))
+    for call in (lambda: cuda.cross_entropy_fwd(logits, targets, 11),
+                 lambda: cuda.cross_entropy_bwd(logits, lse, targets, dev(np.ones(1, F32)), 11)):
+        with pytest.raises(ValueError, match=f"target id {bad} out of range for vocab 11"):
+            call()

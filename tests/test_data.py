@@ -207,7 +207,8 @@ def test_strip_markdown():
 
 
 def test_prepare_on_input_files(tmp_path):
-    texts = ["First document.\nWith two lines.\n", "Second — with ünïcode and <|endoftext|> as text.\n"]
+    texts = ["First document.\nWith two lines.\n",
+             "Second — with ünïcode and <|endoftext|> as text.\n"]
     inputs = []
     for i, text in enumerate(texts):
         inputs.append(tmp_path / f"doc{i}.txt")
@@ -268,7 +269,8 @@ def test_script_writes_files_and_reports(tmp_path):
 
 def test_script_missing_input_exits_2_with_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--input", str(tmp_path / "nope.txt"), "--out-dir", str(tmp_path)],
+        [sys.executable, str(SCRIPT), "--input", str(tmp_path / "nope.txt"),
+         "--out-dir", str(tmp_path)],
         capture_output=True,
         text=True,
     )

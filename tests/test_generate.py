@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tinygrad_like as tg
-from nn import GPT2, GPT2Config, KVCache
+from nn import GPT2, GPT2Config, KVCache, gpt2
 from nn.sampling import sample
 from tinygrad_like import TAPE, dtypes
 
@@ -22,14 +22,15 @@ def randomized(cfg, seed=0):
     rng = np.random.default_rng(seed)
     state = {}
     for name, p in model.named_parameters():
+        shape = p.unpadded_shape                 # wte without its padding rows
         if name.endswith(("wte.weight", "wpe.weight")):
-            a = rng.standard_normal(p.shape)
+            a = rng.standard_normal(shape)
         elif ".ln_" in name or name.startswith("transformer.ln_f"):
-            a = (1.0 if name.endswith(".weight") else 0.0) + 0.1 * rng.standard_normal(p.shape)
+            a = (1.0 if name.endswith(".weight") else 0.0) + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
-            a = 0.1 * rng.standard_normal(p.shape)
+            a = 0.1 * rng.standard_normal(shape)
         else:
-            a = rng.standard_normal(p.shape) / math.sqrt(p.shape[0])
+            a = rng.standard_normal(shape) / math.sqrt(p.shape[0])
         state[name] = a.astype(np.float32)
     model.load_state_dict(state)
     return model
@@ -101,6 +102,26 @@ def test_generate_starts_with_the_prompt_and_stays_in_the_vocab(model):
     assert out.shape == (2, 10) and out.dtype == np.int64
     np.testing.assert_array_equal(out[:, :3], prompt)
     assert out.min() >= 0 and out.max() < CFG.vocab_size
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": 0}, {"temperature": 1.0},
+                                    {"temperature": 2.0, "top_k": 5}, {"top_p": 0.9}],
+                         ids=["greedy", "t1", "top_k", "top_p"])
+def test_generation_never_samples_a_padding_id(monkeypatch, kwargs):
+    """wte is stored padded (V = 10 -> 64 rows). Set 16 padding rows (for the test) to +-1e3
+    times each unit vector: for any hidden state h the padded logits reach 1e3 max|h_j|,
+    above every real logit h.w_t <= |h| |w_t| <= sqrt(C) max|h_j| |w_t|. Sampling gets the V
+    real logits only, so no id >= V comes out."""
+    cfg = GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=16, vocab_size=10)
+    model = randomized(cfg, seed=1)
+    V, C, wte = cfg.vocab_size, cfg.n_embd, model.transformer.wte.weight
+    wte.data[V:V + 2 * C] = 1e3 * np.concatenate([np.eye(C), -np.eye(C)])
+    assert 1e3 > np.sqrt(C) * np.linalg.norm(wte.numpy()[:V], axis=1).max()   # the trap
+    seen = []
+    monkeypatch.setattr(gpt2, "sample", lambda logits, *a: seen.append(logits.shape)
+                        or sample(logits, *a))
+    out = model.generate(np.array([[1, 2, 3], [5, 6, 7]]), 8, seed=0, **kwargs)
+    assert out.max() < V and seen == [(2, V)] * 8
 
 
 def test_generate_stream_yields_one_token_per_row_per_step(model):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tinygrad_like as tg
-from nn import GPT2, PRESETS, GPT2Config
+from nn import GPT2, PRESETS, GPT2Config, gpt2
 from tinygrad_like import dtypes
 
 # a custom config small enough for float64 finite differences, with 2 heads and 2 layers
@@ -56,17 +56,19 @@ def formula_count(cfg):
 
 def random_state(model, rng, dtype=np.float32):
     """Weights far from GPT-2's tiny init, so attention, GELU and layer norm all do real work:
-    matrices N(0, 1/fan_in), embeddings N(0, 1), LN weights around 1, biases around 0."""
+    matrices N(0, 1/fan_in), embeddings N(0, 1), LN weights around 1, biases around 0. In the
+    state dict's shapes (wte without its padding rows)."""
     state = {}
     for name, p in model.named_parameters():
+        shape = p.unpadded_shape
         if name.endswith("wte.weight") or name.endswith("wpe.weight"):
-            a = rng.standard_normal(p.shape)
+            a = rng.standard_normal(shape)
         elif "ln_" in name and name.endswith(".weight"):
-            a = 1.0 + 0.2 * rng.standard_normal(p.shape)
+            a = 1.0 + 0.2 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
-            a = 0.2 * rng.standard_normal(p.shape)
+            a = 0.2 * rng.standard_normal(shape)
         else:
-            a = rng.standard_normal(p.shape) / math.sqrt(p.shape[0])
+            a = rng.standard_normal(shape) / math.sqrt(p.shape[0])
         state[name] = a.astype(dtype)
     return state
 
@@ -153,6 +155,13 @@ def test_gpt2_small_instantiated_has_124_439_808_parameters():
     assert model.num_parameters() == 124_439_808 == formula_count(model.config)
     assert sum(a.size for a in model.state_dict().values()) == 124_439_808
     assert "lm_head.weight" not in model.state_dict()
+    # wte is stored padded to 50,304 rows (a multiple of 64); the 47 rows past V are zero
+    assert model.config.padded_vocab_size == 50_304
+    assert model.transformer.wte.weight.shape == (50_304, 768)
+    assert model.state_dict()["transformer.wte.weight"].shape == (50_257, 768)
+    assert model.config.padding_cost() == {"rows": 47, "elements": 47 * 768,
+                                           "forward_flops_per_token": 2 * 768 * 47,
+                                           "backward_flops_per_token": 4 * 768 * 47}
 
 
 @pytest.mark.parametrize("cfg", [GPT2Config.from_preset("gpt2-mini"),
@@ -163,7 +172,10 @@ def test_gpt2_small_instantiated_has_124_439_808_parameters():
 def test_formula_matches_model_for_small_configs(cfg):
     model = GPT2(cfg)
     assert model.num_parameters() == formula_count(cfg)
-    assert sum(p.numel() for p in model.parameters()) == formula_count(cfg)
+    assert sum(p.unpadded_numel() for p in model.parameters()) == formula_count(cfg)
+    # the storage holds the padding rows too
+    pad = cfg.padded_vocab_size - cfg.vocab_size
+    assert sum(p.numel() for p in model.parameters()) == formula_count(cfg) + pad * cfg.n_embd
 
 
 # ---------------------------------------------------------------- names and shapes
@@ -234,7 +246,8 @@ def test_init_linear_weights_std_002_and_residual_projections_scaled(mini):
         _check_normal(sd[p + "mlp.c_fc.weight"], 0.02)
         _check_normal(sd[p + "attn.c_proj.weight"], resid_std)
         _check_normal(sd[p + "mlp.c_proj.weight"], resid_std)
-    # pooled over the layers, the estimate is tight enough to tell 0.02/sqrt(2L) from e.g. 0.02/sqrt(L)
+    # pooled over the layers, the estimate is tight enough to tell 0.02/sqrt(2L) from e.g.
+    # 0.02/sqrt(L)
     pooled = np.concatenate([sd[f"transformer.h.{i}.{m}.c_proj.weight"].ravel()
                              for i in range(L) for m in ("attn", "mlp")])
     assert pooled.std() == pytest.approx(resid_std, rel=0.01)
@@ -312,6 +325,65 @@ def test_tied_wte_gradient_sums_the_embedding_and_head_uses():
     # rows of input tokens get more than that: the embedding's part too
     for t in (1, 2, 4, 5):
         assert np.abs(g[t] - head[t]).max() > 1e-4
+
+
+# ---------------------------------------------------------------- the padded vocabulary
+
+@pytest.mark.parametrize("V, Vp", [(50257, 50304), (64, 64), (65, 128), (1, 64), (11, 64)])
+def test_padded_vocab_size_is_the_next_multiple_of_64_and_not_a_config_field(V, Vp):
+    cfg = GPT2Config(n_layer=1, n_head=1, n_embd=4, vocab_size=V)
+    assert cfg.padded_vocab_size == Vp
+    assert "padded_vocab_size" not in cfg.to_dict()      # config.json stays Hugging Face's
+    assert GPT2(cfg).transformer.wte.weight.shape == (Vp, 4)
+
+
+def unpadded(cfg, monkeypatch, seed=0):
+    """The same model with wte stored (V, C): VOCAB_MULTIPLE = 1 turns the padding off."""
+    with monkeypatch.context() as m:
+        m.setattr(gpt2, "VOCAB_MULTIPLE", 1)
+        model = GPT2(cfg, seed=seed)
+    assert model.transformer.wte.weight.shape == (cfg.vocab_size, cfg.n_embd)
+    return model
+
+
+def test_padding_rows_start_zero_and_the_init_is_the_unpadded_models(monkeypatch):
+    model = GPT2(SMALL, seed=4)
+    w = model.transformer.wte.weight.numpy()
+    assert w.shape == (128, 32) and np.all(w[SMALL.vocab_size:] == 0)
+    twin = unpadded(SMALL, monkeypatch, seed=4).state_dict()
+    assert all(np.array_equal(a, twin[k]) for k, a in model.state_dict().items())
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [("fp64", 1e-12, 1e-15), ("fp32", 1e-5, 1e-6)])
+def test_padded_model_gives_the_unpadded_loss_and_gradients(monkeypatch, dtype, rtol, atol):
+    """The loss, the logits and the gradient of every parameter (wte's first V rows) equal the
+    unpadded model's, even with the padding rows set to huge values for the test (so the
+    padded logit columns would dominate any softmax that counted them); the padding rows'
+    gradient is exactly zero (their dlogits are 0, and no id reaches them). In fp32 the GEMMs
+    of other shapes may sum in another order: rounding-level differences."""
+    model = randomized(TINY, seed=11).to(dtype)
+    twin = unpadded(TINY, monkeypatch).to(dtype)
+    twin.load_state_dict(model.state_dict())
+    V = TINY.vocab_size
+    wte = model.transformer.wte.weight
+    wte.data[V:] = 100 * np.random.default_rng(0).standard_normal((wte.shape[0] - V, 8))
+    idx = np.array([[1, 3, 5, 7, 3, 0], [2, 2, 9, 4, 6, 8]])
+    targets = np.array([[3, 5, 7, 3, 0, -1], [2, 9, 4, 6, 8, 10]])
+    logits, loss = model(idx, targets)
+    want_logits, want_loss = twin(idx, targets)
+    assert logits.shape == want_logits.shape == (2, 6, V)
+    np.testing.assert_allclose(logits.numpy(), want_logits.numpy(), rtol=rtol, atol=atol)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=rtol)
+    assert loss.item() == pytest.approx(reference_gpt2(model.state_dict(), TINY, idx,
+                                                       targets)[1], rel=max(rtol, 1e-6))
+    loss.backward()
+    want_loss.backward()
+    want = dict(twin.named_parameters())
+    for name, p in model.named_parameters():
+        g = p.grad.numpy()
+        np.testing.assert_allclose(p.unpadded(g), want[name].grad.numpy(), rtol=rtol,
+                                   atol=atol, err_msg=name)
+        assert np.all(g[p.unpadded_shape[0]:] == 0), name
 
 
 # ---------------------------------------------------------------- forward vs NumPy
@@ -444,7 +516,7 @@ def test_finite_difference_gradients_of_every_parameter_kind_fp64():
     eps = 1e-5
     analytic, numeric, where = [], [], []
     for name, p in params.items():
-        picks = _sample_indices(rng, p.shape, 4)
+        picks = _sample_indices(rng, p.unpadded_shape, 4)
         if name == "transformer.wte.weight":   # an input-token row and a head-only row
             picks += [(3, 2), (10, 5), (1, 0)]
         if name == "transformer.wpe.weight":   # positions past T = 6 get no gradient

@@ -20,10 +20,11 @@ CFG = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=12, vocab_size=37)
 
 
 def random_state(model, seed=0):
-    """Values unlike the init (so a load that did nothing, or loaded the wrong key, shows)."""
+    """Values unlike the init (so a load that did nothing, or loaded the wrong key, shows), in
+    the files' shapes (wte without its padding rows)."""
     rng = np.random.default_rng(seed)
-    return {name: (rng.standard_normal(p.shape) / math.sqrt(p.shape[0])).astype(np.float32)
-            for name, p in model.named_parameters()}
+    return {name: (rng.standard_normal(p.unpadded_shape) / math.sqrt(p.shape[0]))
+            .astype(np.float32) for name, p in model.named_parameters()}
 
 
 def snapshot(model):
@@ -116,6 +117,7 @@ def test_saved_files_are_hugging_faces(tmp_path, model):
     assert not any("lm_head" in k or k.endswith(".attn.bias") for k in keys)
     tensors = load_file(weights)
     assert tensors["transformer.h.0.attn.c_attn.weight"].shape == (16, 48)
+    assert tensors["transformer.wte.weight"].shape == (37, 16)   # V rows, not the padded 64
     assert all(t.dtype == np.float32 for t in tensors.values())
     with open(os.path.join(path, "config.json")) as f:
         config = json.load(f)
@@ -157,6 +159,22 @@ def test_from_pretrained_can_cast(tmp_path, model):
     assert all(p.dtype == np.float64 for p in loaded.parameters())
     for k, v in loaded.state_dict().items():
         np.testing.assert_array_equal(v, model.state_dict()[k].astype(np.float64))
+
+
+def test_files_hold_v_rows_and_loading_leaves_the_padding_rows_zero(tmp_path, model):
+    """wte is stored padded to 64 rows; the file has the V = 37 rows transformers expects, and a
+    file with the padded 64 rows is refused (the model expects (37, 16))."""
+    assert model.transformer.wte.weight.shape == (64, 16)
+    model.save_pretrained(str(tmp_path))
+    assert load_file(os.path.join(tmp_path, "model.safetensors"))[
+        "transformer.wte.weight"].shape == (37, 16)
+    w = GPT2.from_pretrained(str(tmp_path)).transformer.wte.weight.numpy()
+    np.testing.assert_array_equal(w[:37], model.state_dict()["transformer.wte.weight"])
+    assert np.all(w[37:] == 0)
+    state = snapshot(model)
+    state["transformer.wte.weight"] = np.zeros((64, 16), np.float32)
+    with pytest.raises(ValueError, match=re.escape("(64, 16), model expects (37, 16)")):
+        model.load_state_dict(state)
 
 
 def test_read_config_round_trip(tmp_path):

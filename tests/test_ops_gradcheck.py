@@ -10,13 +10,14 @@ import math
 
 import numpy as np
 import pytest
+from gradcheck import gradcheck
 
 import tinygrad_like as tg
-from gradcheck import gradcheck
 from tinygrad_like import TAPE, Tensor, dtypes, ops
 from tinygrad_like.autograd import Function
 from tinygrad_like.kernels import launch
 from tinygrad_like.profiler import Profiler
+
 
 def randn(rng, *shape):
     return np.asarray(rng.standard_normal(shape))  # shape (): a 0-d array, not a NumPy scalar
@@ -453,6 +454,23 @@ def test_cross_entropy_custom_ignore_index(rng):
     t = np.array([2, -100, 0])
     got = ops.cross_entropy(Tensor(logits), t, ignore_index=-100).item()
     np.testing.assert_allclose(got, _ce_ref(logits, np.array([2, -1, 0])), rtol=1e-12)
+
+
+def test_cross_entropy_over_the_first_n_classes(rng):
+    """Rows of 7 columns, 5 classes (a padded vocabulary): the loss is the plain log-softmax
+    over the 5, and the finite differences agree that the 2 padding columns get no gradient."""
+    logits, targets = randn(rng, 4, 7), np.array([4, -1, 0, 2])
+    logits[:, 5:] += 30.0     # padding columns that would dominate the softmax if counted
+    leaves = gradcheck(lambda x: ops.cross_entropy(x, targets, n_classes=5), logits)
+    loss = ops.cross_entropy(leaves[0], targets, n_classes=5)
+    np.testing.assert_allclose(loss.item(), _ce_ref(logits[:, :5], targets), rtol=1e-12)
+    assert np.all(leaves[0].grad.numpy()[:, 5:] == 0)
+
+
+@pytest.mark.parametrize("n_classes", [0, 8])
+def test_cross_entropy_n_classes_must_fit_the_rows(rng, n_classes):
+    with pytest.raises(ValueError, match=f"n_classes {n_classes} must be in \\[1, 7\\]"):
+        ops.cross_entropy(Tensor(randn(rng, 2, 7)), np.array([0, 1]), n_classes=n_classes)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

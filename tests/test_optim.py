@@ -12,7 +12,6 @@ import pytest
 from nn.module import Parameter
 from optim import AdamW, clip_grad_norm_, cosine_with_warmup
 
-
 # ----------------------------------------------------------------------------- helpers
 
 SHAPES = {                  # given out of order on purpose: AdamW packs the 2-D ones first

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from nn import GPT2, GPT2Config
 from nn.hf import read_state
-from optim import cosine_with_warmup
+from optim import AdamW, cosine_with_warmup
 from tinygrad_like import backend
 from training import checkpoint
 from training.cli import main
@@ -106,6 +107,42 @@ def test_resume_is_bit_identical(shakespeare, tmp_path, monkeypatch):
         assert a == b, name
 
 
+# ----------------------------------------------------------------------------- padded vocabulary
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_adamw_keeps_padding_rows_zero_and_checkpoints_hold_v_rows(tmp_path, dtype):
+    """wte is stored (Vp, C) = (64, 16) for V = 37. Its padding rows get zero gradients, so
+    with weight decay the master, working weights, m and v all stay exactly 0 there, while the
+    real rows train. The checkpoint (HF weights, optimizer m and v) holds V rows, and loads back
+    into the padded buffers exactly."""
+    cfg = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=8, vocab_size=37)
+    V, Vp, C = 37, 64, 16
+    model = GPT2(cfg)
+    opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1, dtype=dtype)
+    rng = np.random.default_rng(0)
+    idx, targets = rng.integers(0, V, (2, 8)), rng.integers(0, V, (2, 8))
+    for _ in range(3):
+        model(idx, targets)[1].backward()
+        opt.step()
+        opt.zero_grad()
+    lo, hi = opt.spans["transformer.wte.weight"]
+    for buf in [opt.master, opt.m, opt.v] + ([opt.working] if opt.working is not None else []):
+        rows = buf[lo:hi].reshape(Vp, C).astype(np.float32)
+        assert np.all(rows[V:] == 0) and np.all(rows[:V] != 0)
+    assert np.all(model.transformer.wte.weight.numpy()[V:] == 0)
+
+    path = checkpoint.save_checkpoint(str(tmp_path), model, opt, {"step": 3})
+    assert read_state(path)["transformer.wte.weight"].shape == (V, C)
+    _, arrays = checkpoint.load_trainer_state(path)
+    assert arrays["m.transformer.wte.weight"].shape == arrays["v.transformer.wte.weight"].shape \
+        == (V, C)
+    loaded = GPT2.from_pretrained(path)
+    again = AdamW(loaded.named_parameters(), lr=1e-2, weight_decay=0.1, dtype=dtype)
+    again.load_state_dict(arrays, opt.state_dict()[1])
+    for a, b in ((again.master, opt.master), (again.m, opt.m), (again.v, opt.v)):
+        np.testing.assert_array_equal(a, b)
+
+
 # ----------------------------------------------------------------------------- crash safety
 
 def _kill_rename(monkeypatch, out, which):
@@ -162,8 +199,8 @@ def test_killed_save_keeps_previous_checkpoint(shakespeare, tmp_path, monkeypatc
     killed_rows = read_metrics(tmp_path)
     tr = Trainer(tiny(shakespeare, tmp_path, steps=4, save_every=2, resume=str(tmp_path)))
     assert tr.step == 2
-    for k, p in tr.model.named_parameters():
-        np.testing.assert_array_equal(p.numpy(), saved[k], err_msg=k)
+    for k, w in tr.model.state_dict().items():
+        np.testing.assert_array_equal(w, saved[k], err_msg=k)
     tr.run()
     rows = read_metrics(tmp_path)
     assert [r["loss"] for r in rows[4:]] == [r["loss"] for r in killed_rows[2:4]]

@@ -1,14 +1,38 @@
-"""The one place every kernel launch passes through.
+"""The one place every kernel launch passes through, and the list of kernels a backend must have.
 
-ops.py never calls a backend directly: it calls launch("gelu_fwd", x), which finds the backend
+ops.py, nn/ and optim/ run kernels only through launch("gelu_fwd", x), which finds the backend
 that owns x, runs its kernel, and counts the launch: FLOPs from the shapes (the table below),
 bytes as everything the kernel reads plus everything it writes, the phase, and (when a profiler
 asks) the time. The tape and the profiler read these counts; nothing else computes them.
+
+What does not pass through here, and so is never counted: the HOST functions below, called
+directly on a backend. Host-to-device and device-to-host copies are among them: backend.asarray
+(Tensor(...) from NumPy data or lists, ops.py moving host token ids and targets, moving a tensor
+to another device, loading weights) and to_numpy (.numpy(), reading a loss or a gradient norm
+back), and so are the min/max reads of the embedding id check (cpu.check_ids).
 """
 import time
 
 from . import backend, profiler
 from .memory import TRACKER
+
+# The backend contract: every name here is a function of both backend/cpu.py and backend/cuda.py
+# with the same signature (tests/test_backend_contract.py checks it, and that launch is only
+# ever asked for these names).
+KERNELS = (
+    "matmul", "matmul_nt", "matmul_tn",                          # GEMMs, with batch dims
+    "add", "sub", "mul", "div", "neg",                           # elementwise arithmetic
+    "gelu_fwd", "gelu_bwd", "dropout_fwd",                       # activations
+    "contiguous", "cast", "copy", "fill", "concat", "index_bwd",  # data movement
+    "sum",                                                       # reduction over any axes
+    "layernorm_fwd", "layernorm_bwd",                            # row kernels
+    "softmax_causal_fwd", "softmax_causal_bwd",
+    "cross_entropy_fwd", "cross_entropy_bwd",
+    "embedding_fwd", "embedding_bwd",                            # gather and scatter-add
+    "grad_norm_sq", "adamw_step",                                # optimizer
+)
+# The rest of a backend: host-side functions, called directly and not counted.
+HOST = ("supported_dtypes", "asarray", "to_numpy", "empty", "synchronize", "start_timer")
 
 
 def _per_element(n, of=0):
@@ -26,7 +50,7 @@ def _per_output(result, *args, **kw):
 # per element (exp, tanh and sqrt count as 1): a fraction of a percent of a GPT-2 step, but
 # honest. Data movement (gathers, casts, copies) counts 0 FLOPs and only bytes.
 FLOPS = {
-    "matmul": lambda r, a, b, bias=None: 2 * r.size * a.shape[-1] + (r.size if bias is not None else 0),
+    "matmul": lambda r, a, b, bias=None: 2 * r.size * a.shape[-1] + (0 if bias is None else r.size),
     "matmul_nt": lambda r, a, b: 2 * r.size * a.shape[-1],
     "matmul_tn": lambda r, a, b: 2 * r.size * a.shape[-2],
     "add": _per_output,
@@ -42,8 +66,9 @@ FLOPS = {
     "layernorm_bwd": _per_element(12, of=1),
     "softmax_causal_fwd": _per_element(5),
     "softmax_causal_bwd": _per_element(4),
-    "cross_entropy_fwd": _per_element(4),
-    "cross_entropy_bwd": _per_element(4),
+    # per class of each row: a padded vocabulary's columns past n_classes are not computed
+    "cross_entropy_fwd": lambda r, logits, *a, n_classes=None: 4 * logits[:, :n_classes].size,
+    "cross_entropy_bwd": lambda r, logits, *a, n_classes=None: 4 * logits[:, :n_classes].size,
     "embedding_bwd": _per_element(1),
     "grad_norm_sq": _per_element(2),
     "adamw_step": _per_element(12),
@@ -69,6 +94,8 @@ def _bytes(name, args, kwargs, outs):
     nbytes += sum(a.nbytes for a in _arrays(outs) if id(a) not in ids)
     if name == "embedding_fwd":  # a gather reads only the rows it copies
         nbytes += sum(a.nbytes for a in _arrays(outs))
+    if name.startswith("cross_entropy"):  # the logits' padding columns (past n_classes): unread
+        nbytes -= args[0].nbytes - args[0][:, :kwargs.get("n_classes")].nbytes
     return nbytes
 
 

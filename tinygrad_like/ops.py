@@ -5,6 +5,9 @@ Every array operation goes through kernels.launch(name, ...), so each op's FLOPs
 counted where they happen. Views (reshape, transpose, permute, split, basic slicing) launch no
 kernel: they move no data. Shapes in comments: B batch, T sequence, C channels, H heads,
 D = C / H, V vocabulary, N = B * T rows.
+
+Over 500 lines on purpose: it is the whole list of differentiable ops, each forward beside its
+backward (tinygrad's mlops.py), so that one file answers "what can the tape record".
 """
 import math
 
@@ -132,22 +135,29 @@ class Cast(Function):
 
 # ---------------------------------------------------------------- views (no kernels)
 
+def _can_view(x, shape):
+    """Whether x (either backend) can take shape without a copy: always when contiguous, and
+    e.g. when splitting the last dimension of a column slice. NumPy decides, on a stand-in with
+    x's shape and strides over one element of memory (it only computes strides, reads nothing)."""
+    stand_in = np.lib.stride_tricks.as_strided(np.empty(1, x.dtype), x.shape, x.strides)
+    try:
+        np.reshape(stand_in, shape, copy=False)
+        return True
+    except ValueError:
+        return False
+
+
 def _reshape(x, shape):
-    """A view when the strides allow one (always for contiguous arrays; also e.g. splitting the
-    last dimension of a column slice); otherwise an explicit, counted copy first."""
-    if not x.flags.c_contiguous:
-        if isinstance(x, np.ndarray):
-            try:
-                return np.reshape(x, shape, copy=False)
-            except ValueError:  # NumPy says a view is impossible: copy, and count the copy
-                pass
-        x = launch("contiguous", x)
-    return x.reshape(shape)
+    """A view when the strides allow one, else an explicit, counted copy first."""
+    return (x if _can_view(x, shape) else launch("contiguous", x)).reshape(shape)
 
 
 class Reshape(Function):
     @staticmethod
-    def forward(ctx, x, shape):
+    def forward(ctx, x, shape, copy):
+        if not (copy or _can_view(x, shape)):  # PyTorch's view never copies
+            raise RuntimeError(f"view{shape} of a tensor of shape {x.shape} with strides "
+                               f"{x.strides} is impossible without a copy: use reshape()")
         ctx.shape = x.shape
         return _reshape(x, shape)
 
@@ -210,7 +220,8 @@ class MatMul(Function):
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
         if b.ndim == 2 and a.ndim > 2:  # fold the batch into M: one 2-D GEMM
-            return launch("matmul", _reshape(a, (-1, a.shape[-1])), b).reshape(*a.shape[:-1], b.shape[-1])
+            y = launch("matmul", _reshape(a, (-1, a.shape[-1])), b)
+            return y.reshape(*a.shape[:-1], b.shape[-1])
         return launch("matmul", a, b)
 
     @staticmethod
@@ -323,22 +334,26 @@ class Attention(Function):
 
 
 class CrossEntropy(Function):
-    """Mean cross-entropy of logits (N, V) against targets (N,), -1 ignored -> fp32 scalar.
-    Saves the logits and each row's log-sum-exp (N,); backward makes dlogits in one pass with
-    the upstream gradient (and so the fp16 loss scale) folded in before rounding."""
+    """Mean cross-entropy of logits (N, Vp) against targets (N,), -1 ignored -> fp32 scalar,
+    over the first V = n_classes columns (Vp > V: the LM head's padded vocabulary; the padded
+    columns take no probability and get dlogits 0). Saves the logits and each row's
+    log-sum-exp (N,); backward makes dlogits in one pass with the upstream gradient (and so the
+    fp16 loss scale) folded in before rounding."""
 
     @staticmethod
-    def forward(ctx, logits, targets, count):
-        losses, lse = launch("cross_entropy_fwd", logits, targets)
+    def forward(ctx, logits, targets, count, n_classes):
+        losses, lse = launch("cross_entropy_fwd", logits, targets, n_classes=n_classes)
         ctx.save_for_backward(logits, lse, targets)
-        ctx.count = count
+        ctx.count, ctx.n_classes = count, n_classes
         return launch("mul", launch("sum", losses), 1.0 / count)
 
     @staticmethod
     def backward(ctx, g):
         logits, lse, targets = ctx.saved
         dloss = launch("mul", g, 1.0 / ctx.count)                # (,) fp32, stays on the device
-        return launch("cross_entropy_bwd", logits, lse, targets, dloss), None, None
+        dlogits = launch("cross_entropy_bwd", logits, lse, targets, dloss,
+                         n_classes=ctx.n_classes)
+        return dlogits, None, None, None
 
 
 class Dropout(Function):
@@ -375,7 +390,8 @@ def mul(a, b): return _binary(Mul, a, b)
 def div(a, b): return _binary(Div, a, b)
 def neg(x): return Neg.apply(x)
 def cast(x, dtype): return Cast.apply(x, dtypes.as_dtype(dtype))
-def reshape(x, shape): return Reshape.apply(x, shape)
+def reshape(x, shape): return Reshape.apply(x, shape, True)
+def view(x, shape): return Reshape.apply(x, shape, False)
 def permute(x, dims): return Permute.apply(x, tuple(d % x.ndim for d in dims))
 
 
@@ -440,16 +456,18 @@ def linear(x, weight, bias=None, transposed=False):
     return Linear.apply(x, weight, bias, transposed)
 
 
-def embedding(idx, weight):
-    """idx (...) int token ids -> weight rows (..., C)."""
+def embedding(idx, weight, num_embeddings=None):
+    """idx (...) int token ids -> weight rows (..., C). Ids must be < num_embeddings: all of
+    weight's rows by default, fewer when the rows past it are padding."""
+    n = weight.shape[0] if num_embeddings is None else num_embeddings
     ids = idx.data if isinstance(idx, Tensor) else idx
     if not hasattr(ids, "__cuda_array_interface__"):  # host ids (lists too): check, then move
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
-        if ids.size and (ids.min() < 0 or ids.max() >= weight.shape[0]):
-            bad = int(ids.max() if ids.max() >= weight.shape[0] else ids.min())
-            raise ValueError(f"token id {bad} out of range for vocab {weight.shape[0]}")
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            bad = int(ids.max() if ids.max() >= n else ids.min())
+            raise ValueError(f"token id {bad} out of range for vocab {n}")
         ids = backend.of(weight.data).asarray(ids)
     return Embedding.apply(weight, ids)
 
@@ -474,10 +492,16 @@ def scaled_dot_product_attention(q, k, v):
     return Attention.apply(q, k, v)
 
 
-def cross_entropy(logits, targets, ignore_index=-1):
-    """Mean over the targets that are not ignore_index; logits (N, V), targets (N,)."""
+def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
+    """Mean over the targets that are not ignore_index; logits (N, Vp), targets (N,). The
+    classes are the first n_classes columns (default all Vp); the rest are padding, given no
+    probability (the padded LM head, see GPT2Config.padded_vocab_size)."""
     t = targets.numpy() if isinstance(targets, Tensor) else np.asarray(targets)
-    N, V = logits.shape
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
+    if not 0 < V <= Vp:
+        raise ValueError(f"cross_entropy: n_classes {V} must be in [1, {Vp}] for logits "
+                         f"{logits.shape}")
     if t.shape != (N,):
         raise ValueError(f"cross_entropy: logits {logits.shape} need targets of shape ({N},), "
                          f"got {t.shape}")
@@ -488,7 +512,7 @@ def cross_entropy(logits, targets, ignore_index=-1):
     count = int((t >= 0).sum())
     if count == 0:
         raise ValueError("cross_entropy: every target is ignored (-1), so the mean is undefined")
-    return CrossEntropy.apply(logits, backend.of(logits.data).asarray(t), count)
+    return CrossEntropy.apply(logits, backend.of(logits.data).asarray(t), count, V)
 
 
 _dropout_rng = np.random.default_rng(0)

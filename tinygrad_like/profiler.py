@@ -72,7 +72,7 @@ class Profiler:
 
     def __exit__(self, *exc):
         _active.remove(self)
-        for device in {l.device for l in self.launches}:
+        for device in {launch.device for launch in self.launches}:
             backend.get(device).synchronize()
 
     def elapsed(self):
@@ -82,25 +82,25 @@ class Profiler:
         """phase -> {launches, flops, bytes, seconds}; only the named kernels when given
         (by_phase(GEMMS) separates the matmul FLOPs from everything else)."""
         out = {p: {"launches": 0, "flops": 0, "bytes": 0, "seconds": 0.0} for p in PHASES}
-        for l in self.launches:
-            if kernels is not None and l.name not in kernels:
+        for launch in self.launches:
+            if kernels is not None and launch.name not in kernels:
                 continue
-            row = out[l.phase]
+            row = out[launch.phase]
             row["launches"] += 1
-            row["flops"] += l.flops
-            row["bytes"] += l.bytes
-            row["seconds"] += l.seconds
+            row["flops"] += launch.flops
+            row["bytes"] += launch.bytes
+            row["seconds"] += launch.seconds
         return out
 
     def census(self):
         """One row per kernel name, most time (or FLOPs when untimed) first."""
         rows = defaultdict(lambda: {"calls": 0, "flops": 0, "bytes": 0, "seconds": 0.0})
-        for l in self.launches:
-            r = rows[l.name]
+        for launch in self.launches:
+            r = rows[launch.name]
             r["calls"] += 1
-            r["flops"] += l.flops
-            r["bytes"] += l.bytes
-            r["seconds"] += l.seconds
+            r["flops"] += launch.flops
+            r["bytes"] += launch.bytes
+            r["seconds"] += launch.seconds
         total = sum(r["seconds"] for r in rows.values()) or 1.0
         table = []
         for name, r in rows.items():
@@ -116,22 +116,22 @@ class Profiler:
         """[(phase, start, end)] in seconds since t0: one span per run of consecutive launches
         in one phase, so a training step reads as forward, backward, optimizer."""
         spans = []
-        for l in self.launches:
-            end = l.start + l.seconds
-            if spans and spans[-1][0] == l.phase:
+        for launch in self.launches:
+            end = launch.start + launch.seconds
+            if spans and spans[-1][0] == launch.phase:
                 spans[-1][2] = max(spans[-1][2], end)
             else:
-                spans.append([l.phase, l.start, end])
+                spans.append([launch.phase, launch.start, end])
         return [tuple(s) for s in spans]
 
     def chrome_trace_events(self, pid=1):
         """One complete ("X") event per kernel on a track (tid) per phase, times in µs."""
         events = [{"name": "thread_name", "ph": "M", "ts": 0, "pid": pid, "tid": i,
                    "args": {"name": p}} for i, p in enumerate(PHASES)]
-        for l in self.launches:
-            events.append({"name": l.name, "ph": "X", "pid": pid, "tid": PHASES.index(l.phase),
-                           "ts": l.start * 1e6, "dur": max(l.seconds * 1e6, 0.01),
-                           "cat": l.phase, "args": {"flops": l.flops, "bytes": l.bytes}})
+        for k in self.launches:
+            events.append({"name": k.name, "ph": "X", "pid": pid, "tid": PHASES.index(k.phase),
+                           "ts": k.start * 1e6, "dur": max(k.seconds * 1e6, 0.01),
+                           "cat": k.phase, "args": {"flops": k.flops, "bytes": k.bytes}})
         return events
 
 

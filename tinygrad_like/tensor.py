@@ -18,7 +18,8 @@ class Tensor:
             data = data.data
         be = backend.get(device) if device is not None else None
         if be is None:
-            is_array = hasattr(data, "__array_interface__") or hasattr(data, "__cuda_array_interface__")
+            is_array = (hasattr(data, "__array_interface__")
+                        or hasattr(data, "__cuda_array_interface__"))
             be = backend.of(data) if is_array else backend.get(backend.default_device())
         if dtype is None and not hasattr(data, "dtype"):
             # Python lists and scalars: floats become fp32 and ints int64, as in PyTorch
@@ -93,7 +94,8 @@ class Tensor:
                                    "that shape, or reduce to a scalar first (e.g. .sum())")
             grad = backend.of(self.data).asarray(np.ones(self.shape, dtype=self.dtype))
         else:
-            grad = grad.data if isinstance(grad, Tensor) else backend.of(self.data).asarray(grad, dtype=self.dtype)
+            grad = (grad.data if isinstance(grad, Tensor)
+                    else backend.of(self.data).asarray(grad, dtype=self.dtype))
             if tuple(grad.shape) != self.shape:
                 raise ValueError(f"backward(grad): grad has shape {tuple(grad.shape)} but the "
                                  f"tensor has shape {self.shape}")
@@ -103,7 +105,8 @@ class Tensor:
     def to(self, dtype=None, device=None):
         out = self
         if device is not None and device != self.device:
-            out = Tensor(backend.get(device).asarray(self.numpy()), requires_grad=self.requires_grad)
+            out = Tensor(backend.get(device).asarray(self.numpy()),
+                         requires_grad=self.requires_grad)
         if dtype is not None and dtypes.as_dtype(dtype) != out.dtype:
             out = ops.cast(out, dtypes.as_dtype(dtype))
         return out
@@ -144,7 +147,8 @@ class Tensor:
 
 
 def _shape_arg(shape):
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    one = len(shape) == 1 and isinstance(shape[0], (tuple, list))  # t.view((2, 3)) or t.view(2, 3)
+    return tuple(shape[0]) if one else tuple(shape)
 
 
 autograd.Tensor = Tensor  # Function.apply wraps results without importing this module

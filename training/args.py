@@ -8,6 +8,9 @@ import sys
 from nn.gpt2 import PRESETS, GPT2Config
 from tinygrad_like import backend, dtypes
 
+from .data import DataLoader
+from .measure import random_batch
+
 BAD_INPUT = (ValueError, FileNotFoundError, RuntimeError)  # what a user's mistake raises
 
 
@@ -43,6 +46,18 @@ def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
     p.add_argument("--dtype", default="fp32", help=f"{', '.join(dtypes.TRAINING)} (default fp32)")
     p.add_argument("--device", help=f"{' or '.join(backend.DEVICES)} "
                    "(default: cuda when a GPU is usable)")
+
+
+def add_data_arg(p):
+    p.add_argument("--data", metavar="BIN", help="draw the batch from this token file "
+                   "(e.g. data/shakespeare/val.bin); default random ids")
+
+
+def batch_from_args(args, vocab_size):
+    """(x, y) (B, T): the first batch of --data (seed 0), or random ids when it is not given."""
+    if args.data:
+        return DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
+    return random_batch(vocab_size, args.batch_size, args.seq_len)
 
 
 def check_model_args(args, model_from_checkpoint=False):

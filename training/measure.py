@@ -130,7 +130,7 @@ def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=
     step_seconds = time.perf_counter() - t0
     decode, decode_seconds, prompt_len = _decode_step(model, x)
     peak, peak_name = mfu.device_peak(device, dtype)
-    parameters = {name: p.numel() for name, p in model.named_parameters()}
+    parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
     return Measurement(config, dtype, device, x.shape[0], x.shape[1], model.num_parameters(),
                        parameters, persistent, tape, activations, unowned, prof, step_seconds,
                        skipped, decode, decode_seconds, prompt_len, peak, peak_name)

@@ -35,7 +35,7 @@ SAVES = {
     "attention": "q, k, v (B, H, T, D) and the probabilities (B, H, T, T)",
     "gelu": "its input x",
     "embedding": "the ids (int64)",
-    "crossentropy": "the logits (B·T, V), read again by its backward; fp32 log-sum-exp per row",
+    "crossentropy": "the logits (B·T, Vp), read again by its backward; fp32 log-sum-exp per row",
     "mul": "its array operands",
     "div": "its array operands",
     "dropout": "the mask",
@@ -93,8 +93,9 @@ def attention_flops_per_token(config, seq_len):
 
 def gemm_flops(config, batch_size, seq_len):
     """Forward FLOPs of one forward pass's GEMMs from the shapes: (2·M·K·N summed over the
-    linears, the LM head and attention's two GEMMs; the M·N fused-bias epilogues)."""
-    V, L, C, H = config.vocab_size, config.n_layer, config.n_embd, config.n_head
+    linears, the LM head (over the padded vocabulary Vp) and attention's two GEMMs; the M·N
+    fused-bias epilogues)."""
+    V, L, C, H = config.padded_vocab_size, config.n_layer, config.n_embd, config.n_head
     B, T = batch_size, seq_len
     M = B * T
     linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]   # c_attn, c_proj, c_fc, mlp.c_proj
@@ -147,11 +148,17 @@ def _parameters(m):
     measured = count_pieces(m.parameters)
     rows = [(piece, shape, f"{n:,}", f"{measured[key]:,}", "yes" if measured[key] == n else "NO")
             for key, piece, shape, n in parameter_pieces(m.config)]
-    total = m.n_params
+    total, c = m.n_params, m.config
+    pad = c.padding_cost()
     return "\n".join([
         "-- parameters N: predicted from the config, measured in the model's tensors",
         table(("piece", "shape", "predicted", "measured", "equal"), rows, "llrrr"),
-        f"  fp32 weights: {total * 4:,} bytes ({total * 4 / 1e6:,.0f} MB)"])
+        f"  fp32 weights: {total * 4:,} bytes ({total * 4 / 1e6:,.0f} MB)",
+        wrap(f"wte is stored {c.padded_vocab_size:,} x {c.n_embd:,} (the vocabulary padded to a "
+             f"multiple of 64 for aligned LM-head GEMMs): {pad['elements']:,} zero elements "
+             f"that are not parameters, yet cost 16 bytes each in the training state "
+             f"({16 * pad['elements']:,} bytes) and {pad['forward_flops_per_token']:,} + "
+             f"{pad['backward_flops_per_token']:,} GEMM FLOPs per token (forward + backward)")])
 
 
 def _flops(m):
@@ -229,7 +236,7 @@ def _activations(m):
     outside = [(name, _bytes_per_token(g["saved_bytes"], tokens))
                for name, g in per_layer.items() if name not in layers and g["saved_bytes"]]
     tape_total = sum(r["saved_bytes"] for r in m.tape)
-    logits = tokens * c.vocab_size * dtypes.as_dtype(m.dtype).itemsize
+    logits = tokens * c.padded_vocab_size * dtypes.as_dtype(m.dtype).itemsize
     predicted = predicted_activation_bytes(c, m.seq_len, m.dtype)
     measured = sum(block_bytes) / tokens / len(layers)
     return "\n".join([
@@ -243,7 +250,7 @@ def _activations(m):
         f"{'yes' if len(set(block_bytes)) == 1 else 'NO'})",
         "  outside the blocks, bytes per token:",
         table(("layer", "bytes/token"), outside, indent="    "),
-        wrap(f"the LM head's logits are B·T·V = {logits:,} bytes ({logits / 1e6:,.1f} MB), "
+        wrap(f"the LM head's logits are B·T·Vp = {logits:,} bytes ({logits / 1e6:,.1f} MB), "
              "the largest single tensor of the step; the loss saves them for its backward"),
         f"  total saved: {tape_total:,} bytes by the tape's records, {m.activation_bytes:,} "
         f"counted by the tracker ({'equal' if tape_total == m.activation_bytes else 'DIFFERENT'})"])

@@ -7,6 +7,9 @@ Rules every backend follows (the CUDA backend in cuda.py matches these names and
   in fp32 (or in fp64 when the inputs are fp64, for gradient checks).
 - Outputs have the dtype of the main input unless the kernel says otherwise (statistics such
   as layernorm's mean/rstd and per-token losses are fp32).
+
+Over 500 lines on purpose: it is the whole kernel contract (kernels.KERNELS) in one file, in the
+same order as cuda.py, so that the reference and the CUDA glue read side by side.
 """
 import ctypes
 import ctypes.util
@@ -47,7 +50,7 @@ keep_freed_memory()
 
 def supported_dtypes():
     """fp16 and bf16 are emulated: computed in fp32, stored and rounded in 2 bytes."""
-    return ("fp32", "fp16", "bf16")
+    return dtypes.TRAINING
 
 
 # ---------------------------------------------------------------- arrays and timing
@@ -135,7 +138,9 @@ def _in_parallel(n, body, per_row=1, chunk_rows=None):
 # ---------------------------------------------------------------- GEMMs
 # A linear layer Y = X W (W stored [in, out], as GPT-2's checkpoints) needs three GEMMs of the
 # same cost 2*M*K*N: forward X @ W, backward dX = dY @ W^T (matmul_nt) and dW = X^T @ dY
-# (matmul_tn). Leading dimensions are batch dimensions (attention's B, H).
+# (matmul_tn). Each is C (M, N) = op(A) (M, K) @ op(B) (K, N), the lettering of gemm.cu, with
+# op a transpose of the operand's last two axes where the name says t. Leading dimensions are
+# batch dimensions (attention's B, H).
 
 def matmul(a, b, bias=None):
     """(..., M, K) @ (..., K, N) [+ bias (N,)] -> (..., M, N)."""
@@ -146,12 +151,12 @@ def matmul(a, b, bias=None):
 
 
 def matmul_nt(a, b):
-    """(..., M, N) @ (..., K, N)^T -> (..., M, K)."""
+    """(..., M, K) @ (..., N, K)^T -> (..., M, N)."""
     return _round(np.matmul(_f32(a), _f32(b).swapaxes(-1, -2)), a.dtype)
 
 
 def matmul_tn(a, b):
-    """(..., M, K)^T @ (..., M, N) -> (..., K, N)."""
+    """(..., K, M)^T @ (..., K, N) -> (..., M, N)."""
     return _round(np.matmul(_f32(a).swapaxes(-1, -2), _f32(b)), a.dtype)
 
 
@@ -203,16 +208,11 @@ def concat(arrays, axis):
 
 
 def index_bwd(dy, shape, index):
-    """Gradient of x[index]: zeros of x's shape with dy scattered (added) at index."""
+    """Gradient of x[index] for a basic index (ints, slices, None, ...: ops.getitem allows only
+    these, so no element is hit twice): zeros of x's shape with dy written at index."""
     dx = np.zeros(shape, dtype=dy.dtype)
-    np.add.at(dx, index, dy) if _has_repeats(index) else dx.__setitem__(index, dy)
+    dx[index] = dy
     return dx
-
-
-def _has_repeats(index):
-    """Only integer-array indexing can hit one element twice."""
-    items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, np.ndarray) and i.dtype != bool for i in items)
 
 
 def sum(a, axis=None, keepdims=False):
@@ -331,7 +331,8 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
         d *= rstds[lo:hi]
         dx[lo:hi] = d
     _in_parallel(xs.shape[0], rows, per_row=C)
-    blocks = [partials[k] for k in sorted(partials)]
+    zero_rows = [(np.zeros(C), np.zeros(C))]  # no rows: dweight = dbias = zeros (C,)
+    blocks = [partials[k] for k in sorted(partials)] or zero_rows
     dweight = np.sum([p[0] for p in blocks], axis=0)
     dbias = np.sum([p[1] for p in blocks], axis=0)
     return dx.reshape(x.shape), _round(dweight, weight.dtype), _round(dbias, weight.dtype)
@@ -406,16 +407,30 @@ def _minus_rowwise(x, row_values, out):
     return out
 
 
-def cross_entropy_fwd(logits, targets):
-    """logits (N, V), targets (N,) int with -1 = ignore -> (losses (N,) fp32, 0 if ignored;
-    lse (N,) fp32, the log-sum-exp of each row, saved for backward). Stable for large logits:
-    the row max is subtracted before exp."""
+def check_targets(targets, n_classes):
+    """Raise ValueError unless every target is -1 (ignored) or in [0, n_classes): the kernels
+    index each row with it, past the row's end (CUDA) or, in a padded row, at a padding column.
+    Both backends call it; on CuPy min and max are device reductions, read by int()."""
+    if targets.size:
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < -1 or hi >= n_classes:
+            raise ValueError(f"target id {lo if lo < -1 else hi} out of range for vocab "
+                             f"{n_classes}")
+
+
+def cross_entropy_fwd(logits, targets, n_classes=None):
+    """logits (N, Vp), targets (N,) int with -1 = ignore -> (losses (N,) fp32, 0 if ignored;
+    lse (N,) fp32, the log-sum-exp of each row, saved for backward), over the first
+    V = n_classes columns (default all Vp; the columns past V are padding and are not read).
+    Stable for large logits: the row max is subtracted before exp."""
     acc = dtypes.compute_dtype(logits.dtype)
-    N, V = logits.shape
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
+    check_targets(targets, V)
     losses, lse = np.empty(N, dtype=acc), np.empty(N, dtype=acc)
 
     def rows(lo, hi):
-        x, t = logits[lo:hi], targets[lo:hi]
+        x, t = logits[lo:hi, :V], targets[lo:hi]
         m = x.max(axis=1).astype(acc)
         e = np.exp(_minus_rowwise(x, m, np.empty(x.shape, acc)))
         lse[lo:hi] = np.log(e.sum(axis=1)) + m
@@ -425,37 +440,55 @@ def cross_entropy_fwd(logits, targets):
     return losses, lse
 
 
-def cross_entropy_bwd(logits, lse, targets, dloss):
-    """dlogits (N, V) = dloss * (softmax(logits) - onehot(target)), zero rows for ignored
+def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
+    """dlogits (N, Vp) = dloss * (softmax(logits) - onehot(target)) in the first V = n_classes
+    columns (default all Vp) and exactly 0 in the padding columns past V, zero rows for ignored
     targets; dloss is a 1-element array (the upstream gradient over the count of targets)."""
     acc = dtypes.compute_dtype(logits.dtype)
     d = acc.type(np.asarray(dloss).reshape(-1)[0])
-    N, V = logits.shape
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
+    check_targets(targets, V)
     dlogits = np.empty(logits.shape, dtype=logits.dtype)
 
     def rows(lo, hi):
         t = targets[lo:hi]
-        e = dlogits[lo:hi] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32 work
-        np.exp(_minus_rowwise(logits[lo:hi], lse[lo:hi], e), out=e)   # softmax, from the lse
+        e = dlogits[lo:hi, :V] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32
+        np.exp(_minus_rowwise(logits[lo:hi, :V], lse[lo:hi], e), out=e)   # softmax, from the lse
         valid = t >= 0
         e *= (valid * d)[:, None]
         e[np.flatnonzero(valid), t[valid]] -= d                      # minus the one-hot target
         if logits.dtype != acc:
-            dlogits[lo:hi] = e
+            dlogits[lo:hi, :V] = e
+        dlogits[lo:hi, V:] = 0                                       # no gradient to padding
     _in_parallel(N, rows, chunk_rows=_CE_ROWS)
     return dlogits
 
 
 # ---------------------------------------------------------------- embedding
 
+def check_ids(idx, num_embeddings):
+    """Raise ValueError unless every id is in [0, num_embeddings) (ops.embedding's message for
+    host ids): NumPy would wrap a negative id around and raise IndexError for a large one, a
+    CUDA kernel would read or write out of bounds. Both backends call it; on CuPy min and max
+    are device reductions whose results int() reads back (a host sync)."""
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= num_embeddings:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} out of range for vocab {num_embeddings}")
+
+
 def embedding_fwd(weight, idx):
-    """weight (V, C), idx (...) int -> (..., C): a gather."""
+    """weight (V, C), idx (...) int in [0, V) -> (..., C): a gather."""
+    check_ids(idx, weight.shape[0])
     return weight[idx]
 
 
 def embedding_bwd(dout, idx, num_embeddings):
     """dout (..., C) -> dweight (V, C), rows of repeated ids summed in a fixed order (sorted),
     so the result is deterministic."""
+    check_ids(idx, num_embeddings)
     C = dout.shape[-1]
     flat_idx = idx.reshape(-1)
     order = np.argsort(flat_idx, kind="stable")

@@ -8,21 +8,30 @@ notice: launches are asynchronous (synchronize() or to_numpy() waits), dropout d
 own random stream, and adamw_step never waits for the host: the overflow skip and the clipping
 coefficient are decided on the device from norm_sq.
 
+Over 500 lines on purpose: the whole kernel contract, in cpu.py's order, to read beside it.
+
 TG_MATMUL=cublas sends matmul / matmul_nt / matmul_tn to cupy.matmul (cuBLAS, fp32 compute):
 the yardstick for the custom GEMMs, and the fallback should they misbehave.
+
+NVRTC needs a CUDA toolkit's headers (cuda_fp16.h, cuda_bf16.h), which CuPy finds in this
+order: the nvidia-cuda-runtime wheel, conda, $CUDA_PATH or $CUDA_HOME (newer cuda-pathfinder
+releases also the system's toolkit). When neither variable is set, importing this module sets
+CUDA_PATH to the toolkit of the nvcc on PATH (_cuda_path_from_nvcc).
 """
 import math
 import os
 import re
+import shutil
+import subprocess
 from functools import lru_cache
 from pathlib import Path
 
 import cupy
-import cupyx
 import numpy as np
 from cupy.cuda.memory_hook import MemoryHook
 
 from .. import dtypes
+from .cpu import check_ids, check_targets
 
 name = "cuda"
 xp = cupy
@@ -31,14 +40,14 @@ _KERNEL_DIR = Path(__file__).with_name("kernels")
 _CTYPES = {dtypes.float32: "float", dtypes.float16: "__half", dtypes.bfloat16: "__nv_bfloat16",
            dtypes.float64: "double"}
 _HALF = (dtypes.float16, dtypes.bfloat16)
-_TRAINING = (dtypes.float32, dtypes.float16, dtypes.bfloat16)  # dtypes with custom GEMMs/casts
+_TRAINING = tuple(dtypes.BY_NAME[n] for n in dtypes.TRAINING)  # dtypes with custom GEMMs/casts
 _NULL = np.uint64(0)  # a null pointer argument
 _BLOCK = 256          # threads per block of the flat and one-warp-per-row kernels
 
 
 def supported_dtypes():
     """fp16 and bf16 run natively: tensor-core GEMMs, fp32-accumulating kernels."""
-    return ("fp32", "fp16", "bf16")
+    return dtypes.TRAINING
 
 
 # ---------------------------------------------------------------- arrays and timing
@@ -128,6 +137,35 @@ def instances(source):
     return ["".join(m.split()) for m in re.findall(r"&(\w+\s*<[^>]*>)", listing)]
 
 
+def _cuda_path_from_nvcc():
+    """Point CUDA_PATH at the toolkit of the nvcc on PATH when neither CUDA_PATH nor CUDA_HOME
+    is set and that toolkit has both headers. -> the folder set, or None.
+
+    CuPy 14 ships no CUDA headers and NVRTC has none built in: CuPy passes -I<the folder of
+    cuda_runtime.h> as cuda.pathfinder finds it (see above), and where it finds none every
+    compile, CuPy's own kernels' too, fails with 'Failed to find CUDA headers'. CuPy asks once
+    per process, so this runs at import, before anything is compiled. nvcc --dryrun prints the
+    toolkit root it runs from (TOP), also through a wrapper script."""
+    nvcc = shutil.which("nvcc")
+    if os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME") or nvcc is None:
+        return None
+    try:
+        dryrun = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull],
+                                capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    top = re.search(r"^#\$ TOP=(.+)$", dryrun, re.M)
+    root = os.path.normpath(top.group(1).strip()) if top else None
+    if root is None or not all(os.path.isfile(os.path.join(root, "include", h))
+                               for h in ("cuda_fp16.h", "cuda_bf16.h")):
+        return None
+    os.environ["CUDA_PATH"] = root
+    return root
+
+
+_cuda_path_from_nvcc()
+
+
 @lru_cache(maxsize=None)
 def _module(filename):
     source = kernel_source(filename)
@@ -205,7 +243,8 @@ def _gemm(a, b, bias, ta, tb):
             or a.dtype not in _TRAINING):
         return _gemm_cupy(a, b, bias, ta, tb)
     if not ta and b.ndim == 2 and a.ndim > 2:  # X (..., K) @ W: one GEMM over all rows
-        return _gemm(a.reshape(-1, K), b, bias, False, tb).reshape(a.shape[:-1] + (N,))
+        rows = math.prod(a.shape[:-1])  # not -1: that cannot be solved when K = 0
+        return _gemm(a.reshape(rows, K), b, bias, False, tb).reshape(a.shape[:-1] + (N,))
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     nbatch, tile = math.prod(batch), (64 if a.dtype == dtypes.float32 else 128)
     if nbatch > 65535 or _blocks(M, tile) > 65535:  # beyond the grid's y/z limits
@@ -216,6 +255,9 @@ def _gemm(a, b, bias, ta, tb):
         return c
     if bias is not None:
         bias = cupy.ascontiguousarray(bias, dtype=a.dtype)
+    if K == 0:  # an empty sum: C = bias (or 0), as np.matmul gives; no kernel to launch
+        c[...] = 0 if bias is None else bias
+        return c
     vec = 16 // a.itemsize  # cp.async moves 16 bytes: contiguous dims and pointers must allow it
     aligned = ((M if ta else K) % vec == 0 and (K if tb else N) % vec == 0
                and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0)
@@ -235,12 +277,12 @@ def matmul(a, b, bias=None):
 
 
 def matmul_nt(a, b):
-    """(..., M, N) @ (..., K, N)^T -> (..., M, K)."""
+    """(..., M, K) @ (..., N, K)^T -> (..., M, N)."""
     return _gemm(a, b, None, False, True)
 
 
 def matmul_tn(a, b):
-    """(..., M, K)^T @ (..., M, N) -> (..., K, N)."""
+    """(..., K, M)^T @ (..., K, N) -> (..., M, N)."""
     return _gemm(a, b, None, True, False)
 
 
@@ -254,13 +296,14 @@ def _binary(op, ufunc):
         arrays = [x for x in (a, b) if isinstance(x, cupy.ndarray)]
         dtype = np.result_type(*[x.dtype for x in arrays])
         shape = arrays[0].shape
-        if (dtype in _CTYPES
-                and all(x.dtype == dtype and x.shape == shape and x.flags.c_contiguous for x in arrays)
-                and (out is None or (out.dtype == dtype and out.shape == shape and out.flags.c_contiguous))):
+        plain = [x.dtype == dtype and x.shape == shape and x.flags.c_contiguous
+                 for x in arrays + ([] if out is None else [out])]
+        if dtype in _CTYPES and all(plain):
             y = cupy.empty(shape, dtype=dtype) if out is None else out
             ptrs = [x if isinstance(x, cupy.ndarray) else _NULL for x in (a, b)]
             scalars = [_acc(dtype)(0 if isinstance(x, cupy.ndarray) else x) for x in (a, b)]
-            _flat("elementwise.cu", "binary", (dtype, op), y.size, *ptrs, *scalars, y, np.int64(y.size))
+            _flat("elementwise.cu", "binary", (dtype, op), y.size, *ptrs, *scalars, y,
+                  np.int64(y.size))
             return y
         if dtype in _HALF:
             y = ufunc(_f32(a), _f32(b))
@@ -312,17 +355,10 @@ def concat(arrays, axis):
 
 
 def index_bwd(dy, shape, index):
-    """Gradient of x[index]: zeros of x's shape with dy scattered (added) at index. Repeated
-    integer indices are summed in fp32 with atomics (order not fixed)."""
-    index = tuple(cupy.asarray(i) if isinstance(i, np.ndarray) else i for i in
-                  (index if isinstance(index, tuple) else (index,)))
-    if not any(isinstance(i, cupy.ndarray) and i.dtype != bool for i in index):
-        dx = cupy.zeros(shape, dtype=dy.dtype)
-        dx[index] = dy
-        return dx
-    acc = cupy.zeros(shape, dtype=dtypes.compute_dtype(dy.dtype))
-    cupyx.scatter_add(acc, index, dy.astype(acc.dtype, copy=False))
-    return acc.astype(dy.dtype, copy=False)
+    """Gradient of x[index] for a basic index, as cpu.index_bwd: zeros with dy written."""
+    dx = cupy.zeros(shape, dtype=dy.dtype)
+    dx[index] = dy
+    return dx
 
 
 def sum(a, axis=None, keepdims=False):
@@ -360,14 +396,15 @@ def dropout_fwd(x, p, seed):
 # ---------------------------------------------------------------- row reductions
 
 def _rows(x):
-    """x as contiguous (rows, C): the shapes the row kernels take."""
+    """x contiguous, with the (rows, C) the row kernels view it as (either may be 0)."""
     x = cupy.ascontiguousarray(x)
-    return x, x.size // x.shape[-1], x.shape[-1]
+    return x, math.prod(x.shape[:-1]), x.shape[-1]
 
 
 def _check_same_dtype(*arrays):
     if len({a.dtype for a in arrays}) != 1:
-        raise TypeError("the CUDA kernel needs one dtype, got " + ", ".join(str(a.dtype) for a in arrays))
+        got = ", ".join(str(a.dtype) for a in arrays)
+        raise TypeError(f"the CUDA kernel needs one dtype, got {got}")
 
 
 def layernorm_fwd(x, weight, bias, eps=1e-5):
@@ -378,7 +415,8 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
     y = cupy.empty_like(x)
     mean, rstd = cupy.empty(x.shape[:-1], dtype=stat), cupy.empty(x.shape[:-1], dtype=stat)
     _per_row("rownorm.cu", "layernorm_fwd", x.dtype, rows, x, cupy.ascontiguousarray(weight),
-             cupy.ascontiguousarray(bias), y, mean, rstd, np.int32(rows), np.int32(C), stat.type(eps))
+             cupy.ascontiguousarray(bias), y, mean, rstd, np.int32(rows), np.int32(C),
+             stat.type(eps))
     return y, mean, rstd
 
 
@@ -391,6 +429,8 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     stat = dtypes.compute_dtype(x.dtype)
     mean, rstd = cupy.ascontiguousarray(mean, dtype=stat), cupy.ascontiguousarray(rstd, dtype=stat)
     dx = cupy.empty_like(x)
+    if dx.size == 0:  # no rows (or columns): nothing to sum, and a 0-block grid is invalid
+        return dx, cupy.zeros(C, dtype=x.dtype), cupy.zeros(C, dtype=x.dtype)
     _per_row("rownorm.cu", "layernorm_bwd_dx", x.dtype, rows, dy, x, weight, mean, rstd, dx,
              np.int32(rows), np.int32(C))
     rows_per_block = max(1, _blocks(rows, 256))  # at most 256 chunks: the partials stay small
@@ -426,42 +466,55 @@ def softmax_causal_bwd(probs, dprobs, scale):
     return ds
 
 
-def cross_entropy_fwd(logits, targets):
-    """logits (N, V), targets (N,) int, -1 = ignore -> (losses (N,) fp32, 0 if ignored;
-    lse (N,) fp32). One block per row (see softmax.cu)."""
+def _loss_rows(logits, targets, n_classes):
+    """-> contiguous logits (N, Vp), int64 targets checked against V, N, V, Vp. The check is a
+    device reduction and a host read: the kernels index each row with its target."""
     logits = cupy.ascontiguousarray(logits)
-    N, V = logits.shape
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
     targets = cupy.ascontiguousarray(targets, dtype=cupy.int64)
+    check_targets(targets, V)
+    return logits, targets, N, V, Vp
+
+
+def cross_entropy_fwd(logits, targets, n_classes=None):
+    """logits (N, Vp), targets (N,) int, -1 = ignore -> (losses (N,) fp32, 0 if ignored;
+    lse (N,) fp32) over the first V = n_classes columns (default all Vp), as cpu.py. One block
+    per row (see softmax.cu)."""
+    logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
     acc = dtypes.compute_dtype(logits.dtype)
     losses, lse = cupy.empty(N, dtype=acc), cupy.empty(N, dtype=acc)
     if N:
         _kernel("softmax.cu", "cross_entropy_fwd", logits.dtype)(
-            (N,), (512,), (logits, targets, losses, lse, np.int32(V)))
+            (N,), (512,), (logits, targets, losses, lse, np.int32(V), np.int32(Vp)))
     return losses, lse
 
 
-def cross_entropy_bwd(logits, lse, targets, dloss):
-    """dlogits (N, V) = dloss * (softmax - onehot(target)), zero rows for ignored targets.
-    dloss is a 1-element device array, read by the kernel (no host synchronization)."""
-    logits = cupy.ascontiguousarray(logits)
-    N, V = logits.shape
+def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
+    """dlogits (N, Vp) = dloss * (softmax - onehot(target)) in the first V = n_classes columns
+    (default all Vp), 0 in the padding columns past V, zero rows for ignored targets, as cpu.py.
+    dloss is a 1-element device array, read by the kernel (no host synchronization for it; the
+    target check in _loss_rows is one)."""
+    logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
     acc = dtypes.compute_dtype(logits.dtype)
     dlogits = cupy.empty_like(logits)
     if N:
         _kernel("softmax.cu", "cross_entropy_bwd", logits.dtype)(
-            (N,), (512,), (logits, cupy.ascontiguousarray(lse, dtype=acc),
-                           cupy.ascontiguousarray(targets, dtype=cupy.int64),
+            (N,), (512,), (logits, cupy.ascontiguousarray(lse, dtype=acc), targets,
                            cupy.ascontiguousarray(dloss, dtype=acc).reshape(1), dlogits,
-                           np.int32(V)))
+                           np.int32(V), np.int32(Vp)))
     return dlogits
 
 
 # ---------------------------------------------------------------- embedding
 
 def embedding_fwd(weight, idx):
-    """weight (V, C), idx (...) int -> (..., C): a gather."""
+    """weight (V, C), idx (...) int in [0, V) -> (..., C): a gather. Ids out of range raise
+    cpu.py's ValueError, checked here (one device min/max, read by the host) before the launch:
+    the kernel does no bounds check."""
     weight = cupy.ascontiguousarray(weight)
     idx = cupy.ascontiguousarray(idx, dtype=cupy.int64)
+    check_ids(idx, weight.shape[0])
     out = cupy.empty(idx.shape + weight.shape[1:], dtype=weight.dtype)
     if idx.size:
         _kernel("embedding.cu", "embedding_fwd", weight.dtype)(
@@ -471,10 +524,12 @@ def embedding_fwd(weight, idx):
 
 def embedding_bwd(dout, idx, num_embeddings):
     """dout (..., C) -> dweight (V, C); repeated ids summed in increasing position, the order of
-    cpu.py's stable sort, by one block per id: deterministic."""
+    cpu.py's stable sort, by one block per id: deterministic. Ids are checked as in
+    embedding_fwd (a negative one would write before dweight)."""
     C = dout.shape[-1]
     dout = cupy.ascontiguousarray(dout).reshape(-1, C)
     flat = cupy.ascontiguousarray(idx, dtype=cupy.int64).reshape(-1)
+    check_ids(flat, num_embeddings)
     n = flat.size
     keys = cupy.sort(flat * n + cupy.arange(n, dtype=cupy.int64))  # unique: id-major, then position
     dweight = cupy.zeros((num_embeddings, C), dtype=dout.dtype)
@@ -493,8 +548,10 @@ def grad_norm_sq(grad):
     acc = dtypes.compute_dtype(g.dtype)
     nblocks = max(1, min(1024, _blocks(g.size)))
     partial, out = cupy.empty(nblocks, dtype=acc), cupy.empty(1, dtype=acc)
-    _kernel("adamw.cu", "sum_partials", g.dtype, True)((nblocks,), (_BLOCK,), (g, partial, np.int64(g.size)))
-    _kernel("adamw.cu", "sum_partials", acc, False)((1,), (1024,), (partial, out, np.int64(nblocks)))
+    _kernel("adamw.cu", "sum_partials", g.dtype, True)(
+        (nblocks,), (_BLOCK,), (g, partial, np.int64(g.size)))
+    _kernel("adamw.cu", "sum_partials", acc, False)(
+        (1,), (1024,), (partial, out, np.int64(nblocks)))
     return out
 
 
@@ -506,12 +563,11 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
     for a in (master, grad, m, v) + (() if working is None else (working,)):
         if not a.flags.c_contiguous or a.size != master.size:
             raise ValueError("adamw_step updates flat contiguous buffers of one size in place")
-    P = master.dtype.type
-    f32 = lambda x: P(np.float32(x))  # constants cpu.py rounds to fp32 even in fp64 runs
+    P = master.dtype.type  # every constant rounded once to the master's dtype, as cpu.py's acc
     bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+    norm_sq = cupy.ascontiguousarray(norm_sq, dtype=dtypes.compute_dtype(grad.dtype))
     _flat("adamw.cu", "adamw_step", (master.dtype, grad.dtype), master.size,
-          master, grad, m, v, _NULL if working is None else working,
-          cupy.ascontiguousarray(norm_sq, dtype=master.dtype), np.int64(master.size),
-          np.int64(n_decay), np.float64(inv_scale), np.float64(max_norm), P(beta1), P(1 - beta1),
-          P(beta2), P(1 - beta2), P(eps), f32(1 - lr * weight_decay), f32(lr / bc1),
-          f32(1 / np.sqrt(bc2)))
+          master, grad, m, v, _NULL if working is None else working, norm_sq,
+          np.int64(master.size), np.int64(n_decay), np.float64(inv_scale), np.float64(max_norm),
+          P(beta1), P(1 - beta1), P(beta2), P(1 - beta2), P(eps), P(1 - lr * weight_decay),
+          P(lr / bc1), P(1 / np.sqrt(bc2)))

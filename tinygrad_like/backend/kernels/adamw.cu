@@ -20,28 +20,34 @@ __global__ void sum_partials(const T* x, acc_t<T>* out, long long n) {
     if (threadIdx.x == 0) out[blockIdx.x] = sum;
 }
 
-// One AdamW step, in place, one thread per element. master, m, v: (n,) in P (fp32; optim/ keeps
-// them fp32 even for an fp64 model); grad: (n,) in G, still multiplied by the loss scale;
-// working: (n,) G copy of the weights refreshed from master, or null; norm_sq: (1,) P sum of
-// squares of the scaled grad (cuda.py converts it to P).
+// One AdamW step, in place, one thread per element. master, m, v: (n,) in P (fp32 from optim/;
+// fp64 in the gradient checks); grad: (n,) in G, still multiplied by the loss scale; working:
+// (n,) G copy of the weights refreshed from master, or null; norm_sq: (1,) acc_t<G>, the sum of
+// squares of the scaled grad exactly as grad_norm_sq returned it.
 // As cpu.adamw_step: if norm_sq is inf/nan every thread returns (the step is skipped; nothing
 // is written). Else g = grad * coef with coef = inv_scale * min(1, max_norm / (norm + 1e-6))
-// (norm = sqrt(norm_sq) inv_scale; no clip when max_norm == 0), computed in fp64 and rounded to
-// fp32 as cpu.py does; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; the first n_decay weights
-// are multiplied by decay = 1 - lr wd; then w -= lr_bc1 * m / (sqrt(v) inv_sqrt_bc2 + eps).
+// (norm = sqrt(norm_sq) inv_scale; no clip when max_norm == 0), computed in double with the
+// operations of cpu.py's Python floats and rounded once to P, as its acc(g_coef);
+// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; the first n_decay weights are multiplied by
+// decay = 1 - lr wd; then w -= lr_bc1 * m / (sqrt(v) inv_sqrt_bc2 + eps). Each P scalar is
+// rounded by cuda.py from the Python float once, to P, as cpu.py rounds it (acc(...), or NumPy
+// rounding a Python float operand to the array's dtype); inv_scale and max_norm stay double.
 template <typename P, typename G>
-__global__ void adamw_step(P* master, const G* grad, P* m, P* v, G* working, const P* norm_sq,
-                           long long n, long long n_decay, double inv_scale, double max_norm,
-                           P beta1, P one_minus_beta1, P beta2, P one_minus_beta2, P eps,
-                           P decay, P lr_bc1, P inv_sqrt_bc2) {
+__global__ void adamw_step(P* master, const G* grad, P* m, P* v, G* working,
+                           const acc_t<G>* norm_sq, long long n, long long n_decay,
+                           double inv_scale, double max_norm, P beta1, P one_minus_beta1, P beta2,
+                           P one_minus_beta2, P eps, P decay, P lr_bc1, P inv_sqrt_bc2) {
     const long long i = global_index();
     if (i >= n) return;
-    const P scaled_norm_sq = norm_sq[0];
+    const double scaled_norm_sq = norm_sq[0];  // exact, as cpu.py's float(norm_sq[0])
     if (!isfinite(scaled_norm_sq)) return;
     double coef = inv_scale;
-    if (max_norm > 0) coef *= fmin(1.0, max_norm / (sqrt(double(scaled_norm_sq)) * inv_scale + 1e-6));
+    if (max_norm > 0) {  // _rn: no FMA contraction, so coef is bit-identical to cpu.py's
+        const double norm = __dmul_rn(sqrt(scaled_norm_sq), inv_scale);
+        coef *= fmin(1.0, max_norm / __dadd_rn(norm, 1e-6));
+    }
 
-    const P g = P(to_acc(grad[i])) * P(float(coef));
+    const P g = P(to_acc(grad[i])) * P(coef);
     const P mi = m[i] * beta1 + one_minus_beta1 * g;
     const P vi = v[i] * beta2 + one_minus_beta2 * (g * g);
     P w = master[i];

@@ -2,7 +2,9 @@
 #include "common.cuh"
 
 // out[t, :] = weight[idx[t], :]. Launch: one block per token, 256 threads striding over C.
-// weight: (V, C); idx: (N,) int64; out: (N, C). As cpu.embedding_fwd (weight[idx]).
+// weight: (V, C); idx: (N,) int64, every id in [0, V): cuda.py checks that on the host before
+// the launch and raises the ValueError cpu.py raises (no bounds check here). As
+// cpu.embedding_fwd (weight[idx]).
 template <typename T>
 __global__ void embedding_fwd(const T* weight, const long long* idx, T* out, int C) {
     const T* src = weight + idx[blockIdx.x] * C;
@@ -15,7 +17,8 @@ __global__ void embedding_fwd(const T* weight, const long long* idx, T* out, int
 // Launch: one block per sorted position, 256 threads striding over C; the block at the first
 // position of a run sums that run's rows in order (every other block returns), so the result
 // does not depend on scheduling: deterministic, and the same order as cpu.embedding_bwd
-// (stable argsort, then add.reduceat). dout: (N, C); dweight: (V, C), zeroed by the caller.
+// (stable argsort, then add.reduceat). dout: (N, C); dweight: (V, C), zeroed by the caller;
+// every id in [0, V), checked by cuda.py as for the forward.
 template <typename T>
 __global__ void embedding_bwd(const T* dout, const long long* keys, T* dweight, int N, int C) {
     const int start = blockIdx.x;

@@ -8,7 +8,9 @@
 // All arrays are row-major and contiguous within a batch; batch b starts at b * stride (stride 0
 // broadcasts one matrix over the batch). Ragged sizes: tiles that run past M, N or K are
 // zero-filled when loaded and bounds-checked when stored. Accumulation is always fp32, and the
-// bias is added in fp32 before the one rounding to T, as cpu.matmul does.
+// bias is added in fp32 before the one rounding to T, as cpu.matmul does. K = 0 is correct
+// (C = bias, or 0: no k-tile runs and the loads in flight are drained before exit), though
+// cuda.py never launches it: it fills C on the host side without a kernel.
 //
 // Shared memory tiles mirror the global layout (a tile of [K][M] stays k-major), so the global
 // -> shared copy is a plain 2-D copy: 16 bytes per cp.async when ASYNC (the contiguous dims are
@@ -21,13 +23,18 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 }
 
 // 16-byte asynchronous copy global -> shared; src_bytes = 0 writes 16 zero bytes instead.
+// Every cp.async asm has the "memory" clobber: it writes shared memory behind the compiler's
+// back, so the compiler must not keep shared values in registers across the copy or the wait,
+// nor move ordinary loads and stores of the tiles across them.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
+                 "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
 // Copy the ROWS x COLS tile at (row0, col0) of a row-major matrix g (nrows x ncols, leading
@@ -113,6 +120,7 @@ gemm_f32(const float* A, const float* B, const float* bias, float* C, int M, int
         }
         __syncthreads();  // everyone is done with stage t % 2 before it is refilled
     }
+    cp_async_wait<0>();  // K = 0 runs no iteration: the prologue's copies must land before exit
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int row = m0 + ty + 16 * i;
@@ -218,6 +226,7 @@ gemm_tc(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, long l
         }
         __syncthreads();
     }
+    cp_async_wait<0>();  // as gemm_f32: no copy is left in flight when K = 0
     // Accumulator fragment: lane holds rows lane/4 and lane/4 + 8, columns 2 (lane%4) + {0, 1}.
 #pragma unroll
     for (int i = 0; i < 4; ++i)

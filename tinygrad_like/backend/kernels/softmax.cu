@@ -68,17 +68,19 @@ __global__ void softmax_causal_bwd(const T* probs, const T* dprobs, T* dscores, 
         dscores[off + k] = from_acc<T>((to_acc(dprobs[off + k]) - dot) * to_acc(probs[off + k]) * scale);
 }
 
-// Cross-entropy forward over the vocabulary. logits: (N, V); targets: (N,) int64, -1 = ignored;
-// losses, lse: (N,) acc_t<T>. Launch: one block per row, 512 threads. Reads the row once with an
+// Cross-entropy forward over the vocabulary. logits: (N, Vp) rows, of which the first V columns
+// are the classes (Vp > V: the LM head's padded vocabulary, whose padding columns are not read);
+// targets: (N,) int64 in [0, V) (checked on the host by cuda.py) or -1 = ignored; losses, lse:
+// (N,) acc_t<T>. Launch: one block per row, 512 threads. Reads the row's V classes once with an
 // online max/sum, merges the per-thread states (warp shuffles, then shared memory) and writes
 // lse = log(sum) + max and loss = lse - logit[target] (0 if ignored), as cpu.cross_entropy_fwd.
 template <typename T>
 __global__ void cross_entropy_fwd(const T* logits, const long long* targets, acc_t<T>* losses,
-                                  acc_t<T>* lse, int V) {
+                                  acc_t<T>* lse, int V, int Vp) {
     typedef acc_t<T> A;
     __shared__ A warp_m[32], warp_s[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    const T* x = logits + (long long)blockIdx.x * V;
+    const T* x = logits + (long long)blockIdx.x * Vp;
 
     A m = neg_inf<A>(), s = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) online_add(m, s, to_acc(x[v]));
@@ -101,19 +103,23 @@ __global__ void cross_entropy_fwd(const T* logits, const long long* targets, acc
     }
 }
 
-// Cross-entropy backward: dlogits = dloss * (exp(logit - lse) - onehot(target)), zero rows for
+// Cross-entropy backward: dlogits = dloss * (exp(logit - lse) - onehot(target)) in the first V
+// columns of each (Vp-long) row and exactly 0 in the padding columns past V, zero rows for
 // ignored targets, as cpu.cross_entropy_bwd. dloss: a 1-element device array (the upstream
 // gradient, loss scale included, over the number of targets), read on the device so the host
-// never waits. Launch: one block per row, 512 threads, one read of the row and one write.
+// never waits. Launch: one block per row, 512 threads, one read of the V classes and one write
+// of the Vp-long row.
 template <typename T>
 __global__ void cross_entropy_bwd(const T* logits, const acc_t<T>* lse, const long long* targets,
-                                  const acc_t<T>* dloss, T* dlogits, int V) {
+                                  const acc_t<T>* dloss, T* dlogits, int V, int Vp) {
     typedef acc_t<T> A;
-    const long long off = (long long)blockIdx.x * V;
+    const long long off = (long long)blockIdx.x * Vp;
     const long long target = targets[blockIdx.x];
     const A d = target >= 0 ? dloss[0] : A(0), row_lse = lse[blockIdx.x];
-    for (int v = threadIdx.x; v < V; v += blockDim.x)
-        dlogits[off + v] = from_acc<T>(tg_exp(to_acc(logits[off + v]) - row_lse) * d - (v == target ? d : A(0)));
+    for (int v = threadIdx.x; v < Vp; v += blockDim.x)
+        dlogits[off + v] = v < V ? from_acc<T>(tg_exp(to_acc(logits[off + v]) - row_lse) * d
+                                               - (v == target ? d : A(0)))
+                                 : from_acc<T>(A(0));
 }
 
 #ifdef TG_CHECK_INSTANTIATE

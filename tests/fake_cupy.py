@@ -1,0 +1,317 @@
+"""A NumPy stand-in for the part of CuPy that backend/cuda.py uses: the one check of the CUDA glue
+(argument packing, launch shapes, the compile list) that runs without a GPU.
+
+Arrays are NumPy arrays of a subclass, `ndarray`, with CuPy's `.data.ptr`; the array functions
+delegate to NumPy and return that subclass. RawModule parses the CUDA source it is given (what
+cuda.kernel_source builds) for every `__global__` signature, and get_function("name<args>")
+instantiates one: template parameters substituted, acc_t<T> resolved from common.cuh's
+`Num<T>::acc` typedefs. Calling the kernel checks the launch as CuPy would pack it and the GPU
+would accept it, and records it in LAUNCHES; it computes nothing (outputs keep what they held).
+
+installed() puts the stand-in in sys.modules, imports a fresh tinygrad_like.backend.cuda over
+it, and restores sys.modules (and os.environ) afterwards.
+"""
+import contextlib
+import importlib
+import os
+import re
+import sys
+import types
+from typing import NamedTuple
+from unittest import mock
+
+import ml_dtypes
+import numpy as np
+
+
+class LaunchError(Exception):
+    """A launch that CuPy would pack wrongly or the GPU would refuse."""
+
+
+class Launch(NamedTuple):
+    name: str      # the instance, e.g. "gemm_tc<__half,false,true,true>"
+    grid: tuple
+    block: tuple
+    args: tuple
+    source: str    # the module's CUDA source
+
+
+LAUNCHES = []  # every launch that passed the checks, in order
+
+# C type -> NumPy dtype, for pointees and for scalar arguments
+_DTYPES = {c: np.dtype(t) for c, t in {
+    "float": np.float32, "double": np.float64, "__half": np.float16,
+    "__nv_bfloat16": ml_dtypes.bfloat16, "int": np.int32, "long long": np.int64,
+    "unsigned long long": np.uint64, "unsigned": np.uint32, "bool": np.bool_}.items()}
+
+# ---------------------------------------------------------------- arrays
+
+
+class _Pointer(NamedTuple):
+    ptr: int
+
+
+class ndarray(np.ndarray):
+    """A NumPy array posing as cupy.ndarray. .data.ptr is the address of the first element, as
+    CuPy's (so slices with a non-zero start have an offset pointer)."""
+
+    @property
+    def data(self):
+        return _Pointer(self.__array_interface__["data"][0])
+
+
+def _device(x):
+    """NumPy results (arrays, 0-d scalars, tuples of them) as device arrays, as CuPy returns."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np.asarray(x).view(ndarray)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_device(i) for i in x)
+    return x
+
+
+def _on_device(fn):
+    def wrapped(*args, **kwargs):
+        return _device(fn(*args, **kwargs))
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+def asarray(a, dtype=None):
+    """A copy on the "device", unless a is already a device array of that dtype (as CuPy)."""
+    return _device(np.asarray(a, dtype) if isinstance(a, ndarray) else np.array(a, dtype))
+
+
+def asnumpy(a):
+    return np.array(a)
+
+
+_ARRAY_FUNCTIONS = ("empty", "zeros", "empty_like", "ascontiguousarray", "broadcast_to", "matmul",
+                    "concatenate", "sort", "arange", "sum", "add", "subtract", "multiply",
+                    "divide", "negative")
+
+# ---------------------------------------------------------------- kernels
+
+_SIGNATURE = re.compile(r"(?:template\s*<([^>]*)>\s*)?__global__\s+void\s+"
+                        r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{")
+_ACC = re.compile(r"struct\s+Num<(\w+)>\s*\{\s*typedef\s+(\w+)\s+acc\s*;")
+_GRID_MAX, _BLOCK_MAX = (2 ** 31 - 1, 65535, 65535), (1024, 1024, 64)
+
+
+def _body(source, open_brace):
+    """The text of the block that starts at source[open_brace] == '{'."""
+    depth = 0
+    for i in range(open_brace, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[i], 0)
+        if depth == 0:
+            return source[open_brace:i + 1]
+    raise LaunchError("unbalanced braces in the kernel source")
+
+
+class _Param(NamedTuple):
+    name: str
+    ctype: str        # without const / pointer, e.g. "long long"
+    pointer: bool
+    nullable: bool    # the body tests the pointer (`if (p)`, `p ? ...`): null may be passed
+
+
+class _Template(NamedTuple):
+    params: list      # [(kind, name)], kind: typename, bool or int
+    args: str         # the parameter list as written
+    body: str
+
+
+def _instantiate(template, targs, acc):
+    """[_Param] of a kernel with its template parameters bound to targs (C spellings)."""
+    if len(targs) != len(template.params):
+        raise LaunchError(f"{len(targs)} template arguments for {len(template.params)} parameters")
+    bound = {}  # typename parameter -> C type
+    for (kind, pname), value in zip(template.params, targs):
+        fits = {"typename": value in _DTYPES, "bool": value in ("true", "false"),
+                "int": re.fullmatch(r"-?\d+", value) is not None}.get(kind, False)
+        if not fits:
+            raise LaunchError(f"template argument {value!r} does not fit `{kind} {pname}`")
+        if kind == "typename":
+            bound[pname] = value
+    params = []
+    for decl in template.args.split(","):
+        decl = re.sub(r"\b(\w+)\b", lambda m: bound.get(m[1], m[1]), decl)
+        decl = re.sub(r"acc_t\s*<\s*(\w+)\s*>", lambda m: _acc_of(m[1], acc), decl)
+        name = re.search(r"(\w+)\s*$", decl)[1]
+        ctype = " ".join(re.sub(r"\b(const|__restrict__)\b|\*", " ", decl[:-len(name)]).split())
+        if ctype not in _DTYPES:
+            raise LaunchError(f"parameter `{decl.strip()}`: no NumPy type for {ctype!r}")
+        nullable = re.search(rf"\bif\s*\(\s*!?\s*{name}\s*\)|\b{name}\s*\?", template.body)
+        params.append(_Param(name, ctype, "*" in decl, nullable is not None))
+    return params
+
+
+def _acc_of(ctype, acc):
+    if ctype not in acc:
+        raise LaunchError(f"acc_t<{ctype}>: common.cuh defines no Num<{ctype}>")
+    return acc[ctype]
+
+
+def _dims(what, dims, limits):
+    if not isinstance(dims, tuple) or not 1 <= len(dims) <= 3:
+        raise LaunchError(f"{what} must be a tuple of 1 to 3 ints, got {dims!r}")
+    for axis, (d, limit) in enumerate(zip(dims, limits)):
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 1 <= d <= limit:
+            raise LaunchError(f"{what} {dims}: dimension {'xyz'[axis]} must be an int in "
+                              f"[1, {limit}]")
+
+
+class Kernel:
+    def __init__(self, name, params, source):
+        self.name, self.params, self.source = name, params, source
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        _dims("grid", grid, _GRID_MAX)
+        _dims("block", block, _BLOCK_MAX)
+        if np.prod(block) > 1024:
+            raise LaunchError(f"block {block}: more than 1024 threads")
+        if not isinstance(args, tuple) or len(args) != len(self.params):
+            raise LaunchError(f"{self.name} takes a tuple of {len(self.params)} arguments, got "
+                              f"{len(args) if isinstance(args, tuple) else type(args).__name__}")
+        for i, (arg, p) in enumerate(zip(args, self.params)):
+            try:
+                (self._pointer if p.pointer else self._scalar)(arg, p)
+            except LaunchError as e:
+                raise LaunchError(f"{self.name}, argument {i} ({p.name}): {e}") from None
+        LAUNCHES.append(Launch(self.name, grid, block, args, self.source))
+
+    @staticmethod
+    def _pointer(arg, p):
+        want = _DTYPES[p.ctype]
+        if isinstance(arg, ndarray):
+            if arg.dtype != want:
+                raise LaunchError(f"a {arg.dtype} array for a {p.ctype}* ({want})")
+            if not arg.flags.c_contiguous:
+                raise LaunchError(f"a non-contiguous array (strides {arg.strides})")
+        elif type(arg) is np.uint64 and arg == 0:
+            if not p.nullable:
+                raise LaunchError("a null pointer, but the kernel never tests it for null")
+        else:
+            raise LaunchError(f"{type(arg).__name__} for a {p.ctype}*: pass a device array or "
+                              f"np.uint64(0)")
+
+    @staticmethod
+    def _scalar(arg, p):
+        want = _DTYPES[p.ctype]
+        if not isinstance(arg, np.generic):
+            raise LaunchError(f"{type(arg).__name__} for a {p.ctype}: CuPy packs a Python int as "
+                              f"8 bytes and a float as a double whatever the parameter is; pass "
+                              f"np.{want.name}(...)")
+        if arg.dtype != want:
+            raise LaunchError(f"np.{arg.dtype.name} for a {p.ctype} (np.{want.name})")
+
+
+class RawModule:
+    """cupy.RawModule over a source text: parses every __global__ signature; the instances in
+    name_expressions are instantiated up front, as NVRTC compiles them all."""
+
+    def __init__(self, code, options=(), name_expressions=()):
+        self.code, self.name_expressions = code, tuple(name_expressions)
+        acc = dict(_ACC.findall(code))
+        self.templates = {}
+        for m in _SIGNATURE.finditer(code):
+            params = [tuple(p.split()) for p in (m[1] or "").split(",") if p.strip()]
+            self.templates[m[2]] = _Template(params, m[3], _body(code, m.end() - 1))
+        if len(self.templates) != len(re.findall(r"\b__global__\b", code)):
+            raise LaunchError("a __global__ kernel the stand-in could not parse")
+        self.kernels = {}
+        for expr in self.name_expressions:
+            m = re.fullmatch(r"(\w+)(?:<([^<>]*)>)?", expr)
+            if m is None or m[1] not in self.templates:
+                raise LaunchError(f"name expression {expr!r} names no kernel of the source")
+            targs = [a.strip() for a in (m[2] or "").split(",") if a.strip()]
+            self.kernels[expr] = Kernel(expr, _instantiate(self.templates[m[1]], targs, acc),
+                                        code)
+
+    def get_function(self, name):
+        if name not in self.kernels:
+            raise LaunchError(f"{name!r} is not in name_expressions: NVRTC would not have "
+                              f"compiled it")
+        return self.kernels[name]
+
+
+# ---------------------------------------------------------------- the modules
+
+
+class _Event:
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _Device:
+    def __init__(self, id=0):
+        self.id = id
+
+    def synchronize(self):
+        pass
+
+
+class _MemoryHook:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+class _Pool:
+    def used_bytes(self):
+        return 0
+
+    def total_bytes(self):
+        return 0
+
+
+def _modules():
+    """Fresh module objects for cupy, cupy.cuda and cupy.cuda.memory_hook."""
+    cupy = types.ModuleType("cupy")
+    for fn in _ARRAY_FUNCTIONS:
+        setattr(cupy, fn, _on_device(getattr(np, fn)))
+    cupy.ndarray, cupy.int64 = ndarray, np.int64
+    cupy.asarray, cupy.asnumpy, cupy.RawModule = asarray, asnumpy, RawModule
+    cupy.get_default_memory_pool = _Pool
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.Device, cuda.Event = _Device, _Event
+    cuda.get_elapsed_time = lambda start, end: 0.0
+    cuda.runtime = types.SimpleNamespace(  # no device: a stand-in must never pass for a GPU
+        getDeviceCount=lambda: 0,
+        getDeviceProperties=lambda i: {"name": b"fake_cupy (no GPU)"})
+    memory_hook = types.ModuleType("cupy.cuda.memory_hook")
+    memory_hook.MemoryHook = _MemoryHook
+    cupy.cuda, cuda.memory_hook = cuda, memory_hook
+    return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory_hook": memory_hook}
+
+
+_CUDA = "tinygrad_like.backend.cuda"
+_NAMES = ("cupy", "cupy.cuda", "cupy.cuda.memory_hook", _CUDA)
+
+
+@contextlib.contextmanager
+def installed():
+    """with installed() as cuda: backend/cuda.py imported over the stand-in. On exit sys.modules
+    (real CuPy included), the backend package's `cuda` attribute and os.environ (importing
+    cuda.py may set CUDA_PATH) are as they were."""
+    from tinygrad_like import backend
+    backend.cuda_available()  # cached now, from the real environment, never from the stand-in
+    saved = {n: sys.modules[n] for n in _NAMES if n in sys.modules}
+    saved_attr = backend.__dict__.get("cuda")
+    sys.modules.pop(_CUDA, None)
+    sys.modules.update(_modules())
+    try:
+        with mock.patch.dict(os.environ):
+            yield importlib.import_module(_CUDA)
+    finally:
+        for n in _NAMES:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+        if saved_attr is None:
+            backend.__dict__.pop("cuda", None)
+        else:
+            backend.cuda = saved_attr
