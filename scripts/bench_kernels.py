@@ -2,27 +2,38 @@
 
 Shapes: B=8, T=1024, C=768, H=12 (D=64), V=50257, the MLP's 4C and the QKV projection's 3C.
 Each kernel is warmed up (which also compiles it), then timed with CUDA events: 7 samples of 5
-back-to-back launches, median per launch. The table gives, per kernel and dtype:
-  GEMMs: TFLOP/s (2 M N K per product) and the fraction of cuBLAS (cupy.matmul on the same
-         sizes, fp32 compute, operands already in its preferred layout), the cuBLAS time beside;
+back-to-back launches, median per launch. Per kernel and dtype:
+  GEMMs: TFLOP/s (2 M N K per product), and cuBLAS on the same product (cupy.matmul, fp32
+         compute, operands already in its preferred layout): its time and our fraction of it;
   everything else: GB/s over the minimum traffic (each input read once, each output written
-         once) and the fraction of the DRAM bandwidth (default: H200, HBM3e, 4.8 TB/s).
+         once) and the fraction of the DRAM bandwidth measured first (a device-to-device copy
+         of 1 GiB, bytes read plus bytes written; the H200's datasheet says 4.8 TB/s).
+Each row is printed as it is measured and the JSON file rewritten after it, so a run stopped
+part-way keeps what it measured; the aligned table comes last.
 
-Usage: python scripts/bench_kernels.py [--dtypes bf16,fp16,fp32] [--json PATH] [--peak-gbs 4800]
+    python scripts/bench_kernels.py [--dtypes bf16,fp16,fp32] [--json PATH]
 """
-import argparse
+import itertools
 import json
 import statistics
 
-import cupy
 import numpy as np
 
-from tinygrad_like import dtypes
-from tinygrad_like.backend import cuda
+from tinygrad_like import backend, dtypes
+from training.args import ArgumentParser, check_dtype, user_errors
+from training.tables import table
+
+try:  # --help and the one-line error on a machine without a GPU need no CuPy
+    import cupy
+
+    from tinygrad_like.backend import cuda
+except ImportError:
+    cupy = cuda = None
 
 B, T, C, H, V = 8, 1024, 768, 12, 50257
 BT, D = B * T, C // H
 N_PARAMS = 124_439_808  # GPT-2 124M
+HEADERS = ["kernel", "dtype", "shape", "ms", "achieved", "cuBLAS ms", "fraction"]
 
 
 def time_ms(fn, samples=7, repeats=5, warmup=2):
@@ -41,12 +52,21 @@ def time_ms(fn, samples=7, repeats=5, warmup=2):
 
 
 def measure(label, fn):
-    """time_ms(fn), or NaN (with the error printed) so one failing kernel does not stop the table."""
+    """time_ms(fn), or NaN (the error printed) so one failing kernel does not stop the table."""
     try:
         return time_ms(fn)
     except Exception as e:  # report and go on: this runs once per GPU session
-        print(f"ERROR {label}: {type(e).__name__}: {e}")
+        print(f"ERROR {label}: {type(e).__name__}: {e}", flush=True)
         return float("nan")
+
+
+def copy_gbs(nbytes=1 << 30):
+    """DRAM bandwidth as a device-to-device copy moves it (GB/s, read + written bytes), on
+    random bytes: the memory-bound kernels' ceiling on this card."""
+    src = cupy.random.randint(0, 256, nbytes, dtype=cupy.uint8)
+    dst = cupy.empty_like(src)
+    ms = time_ms(lambda: dst.data.copy_from_device_async(src.data, nbytes))
+    return 2 * nbytes / ms / 1e6
 
 
 def rand(shape, dtype, scale=1.0):
@@ -70,23 +90,21 @@ GEMMS = [
 
 
 def gemm_rows(dtype):
-    rows = []
+    """Each GEMM, ours and cuBLAS: one row dict at a time."""
+    name = dtypes.name(dtype)
     for label, kernel, batch, M, K, N, with_bias in GEMMS:
         a = rand(batch + ((K, M) if kernel == "matmul_tn" else (M, K)), dtype)
-        b = rand((batch if batch else ()) + ((N, K) if kernel == "matmul_nt" else (K, N)), dtype, 0.05)
-        bias = rand((N,), dtype) if with_bias else None
-        args = (a, b) + ((bias,) if with_bias else ())
-        ms = measure(f"{kernel} {label} {dtypes.name(dtype)}", lambda: getattr(cuda, kernel)(*args))
+        b = rand(batch + ((N, K) if kernel == "matmul_nt" else (K, N)), dtype, 0.05)
+        args = (a, b) + ((rand((N,), dtype),) if with_bias else ())
+        ms = measure(f"{kernel} {label} {name}", lambda: getattr(cuda, kernel)(*args))
         a_nn = cupy.ascontiguousarray(a.swapaxes(-1, -2)) if kernel == "matmul_tn" else a
         b_nn = cupy.ascontiguousarray(b.swapaxes(-1, -2)) if kernel == "matmul_nt" else b
-        cublas_ms = measure(f"cupy.matmul {label} {dtypes.name(dtype)}", lambda: cupy.matmul(a_nn, b_nn))
+        cublas_ms = measure(f"cupy.matmul {label} {name}", lambda: cupy.matmul(a_nn, b_nn))
         flops = 2.0 * M * N * K * int(np.prod(batch))
-        rows.append({"kernel": f"{kernel}: {label}", "dtype": dtypes.name(dtype),
-                     "shape": f"{'x'.join(map(str, batch)) + ' of ' if batch else ''}{M}x{K} @ {K}x{N}",
-                     "ms": ms, "tflops": flops / ms / 1e9, "cublas_ms": cublas_ms,
-                     "of_cublas": cublas_ms / ms})
-        del a, b, bias
-    return rows
+        yield {"kernel": f"{kernel}: {label}", "dtype": name,
+               "shape": f"{'x'.join(map(str, batch)) + ' of ' if batch else ''}{M}x{K} @ {K}x{N}",
+               "ms": ms, "tflops": flops / ms / 1e9, "cublas_ms": cublas_ms,
+               "cublas_tflops": flops / cublas_ms / 1e9, "of_cublas": cublas_ms / ms}
 
 
 def memory_cases(dtype):
@@ -110,73 +128,95 @@ def memory_cases(dtype):
     v = cupy.abs(v)
     working = None if dtype == dtypes.float32 else master.astype(dtype)
     norm_sq = cuda.grad_norm_sq(grad)
-    adamw = dict(lr=6e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, n_decay=N_PARAMS // 2,
-                 step=10, inv_scale=1.0, max_norm=1.0)
+    adamw = dict(lr=6e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                 n_decay=N_PARAMS // 2, step=10, inv_scale=1.0, max_norm=1.0)
     stats = 2 * BT * 4  # mean and rstd
+    rows, rows4, scores = f"{BT}x{C}", f"{BT}x{4 * C}", f"{B}x{H}x{T}x{T}"
     cases = [
-        ("add (residual)", f"{BT}x{C}", lambda: cuda.add(x, y), 3 * x.nbytes),
-        ("mul by scalar", f"{BT}x{C}", lambda: cuda.mul(x, 0.5), 2 * x.nbytes),
-        ("gelu_fwd", f"{BT}x{4 * C}", lambda: cuda.gelu_fwd(h), 2 * h.nbytes),
-        ("gelu_bwd", f"{BT}x{4 * C}", lambda: cuda.gelu_bwd(h, dh), 3 * h.nbytes),
-        ("layernorm_fwd", f"{BT}x{C}", lambda: cuda.layernorm_fwd(x, w, b), 2 * x.nbytes + stats),
-        ("layernorm_bwd", f"{BT}x{C}", lambda: cuda.layernorm_bwd(dy, x, w, mean, rstd), 3 * x.nbytes + stats),
-        ("softmax_causal_fwd", f"{B}x{H}x{T}x{T}", lambda: cuda.softmax_causal_fwd(s, 0.125), 2 * s.nbytes),
-        ("softmax_causal_bwd", f"{B}x{H}x{T}x{T}", lambda: cuda.softmax_causal_bwd(p, s, 0.125), 3 * s.nbytes),
-        ("cross_entropy_fwd", f"{BT}x{V}", lambda: cuda.cross_entropy_fwd(logits, targets), logits.nbytes),
-        ("cross_entropy_bwd", f"{BT}x{V}", lambda: cuda.cross_entropy_bwd(logits, lse, targets, dloss),
-         2 * logits.nbytes),
-        ("embedding_fwd", f"{B}x{T} of {V}x{C}", lambda: cuda.embedding_fwd(wte, idx), 2 * BT * C * it),
-        ("embedding_bwd", f"{B}x{T} into {V}x{C}", lambda: cuda.embedding_bwd(x, idx, V), x.nbytes + wte.nbytes),
+        ("add (residual)", rows, lambda: cuda.add(x, y), 3 * x.nbytes),
+        ("mul by scalar", rows, lambda: cuda.mul(x, 0.5), 2 * x.nbytes),
+        ("gelu_fwd", rows4, lambda: cuda.gelu_fwd(h), 2 * h.nbytes),
+        ("gelu_bwd", rows4, lambda: cuda.gelu_bwd(h, dh), 3 * h.nbytes),
+        ("layernorm_fwd", rows, lambda: cuda.layernorm_fwd(x, w, b), 2 * x.nbytes + stats),
+        ("layernorm_bwd", rows, lambda: cuda.layernorm_bwd(dy, x, w, mean, rstd),
+         3 * x.nbytes + stats),
+        ("softmax_causal_fwd", scores, lambda: cuda.softmax_causal_fwd(s, 0.125),
+         2 * s.nbytes),
+        ("softmax_causal_bwd", scores, lambda: cuda.softmax_causal_bwd(p, s, 0.125),
+         3 * s.nbytes),
+        ("cross_entropy_fwd", f"{BT}x{V}", lambda: cuda.cross_entropy_fwd(logits, targets),
+         logits.nbytes),
+        ("cross_entropy_bwd", f"{BT}x{V}",
+         lambda: cuda.cross_entropy_bwd(logits, lse, targets, dloss), 2 * logits.nbytes),
+        ("embedding_fwd", f"{B}x{T} of {V}x{C}", lambda: cuda.embedding_fwd(wte, idx),
+         2 * BT * C * it),
+        ("embedding_bwd", f"{B}x{T} into {V}x{C}", lambda: cuda.embedding_bwd(x, idx, V),
+         x.nbytes + wte.nbytes),
         ("grad_norm_sq", f"{N_PARAMS}", lambda: cuda.grad_norm_sq(grad), grad.nbytes),
         ("adamw_step", f"{N_PARAMS}",
          lambda: cuda.adamw_step(master, grad, m, v, working, norm_sq, **adamw),
          N_PARAMS * (6 * 4 + it + (0 if working is None else it))),
     ]
     if dtype != dtypes.float32:
-        cases.append((f"cast fp32->{dtypes.name(dtype)}", f"{BT}x{4 * C}", lambda: cuda.cast(h32, dtype),
+        cases.append((f"cast fp32->{dtypes.name(dtype)}", rows4, lambda: cuda.cast(h32, dtype),
                       h32.nbytes + h.nbytes))
     return cases
 
 
-def memory_rows(dtype, peak_gbs):
-    rows = []
+def memory_rows(dtype, dram_gbs):
     for kernel, shape, fn, nbytes in memory_cases(dtype):
         ms = measure(f"{kernel} {dtypes.name(dtype)}", fn)
         gbs = nbytes / ms / 1e6
-        rows.append({"kernel": kernel, "dtype": dtypes.name(dtype), "shape": shape, "ms": ms,
-                     "gb_per_s": gbs, "of_dram": gbs / peak_gbs})
-    return rows
+        yield {"kernel": kernel, "dtype": dtypes.name(dtype), "shape": shape, "ms": ms,
+               "gb_per_s": gbs, "of_dram": gbs / dram_gbs}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", default="bf16,fp16,fp32")
-    parser.add_argument("--json", help="also write the rows to this JSON file")
-    parser.add_argument("--peak-gbs", type=float, default=4800.0,
-                        help="DRAM bandwidth for the fraction column (default: H200 HBM3e, 4.8 TB/s)")
-    args = parser.parse_args()
-    device = cuda.device_name()
-    print(f"device: {device}; bandwidth fractions against {args.peak_gbs / 1000:.1f} TB/s "
-          f"(H200 HBM3e unless --peak-gbs says otherwise); GEMM fractions against cuBLAS")
-    rows = []
-    for name in args.dtypes.split(","):
+def cells(row):
+    """A row's table cells (HEADERS), the same for its progress line and the final table."""
+    if "tflops" in row:
+        achieved, cublas = f"{row['tflops']:.1f} TFLOP/s", f"{row['cublas_ms']:.3f}"
+        fraction = f"{row['of_cublas']:.2f} x cuBLAS ({row['cublas_tflops']:.1f} TFLOP/s)"
+    else:
+        achieved, cublas = f"{row['gb_per_s']:.0f} GB/s", ""
+        fraction = f"{row['of_dram']:.1%} of copy"
+    return [row["kernel"], row["dtype"], row["shape"], f"{row['ms']:.3f}", achieved, cublas,
+            fraction]
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description="Time every CUDA kernel at GPT-2 124M training shapes "
+                       "against cuBLAS and the measured DRAM bandwidth.")
+    p.add_argument("--dtypes", default="bf16,fp16,fp32", help="comma-separated (default all)")
+    p.add_argument("--json", help="also write the rows to this JSON file (after every row)")
+    args = p.parse_args(argv)
+    with user_errors():
+        args.dtypes = args.dtypes.split(",")
+        for name in args.dtypes:
+            check_dtype(name)
+        if cupy is None:
+            raise RuntimeError("CuPy is not installed: this benchmark needs a CUDA GPU")
+        backend.check_device("cuda")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device, dram = cuda.device_name(), copy_gbs()
+    print(f"device: {device}; device-to-device copy {dram / 1000:.2f} TB/s (read + written; "
+          "the memory-bound kernels' fractions are of this); GEMM fractions against cuBLAS",
+          flush=True)
+    out = {"device": device, "copy_gb_per_s": dram, "rows": []}
+    for name in args.dtypes:
         dtype = dtypes.as_dtype(name)
-        rows += gemm_rows(dtype) + memory_rows(dtype, args.peak_gbs)
+        for row in itertools.chain(gemm_rows(dtype), memory_rows(dtype, dram)):
+            out["rows"].append(row)
+            print("  ".join(cells(row)), flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(out, f, indent=1)
         cupy.get_default_memory_pool().free_all_blocks()
-
-    header = f"{'kernel':38} {'dtype':5} {'shape':28} {'ms':>9} {'achieved':>14} {'fraction':>16}"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        if "tflops" in r:
-            achieved, fraction = f"{r['tflops']:8.1f} TFLOP/s", f"{r['of_cublas']:5.2f} x cuBLAS"
-            fraction += f" ({r['cublas_ms']:.3f} ms)"
-        else:
-            achieved, fraction = f"{r['gb_per_s']:9.0f} GB/s", f"{100 * r['of_dram']:5.1f}% of DRAM"
-        print(f"{r['kernel']:38} {r['dtype']:5} {r['shape']:28} {r['ms']:9.3f} {achieved:>14} {fraction}")
+    print(table(HEADERS, [cells(r) for r in out["rows"]], align="lllrrrl"))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device, "peak_gbs": args.peak_gbs, "rows": rows}, f, indent=1)
         print(f"wrote {args.json}")
 
 

@@ -1,31 +1,40 @@
 """scripts/bench.py on gpt2-tiny for a step or two, without PyTorch: every number it returns
-is positive and finite, the report and the JSON file are written. (One test at the end checks
-the PyTorch twin gives our loss; it runs only where torch is installed.)"""
+is positive and finite, the report and the JSON file are written (also when interrupted).
+scripts/bench_kernels.py's arguments and table cells, and the GPU session scripts' syntax,
+without a GPU. (One test checks the PyTorch twin gives our loss; it runs only where torch is
+installed.)"""
 import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from training.measure import random_batch
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      "scripts", "bench.py")
+_SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench", _BENCH)
+def _load(name):
+    if _SCRIPTS not in sys.path:  # bench.py imports its siblings (machine, torch_gpt2, ...)
+        sys.path.insert(0, _SCRIPTS)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_SCRIPTS, name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+@pytest.fixture(scope="module")
+def bench():
+    return _load("bench")
+
+
 TINY = ["--model", "gpt2-tiny", "--batch-size", "2", "--seq-len", "16", "--steps", "2",
         "--rounds", "1", "--warmup", "1", "--prompt-len", "4", "--new-tokens", "3",
-        "--gen-repeats", "1", "--no-torch", "--no-hf"]
+        "--gen-repeats", "1", "--no-torch", "--no-hf", "--device", "cpu"]
 
 
 def positive(x):
@@ -33,7 +42,7 @@ def positive(x):
 
 
 def test_run_returns_positive_finite_numbers(bench):
-    results = bench.run(bench.parse_args(TINY + ["--census"]), log=lambda *a: None)
+    results = bench.run(bench.parse_args(TINY + ["--census"]), {}, log=lambda *a: None)
     assert positive(results["peak_flops"])
     assert results["tokens_per_step"] == 32 and positive(results["flops_per_token"])
     train = results["train"]["ours"]
@@ -60,26 +69,37 @@ def test_run_returns_positive_finite_numbers(bench):
 
 def test_main_writes_json(bench, tmp_path, capsys):
     path = tmp_path / "bench.json"
-    bench.main(TINY + ["--no-generate", "--json", str(path)])
+    bench.main(TINY + ["--no-generate", "--dtype", "bf16", "--json", str(path)])
     out = capsys.readouterr().out
-    assert "training step, fp32" in out and "matmul peak" in out
+    assert "training step, bf16 on cpu" in out and "matmul peak" in out
     data = json.loads(path.read_text())
     assert positive(data["train"]["ours"]["tokens_per_s"])
     assert "generate" not in data
 
 
+def test_json_is_written_when_interrupted(bench, tmp_path, monkeypatch):
+    def stop(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "bench_training", stop)
+    path = tmp_path / "bench.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(TINY + ["--json", str(path)])
+    data = json.loads(path.read_text())
+    assert positive(data["generate"]["ours"]["decode_tokens_per_s"]) and "train" not in data
+
+
 def test_environment_names_the_blas(bench):
-    info = bench.environment_info()
-    assert info["logical_cpus"] >= 1 and info["blas"]["source"]
-    text = bench.format_environment(info, 1e9)
-    assert "1 GFLOP/s" in text and "BLAS variables" in text
+    info = bench.machine.environment_info()
+    assert info["logical_cpus"] >= 1 and info["blas"]["source"] and "gpu" not in info
+    text = bench.machine.format_environment(info, "test peak, 1 GFLOP/s")
+    assert "test peak, 1 GFLOP/s" in text and "BLAS variables" in text
 
 
 def test_generation_and_step_helpers(bench):
     config = bench.GPT2Config.from_preset("gpt2-tiny")
-    model, opt = bench.build_ours(config)
+    model, opt, scaler = bench.build_ours(config)
+    assert scaler is None
     x, y = random_batch(config.vocab_size, 2, 8)
-    assert x.shape == y.shape == (2, 8) and (x[:, 1:] == y[:, :-1]).all()
     first = bench.ours_train_step(model, opt, x, y)
     assert positive(first) and abs(first - math.log(config.vocab_size)) < 0.5
     prompt_s, decode_s, ids = bench.ours_generate(model, x[:1, :4], 3)
@@ -87,19 +107,44 @@ def test_generation_and_step_helpers(bench):
     assert ids.dtype == np.int64 and (ids >= 0).all() and (ids < config.vocab_size).all()
 
 
-def test_bad_arguments_exit(bench):
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--model", "gpt2-tiny", "--seq-len", "65"])     # context is 64
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--model", "nope"])
+@pytest.mark.parametrize("argv", [["--model", "gpt2-tiny", "--seq-len", "65"],  # context 64
+                                  ["--model", "nope"], ["--steps", "0"], ["--dtype", "int8"]])
+def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv + ["--device", "cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
 
 
 def test_torch_twin_gives_our_loss(bench):
     torch = pytest.importorskip("torch")
     config = bench.GPT2Config.from_preset("gpt2-tiny")
-    model, _ = bench.build_ours(config)
-    tmodel, _ = bench.build_torch(torch, config, model.state_dict())
+    model, _, _ = bench.build_ours(config)
+    peer = bench.TorchPeer(torch, config, model.state_dict())
     x, y = random_batch(config.vocab_size, 2, 16)
-    ours = bench.ours_loss(model, x, y)
-    theirs = bench.torch_loss(torch, tmodel, torch.from_numpy(x), torch.from_numpy(y))
-    assert abs(ours - theirs) < bench.LOSS_TOLERANCE
+    ours, theirs = bench.ours_loss(model, x, y), peer.loss(*peer.batch(x, y))
+    assert abs(ours - theirs) < bench.LOSS_TOLERANCE["fp32"]
+
+
+# ---------------------------------------------------------------- bench_kernels.py, scripts
+
+def test_bench_kernels_bad_dtype_and_cells(capsys):
+    kernels = _load("bench_kernels")
+    with pytest.raises(SystemExit) as e:
+        kernels.parse_args(["--dtypes", "bf16,int8"])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: unknown dtype")
+    gemm = {"kernel": "matmul: x", "dtype": "bf16", "shape": "2x3 @ 3x4", "ms": 2.0,
+            "tflops": 100.0, "cublas_ms": 1.0, "cublas_tflops": 200.0, "of_cublas": 0.5}
+    copy = {"kernel": "add", "dtype": "bf16", "shape": "8", "ms": 1.0, "gb_per_s": 2000.0,
+            "of_dram": 0.5}
+    assert kernels.cells(gemm)[-1] == "0.50 x cuBLAS (200.0 TFLOP/s)"
+    assert kernels.cells(copy)[-3:] == ["2000 GB/s", "", "50.0% of copy"]
+    assert len(kernels.cells(gemm)) == len(kernels.cells(copy)) == len(kernels.HEADERS)
+
+
+def test_gpu_session_scripts_parse_and_reject_bad_input():
+    for name in ("gpu_check.sh", "gpu_wheels.sh"):
+        subprocess.run(["bash", "-n", os.path.join(_SCRIPTS, name)], check=True)
+    done = subprocess.run(["bash", os.path.join(_SCRIPTS, "gpu_wheels.sh"), "dir", "three"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error: ")
