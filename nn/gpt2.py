@@ -72,6 +72,23 @@ class GPT2Config:
                              f"{self.n_positions} positions: shorten it")
 
 
+# How a GPT2 runs, not what it is (Hugging Face files never hold these): three trades of memory
+# for compute, each measured by the accounting report
+ATTENTION = ("naive", "flash")  # naive saves the (B, H, T, T) probabilities; flash one lse per row
+LM_HEAD = ("plain", "fused")    # plain materializes the (B·T, Vp) logits; fused works in row blocks
+# recompute=True: each block saves only its input and re-runs its forward inside the backward
+
+
+def check_options(attention, lm_head, recompute):
+    """The one check of the execution options (ValueError naming the choices)."""
+    for name, value, choices in (("attention", attention, ATTENTION),
+                                 ("lm_head", lm_head, LM_HEAD)):
+        if value not in choices:
+            raise ValueError(f"unknown {name} {value!r}: use one of {', '.join(choices)}")
+    if not isinstance(recompute, bool):
+        raise ValueError(f"recompute must be True or False, got {recompute!r}")
+
+
 PRESETS = {
     # the public GPT-2 sizes
     "gpt2": GPT2Config(12, 12, 768),                 # 124,439,808 parameters
@@ -162,9 +179,12 @@ class KVCache:
 
 
 class GPT2(Module):
-    def __init__(self, config: GPT2Config, seed=0, device=None):
+    def __init__(self, config: GPT2Config, seed=0, device=None, attention="naive",
+                 lm_head="plain", recompute=False):
         super().__init__()
+        check_options(attention, lm_head, recompute)
         self.config = config
+        self.options = dict(attention=attention, lm_head=lm_head, recompute=recompute)
         rng = np.random.default_rng(seed)
         self.transformer = Transformer(config, rng)
         self.name_scopes()
@@ -213,9 +233,10 @@ class GPT2(Module):
 
     # ---- Hugging Face format
     @classmethod
-    def from_pretrained(cls, path, dtype=None, device=None):
+    def from_pretrained(cls, path, dtype=None, device=None, **options):
+        """options: attention, lm_head, recompute (see ATTENTION, LM_HEAD)."""
         from .hf import load_pretrained
-        return load_pretrained(cls, path, dtype=dtype, device=device)
+        return load_pretrained(cls, path, dtype=dtype, device=device, **options)
 
     def save_pretrained(self, path, state=None):
         from .hf import save_pretrained

@@ -52,9 +52,9 @@ def read_state(path):
     return state
 
 
-def load_pretrained(cls, path, dtype=None, device=None):
+def load_pretrained(cls, path, dtype=None, device=None, **options):
     config = read_config(path)
-    model = cls(config)
+    model = cls(config, **options)
     model.load_state_dict(read_state(path))
     return model.to(dtype=dtype, device=device)
 

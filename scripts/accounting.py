@@ -14,8 +14,10 @@ from training.args import (
     ArgumentParser,
     add_data_arg,
     add_model_args,
+    add_option_args,
     batch_from_args,
     check_model_args,
+    options_from_args,
     user_errors,
 )
 
@@ -24,6 +26,7 @@ def parse_args(argv=None):
     p = ArgumentParser(description="Predicted versus measured FLOPs, bytes, memory and "
                        "launches of a GPT-2 training step.")
     add_model_args(p, model="gpt2")
+    add_option_args(p)
     add_data_arg(p)
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     return p.parse_args(argv)
@@ -33,12 +36,14 @@ def main(argv=None):
     args = parse_args(argv)
     with user_errors():
         check_model_args(args)
+        options = options_from_args(args)
         if args.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
         config = GPT2Config.from_preset(args.model)
         batch = batch_from_args(args, config.vocab_size)
     t0 = time.perf_counter()
-    m = measure.measure(config, args.dtype, args.device, batch=batch, warmup=args.warmup)
+    m = measure.measure(config, args.dtype, args.device, batch=batch, warmup=args.warmup,
+                        **options)
     print(f"model {args.model}: measured in {time.perf_counter() - t0:.1f} s")
     print(report.format_report(m))
 

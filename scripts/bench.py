@@ -45,7 +45,14 @@ from optim import AdamW, LossScaler
 from tinygrad_like import backend, no_grad
 from tinygrad_like.profiler import Profiler, format_census
 from training import mfu
-from training.args import ArgumentParser, add_model_args, check_model_args, user_errors
+from training.args import (
+    ArgumentParser,
+    add_model_args,
+    add_option_args,
+    check_model_args,
+    options_from_args,
+    user_errors,
+)
 from training.measure import random_batch
 from training.step import train_on
 from training.tables import table
@@ -59,6 +66,7 @@ def parse_args(argv=None):
     p = ArgumentParser(description="Benchmark a training step and generation on the CPU or a "
                        "GPU, against PyTorch and Hugging Face when installed.")
     add_model_args(p, model="gpt2-mini", batch_size=8, seq_len=128)
+    add_option_args(p)
     p.add_argument("--steps", type=int, default=5, help="timed steps per round (default 5)")
     p.add_argument("--rounds", type=int, default=2,
                    help="rounds of timed steps, ours then the peers in each (default 2)")
@@ -86,6 +94,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     with user_errors():
         check_model_args(args)
+        options_from_args(args)
         for name in ("steps", "rounds", "prompt_len", "new_tokens", "gen_batch", "gen_repeats"):
             if getattr(args, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
@@ -118,9 +127,10 @@ def import_torch(device, dtype, log):
 # ---------------------------------------------------------------- ours
 
 def build_ours(config, device="cpu", dtype="fp32", seed=0, lr=1e-4, weight_decay=0.1,
-               grad_clip=1.0):
-    """Our model and AdamW, and the fp16 loss scaler (None in fp32 and bf16)."""
-    model = GPT2(config, seed=seed, device=device)
+               grad_clip=1.0, **options):
+    """Our model (options: attention, lm_head, recompute) and AdamW, and the fp16 loss scaler
+    (None in fp32 and bf16)."""
+    model = GPT2(config, seed=seed, device=device, **options)
     opt = AdamW(model.named_parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8,
                 weight_decay=weight_decay, grad_clip=grad_clip, dtype=dtype)
     return model, opt, LossScaler() if dtype == "fp16" else None
@@ -256,7 +266,7 @@ def run(args, results, log=print):
             "GFLOP/s (for reference; MFU always divides by NumPy's)")
 
     model, opt, scaler = build_ours(config, args.device, args.dtype, args.seed, args.lr,
-                                    args.weight_decay, args.grad_clip)
+                                    args.weight_decay, args.grad_clip, **options_from_args(args))
     n_params = model.num_parameters()
     B, T = args.batch_size, args.seq_len
     fpt = mfu.training_flops_per_token(config, T, n_params)

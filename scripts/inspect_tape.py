@@ -19,8 +19,10 @@ from training.args import (
     ArgumentParser,
     add_data_arg,
     add_model_args,
+    add_option_args,
     batch_from_args,
     check_model_args,
+    options_from_args,
     user_errors,
 )
 from training.checkpoint import find_checkpoint
@@ -32,6 +34,7 @@ def parse_args(argv=None):
     p = ArgumentParser(description="List the autograd tape of one GPT-2 forward pass with "
                        "FLOPs and saved bytes per record, op kind and layer.")
     add_model_args(p, model="gpt2-mini")
+    add_option_args(p)
     p.add_argument("--checkpoint", metavar="DIR", help="instead of --model: a training run's "
                    "folder or a Hugging Face GPT-2 directory")
     add_data_arg(p)
@@ -40,10 +43,11 @@ def parse_args(argv=None):
 
 
 def build_model(args, device):
+    options = options_from_args(args)
     if args.checkpoint:
         return GPT2.from_pretrained(find_checkpoint(args.checkpoint), dtype=args.dtype,
-                                    device=device)
-    return GPT2(GPT2Config.from_preset(args.model), device=device).to(dtype=args.dtype)
+                                    device=device, **options)
+    return GPT2(GPT2Config.from_preset(args.model), device=device, **options).to(dtype=args.dtype)
 
 
 def inspect(model, x, y):

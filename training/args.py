@@ -5,7 +5,7 @@ import argparse
 import contextlib
 import sys
 
-from nn.gpt2 import PRESETS, GPT2Config
+from nn.gpt2 import ATTENTION, LM_HEAD, PRESETS, GPT2Config, check_options
 from tinygrad_like import backend, dtypes
 
 from .data import DataLoader
@@ -46,6 +46,21 @@ def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
     p.add_argument("--dtype", default="fp32", help=f"{', '.join(dtypes.TRAINING)} (default fp32)")
     p.add_argument("--device", help=f"{' or '.join(backend.DEVICES)} "
                    "(default: cuda when a GPU is usable)")
+
+
+def add_option_args(p):
+    """--attention, --lm-head, --recompute: the model's execution options (nn/gpt2.py)."""
+    p.add_argument("--attention", default="naive", help=f"{' or '.join(ATTENTION)} (default naive)")
+    p.add_argument("--lm-head", default="plain", help=f"{' or '.join(LM_HEAD)} (default plain)")
+    p.add_argument("--recompute", action="store_true",
+                   help="blocks save only their input and redo their forward in the backward")
+
+
+def options_from_args(args):
+    """-> the options add_option_args parsed, checked (ValueError), as GPT2's keywords."""
+    options = dict(attention=args.attention, lm_head=args.lm_head, recompute=args.recompute)
+    check_options(**options)
+    return options
 
 
 def add_data_arg(p):

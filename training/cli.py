@@ -7,6 +7,7 @@ import re
 import sys
 
 from nn import GPT2Config
+from nn.gpt2 import check_options
 from tinygrad_like import backend
 
 from .args import ArgumentParser, check_dtype, user_errors
@@ -67,6 +68,7 @@ def validate(cfg):
         raise ValueError("--lr must be positive; --min-lr, --weight-decay, --grad-clip >= 0")
     config = GPT2Config.from_preset(cfg.model)
     check_dtype(cfg.dtype)
+    check_options(cfg.attention, cfg.lm_head, cfg.recompute)
     backend.check_device(cfg.device)
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:

@@ -41,6 +41,9 @@ class RunConfig:
     weight_decay: float = 0.1         # AdamW's decoupled decay, on the 2-D weights only
     grad_clip: float = 1.0            # clip the global gradient norm to this (0 = off)
     dtype: str = "fp32"               # working weights and gradients: fp32, fp16 or bf16
+    attention: str = "naive"          # naive (saves the T x T probabilities) or flash
+    lm_head: str = "plain"            # plain (saves the B·T x V logits) or fused (row blocks)
+    recompute: bool = False           # blocks save only their input and redo their forward
     device: str = "cpu"               # cpu or cuda
     eval_every: int = 50              # steps between validation losses (0 = never)
     eval_iters: int = 10              # validation batches per evaluation
@@ -59,6 +62,7 @@ class Trainer:
         self.cfg = cfg
         self.device = backend.check_device(cfg.device)
         self.dtype = dtypes.as_dtype(cfg.dtype)
+        self.options = dict(attention=cfg.attention, lm_head=cfg.lm_head, recompute=cfg.recompute)
         self.resume_state = None
         self.model = self._build_model()
         self.model.config.check_context(cfg.seq_len, "--seq-len")
@@ -81,9 +85,10 @@ class Trainer:
         cfg = self.cfg
         source = cfg.resume or cfg.init_from
         if source is None:
-            return GPT2(GPT2Config.from_preset(cfg.model), seed=cfg.seed, device=self.device)
+            return GPT2(GPT2Config.from_preset(cfg.model), seed=cfg.seed, device=self.device,
+                        **self.options)
         ckpt = checkpoint.find_checkpoint(source)
-        model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device)
+        model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device, **self.options)
         model.load_state_dict(read_state(ckpt))        # fp32 master: any --dtype can follow
         if cfg.resume:
             self.resume_state = checkpoint.load_trainer_state(ckpt)

@@ -84,6 +84,7 @@ def forward_backward(model, x, y, scaler=None):
 class Measurement:
     """What the report prints as measured: one training step and one decode step."""
     config: object
+    options: dict           # the model's execution options (attention, lm_head, recompute)
     dtype: str
     device: str
     batch_size: int
@@ -105,14 +106,15 @@ class Measurement:
 
 
 def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=None,
-            warmup=1):
-    """Build a model and AdamW for config, run `warmup` untimed steps (CUDA compiles kernels on
-    first use), then one profiled training step and one profiled decode step.
+            warmup=1, **options):
+    """Build a model (with the execution options: attention, lm_head, recompute) and AdamW for
+    config, run `warmup` untimed steps (CUDA compiles kernels on first use), then one profiled
+    training step and one profiled decode step.
     batch: (x, y) token ids of shape (batch_size, seq_len); random when None."""
     dtype = dtypes.name(dtypes.as_dtype(dtype))
     gc.collect()  # so the tracker's deltas below are this model's buffers only
     before = dict(TRACKER.current)
-    model = GPT2(config, device=device)
+    model = GPT2(config, device=device, **options)
     optimizer = AdamW(model.named_parameters(), dtype=dtype)
     scaler = LossScaler() if dtype == "fp16" else None
     gc.collect()  # the per-parameter tensors the flat buffers replaced
@@ -131,9 +133,9 @@ def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=
     decode, decode_seconds, prompt_len = _decode_step(model, x)
     peak, peak_name = mfu.device_peak(device, dtype)
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
-    return Measurement(config, dtype, device, x.shape[0], x.shape[1], model.num_parameters(),
-                       parameters, persistent, tape, activations, unowned, prof, step_seconds,
-                       skipped, decode, decode_seconds, prompt_len, peak, peak_name)
+    return Measurement(config, options, dtype, device, x.shape[0], x.shape[1],
+                       model.num_parameters(), parameters, persistent, tape, activations, unowned,
+                       prof, step_seconds, skipped, decode, decode_seconds, prompt_len, peak, peak_name)
 
 
 def _decode_step(model, x):

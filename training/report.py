@@ -126,7 +126,7 @@ def for_trainer(trainer):
     cfg = trainer.cfg
     batch = DataLoader(trainer.val_path, cfg.batch_size, cfg.seq_len, seed=0).next_batch()
     return format_report(measure(trainer.model.config, cfg.dtype, trainer.device,
-                                 batch=batch, warmup=1))
+                                 batch=batch, warmup=1, **trainer.options))
 
 
 def format_report(m: Measurement) -> str:
