@@ -134,8 +134,9 @@ def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=
     peak, peak_name = mfu.device_peak(device, dtype)
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
     return Measurement(config, options, dtype, device, x.shape[0], x.shape[1],
-                       model.num_parameters(), parameters, persistent, tape, activations, unowned,
-                       prof, step_seconds, skipped, decode, decode_seconds, prompt_len, peak, peak_name)
+                       model.num_parameters(), parameters, persistent, tape, activations,
+                       unowned, prof, step_seconds, skipped, decode, decode_seconds, prompt_len,
+                       peak, peak_name)
 
 
 def _decode_step(model, x):
