@@ -7,10 +7,11 @@ import time
 import numpy as np
 
 from nn import GPT2
+from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
 from tinygrad_like import backend
 from training.args import ArgumentParser, user_errors
-from training.checkpoint import find_checkpoint
+from training.checkpoint import find_checkpoint, verify
 
 NO_CHECKPOINT = """error: no --checkpoint given. Either
   train one:   python examples/train_gpt2.py --out out   (then --checkpoint out)
@@ -41,13 +42,20 @@ def main(argv=None):
     with user_errors():
         if args.max_new_tokens <= 0 or args.num_samples <= 0:
             raise ValueError("--max-new-tokens and --num-samples must be positive")
+        check_sampling(args.temperature, args.top_k, args.top_p,
+                       names=("--temperature", "--top-k", "--top-p"))
         device = backend.check_device(args.device or backend.default_device())
-        model = GPT2.from_pretrained(find_checkpoint(args.checkpoint), dtype=args.dtype,
-                                     device=device)
+        ckpt = find_checkpoint(args.checkpoint)
+        verify(ckpt)         # a training checkpoint's sha256 sums (a flipped byte still loads)
+        model = GPT2.from_pretrained(ckpt, dtype=args.dtype, device=device)
         tok = get_tokenizer()
         prompt = np.array([tok.encode(args.prompt, allow_special=True)])
         if prompt.size == 0:
             raise ValueError("--prompt is empty: give at least one character")
+        # all checked before the prompt is printed: an error never follows half an output
+        model.config.check_context(prompt.shape[1] + args.max_new_tokens,
+                                   f"--prompt of {prompt.shape[1]} tokens + --max-new-tokens "
+                                   f"{args.max_new_tokens} =")
     for i in range(args.num_samples):
         print(f"--- sample {i + 1}" if args.num_samples > 1 else "---")
         stream(model, tok, prompt, args, seed=args.seed + i)

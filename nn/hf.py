@@ -19,17 +19,27 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 def read_config(path):
     from .gpt2 import GPT2Config
     check_dir(path)
-    with open(os.path.join(path, CONFIG)) as f:
-        hf = json.load(f)
+    file = os.path.join(path, CONFIG)
     try:
-        return GPT2Config(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
-                          n_positions=hf.get("n_positions", hf.get("n_ctx", 1024)),
-                          vocab_size=hf["vocab_size"],
-                          layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
-                          dropout=hf.get("resid_pdrop", 0.0))
+        with open(file, "rb") as f:
+            hf = json.loads(f.read())
+    except ValueError as e:  # UnicodeDecodeError is one too
+        raise ValueError(f"{file}: not valid JSON ({e}); the file is corrupt") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{file}: expected a JSON object, found {type(hf).__name__}")
+    try:
+        fields = dict(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+                      n_positions=hf.get("n_positions", hf.get("n_ctx", 1024)),
+                      vocab_size=hf["vocab_size"])
     except KeyError as e:
-        raise ValueError(f"{os.path.join(path, CONFIG)} has no {e.args[0]!r}: is it a GPT-2 "
-                         "config?") from None
+        raise ValueError(f"{file} has no {e.args[0]!r}: is it a GPT-2 config?") from None
+    for name, value in fields.items():  # a corrupt file must not build a model of any shape
+        if type(value) is not int:
+            raise ValueError(f"{file}: {name} must be an integer, got {value!r}")
+    eps, dropout = hf.get("layer_norm_epsilon", 1e-5), hf.get("resid_pdrop", 0.0)
+    if type(eps) not in (int, float) or type(dropout) not in (int, float):
+        raise ValueError(f"{file}: layer_norm_epsilon and resid_pdrop must be numbers")
+    return GPT2Config(**fields, layer_norm_epsilon=eps, dropout=dropout)
 
 
 def check_dir(path):
@@ -43,9 +53,16 @@ def check_dir(path):
 
 def read_state(path):
     """The tensors of a checkpoint as NumPy arrays, with the prefix-free keys mapped to ours."""
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
+    file = os.path.join(path, WEIGHTS)
+    try:
+        tensors = load_file(file)
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{file}: cannot be read ({e}); the file is truncated or "
+                         "corrupt") from None
     state = {}
-    for key, array in load_file(os.path.join(path, WEIGHTS)).items():
+    for key, array in tensors.items():
         if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
             continue
         state[key if key.startswith("transformer.") else "transformer." + key] = array

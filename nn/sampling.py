@@ -1,26 +1,37 @@
 """Choosing the next token from the last position's logits (B, V), on the host in fp32."""
+import math
+
 import numpy as np
+
+
+def check_sampling(temperature=1.0, top_k=None, top_p=None,
+                   names=("temperature", "top_k", "top_p")):
+    """ValueError naming the first bad sampling argument (as names spells them: a command
+    line passes its flags). nan fails every comparison, so each test is written to refuse it."""
+    t, k, p = names
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and temperature >= 0):
+        raise ValueError(f"{t} must be a finite number >= 0, got {temperature}")
+    if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
+        raise ValueError(f"{k} must be an integer >= 1, got {top_k}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"{p} must be in (0, 1], got {top_p}")
 
 
 def sample(logits, temperature=1.0, top_k=None, top_p=None, rng=None):
     """temperature 0 is greedy (argmax). top_k keeps the k most likely tokens, top_p the
     smallest set whose probability reaches p; sampling never leaves those sets. -> (B,) int64."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(axis=-1).astype(np.int64)
     rng = rng or np.random.default_rng()
     logits = logits / temperature
     if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
         kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
         logits = np.where(logits < kth, -np.inf, logits)
     probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     if top_p is not None:
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         probs = _nucleus(probs, top_p)
     return np.array([rng.choice(len(p), p=p) for p in probs], dtype=np.int64)
 

@@ -4,7 +4,13 @@ fp16 has 5 exponent bits: gradients below ~6e-8 flush to zero and values above 6
 overflow. Multiplying the loss by S before backward lifts small gradients into range; the
 optimizer divides by S again. An inf/nan anywhere means S was too large: skip the step and
 halve S. After growth_interval good steps in a row, try doubling S.
+
+A run whose overflows never stop halves S without end; below MIN_SCALE nothing can recover:
+there even a loss gradient of 1 times S is under fp16's smallest subnormal (2^-24), so every
+scaled gradient would flush to zero. The trainer stops there (training/loop.py), or after too
+many skipped steps in a row (skips_in_a_row), whichever comes first.
 """
+MIN_SCALE = 2.0 ** -24
 
 
 class LossScaler:
@@ -17,6 +23,7 @@ class LossScaler:
         self.growth_interval, self.dynamic = growth_interval, dynamic
         self.good_steps = 0
         self.skipped_steps = 0
+        self.skips_in_a_row = 0
 
     def scale_loss(self, loss):
         """loss * S, the tensor to call backward() on."""
@@ -25,6 +32,7 @@ class LossScaler:
     def update(self, overflow: bool):
         if overflow:
             self.skipped_steps += 1
+        self.skips_in_a_row = self.skips_in_a_row + 1 if overflow else 0
         if not self.dynamic:
             return
         if overflow:
@@ -38,7 +46,8 @@ class LossScaler:
 
     def state_dict(self):
         return {"scale": self.scale, "good_steps": self.good_steps,
-                "skipped_steps": self.skipped_steps, "growth_factor": self.growth_factor,
+                "skipped_steps": self.skipped_steps, "skips_in_a_row": self.skips_in_a_row,
+                "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
                 "dynamic": self.dynamic}
 

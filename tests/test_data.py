@@ -277,3 +277,12 @@ def test_script_missing_input_exits_2_with_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "nope.txt" in result.stderr
+
+
+def test_an_id_outside_the_vocabulary_names_file_offset_and_value(tmp_path):
+    from training.data import check_token_ids
+    path = tmp_path / "t.bin"
+    write_tokens(path, [5, 7, 50257, 3, 60000])
+    with pytest.raises(DataError, match=r"t\.bin: token id 50257 at byte offset 1028 \(token 2\)"):
+        DataLoader(path, 1, 2, vocab_size=50257)
+    check_token_ids(path, read_tokens(path), 60001)           # all below: nothing to say

@@ -397,3 +397,13 @@ def test_bad_sampling_arguments(kwargs, word):
     args = {"temperature": 1.0, **kwargs}
     with pytest.raises(ValueError, match=word):
         sample(logits, rng=np.random.default_rng(0), **args)
+
+
+@pytest.mark.parametrize("kwargs,word", [({"temperature": float("nan")}, "temperature"),
+                                         ({"temperature": float("inf")}, "temperature"),
+                                         ({"top_p": float("nan")}, "top_p"),
+                                         ({"top_k": 0}, "top_k")])
+def test_generate_stream_refuses_bad_sampling_arguments_eagerly(model, kwargs, word):
+    """Before the first next(), so a caller never prints half an output before the error."""
+    with pytest.raises(ValueError, match=word):
+        model.generate_stream(np.array([[1, 2]]), 3, **{"temperature": 1.0, **kwargs})

@@ -319,3 +319,20 @@ def test_a_config_that_is_not_gpt2s_names_the_field(tmp_path, model):
     path = write_hf_dir(tmp_path, CFG, random_state(model), config=config)
     with pytest.raises(ValueError, match="n_head"):
         GPT2.from_pretrained(path)
+
+
+def test_a_truncated_weights_file_is_a_clean_error_naming_it(tmp_path, model):
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"model\.safetensors: cannot be read .*truncated"):
+        read_state(tmp_path)
+
+
+@pytest.mark.parametrize("text", ['{"n_layer": 2,', "[1, 2]", '{"n_layer": 2.5, "n_head": 2, '
+                                  '"n_embd": 16, "vocab_size": 37}'])
+def test_a_config_that_is_not_json_names_the_file(tmp_path, model, text):
+    model.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=r"config\.json"):
+        read_config(tmp_path)

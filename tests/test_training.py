@@ -203,7 +203,8 @@ def test_killed_save_keeps_previous_checkpoint(shakespeare, tmp_path, monkeypatc
         np.testing.assert_array_equal(w, saved[k], err_msg=k)
     tr.run()
     rows = read_metrics(tmp_path)
-    assert [r["loss"] for r in rows[4:]] == [r["loss"] for r in killed_rows[2:4]]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]     # replayed steps replace, not append
+    assert [r["loss"] for r in rows[2:]] == [r["loss"] for r in killed_rows[2:4]]
     ck = checkpoint.find_checkpoint(str(tmp_path))
     assert os.path.basename(ck) == "checkpoint" and ckpt_step(ck) == 4
     assert not os.path.exists(tmp_path / "checkpoint.old")
@@ -280,13 +281,13 @@ def test_cli_cuda_without_gpu_is_one_line_exit_2(shakespeare, tmp_path, capsys):
     assert_one_line_error(err, "cuda")
 
 
-def test_cli_seq_len_over_context_on_resume(shakespeare, tmp_path, capsys):
-    """With --resume the context comes from the checkpoint; still a one-line error."""
+def test_cli_seq_len_cannot_change_on_resume(shakespeare, tmp_path, capsys):
+    """The saved data position counts batches of the saved shape: a one-line error."""
     Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
     code, err = run_cli(cli_args(shakespeare, tmp_path, "--resume", str(tmp_path),
                                  "--seq-len", "100"), capsys)
     assert code == 2
-    assert_one_line_error(err, "--seq-len 100", "64")
+    assert_one_line_error(err, "--seq-len 100 cannot change on resume", "saved with 16")
 
 
 def test_cli_resume_from_nothing_is_one_line_exit_2(shakespeare, tmp_path, capsys):
@@ -344,7 +345,7 @@ def test_nan_loss_stops_with_exit_1_and_keeps_last_checkpoint(shakespeare, tmp_p
                                  "--warmup", "0", "--grad-clip", "0", "--weight-decay", "0",
                                  "--steps", "6", "--save-every", "1"), capsys)
     assert code == 1
-    assert_one_line_error(err, "loss is nan", str(tmp_path))
+    assert_one_line_error(err, "loss is nan", f"checkpoint in {tmp_path}")
     good = read_metrics(tmp_path)
     assert 1 <= len(good) < 6 and all(math.isfinite(r["loss"]) for r in good)
     assert [step for step, _ in writes] == list(range(1, len(good) + 1))   # no save after nan
@@ -365,3 +366,113 @@ def test_grad_accum_averages_micro_batches(shakespeare, tmp_path):
     loss, _, _, skipped = tr.train_step()
     assert not skipped
     assert loss == pytest.approx(expected, rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- reliability
+
+def test_resume_takes_the_saved_config_and_reports_overrides(shakespeare, tmp_path, capsys):
+    main(cli_args(shakespeare, tmp_path, "--lr", "2e-3", "--min-lr", "1e-4"))
+    capsys.readouterr()
+    tr = main(["--resume", str(tmp_path), "--quiet", "--lr", "1e-3", "--steps", "3"])
+    assert tr.cfg.model == "gpt2-tiny" and tr.cfg.seq_len == 16 and tr.cfg.min_lr == 1e-4
+    assert tr.cfg.out == str(tmp_path) and tr.cfg.lr == 1e-3 and tr.step == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("warning: --steps 3 differs from the saved run's 2: the cosine "
+                             "schedule changes from step 2 on")
+    assert err[1:] == ["note: --lr 0.001 overrides the saved 0.002"]
+
+
+def test_resume_refuses_to_change_the_model(shakespeare, tmp_path, capsys):
+    Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
+    code, err = run_cli(["--resume", str(tmp_path), "--model", "gpt2-mini"], capsys)
+    assert code == 2
+    assert_one_line_error(err, "--model gpt2-mini cannot change on resume", "gpt2-tiny")
+
+
+def test_fresh_run_into_a_run_folder_is_refused_unless_overwrite(shakespeare, tmp_path, capsys):
+    Trainer(tiny(shakespeare, tmp_path, steps=2)).run()
+    code, err = run_cli(cli_args(shakespeare, tmp_path), capsys)
+    assert code == 2
+    assert_one_line_error(err, f"{tmp_path}/ already holds a run at step 2: --resume "
+                          f"{tmp_path} to continue, or --out elsewhere, or --overwrite")
+    tr = main(cli_args(shakespeare, tmp_path, "--overwrite", "--steps", "1"))
+    assert tr.step == 1 and ckpt_step(checkpoint.find_checkpoint(str(tmp_path))) == 1
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+
+
+def test_a_second_run_into_a_locked_folder_is_refused(shakespeare, tmp_path, capsys):
+    lock = checkpoint.lock_run_folder(str(tmp_path))
+    try:
+        code, err = run_cli(cli_args(shakespeare, tmp_path), capsys)
+    finally:
+        lock.close()
+    assert code == 2
+    assert_one_line_error(err, "in use by another run", f"pid {os.getpid()}")
+
+
+def test_out_that_is_a_file_is_one_line_exit_2(shakespeare, tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    code, err = run_cli(cli_args(shakespeare, tmp_path / "f"), capsys)
+    assert code == 2
+    assert_one_line_error(err, "is a file, not a folder")
+
+
+def test_metrics_are_cut_back_to_the_checkpoint_and_strict_json(tmp_path):
+    from training.loop import _trim_metrics, strict_json
+    path = tmp_path / "metrics.jsonl"
+    rows = [strict_json({"step": i, "loss": float("nan") if i == 2 else 1.0}) for i in (1, 2, 3)]
+    path.write_text("\n".join(rows) + '\n{"step": 4, "lo')     # a kill mid-line
+    _trim_metrics(str(path), 2)
+    assert path.read_text() == rows[0] + "\n" + rows[1] + "\n"
+    assert json.loads(rows[1]) == {"step": 2, "loss": None}
+    assert "NaN" not in strict_json({"x": np.float32("inf")})
+
+
+def test_non_finite_weights_are_never_saved(shakespeare, tmp_path):
+    tr = Trainer(tiny(shakespeare, tmp_path, steps=1))
+    tr.run()
+    before = (tmp_path / "checkpoint" / "model.safetensors").read_bytes()
+    tr.optimizer.master[3] = np.nan
+    with pytest.raises(FloatingPointError, match=r"weights hold nan or inf at step 1 .*not "
+                       r"saved; the step-1 checkpoint in .* is kept"):
+        tr.save()
+    assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == before
+    assert not (tmp_path / "checkpoint.new").exists()
+
+
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(shakespeare, tmp_path, capsys,
+                                                              monkeypatch):
+    import errno
+
+    from tinygrad_like import files
+    Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
+    real = files.atomic_write
+
+    def full(path, data):
+        if "checkpoint.new" in str(path) and str(path).endswith("optimizer.safetensors"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(checkpoint, "atomic_write", full)
+    code, err = run_cli(["--resume", str(tmp_path), "--quiet", "--no-report"], capsys)
+    assert code == 2 and ckpt_step(checkpoint.find_checkpoint(str(tmp_path))) == 1
+    assert_one_line_error(err, "disk full: the step-1 checkpoint needs about", "MB",
+                          "nothing partial is left, the step-1 checkpoint")
+    assert not (tmp_path / "checkpoint.new").exists()
+
+
+@pytest.mark.parametrize("max_skipped, why", [(3, "fp16 skipped 3 steps in a row"),
+                                              (0, "below 2^-24")])
+def test_fp16_that_never_recovers_stops_with_exit_1(shakespeare, tmp_path, capsys, monkeypatch,
+                                                     max_skipped, why):
+    """Every step overflows: with --max-skipped 3 the third skip stops the run; with 0 the
+    scale halves from 2^16 until it falls under 2^-24 (41 skips). The checkpoint stays."""
+    Trainer(tiny(shakespeare, tmp_path, steps=1, dtype="fp16")).run()
+    before = (tmp_path / "checkpoint" / "model.safetensors").read_bytes()
+    monkeypatch.setattr(Trainer, "train_step", lambda self: (float("inf"), 1e-3, 0.0, True)
+                        if self.scaler.update(True) is None else None)
+    code, err = run_cli(["--resume", str(tmp_path), "--quiet", "--steps", "100",
+                         "--max-skipped", str(max_skipped), "--save-every", "1"], capsys)
+    assert code == 1
+    assert why in err and "the step-1 checkpoint" in err and "is kept" in err
+    assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == before

@@ -1,36 +1,63 @@
-"""Training checkpoints that survive a crash at any moment.
+"""Training checkpoints that survive a crash at any moment, and the run folder they live in.
 
 <out>/checkpoint/ holds one complete checkpoint:
     config.json, model.safetensors   the fp32 master weights in Hugging Face's GPT-2 format,
                                      so generate.py and transformers load it as is
     optimizer.safetensors            AdamW's m and v per parameter (fp32)
     trainer_state.json               step, optimizer scalars, loss scaler, data position,
-                                     RNG state and the run's config
+                                     RNG state, the run's config and the sha256 of every file
 A save writes a whole new directory beside it (every file fsynced), then swaps the two with
 renames: checkpoint -> checkpoint.old, new -> checkpoint, then deletes checkpoint.old. A crash
 before the swap leaves the previous checkpoint untouched; a crash between the two renames
-leaves it as checkpoint.old, which find_checkpoint() falls back to.
+leaves it as checkpoint.old, which find_checkpoint() falls back to. Nothing non-finite is ever
+saved, and a save that fails (a full disk) removes its half-written directory.
+
+The sha256 sums let a load refuse a corrupted checkpoint instead of training on it: a flipped
+byte inside the weights still parses, so only a checksum can tell. trainer_state.json's own sum
+covers its other keys (it cannot hold the sum of the text it is part of).
 """
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 
-from nn.hf import WEIGHTS, check_dir
+import numpy as np
+
+from nn.hf import CONFIG, WEIGHTS, check_dir
 from tinygrad_like.files import atomic_write, fsync_dir
 
 STATE, OPTIMIZER = "trainer_state.json", "optimizer.safetensors"
+LOCK = ".lock"
 
+
+class CheckpointError(ValueError):
+    """A checkpoint or run folder that cannot be used or written (exit code 2)."""
+
+
+# ---------------------------------------------------------------- saving
 
 def save_checkpoint(out, model, optimizer, trainer_state):
     from safetensors.numpy import save
     final = os.path.join(out, "checkpoint")
     staging = os.path.join(out, "checkpoint.new")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, state=optimizer.master_state())
+    master = optimizer.master_state()
     arrays, scalars = optimizer.state_dict()
-    atomic_write(os.path.join(staging, OPTIMIZER), save(arrays))
-    state = dict(trainer_state, optimizer=scalars)
-    atomic_write(os.path.join(staging, STATE), json.dumps(state, indent=1).encode())
+    _check_finite(out, trainer_state["step"], {"weights": master, "AdamW m and v": arrays})
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        model.save_pretrained(staging, state=master)
+        atomic_write(os.path.join(staging, OPTIMIZER), save(arrays))
+        state = dict(trainer_state, optimizer=scalars)
+        state["sha256"] = {f: _file_sha256(os.path.join(staging, f))
+                           for f in (CONFIG, WEIGHTS, OPTIMIZER)}
+        state["sha256"][STATE] = _state_sha256(state)
+        atomic_write(os.path.join(staging, STATE), json.dumps(state, indent=1).encode())
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        need = sum(a.nbytes for a in (*master.values(), *arrays.values()))
+        raise CheckpointError(_save_failed(out, trainer_state["step"], e, need)) from None
     old = os.path.join(out, "checkpoint.old")
     if not os.path.isdir(final) and os.path.isdir(old):
         os.rename(old, final)  # an earlier save died mid-swap: its old checkpoint is the one
@@ -43,6 +70,37 @@ def save_checkpoint(out, model, optimizer, trainer_state):
     return final
 
 
+def _check_finite(out, step, groups):
+    """FloatingPointError (the run diverged: exit 1) naming the first non-finite array."""
+    for what, group in groups.items():
+        for name, array in group.items():
+            if not np.isfinite(array).all():
+                raise FloatingPointError(f"{what} hold nan or inf at step {step} ({name}): not "
+                                         f"saved; {on_disk(out)}")
+
+
+def _save_failed(out, step, e, need):
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = shutil.disk_usage(out).free
+        what = (f"disk full: the step-{step} checkpoint needs about {need / 1e6:,.1f} MB in "
+                f"{out} ({free / 1e6:,.1f} MB free)")
+    else:
+        what = f"could not write the step-{step} checkpoint in {out}: {e.strerror or e}"
+    return f"{what}; nothing partial is left, {on_disk(out)}"
+
+
+def on_disk(out):
+    """Which checkpoint a stopped run leaves, in words (for its last message)."""
+    try:
+        ckpt = find_checkpoint(out)
+        step = load_trainer_state(ckpt, arrays=False)[0]["step"]
+    except (ValueError, OSError):
+        return f"no usable checkpoint is in {out}"
+    return f"the step-{step} checkpoint in {ckpt} is kept"
+
+
+# ---------------------------------------------------------------- loading
+
 def find_checkpoint(path):
     """A directory that holds config.json + model.safetensors: path itself, its checkpoint/,
     or (after a save interrupted mid-swap) its checkpoint.old/."""
@@ -52,13 +110,104 @@ def find_checkpoint(path):
     check_dir(path)  # raises with the list of files expected
 
 
-def load_trainer_state(ckpt):
-    """-> (trainer_state dict, optimizer arrays), or an error saying what is missing."""
+def load_trainer_state(ckpt, arrays=True):
+    """-> (trainer_state dict, optimizer arrays or None), every file's checksum verified;
+    or an error naming the file that is missing or corrupt."""
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
     missing = [f for f in (STATE, OPTIMIZER) if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
         raise FileNotFoundError(f"{ckpt} has model weights but no {' or '.join(missing)}: it can "
                                 "start a fine-tune (--init-from) but cannot be resumed")
-    with open(os.path.join(ckpt, STATE)) as f:
-        state = json.load(f)
-    return state, load_file(os.path.join(ckpt, OPTIMIZER))
+    state = read_trainer_state(ckpt)
+    if not arrays:
+        return state, None
+    verify(ckpt, state)
+    path = os.path.join(ckpt, OPTIMIZER)
+    try:
+        return state, load_file(path)
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot be read ({e}); the file is truncated or "
+                              "corrupt") from None
+
+
+def read_trainer_state(ckpt):
+    """trainer_state.json as a dict, or CheckpointError naming it (not JSON, wrong sum)."""
+    path = os.path.join(ckpt, STATE)
+    try:
+        with open(path, "rb") as f:
+            state = json.loads(f.read())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e}); the file is corrupt") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"{path}: has no step: not a trainer state")
+    sums = state.get("sha256")
+    if sums is not None and (not isinstance(sums, dict) or sums.get(STATE) != _state_sha256(state)):
+        raise CheckpointError(f"{path}: its content does not match its sha256: the file is "
+                              "corrupt")
+    return state
+
+
+def verify(ckpt, state=None):
+    """Check every file of a training checkpoint against the sha256 its trainer_state.json
+    holds (CheckpointError naming the file). A Hugging Face directory has no sums to check."""
+    if state is None:
+        if not os.path.isfile(os.path.join(ckpt, STATE)):
+            return
+        state = read_trainer_state(ckpt)
+    for name, expected in (state.get("sha256") or {}).items():
+        if name != STATE and _file_sha256(os.path.join(ckpt, name)) != expected:
+            raise CheckpointError(f"{os.path.join(ckpt, name)}: its sha256 does not match the "
+                                  f"one saved in {STATE}: the file is corrupt")
+
+
+def _file_sha256(path):
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing from the checkpoint") from None
+    return h.hexdigest()
+
+
+def _state_sha256(state):
+    rest = {k: v for k, v in state.items() if k != "sha256"}
+    sums = {k: v for k, v in (state.get("sha256") or {}).items() if k != STATE}
+    return hashlib.sha256(json.dumps([rest, sums], sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- the run folder
+
+def checkpoint_step(out):
+    """The step of the run saved in folder out, or None when it holds no checkpoint."""
+    for name in ("checkpoint", "checkpoint.old"):
+        if os.path.isfile(os.path.join(out, name, WEIGHTS)):
+            try:
+                return read_trainer_state(os.path.join(out, name))["step"]
+            except (CheckpointError, OSError):
+                return "?"
+    return None
+
+
+def lock_run_folder(out):
+    """Make out (a folder) and hold an exclusive lock on it for as long as the returned file
+    stays open: a second run into the same folder gets CheckpointError saying who holds it.
+    The kernel drops the lock when the holder dies, even by SIGKILL."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CheckpointError(f"--out {out} is a file, not a folder: choose another --out")
+    os.makedirs(out, exist_ok=True)
+    f = open(os.path.join(out, LOCK), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise CheckpointError(f"{out} is in use by another run ({holder}): wait for it to "
+                              "finish or use another --out") from None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f

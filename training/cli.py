@@ -2,6 +2,7 @@
 comment. Bad input is one line on stderr and exit code 2 (training/args.py)."""
 import dataclasses
 import inspect
+import math
 import os
 import re
 import sys
@@ -10,7 +11,8 @@ from nn import GPT2Config
 from nn.gpt2 import check_options
 from tinygrad_like import backend
 
-from .args import ArgumentParser, check_dtype, user_errors
+from . import checkpoint
+from .args import ArgumentParser, check_dtype, fail, user_errors
 from .corpus import DEFAULT_DATA_DIR, prepare
 from .loop import RunConfig, Trainer
 
@@ -18,6 +20,11 @@ from .loop import RunConfig, Trainer
 # 5 minutes on 2 CPU cores), or GPT-2 124M at its full context when a GPU is there
 GPU_DEFAULTS = dict(model="gpt2", batch_size=16, seq_len=1024, steps=2000, lr=6e-4,
                     min_lr=6e-5, warmup=100, dtype="bf16", eval_every=250)
+# what a resumed run cannot change: the model and where it came from, and the batch shape and
+# seed that the saved data position counts in
+FIXED_ON_RESUME = ("model", "init_from", "batch_size", "seq_len", "seed")
+# how and where this process runs, not what the run is: never taken from a saved config
+NOT_RESTORED = ("resume", "out", "overwrite", "device", "quiet", "report")
 
 
 def _comments():
@@ -48,24 +55,78 @@ def parser():
 
 
 def config_from_args(argv=None) -> RunConfig:
-    args = parser().parse_args(argv)
-    device = args.device or backend.default_device()
-    defaults = GPU_DEFAULTS if device == "cuda" else {}
-    given = {k: v for k, v in vars(args).items() if v is not None}
+    return resolve(argv)[0]
+
+
+def resolve(argv=None):
+    """-> (RunConfig, notes). The defaults are RunConfig's (GPU_DEFAULTS on a GPU), or with
+    --resume the saved run's config: a flag given explicitly overrides a saved setting, and
+    notes says so, one line each."""
+    given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
+    device = given.get("device") or backend.default_device()
+    defaults, notes = (GPU_DEFAULTS if device == "cuda" else {}), []
+    if "resume" in given:
+        saved, folder = saved_run(given["resume"])
+        defaults = {k: v for k, v in saved.items() if k not in NOT_RESTORED}
+        notes = resume_overrides(saved, given, folder)
+        given.setdefault("out", folder)
     cfg = RunConfig(**{**defaults, "device": device, **given})
     validate(cfg)
-    return cfg
+    return cfg, notes
+
+
+def saved_run(path):
+    """-> (the saved run's RunConfig fields, the run folder) of the checkpoint at path."""
+    ckpt = checkpoint.find_checkpoint(path)
+    state, _ = checkpoint.load_trainer_state(ckpt, arrays=False)
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    saved = {k: v for k, v in (state.get("run_config") or {}).items() if k in fields}
+    same = os.path.normpath(ckpt) == os.path.normpath(path)  # path is the checkpoint itself
+    return saved, os.path.dirname(os.path.normpath(path)) if same else path
+
+
+def resume_overrides(saved, given, folder):
+    """The notes for flags that override the saved run; ValueError for one that cannot.
+    --steps is left to the Trainer, whose warning says what it does to the schedule."""
+    notes = []
+    for name, value in given.items():
+        if name in NOT_RESTORED or name not in saved or value == saved[name]:
+            continue
+        if name in FIXED_ON_RESUME:
+            raise ValueError(f"{_flag(name)} {value} cannot change on resume: the run in "
+                             f"{folder} was saved with {saved[name]} (start a new run with "
+                             "--out elsewhere to change it)")
+        if name != "steps":
+            notes.append(f"note: {_flag(name)} {_show(value)} overrides the saved "
+                         f"{_show(saved[name])}")
+    return notes
+
+
+def _show(value):
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def validate(cfg):
     for name in ("batch_size", "seq_len", "grad_accum", "steps", "eval_iters"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
-    for name in ("warmup", "eval_every", "sample_every", "save_every"):
+    for name in ("warmup", "eval_every", "sample_every", "save_every", "max_skipped"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{_flag(name)} must be >= 0, got {getattr(cfg, name)}")
-    if cfg.lr <= 0 or cfg.min_lr < 0 or cfg.weight_decay < 0 or cfg.grad_clip < 0:
-        raise ValueError("--lr must be positive; --min-lr, --weight-decay, --grad-clip >= 0")
+    for f in dataclasses.fields(RunConfig):  # nan passes every comparison below
+        if f.type is float and not math.isfinite(getattr(cfg, f.name)):
+            raise ValueError(f"{_flag(f.name)} must be a finite number, got "
+                             f"{getattr(cfg, f.name)}")
+    if cfg.lr <= 0:
+        raise ValueError(f"--lr must be positive, got {cfg.lr}")
+    for name in ("min_lr", "weight_decay", "grad_clip"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{_flag(name)} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.min_lr > cfg.lr:
+        raise ValueError(f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the schedule decays "
+                         "from --lr down to --min-lr")
+    if os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
+        raise ValueError(f"--out {cfg.out} is a file, not a folder: choose another --out")
     config = GPT2Config.from_preset(cfg.model)
     check_dtype(cfg.dtype)
     check_options(cfg.attention, cfg.lm_head, cfg.recompute)
@@ -92,12 +153,16 @@ def ensure_data(cfg):
 
 def main(argv=None):
     with user_errors():
-        cfg = config_from_args(argv)
+        cfg, notes = resolve(argv)
         ensure_data(cfg)
         trainer = Trainer(cfg)
+    for note in notes:
+        print(note, file=sys.stderr)
     try:
         trainer.run()
     except FloatingPointError as e:  # the run diverged: not a bad input, so exit code 1
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except checkpoint.CheckpointError as e:  # the run folder is taken, the disk is full
+        fail(e)
     return trainer

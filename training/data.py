@@ -70,15 +70,28 @@ def read_tokens(path):
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(count,))
 
 
+def check_token_ids(path, tokens, vocab_size):
+    """DataError naming the file, the byte offset and the value of the first token id that
+    is not below vocab_size (an id the model has no embedding row for). One vectorized pass
+    over the memory map, so a start-up check rather than a crash mid-run."""
+    if len(tokens) == 0 or int(tokens.max()) < vocab_size:
+        return
+    i = int(np.argmax(np.asarray(tokens) >= vocab_size))
+    raise DataError(f"{path}: token id {int(tokens[i])} at byte offset {HEADER_BYTES + 2 * i} "
+                    f"(token {i}) is not below the model's vocabulary of {vocab_size}; the file "
+                    f"is corrupt or made for another tokenizer ({_MAKE_IT} again)")
+
+
 # ---------------------------------------------------------------- batches
 
 class DataLoader:
     """Random windows of a token file as (x, y) int64 batches of shape (B, T); y is x shifted
     left by one token (the next-token targets). Batch i is drawn from a generator seeded with
     (seed, i), so the whole sequence of batches is a pure function of the seed: the state is
-    two integers, and a resumed run draws exactly the batches an uninterrupted one would."""
+    two integers, and a resumed run draws exactly the batches an uninterrupted one would.
+    vocab_size: refuse a file holding an id the model cannot embed (check_token_ids)."""
 
-    def __init__(self, path, batch_size, seq_len, seed=0):
+    def __init__(self, path, batch_size, seq_len, seed=0, vocab_size=None):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         if seq_len <= 0:
@@ -87,6 +100,8 @@ class DataLoader:
             raise ValueError(f"seed must be >= 0, got {seed}")
         self.path = Path(path)
         self.tokens = read_tokens(path)                          # (N,) uint16
+        if vocab_size is not None:
+            check_token_ids(self.path, self.tokens, vocab_size)
         if len(self.tokens) <= seq_len + 1:
             raise DataError(f"{self.path}: has {len(self.tokens)} tokens, needs more than "
                             f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more text")

@@ -3,6 +3,8 @@ evaluation, sampling, metrics and checkpoints."""
 import json
 import math
 import os
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 
@@ -14,7 +16,9 @@ from nn import GPT2, GPT2Config
 from nn.hf import read_config, read_state
 from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
+from optim.scaler import MIN_SCALE
 from tinygrad_like import backend, dtypes, no_grad, profiler
+from tinygrad_like.files import atomic_write
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
 from . import checkpoint, mfu, report
@@ -50,7 +54,9 @@ class RunConfig:
     sample_every: int = 0             # steps between printed samples (0 = never)
     out: str = "out"                  # run folder: metrics.jsonl, checkpoint/, loss.png
     save_every: int = 0               # steps between checkpoints (0 = only at the end)
-    resume: str = None                # continue the run saved in this folder
+    resume: str = None                # continue the run saved in this folder, with its settings
+    overwrite: bool = False           # start afresh in an --out that already holds a run
+    max_skipped: int = 50             # fp16: stop after this many skipped steps in a row (0 = off)
     seed: int = 1337                  # initial weights, batch order and dropout
     quiet: bool = False               # no progress bar, messages or report
     save: bool = True                 # write checkpoints (off for speed tests: 1.5 GB for gpt2)
@@ -64,15 +70,19 @@ class Trainer:
         self.dtype = dtypes.as_dtype(cfg.dtype)
         self.options = dict(attention=cfg.attention, lm_head=cfg.lm_head, recompute=cfg.recompute)
         self.resume_state = None
+        self.resumed_from = None         # the checkpoint folder a resumed run was loaded from
         self.model = self._build_model()
         self.model.config.check_context(cfg.seq_len, "--seq-len")
         self.optimizer = AdamW(self.model.named_parameters(), lr=cfg.lr,
                                weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
                                dtype=self.dtype)
         self.scaler = LossScaler() if self.dtype == dtypes.float16 else None
+        vocab = self.model.config.vocab_size
         self.train_data = DataLoader(os.path.join(cfg.data_dir, "train.bin"), cfg.batch_size,
-                                     cfg.seq_len, seed=cfg.seed)
+                                     cfg.seq_len, seed=cfg.seed, vocab_size=vocab)
         self.val_path = os.path.join(cfg.data_dir, "val.bin")
+        # checked now (ids, length, format), not at the first evaluation dozens of steps in
+        DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
         self.step = 0
         F.manual_seed(cfg.seed)
         if self.resume_state is not None:
@@ -88,10 +98,13 @@ class Trainer:
             return GPT2(GPT2Config.from_preset(cfg.model), seed=cfg.seed, device=self.device,
                         **self.options)
         ckpt = checkpoint.find_checkpoint(source)
+        if cfg.resume:                                 # verifies every file's sha256 first
+            self.resume_state = checkpoint.load_trainer_state(ckpt)
+            self.resumed_from = ckpt
+        else:
+            checkpoint.verify(ckpt)
         model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device, **self.options)
         model.load_state_dict(read_state(ckpt))        # fp32 master: any --dtype can follow
-        if cfg.resume:
-            self.resume_state = checkpoint.load_trainer_state(ckpt)
         return model
 
     def _restore(self, state, optimizer_arrays):
@@ -101,11 +114,21 @@ class Trainer:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         F.set_rng_state(state["dropout_rng"])
+        saved_steps = (state.get("run_config") or {}).get("steps", self.cfg.steps)
+        if saved_steps != self.cfg.steps:  # the schedule is a function of the total
+            print(f"warning: --steps {self.cfg.steps} differs from the saved run's {saved_steps}: "
+                  f"the cosine schedule changes from step {self.step} on (lr "
+                  f"{self._lr(self.step, saved_steps):.3g} -> {self._lr(self.step):.3g})",
+                  file=sys.stderr)
+
+    def _lr(self, step, steps=None):
+        cfg = self.cfg
+        return cosine_with_warmup(step, cfg.lr, cfg.min_lr, cfg.warmup, steps or cfg.steps)
 
     # ---- one optimizer step over grad_accum micro-batches
     def train_step(self):
         cfg = self.cfg
-        lr = cosine_with_warmup(self.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
+        lr = self._lr(self.step)
         batches = [self.train_data.next_batch() for _ in range(cfg.grad_accum)]
         loss, norm, skipped = train_on(self.model, self.optimizer, batches, self.scaler, lr)
         return loss, lr, norm, skipped
@@ -141,11 +164,58 @@ class Trainer:
                                          dtypes.name(self.dtype),
                                          "measured from the buffers allocated for this run")
 
+    # ---- the run folder
+    def _claim_out(self):
+        """Lock cfg.out for this run (the returned file holds it), refuse to overwrite another
+        run's checkpoint by accident, and cut metrics.jsonl back to the step the run starts
+        from (rows replayed since the last save, a partial line left by a kill)."""
+        cfg = self.cfg
+        lock = checkpoint.lock_run_folder(cfg.out)
+        try:
+            held = checkpoint.checkpoint_step(cfg.out)
+            out = os.path.realpath(cfg.out)
+            ours = self.resumed_from and out in (os.path.realpath(self.resumed_from),
+                                                 os.path.dirname(os.path.realpath(self.resumed_from)))
+            if held is not None and not ours:
+                if not cfg.overwrite:
+                    raise checkpoint.CheckpointError(
+                        f"{cfg.out}/ already holds a run at step {held}: --resume {cfg.out} to "
+                        "continue, or --out elsewhere, or --overwrite")
+                for name in ("checkpoint", "checkpoint.old", "checkpoint.new"):
+                    shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
+            _trim_metrics(os.path.join(cfg.out, "metrics.jsonl"), self.step)
+        except BaseException:
+            lock.close()
+            raise
+        return lock
+
+    def _stop_if_diverged(self, loss, skipped):
+        """FloatingPointError (exit 1) when the run cannot go on: a non-finite loss in fp32 or
+        bf16, or in fp16 a loss scale under MIN_SCALE or max_skipped skipped steps in a row."""
+        cfg, scaler = self.cfg, self.scaler
+        if scaler is None:
+            if math.isfinite(loss):
+                return
+            why, fix = f"loss is {loss} at step {self.step}", "lower --lr or use --grad-clip"
+        elif not skipped:
+            return
+        elif scaler.scale < MIN_SCALE:
+            why = (f"the fp16 loss scale fell to {scaler.scale:.3g}, below 2^-24, at step "
+                   f"{self.step}: the overflows do not come from the scale")
+            fix = "lower --lr, or train in bf16 or fp32"
+        elif cfg.max_skipped and scaler.skips_in_a_row >= cfg.max_skipped:
+            why = (f"fp16 skipped {scaler.skips_in_a_row} steps in a row for inf/nan gradients "
+                   f"at step {self.step} (loss scale {scaler.scale:.3g})")
+            fix = "lower --lr, raise --max-skipped, or train in bf16"
+        else:
+            return
+        raise FloatingPointError(f"{why}: stopping; {checkpoint.on_disk(cfg.out)} ({fix})")
+
     # ---- the run
     def run(self):
         cfg = self.cfg
         say = (lambda *a: None) if cfg.quiet else tqdm.write
-        os.makedirs(cfg.out, exist_ok=True)
+        lock = self._claim_out()
         peak, peak_name = mfu.device_peak(self.device, dtypes.name(self.dtype))
         say(f"model {cfg.resume or cfg.init_from or cfg.model}: "
             f"{self.model.num_parameters():,} parameters, device {self.device}, dtype {cfg.dtype}")
@@ -155,17 +225,14 @@ class Trainer:
         tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum
         metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a")
         bar = tqdm(total=cfg.steps, initial=self.step, disable=cfg.quiet, dynamic_ncols=True)
-        history = []
+        history, save_due = [], False
         try:
             while self.step < cfg.steps:
                 t0 = time.perf_counter()
                 loss, lr, norm, skipped = self.train_step()
                 backend.get(self.device).synchronize()
                 dt = time.perf_counter() - t0
-                if not math.isfinite(loss) and self.scaler is None:
-                    raise FloatingPointError(
-                        f"loss is {loss} at step {self.step}: stopping; the last good checkpoint "
-                        f"in {cfg.out} is kept (lower --lr or use --grad-clip)")
+                self._stop_if_diverged(loss, skipped)
                 self.step += 1
                 tps = tokens_per_step / dt
                 row = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": norm,
@@ -177,22 +244,55 @@ class Trainer:
                 if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                     row["val_loss"] = self.evaluate()
                     say(f"step {self.step}: train loss {loss:.4f}, val loss {row['val_loss']:.4f}")
-                metrics.write(json.dumps(row) + "\n")
+                metrics.write(strict_json(row) + "\n")
                 metrics.flush()
                 history.append(row)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.1%}")
                 bar.update(1)
                 if cfg.sample_every and self.step % cfg.sample_every == 0:
                     say(f"sample at step {self.step}: {self.sample()!r}")
-                if cfg.save and cfg.save_every and self.step % cfg.save_every == 0:
+                save_due |= bool(cfg.save and cfg.save_every and self.step % cfg.save_every == 0)
+                # not in the middle of fp16 skips: the run may never recover, and then the
+                # checkpoint to keep is the one from before them
+                if save_due and not (self.scaler and self.scaler.skips_in_a_row):
                     self.save()
+                    save_due = False
+            if cfg.save:
+                path = self.save()
+                say(f"checkpoint: {path}")
         finally:
             bar.close()
             metrics.close()
-        if cfg.save:
-            path = self.save()
-            say(f"checkpoint: {path}")
+            lock.close()
         say(f"metrics: {plot_metrics(cfg.out)} (python scripts/plot_metrics.py {cfg.out})")
         if cfg.report and not cfg.quiet:  # predicted vs measured, measured on a twin model
             say(report.for_trainer(self))
         return history
+
+
+def strict_json(row):
+    """One metrics line as strict JSON: a non-finite value (an fp16 overflow's loss) is null,
+    which every JSON reader accepts, where NaN and Infinity are not JSON at all."""
+    clean = {k: (float(v) if math.isfinite(v) else None)
+             if isinstance(v, (float, np.floating)) else v for k, v in row.items()}
+    return json.dumps(clean, allow_nan=False)
+
+
+def _trim_metrics(path, step):
+    """Keep only the complete rows of metrics.jsonl up to step: a resumed run replays the
+    steps after its checkpoint, and a kill can leave half a line that the next row would be
+    glued to."""
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:       # the partial last line (or the empty tail after the last \n)
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line + b"\n")
+    if len(kept) != len(lines) - 1 or lines[-1]:
+        atomic_write(path, b"".join(kept))
