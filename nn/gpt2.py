@@ -13,7 +13,7 @@ from tinygrad_like import Tensor, autograd, backend, kernels
 
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList
-from .sampling import sample
+from .sampling import check_sampling, sample
 
 # wte is stored with its vocabulary padded to a multiple of 64 (50,257 -> 50,304 for GPT-2, as
 # llm.c and nanoGPT do), so the tied LM head's GEMMs have 16-byte aligned rows: the logits
@@ -106,6 +106,7 @@ class CausalSelfAttention(Module):
         super().__init__()
         C, L = config.n_embd, config.n_layer
         self.n_head = config.n_head
+        self.flash = False      # GPT2(attention="flash") sets it: FlashAttention, see ops.py
         self.c_attn = Linear(C, 3 * C, rng=rng)                                # (C, 3C)
         self.c_proj = Linear(C, C, std=0.02 / math.sqrt(2 * L), rng=rng)       # residual out
         self.resid_dropout = Dropout(config.dropout)
@@ -117,7 +118,7 @@ class CausalSelfAttention(Module):
         q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         if cache is not None:                                   # decoding: attend to the past
             k, v = cache.append(layer, k, v)                    # (B, H, Tpast + T, D)
-        y = F.scaled_dot_product_attention(q, k, v)             # (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, self.flash)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -141,8 +142,14 @@ class Block(Module):
         self.attn = CausalSelfAttention(config, rng)
         self.ln_2 = LayerNorm(config.n_embd, config.layer_norm_epsilon)
         self.mlp = MLP(config, rng)
+        self.recompute = False  # GPT2(recompute=True) sets it: save x, redo the rest in backward
 
     def forward(self, x, cache=None, layer=0):
+        if self.recompute and cache is None:  # one "checkpoint" record saving x (B, T, C)
+            return autograd.checkpoint(self._forward, x)
+        return self._forward(x, cache, layer)
+
+    def _forward(self, x, cache=None, layer=0):
         x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
@@ -187,6 +194,9 @@ class GPT2(Module):
         self.options = dict(attention=attention, lm_head=lm_head, recompute=recompute)
         rng = np.random.default_rng(seed)
         self.transformer = Transformer(config, rng)
+        for block in self.transformer.h:
+            block.attn.flash = attention == "flash"
+            block.recompute = recompute
         self.name_scopes()
         self.to(device=device or backend.default_device())
         # the LM head is tied to the token embedding: logits = x @ wte^T, no parameter of its own
@@ -196,7 +206,10 @@ class GPT2(Module):
         targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length.
         last_only computes logits for the last position only (generation). The head computes
         (B, T, Vp) padded logits; the loss reads them over the first V columns, and the logits
-        returned are a view of those V columns (no copy)."""
+        returned are a view of those V columns (no copy). With lm_head="fused" and targets, the
+        head and the loss are one record that never makes the logits (F.linear_cross_entropy),
+        and the logits returned are None, as llm.c and Liger do; without targets (generation)
+        the head is the plain one."""
         idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
         if idx.ndim != 2:
             raise ValueError(f"GPT2 expects token ids of shape (B, T), got {idx.shape}")
@@ -218,14 +231,19 @@ class GPT2(Module):
         if last_only:
             x = x[:, -1:, :]                                     # (B, 1, C)
         V = self.config.vocab_size
+        if targets is not None:
+            targets = np.asarray(targets)
+            if targets.shape != (B, T):
+                raise ValueError(f"targets of shape {targets.shape} do not match ids {idx.shape}")
+            if self.options["lm_head"] == "fused":
+                with autograd.scope("lm_head"):                  # the head and the loss
+                    return None, F.linear_cross_entropy(x.reshape(B * T, -1), tr.wte.weight,
+                                                        targets.reshape(-1), n_classes=V)
         with autograd.scope("lm_head"):
             padded = F.linear(x, tr.wte.weight, transposed=True)  # (B, T, Vp), tied to wte
             logits = padded[:, :, :V]                              # (B, T, V), a view
         loss = None
         if targets is not None:
-            targets = np.asarray(targets)
-            if targets.shape != (B, T):
-                raise ValueError(f"targets of shape {targets.shape} do not match ids {idx.shape}")
             with autograd.scope("loss"):
                 loss = F.cross_entropy(padded.reshape(B * T, -1), targets.reshape(-1),
                                        n_classes=V)
@@ -255,6 +273,7 @@ class GPT2(Module):
         through the model once, filling the KV cache; then every step feeds just the one new
         token. Bad arguments raise here, not at the first next()."""
         idx = _prompt(idx)
+        check_sampling(temperature, top_k, top_p)
         B, T = idx.shape
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")

@@ -423,3 +423,28 @@ def test_cross_entropy_refuses_a_target_out_of_range_before_launching(bad):
                  lambda: cuda.cross_entropy_bwd(logits, lse, targets, dev(np.ones(1, F32)), 11)):
         with pytest.raises(ValueError, match=f"target id {bad} out of range for vocab 11"):
             call()
+
+
+# ---------------------------------------------------------------- flash attention
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("Tq,Tk", [(1, 1), (63, 63), (65, 65), (130, 130), (1, 130), (20, 150)],
+                         ids=["T=1", "T=63", "T=65", "T=130", "decode", "prompt-after-cache"])
+def test_flash_attention(dtype, Tq, Tk):
+    """attention.cu against cpu.flash_attention_fwd / _bwd at D = 64, GPT-2's head size, on
+    query and key counts ragged against both tile sizes (64, and 32 in fp64); q, k, v
+    transposed views, as GPT-2 passes them. The backward runs twice: bit-identical."""
+    B, H, D = 2, 3, 64
+    q, dout = (rand((B, Tq, H, D), dtype, seed=s).swapaxes(1, 2) for s in (1, 2))
+    k, v = (rand((B, Tk, H, D), dtype, seed=s).swapaxes(1, 2) for s in (3, 4))
+    stat = dtypes.compute_dtype(dtype)
+    (out, lse), (out_ref, lse_ref) = both("flash_attention_fwd", q, k, v, 0.125)
+    close(out, out_ref)
+    close(lse, lse_ref, stat)
+    args = (q, k, v, out_ref, lse_ref, dout, 0.125)
+    got, ref = both("flash_attention_bwd", *args)
+    for g, r in zip(got, ref):
+        close(g, r)
+    again = cuda.flash_attention_bwd(*[dev(a) for a in args])
+    for g, a in zip(got, again):
+        np.testing.assert_array_equal(cuda.to_numpy(g), cuda.to_numpy(a))

@@ -149,6 +149,19 @@ def softmax(cuda, dtype):
             cuda.softmax_causal_bwd(s, dp, 0.125)
 
 
+@drives("flash_attention_fwd", "flash_attention_bwd")
+def flash_attention(cuda, dtype):
+    stat = dtypes.compute_dtype(dtype)
+    for (B, H, Tq, Tk, D) in [(2, 3, 65, 65, 64), (1, 2, 1, 70, 64), (1, 1, 130, 130, 24),
+                              (1, 1, 20, 150, 8)]:               # ragged, decode, prompt + cache
+        for layout in LAYOUTS:
+            q, dout, out, k, v = (place(cuda, rand((B, H, T, D), dtype, seed), layout)
+                                  for seed, T in enumerate((Tq, Tq, Tq, Tk, Tk)))
+            cuda.flash_attention_fwd(q, k, v, 0.125)
+            lse = place(cuda, rand((B, H, Tq), stat), layout)
+            cuda.flash_attention_bwd(q, k, v, out, lse, dout, 0.125)
+
+
 @drives("cross_entropy_fwd", "cross_entropy_bwd")
 def cross_entropy(cuda, dtype):
     stat = dtypes.compute_dtype(dtype)

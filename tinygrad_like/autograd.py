@@ -118,6 +118,9 @@ class Record:
         self.fwd_launches = self.bwd_launches = 0
         self._in_backward = False
         self.freed = False
+        # made while another record's backward runs (a checkpoint's recomputed forward): its
+        # launches are that backward's work too, so the outer tape's counts stay complete
+        self.parent = _running[-1] if _running else None
 
     def add(self, flops, nbytes):  # kernels.launch reports here while this record runs
         if self._in_backward:
@@ -128,6 +131,8 @@ class Record:
             self.fwd_flops += flops
             self.fwd_bytes += nbytes
             self.fwd_launches += 1
+        if self.parent is not None:
+            self.parent.add(flops, nbytes)
 
     def finish(self, ctx, outputs):
         self.ctx = ctx
@@ -146,8 +151,12 @@ class Record:
                 "released by an earlier backward(). Run the forward pass again before calling "
                 "backward() a second time.")
         self._in_backward = True
-        with kernels.sink_to(self):
-            in_grads = self.fn.backward(self.ctx, *grads)
+        _running.append(self)
+        try:
+            with kernels.sink_to(self):
+                in_grads = self.fn.backward(self.ctx, *grads)
+        finally:
+            _running.pop()
         self.free()
         return in_grads if isinstance(in_grads, tuple) else (in_grads,)
 
@@ -167,6 +176,7 @@ class Record:
 
 
 _SEQ = itertools.count()
+_running = []  # the records whose backward is running now, innermost last
 
 
 def _edge(t):
@@ -250,3 +260,41 @@ def _accumulate_leaf(t, g):
         t.grad = Tensor(kernels.launch("copy", backend.of(g).empty(t.shape, t.dtype), g))
     else:
         kernels.launch("add", t.grad.data, g, out=t.grad.data)
+
+
+# ---------------------------------------------------------------- activation recomputation
+
+def checkpoint(fn, *inputs):
+    """fn(*inputs) -> a Tensor, recomputed instead of stored (torch.utils.checkpoint): the tape
+    gets one "checkpoint" record that saves only the inputs (Tensors), and its backward re-runs
+    fn with grad on, backpropagates through that small tape into the inputs and the leaves fn
+    uses (its parameters' .grad, as without recomputation), then drops it. Under no_grad, or
+    when no input requires grad (no record could be made), it is the plain call fn(*inputs)."""
+    if not (_grad_enabled[-1] and any(x.requires_grad for x in inputs)):
+        return fn(*inputs)
+    return Checkpoint.apply(*inputs, fn=fn, needs=[x.requires_grad for x in inputs])
+
+
+class Checkpoint(Function):
+    @staticmethod
+    def forward(ctx, *arrays, fn, needs):
+        from . import ops  # the dropout generator; ops imports this module
+        ctx.fn, ctx.needs, ctx.scope = fn, needs, _scope[-1]
+        ctx.rng = ops.get_rng_state()  # rewound in the backward: the same dropout masks
+        ctx.save_for_backward(*arrays)
+        with no_grad():  # fn's launches count as this record's forward; it saves nothing
+            return fn(*map(Tensor, arrays)).data
+
+    @staticmethod
+    def backward(ctx, g):
+        from . import ops
+        leaves = [Tensor(a, requires_grad=r) for a, r in zip(ctx.saved, ctx.needs)]
+        rng = ops.get_rng_state()
+        ops.set_rng_state(ctx.rng)
+        # the recomputed forward runs in the backward phase but is forward math; its records
+        # report their launches to this one (Record.parent)
+        with scope(ctx.scope), enable_grad(), profiler.math("forward"):
+            out = ctx.fn(*leaves)
+        ops.set_rng_state(rng)
+        backward(out, g)  # frees each saved array as it goes; the records die with `out`
+        return tuple(t.grad.data if t.grad is not None else None for t in leaves)

@@ -27,6 +27,7 @@ KERNELS = (
     "sum",                                                       # reduction over any axes
     "layernorm_fwd", "layernorm_bwd",                            # row kernels
     "softmax_causal_fwd", "softmax_causal_bwd",
+    "flash_attention_fwd", "flash_attention_bwd",                # attention in blocks
     "cross_entropy_fwd", "cross_entropy_bwd",
     "embedding_fwd", "embedding_bwd",                            # gather and scatter-add
     "grad_norm_sq", "adamw_step",                                # optimizer
@@ -43,6 +44,15 @@ def _per_element(n, of=0):
 def _per_output(result, *args, **kw):
     """One FLOP per output element (binary ops, whatever broadcast their inputs)."""
     return result.size
+
+
+def _flash_scores(q, k):
+    """Scores the flash kernels compute for q (B, H, Tq, D), k (B, H, Tk, D): each block of
+    cpu.FLASH_BQ queries against the keys up to its last query's position. The masked corner
+    of each diagonal block is computed and counted (T = 128: 1.49x the causal triangle,
+    T = 1024: 1.06x); the key blocks after a query block are skipped and not counted."""
+    (B, H, Tq, _), Tk, bq = q.shape, k.shape[-2], backend.cpu.FLASH_BQ
+    return B * H * sum(min(bq, Tq - i) * (Tk - Tq + min(i + bq, Tq)) for i in range(0, Tq, bq))
 
 
 # FLOPs per launch, from shapes. GEMMs count one multiply and one add per term: 2*M*K*N
@@ -66,6 +76,10 @@ FLOPS = {
     "layernorm_bwd": _per_element(12, of=1),
     "softmax_causal_fwd": _per_element(5),
     "softmax_causal_bwd": _per_element(4),
+    # per computed score: forward QK^T and PV (2D + 2D) + 5 for the online softmax; backward
+    # QK^T again, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (5 x 2D) + 4 for P and dS
+    "flash_attention_fwd": lambda r, q, k, *a: (4 * q.shape[-1] + 5) * _flash_scores(q, k),
+    "flash_attention_bwd": lambda r, q, k, *a: (10 * q.shape[-1] + 4) * _flash_scores(q, k),
     # per class of each row: a padded vocabulary's columns past n_classes are not computed
     "cross_entropy_fwd": lambda r, logits, *a, n_classes=None: 4 * logits[:, :n_classes].size,
     "cross_entropy_bwd": lambda r, logits, *a, n_classes=None: 4 * logits[:, :n_classes].size,

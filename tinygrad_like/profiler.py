@@ -5,6 +5,12 @@ a Profiler is active: when nobody is looking (no profiler, no tape record being 
 memory tracker recording temporaries) a launch costs three checks before its kernel runs. The
 sums per phase divided by the tokens in the step and by N are the measured multiples of N (2N
 forward, 4N backward).
+
+Each launch has two labels: its phase, where it ran, and its math, the phase whose work it is.
+They agree unless a math(...) block says otherwise: the fused LM head's "precompute" design
+forms the head's gradients in the forward phase (math "backward"), and its "recompute" design
+recomputes the head's logits in the backward phase (math "forward"). by_phase(by="math") sums
+the launches by the second label.
 """
 import contextlib
 import time
@@ -16,6 +22,7 @@ from . import backend
 PHASES = ("forward", "backward", "optimizer", "other")
 GEMMS = ("matmul", "matmul_nt", "matmul_tn")  # the kernels that hold the 2N / 4N of the model
 _phase = ["forward"]       # a stack; the top is the current phase
+_math = [None]             # a stack; the top, when set, is the math label of launches now
 _active = []               # the profilers recording now
 
 
@@ -28,6 +35,11 @@ class Launch:
     device: str
     timer: object = None     # backend timer with .seconds(), when timing is on
     start: float = 0.0       # host seconds since the profiler started (for the trace)
+    math: str = None         # the phase whose work this is (see the module's docstring)
+
+    def __post_init__(self):  # made by kernels.launch as the kernel runs: read the label now
+        if self.math is None:
+            self.math = _math[-1] or self.phase
 
     @property
     def seconds(self):
@@ -46,6 +58,18 @@ def phase(name: str):
         yield
     finally:
         _phase.pop()
+
+
+@contextlib.contextmanager
+def math(name: str):
+    """with math("backward"): the launches inside are that phase's work, whatever phase they
+    run in."""
+    assert name in PHASES, name
+    _math.append(name)
+    try:
+        yield
+    finally:
+        _math.pop()
 
 
 def active():
@@ -78,14 +102,15 @@ class Profiler:
     def elapsed(self):
         return time.perf_counter() - self.t0
 
-    def by_phase(self, kernels=None):
+    def by_phase(self, kernels=None, by="phase"):
         """phase -> {launches, flops, bytes, seconds}; only the named kernels when given
-        (by_phase(GEMMS) separates the matmul FLOPs from everything else)."""
+        (by_phase(GEMMS) separates the matmul FLOPs from everything else). by="math" sums
+        each launch under the phase whose work it is instead of the one it ran in."""
         out = {p: {"launches": 0, "flops": 0, "bytes": 0, "seconds": 0.0} for p in PHASES}
         for launch in self.launches:
             if kernels is not None and launch.name not in kernels:
                 continue
-            row = out[launch.phase]
+            row = out[getattr(launch, by)]
             row["launches"] += 1
             row["flops"] += launch.flops
             row["bytes"] += launch.bytes
@@ -131,7 +156,8 @@ class Profiler:
         for k in self.launches:
             events.append({"name": k.name, "ph": "X", "pid": pid, "tid": PHASES.index(k.phase),
                            "ts": k.start * 1e6, "dur": max(k.seconds * 1e6, 0.01),
-                           "cat": k.phase, "args": {"flops": k.flops, "bytes": k.bytes}})
+                           "cat": k.phase, "args": {"flops": k.flops, "bytes": k.bytes,
+                                                            "math": k.math}})
         return events
 
 
