@@ -29,6 +29,8 @@ def parse_args(argv=None):
     add_option_args(p)
     add_data_arg(p)
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--budget-gb", type=float, help="memory for the largest-batch table "
+                   "(default: the GPU's memory, or 8 GB on a CPU)")
     return p.parse_args(argv)
 
 
@@ -39,13 +41,15 @@ def main(argv=None):
         options = options_from_args(args)
         if args.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        if args.budget_gb is not None and not 0 < args.budget_gb < float("inf"):
+            raise ValueError(f"--budget-gb must be a positive number, got {args.budget_gb}")
         config = GPT2Config.from_preset(args.model)
         batch = batch_from_args(args, config.vocab_size)
     t0 = time.perf_counter()
     m = measure.measure(config, args.dtype, args.device, batch=batch, warmup=args.warmup,
                         **options)
     print(f"model {args.model}: measured in {time.perf_counter() - t0:.1f} s")
-    print(report.format_report(m))
+    print(report.format_report(m, args.budget_gb and args.budget_gb * 1e9))
 
 
 if __name__ == "__main__":

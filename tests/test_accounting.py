@@ -276,3 +276,35 @@ def test_trainer_prints_the_report_at_the_end(data_dir, tmp_path, capsys):
     Trainer(cfg).run()
     printed = capsys.readouterr().out
     assert "== accounting:" in printed and "-- op census: one decode step" in printed
+
+
+@pytest.mark.parametrize("attention, lm_head, recompute", [
+    ("naive", "plain", False), ("flash", "fused", False), ("flash", "plain", True),
+    ("naive", "fused", True)])
+def test_memory_trades_predicted_equal_measured(attention, lm_head, recompute):
+    """The saved bytes and the tracker's peak of a step, predicted from the config and the
+    options, equal what the tape and the tracker measured: the formulas the largest-batch table
+    uses are the ones the measurement confirms."""
+    config = GPT2Config.from_preset("gpt2-tiny")
+    options = dict(attention=attention, lm_head=lm_head, recompute=recompute)
+    m = measure.measure(config, "fp32", batch_size=2, seq_len=48, warmup=0, **options)
+    per_layer = measure.group(m.tape, lambda r: measure.layer_of(r["scope"]))
+    block = per_layer["transformer.h.0"]["saved_bytes"] / (2 * 48)
+    assert block == report.predicted_activation_bytes(config, 48, "fp32", attention, recompute)
+    assert sum(r["saved_bytes"] for r in m.tape) == report.predicted_saved_bytes(
+        config, 2, 48, "fp32", **options)
+    assert m.peak_bytes == pytest.approx(
+        report.predicted_peak_bytes(config, 2, 48, "fp32", **options), rel=1e-3)
+    text = report.format_report(m, budget_bytes=1e9)
+    assert "largest batch at T = 48 in a budget of 1.0 GB" in text
+
+
+def test_largest_batch_fits_and_the_next_does_not():
+    config = GPT2Config.from_preset("gpt2-mini")
+    budget = 2e9
+    for options in (dict(attention="naive", lm_head="plain"), dict(attention="flash",
+                                                                   lm_head="fused")):
+        b = report.largest_batch(config, 128, "fp32", budget, **options)
+        assert b > 0
+        assert report.predicted_peak_bytes(config, b, 128, "fp32", **options) <= budget
+        assert report.predicted_peak_bytes(config, b + 1, 128, "fp32", **options) > budget

@@ -50,8 +50,8 @@ def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
 
 def add_option_args(p):
     """--attention, --lm-head, --recompute: the model's execution options (nn/gpt2.py)."""
-    p.add_argument("--attention", default="naive", help=f"{' or '.join(ATTENTION)} (default naive)")
-    p.add_argument("--lm-head", default="plain", help=f"{' or '.join(LM_HEAD)} (default plain)")
+    p.add_argument("--attention", default="flash", help=f"{' or '.join(ATTENTION)} (default flash)")
+    p.add_argument("--lm-head", default="fused", help=f"{' or '.join(LM_HEAD)} (default fused)")
     p.add_argument("--recompute", action="store_true",
                    help="blocks save only their input and redo their forward in the backward")
 

@@ -45,8 +45,8 @@ class RunConfig:
     weight_decay: float = 0.1         # AdamW's decoupled decay, on the 2-D weights only
     grad_clip: float = 1.0            # clip the global gradient norm to this (0 = off)
     dtype: str = "fp32"               # working weights and gradients: fp32, fp16 or bf16
-    attention: str = "naive"          # naive (saves the T x T probabilities) or flash
-    lm_head: str = "plain"            # plain (saves the B·T x V logits) or fused (row blocks)
+    attention: str = "flash"          # flash (one log-sum-exp per row) or naive (T x T saved)
+    lm_head: str = "fused"            # fused (row blocks, no logits kept) or plain (B·T x Vp)
     recompute: bool = False           # blocks save only their input and redo their forward
     device: str = "cpu"               # cpu or cuda
     eval_every: int = 50              # steps between validation losses (0 = never)

@@ -94,6 +94,7 @@ class Measurement:
     persistent: dict        # tracker tag -> bytes the model and AdamW allocated
     tape: list              # the profiled forward's records as dicts
     activation_bytes: int   # counted by the tracker during that forward
+    peak_bytes: int         # the tracker's peak over a step (persistent + everything it held)
     unowned: dict           # phase -> that step's launches outside any record (Unowned)
     step: Profiler          # the profiled training step
     step_seconds: float
@@ -125,6 +126,7 @@ def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=
         return step.train_on(model, optimizer, [(x, y)], scaler, watch=watch)
     for _ in range(warmup):
         train_step()
+    peak_bytes = _step_peak(train_step, sum(persistent.values()))
     gc.collect()
     t0 = time.perf_counter()
     with Profiler(timing=True) as prof:
@@ -135,8 +137,21 @@ def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
     return Measurement(config, options, dtype, device, x.shape[0], x.shape[1],
                        model.num_parameters(), parameters, persistent, tape, activations,
-                       unowned, prof, step_seconds, skipped, decode, decode_seconds, prompt_len,
-                       peak, peak_name)
+                       peak_bytes, unowned, prof, step_seconds, skipped, decode,
+                       decode_seconds, prompt_len, peak, peak_name)
+
+
+def _step_peak(train_step, persistent_bytes):
+    """The tracker's peak over one more training step, temporaries included: this model's
+    persistent state plus the most its step held at once (other models alive are left out)."""
+    gc.collect()
+    others = TRACKER.total() - persistent_bytes
+    TRACKER.start_recording(temporaries=True)
+    try:
+        train_step()
+    finally:
+        TRACKER.stop_recording()
+    return TRACKER.peak_total - others
 
 
 def _decode_step(model, x):

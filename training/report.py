@@ -16,7 +16,8 @@ while it lives.
 """
 import re
 
-from tinygrad_like import dtypes
+import tinygrad_like.ops as F
+from tinygrad_like import backend, dtypes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
@@ -40,11 +41,23 @@ SAVES = {
     "div": "its array operands",
     "dropout": "the mask",
 }
-ACTIVATION_CONVENTION = (
-    "per layer, per token: ln_1 input C + fp32 mean, rstd; c_attn input C; q, k, v 3C; "
-    "attention probabilities H·T; c_proj input C; ln_2 input C + fp32 "
-    "mean, rstd; c_fc input C; GELU input 4C; mlp.c_proj input 4C. Residual adds, splits and "
-    "views save nothing. Total (16·C + H·T) elements + 16 bytes.")
+ACTIVATION_CONVENTION = {  # per layer, per token, under each option
+    "naive": "ln_1 input C + fp32 mean, rstd; c_attn input C; q, k, v 3C; attention "
+             "probabilities H·T; c_proj input C; ln_2 input C + fp32 mean, rstd; c_fc input C; "
+             "GELU input 4C; mlp.c_proj input 4C. Residual adds, splits and views save nothing. "
+             "Total (16·C + H·T) elements + 16 bytes.",
+    "flash": "as naive, but attention saves q, k, v and its output (4C) and an fp32 log-sum-exp "
+             "per head instead of the H·T probabilities: 17·C elements + 4·H + 16 bytes, no "
+             "term that grows with T.",
+    "recompute": "each block saves only its input, C elements; the rest of a block's "
+                 "activations live only while that block's backward re-runs its forward.",
+}
+HEAD_CONVENTION = {  # what the LM head and the loss save, per token
+    "plain": "the head's input C, the logits Vp (B·T x Vp, the largest tensor of the step), "
+             "an fp32 log-sum-exp and the int64 target",
+    "fused": "the precompute design: the head's gradients formed in the forward, dX in fp32 (4·C "
+             "per token) and dW in fp32 (4·Vp·C for the whole batch); no logits",
+}
 
 
 # ---------------------------------------------------------------- predictions (config only)
@@ -113,10 +126,82 @@ def predicted_state_bytes(dtype):
             "adam_m": 4, "adam_v": 4}
 
 
-def predicted_activation_bytes(config, seq_len, dtype):
+def predicted_activation_bytes(config, seq_len, dtype, attention="naive", recompute=False):
     """Bytes saved for backward per token per layer under ACTIVATION_CONVENTION."""
-    size = dtypes.as_dtype(dtype).itemsize
-    return (16 * config.n_embd + config.n_head * seq_len) * size + 2 * 2 * 4
+    size, C, H = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.n_head
+    if recompute:
+        return C * size
+    stats = 2 * 2 * 4                                  # two layernorms' fp32 mean and rstd
+    if attention == "flash":
+        return 17 * C * size + 4 * H + stats
+    return (16 * C + H * seq_len) * size + stats
+
+
+def predicted_head_bytes(config, tokens, dtype, lm_head="plain"):
+    """Bytes the LM head and the loss save for backward, for `tokens` tokens (HEAD_CONVENTION)."""
+    size, C, Vp = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.padded_vocab_size
+    if lm_head == "plain":
+        return tokens * ((C + Vp) * size + 4 + 8)
+    return 4 * tokens * C + 4 * Vp * C
+
+
+def predicted_saved_bytes(config, batch_size, seq_len, dtype, attention="naive",
+                          lm_head="plain", recompute=False):
+    """Everything the tape holds at the end of a forward: the blocks, the head and loss, ln_f's
+    input and stats, and the embeddings' int64 ids (wte's per token, wpe's per position)."""
+    tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
+    blocks = config.n_layer * predicted_activation_bytes(config, seq_len, dtype, attention,
+                                                         recompute)
+    ln_f = config.n_embd * size + 2 * 4
+    ids = 8 * (tokens + seq_len)
+    return (tokens * (blocks + ln_f) + ids
+            + predicted_head_bytes(config, tokens, dtype, lm_head))
+
+
+def predicted_peak_bytes(config, batch_size, seq_len, dtype, attention="naive",
+                         lm_head="plain", recompute=False):
+    """The tracker's peak over a step, from its three parts: the persistent state (16 bytes per
+    stored element), everything saved, and the largest transient. The transient is the plain
+    loss's dlogits (as large as the logits, alive beside them), or the fused head's one block
+    of logits and fp32 dlogits with (from the second block on) that block's fp32 dW before it
+    is summed; with
+    recomputation, one block's own activations may be larger."""
+    tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
+    stored = config.padding_cost()["elements"] + _stored_parameters(config)
+    state = stored * sum(predicted_state_bytes(dtype).values())
+    saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, attention, lm_head,
+                                  recompute)
+    Vp = config.padded_vocab_size
+    if lm_head == "plain":
+        transient = tokens * Vp * size
+    else:
+        rows = min(tokens, F.HEAD_BLOCK_ROWS)   # the first block's dW starts the sum in place
+        transient = rows * Vp * (size + 4) + (4 * Vp * config.n_embd if tokens > rows else 0)
+    if recompute:
+        block = predicted_activation_bytes(config, seq_len, dtype, attention)
+        transient = max(transient, tokens * (block - config.n_embd * size))
+    return state + saved + transient
+
+
+def _stored_parameters(config):
+    return parameter_pieces(config)[-1][3]
+
+
+OPTION_GRID = [(a, h, r) for a in ("naive", "flash") for h in ("plain", "fused")
+               for r in (False, True)]
+
+
+def largest_batch(config, seq_len, dtype, budget_bytes, **options):
+    """The largest batch at seq_len whose predicted peak fits the budget (0 if none)."""
+    def fits(b):
+        return predicted_peak_bytes(config, b, seq_len, dtype, **options) <= budget_bytes
+    lo, hi = 0, 1
+    while fits(hi) and hi < 1 << 20:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def for_trainer(trainer):
@@ -129,14 +214,23 @@ def for_trainer(trainer):
                                  batch=batch, warmup=1, **trainer.options))
 
 
-def format_report(m: Measurement) -> str:
+def default_budget_bytes(device):
+    """The memory a run may use: the GPU's, or 8 GB on a CPU."""
+    if device == "cuda":
+        return backend.get("cuda").xp.cuda.Device().mem_info[1]
+    return 8 * 10 ** 9
+
+
+def format_report(m: Measurement, budget_bytes=None) -> str:
     c = m.config
     head = (f"== accounting: L={c.n_layer}, C={c.n_embd}, H={c.n_head}, V={c.vocab_size:,}, "
             f"context {c.n_positions:,}; {m.dtype} on {m.device}; one training step at "
             f"B={m.batch_size}, T={m.seq_len} ({m.batch_size * m.seq_len:,} tokens) ==")
     if m.skipped:
         head += "\n(the fp16 loss scaler skipped the profiled step for an overflow)"
-    sections = [_parameters(m), _flops(m), _state_memory(m), _activations(m), _launches(m),
+    budget_bytes = budget_bytes or default_budget_bytes(m.device)
+    sections = [_parameters(m), _flops(m), _state_memory(m), _activations(m),
+                _memory_trades(m, budget_bytes), _launches(m),
                 format_census(m.step.census(), title=f"-- op census: one training step, "
                               f"M = B·T = {m.batch_size * m.seq_len:,}"),
                 format_census(m.decode.census(), title=f"-- op census: one decode step, M = 1 "
@@ -197,10 +291,25 @@ def _flops(m):
                "measured all", "GFLOP"), rows),
         wrap(f"the optimizer updates N parameters once per step, so its share per token falls "
              f"as the batch grows ({tokens:,} tokens here)"),
+        _ran_in_versus_math(m),
         wrap(f"achieved: {m.step_seconds:.3f} s per step (profiled), "
              f"{tokens / m.step_seconds:,.0f} tokens/s, "
              f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
              "(6N + 12·L·C·T per token)")])
+
+
+def _ran_in_versus_math(m):
+    """All FLOPs per token by the phase each launch ran in and by the phase whose math it is:
+    they differ for recomputation (a block's forward re-run in the backward) and for the fused
+    head (precompute: the head's gradients formed in the forward; recompute: its logits
+    formed again in the backward)."""
+    ran, math = m.step.by_phase(), m.step.by_phase(by="math")
+    tokens, n = m.batch_size * m.seq_len, m.n_params
+    rows = [(phase, f"{ran[phase]['flops'] / tokens / n:.4f}",
+             f"{math[phase]['flops'] / tokens / n:.4f}") for phase in ("forward", "backward")]
+    return "\n".join([
+        "  all FLOPs per token / N, by the phase a kernel ran in and the phase whose math it is:",
+        table(("phase", "ran in", "math of"), rows, indent="    ")])
 
 
 def _state_memory(m):
@@ -225,8 +334,12 @@ def state_memory_table(persistent, n, dtype, source):
         "the step (ours stay allocated)"])
 
 
+def _options(m):
+    return {"attention": "naive", "lm_head": "plain", "recompute": False, **m.options}
+
+
 def _activations(m):
-    c, tokens = m.config, m.batch_size * m.seq_len
+    c, tokens, opts = m.config, m.batch_size * m.seq_len, _options(m)
     layers = block_layers(m.tape)
     first = [r for r in m.tape if layer_of(r["scope"]) == layers[0] and r["saved_bytes"]]
     rows = [(r["scope"][len(layers[0]) + 1:] or "(block)", r["op"],
@@ -235,25 +348,55 @@ def _activations(m):
     block_bytes = [per_layer[name]["saved_bytes"] for name in layers]
     outside = [(name, _bytes_per_token(g["saved_bytes"], tokens))
                for name, g in per_layer.items() if name not in layers and g["saved_bytes"]]
+    head = sum(g["saved_bytes"] for name, g in per_layer.items() if name in ("lm_head", "loss"))
     tape_total = sum(r["saved_bytes"] for r in m.tape)
-    logits = tokens * c.padded_vocab_size * dtypes.as_dtype(m.dtype).itemsize
-    predicted = predicted_activation_bytes(c, m.seq_len, m.dtype)
-    measured = sum(block_bytes) / tokens / len(layers)
+    predicted = predicted_activation_bytes(c, m.seq_len, m.dtype, opts["attention"],
+                                           opts["recompute"])
+    head_predicted = predicted_head_bytes(c, tokens, m.dtype, opts["lm_head"])
+    saved_predicted = predicted_saved_bytes(c, m.batch_size, m.seq_len, m.dtype, **opts)
+    convention = ACTIVATION_CONVENTION["recompute" if opts["recompute"] else opts["attention"]]
     return "\n".join([
-        f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}), "
-        "from the tape",
-        wrap("convention: " + ACTIVATION_CONVENTION),
+        f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}; "
+        f"attention {opts['attention']}, LM head {opts['lm_head']}, recompute "
+        f"{'on' if opts['recompute'] else 'off'}), from the tape",
+        wrap("convention per layer per token: " + convention),
         f"  what {layers[0]} saves, per record (the first record to save a buffer is charged):",
         table(("record", "op", "bytes/token", "what"), rows, "llrl", indent="    "),
-        f"  per token per layer: predicted {predicted:,}, measured {measured:,.0f} "
+        f"  per token per layer: predicted {predicted:,}, measured "
+        f"{sum(block_bytes) / tokens / len(layers):,.0f} "
         f"(mean of {len(layers)} layers; all equal: "
         f"{'yes' if len(set(block_bytes)) == 1 else 'NO'})",
         "  outside the blocks, bytes per token:",
         table(("layer", "bytes/token"), outside, indent="    "),
-        wrap(f"the LM head's logits are B·T·Vp = {logits:,} bytes ({logits / 1e6:,.1f} MB), "
-             "the largest single tensor of the step; the loss saves them for its backward"),
-        f"  total saved: {tape_total:,} bytes by the tape's records, {m.activation_bytes:,} "
-        f"counted by the tracker ({'equal' if tape_total == m.activation_bytes else 'DIFFERENT'})"])
+        wrap(f"the LM head and the loss save {head / tokens:,.1f} bytes per token, predicted "
+             f"{head_predicted / tokens:,.1f}: {HEAD_CONVENTION[opts['lm_head']]}"),
+        f"  total saved: {tape_total:,} bytes by the tape's records (predicted "
+        f"{saved_predicted:,}), {m.activation_bytes:,} counted by the tracker "
+        f"({'equal' if tape_total == m.activation_bytes else 'DIFFERENT'})"])
+
+
+def _memory_trades(m, budget_bytes):
+    """The tracker's peak predicted beside measured, and what the three options buy: the
+    largest batch at this T that fits the budget under each combination."""
+    c, opts = m.config, _options(m)
+    predicted = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, **opts)
+    rows = []
+    for a, h, r in OPTION_GRID:
+        peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, a, h, r)
+        batch = largest_batch(c, m.seq_len, m.dtype, budget_bytes, attention=a, lm_head=h,
+                              recompute=r)
+        rows.append((a, h, "on" if r else "off",
+                     f"{predicted_activation_bytes(c, m.seq_len, m.dtype, a, r):,}",
+                     f"{peak / 1e6:,.1f}", f"{batch:,}"))
+    return "\n".join([
+        "-- peak memory of the step (the tracker, temporaries included) and the three trades",
+        f"  measured peak {m.peak_bytes:,} bytes ({m.peak_bytes / 1e6:,.1f} MB); predicted "
+        f"{predicted:,} ({predicted / 1e6:,.1f} MB: the persistent state, everything saved, "
+        f"and the largest transient), {m.peak_bytes / predicted:.3f}x",
+        f"  largest batch at T = {m.seq_len:,} in a budget of {budget_bytes / 1e9:,.1f} GB "
+        f"({m.dtype}), from the predicted peak:",
+        table(("attention", "LM head", "recompute", "saved bytes/token/layer",
+               f"peak MB at B={m.batch_size}", "largest B"), rows, "lllrrr", indent="    ")])
 
 
 def _bytes_per_token(nbytes, tokens):
