@@ -12,9 +12,7 @@ from nn import GPT2Config
 from training import measure, report
 from training.args import (
     ArgumentParser,
-    add_data_arg,
-    add_model_args,
-    add_option_args,
+    add_step_args,
     batch_from_args,
     check_model_args,
     options_from_args,
@@ -25,9 +23,7 @@ from training.args import (
 def parse_args(argv=None):
     p = ArgumentParser(description="Predicted versus measured FLOPs, bytes, memory and "
                        "launches of a GPT-2 training step.")
-    add_model_args(p, model="gpt2")
-    add_option_args(p)
-    add_data_arg(p)
+    add_step_args(p, model="gpt2")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument("--budget-gb", type=float, help="memory for the largest-batch table "
                    "(default: the GPU's memory, or 8 GB on a CPU)")

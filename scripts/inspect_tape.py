@@ -17,9 +17,7 @@ from tinygrad_like import dtypes
 from tinygrad_like.profiler import Profiler
 from training.args import (
     ArgumentParser,
-    add_data_arg,
-    add_model_args,
-    add_option_args,
+    add_step_args,
     batch_from_args,
     check_model_args,
     options_from_args,
@@ -33,11 +31,9 @@ from training.tables import table
 def parse_args(argv=None):
     p = ArgumentParser(description="List the autograd tape of one GPT-2 forward pass with "
                        "FLOPs and saved bytes per record, op kind and layer.")
-    add_model_args(p, model="gpt2-mini")
-    add_option_args(p)
+    add_step_args(p, model="gpt2-mini")
     p.add_argument("--checkpoint", metavar="DIR", help="instead of --model: a training run's "
                    "folder or a Hugging Face GPT-2 directory")
-    add_data_arg(p)
     p.add_argument("--json", metavar="PATH", help="also write the listing and totals as JSON")
     return p.parse_args(argv)
 

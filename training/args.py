@@ -63,6 +63,14 @@ def options_from_args(args):
     return options
 
 
+def add_step_args(p, model):
+    """What a script that measures one training step takes: the model arguments, the
+    execution options and --data."""
+    add_model_args(p, model=model)
+    add_option_args(p)
+    add_data_arg(p)
+
+
 def add_data_arg(p):
     p.add_argument("--data", metavar="BIN", help="draw the batch from this token file "
                    "(e.g. data/shakespeare/val.bin); default random ids")
