@@ -22,7 +22,9 @@
 #                       the first that works is exported for the rest
 #   compile         30  every kernels/*.cu as cuda.py compiles it, in parallel (fills CuPy's cache)
 #   pytest-kernels  47  tests/test_cuda_kernels.py alone, TG_DEVICE=cuda
-#   pytest-rest     60  every other test, TG_DEVICE=cuda (pytest-xdist's 8 workers when there)
+#   pytest-rest     60  every other test, TG_DEVICE=cuda (pytest-xdist's 8 workers when there),
+#                       but the fault-injection suite (CPU processes killed and disks filled: it
+#                       tests nothing of the GPU and takes a minute)
 #   bench-kernels   37  scripts/bench_kernels.py: each kernel vs cuBLAS or the measured copy speed
 #   bench-torch     47  scripts/bench.py: our GPT-2 124M bf16 step (B=16, T=1024) vs PyTorch eager
 #   train-bf16      37  examples/train_gpt2.py, GPT-2 124M bf16, 8 steps, no checkpoint or report
@@ -260,7 +262,7 @@ part compile compile_kernels
 part pytest-kernels capped 45 env TG_DEVICE=cuda "$PY" -m pytest -q -rfE \
     tests/test_cuda_kernels.py
 part pytest-rest capped 58 env TG_DEVICE=cuda "$PY" -m pytest -q -rfE "${XDIST[@]}" \
-    --ignore=tests/test_cuda_kernels.py tests
+    --ignore=tests/test_cuda_kernels.py --ignore=tests/test_faults.py tests
 part bench-kernels capped 35 "$PY" scripts/bench_kernels.py --json "$OUTDIR/bench_kernels.json"
 part bench-torch capped 45 "$PY" scripts/bench.py --device cuda --dtype bf16 --model gpt2 \
     --batch-size 16 --seq-len 1024 --steps 3 --rounds 2 --warmup 1 --no-generate \
