@@ -23,6 +23,11 @@ def _xp(a):
     return backend.of(a).xp
 
 
+def _as(a, dtype):
+    """a in dtype: itself when it already is, else one counted cast."""
+    return a if a.dtype == dtype else launch("cast", a, dtype)
+
+
 def _unbroadcast(g, shape, dtype):
     """Sum a gradient back down to the shape of a broadcast input (and to its dtype)."""
     if tuple(g.shape) != tuple(shape):
@@ -30,7 +35,7 @@ def _unbroadcast(g, shape, dtype):
         axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
                                           if n == 1 and g.shape[i + lead] != 1)
         g = launch("sum", g, axis=axes, keepdims=True).reshape(shape)
-    return g if g.dtype == dtype else launch("cast", g, dtype)
+    return _as(g, dtype)
 
 
 def _meta(x):
@@ -386,14 +391,6 @@ HEAD_BLOCK_ROWS = 256
 HEAD_DESIGNS = ("recompute", "precompute")
 
 
-def _as(a, dtype):
-    return a if a.dtype == dtype else launch("cast", a, dtype)
-
-
-def _filled(like, shape, dtype, value):
-    return launch("fill", backend.of(like).empty(shape, dtype), value)
-
-
 def _row_blocks(n):
     """Slices of HEAD_BLOCK_ROWS rows that cover [0, n); the last one may be shorter."""
     return [slice(lo, min(lo + HEAD_BLOCK_ROWS, n)) for lo in range(0, n, HEAD_BLOCK_ROWS)]
@@ -436,7 +433,7 @@ class LinearCrossEntropy(Function):
         if precompute:  # dlogits and both gradients in fp32, for dloss = 1 / count
             acc = dtypes.compute_dtype(x.dtype)
             dx, dw = backend.of(x).empty(x.shape, acc), None
-            unit = _filled(x, (1,), acc, 1.0 / count)
+            unit = launch("fill", backend.of(x).empty((1,), acc), 1.0 / count)
             ctx.dtypes = x.dtype, weight.dtype
         losses, lses = [], []
         for rows in _row_blocks(x.shape[0]):

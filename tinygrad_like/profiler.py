@@ -8,8 +8,9 @@ forward, 4N backward).
 
 Each launch has two labels: its phase, where it ran, and its math, the phase whose work it is.
 They agree unless a math(...) block says otherwise: the fused LM head's "precompute" design
-forms the head's gradients in the forward phase (math "backward"), and its "recompute" design
-recomputes the head's logits in the backward phase (math "forward"). by_phase(by="math") sums
+forms the head's gradients in the forward phase (math "backward"), its "recompute" design and
+activation recomputation (autograd.checkpoint) redo forward work in the backward phase (math
+"forward"). by_phase(by="math") sums
 the launches by the second label.
 """
 import contextlib
@@ -51,25 +52,24 @@ def current_phase() -> str:
 
 
 @contextlib.contextmanager
-def phase(name: str):
+def _pushed(stack, name):
     assert name in PHASES, name
-    _phase.append(name)
+    stack.append(name)
     try:
         yield
     finally:
-        _phase.pop()
+        stack.pop()
 
 
-@contextlib.contextmanager
+def phase(name: str):
+    """with phase("backward"): the launches inside run in that phase."""
+    return _pushed(_phase, name)
+
+
 def math(name: str):
     """with math("backward"): the launches inside are that phase's work, whatever phase they
     run in."""
-    assert name in PHASES, name
-    _math.append(name)
-    try:
-        yield
-    finally:
-        _math.pop()
+    return _pushed(_math, name)
 
 
 def active():

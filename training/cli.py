@@ -125,8 +125,6 @@ def validate(cfg):
     if cfg.min_lr > cfg.lr:
         raise ValueError(f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the schedule decays "
                          "from --lr down to --min-lr")
-    if os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
-        raise ValueError(f"--out {cfg.out} is a file, not a folder: choose another --out")
     config = GPT2Config.from_preset(cfg.model)
     check_dtype(cfg.dtype)
     check_options(cfg.attention, cfg.lm_head, cfg.recompute)

@@ -24,7 +24,7 @@ from tinygrad_like.memory import PERSISTENT, TRACKER
 from . import checkpoint, mfu, report
 from .corpus import DEFAULT_DATA_DIR
 from .data import DataLoader
-from .plot import plot_metrics
+from .plot import plot_metrics, read_metrics
 from .step import train_on
 
 
@@ -281,18 +281,11 @@ def strict_json(row):
 def _trim_metrics(path, step):
     """Keep only the complete rows of metrics.jsonl up to step: a resumed run replays the
     steps after its checkpoint, and a kill can leave half a line that the next row would be
-    glued to."""
+    glued to. The rows were written by strict_json, so writing them again keeps their bytes."""
     if not os.path.isfile(path):
         return
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    kept = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:       # the partial last line (or the empty tail after the last \n)
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
-            kept.append(line + b"\n")
-    if len(kept) != len(lines) - 1 or lines[-1]:
-        atomic_write(path, b"".join(kept))
+    text = "".join(strict_json(r) + "\n" for r in read_metrics(path) if r["step"] <= step)
+    with open(path) as f:
+        if f.read() == text:
+            return
+    atomic_write(path, text.encode())

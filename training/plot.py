@@ -12,14 +12,17 @@ PANELS = [  # (title, [(metrics.jsonl key, label)], log scale)
 
 
 def read_metrics(path):
-    """The rows of a metrics.jsonl; a partial last line (a run killed mid-write) is left out."""
+    """The rows of a metrics.jsonl (dicts with an int step); a partial last line (a run killed
+    mid-write) is left out."""
     rows = []
     with open(path) as f:
         for line in f:
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
     return rows
 
 

@@ -402,22 +402,17 @@ def softmax_causal_bwd(probs, dprobs, scale):
 # (_by_heads), and the masked half of each diagonal block grows.
 FLASH_BQ = 64     # queries per block (kernels.py counts FLOPs by it; attention.cu's tiles too)
 FLASH_BK = 64     # keys per block
-_BLOCK_MASKS = {}
 
 
 def _flash_pair(Tq, Tk, i0, i1, j0, dtype):
     """For query block [i0, i1) and the key block starting at j0: the end j1 of the keys it
     sees (the block cut at its last query's position) and the pair's additive mask (bq, j1 - j0),
-    -inf where a key comes after a query, or None when every query sees every key."""
+    -inf where a key comes after a query (a view of the naive softmax's cached mask), or None
+    when every query sees every key."""
     first = Tk - Tq + i0                                  # position of the block's first query
     j1 = min(j0 + FLASH_BK, first + i1 - i0)
-    if j1 - 1 <= first:
-        return j1, None
-    key = (i1 - i0, j1 - j0, first - j0, dtype)
-    if key not in _BLOCK_MASKS:  # key c is after query r when j0 + c > first + r
-        future = np.triu(np.ones(key[:2], dtype=bool), k=first - j0 + 1)
-        _BLOCK_MASKS[key] = np.where(future, -np.inf, 0.0).astype(dtype)
-    return j1, _BLOCK_MASKS[key]
+    mask = None if j1 - 1 <= first else _future_mask(Tq, Tk, dtype)[i0:i1, j0:j1]
+    return j1, mask
 
 
 def _scores(qi, kj, mask):
