@@ -71,17 +71,20 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=2,
                    help="rounds of timed steps, ours then the peers in each (default 2)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW's learning rate (default 1e-4)")
+    p.add_argument("--weight-decay", type=float, default=0.1,
+                   help="AdamW's decoupled weight decay (default 0.1)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="as training (0 = off)")
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=64,
+                   help="prompt tokens of the generation benchmark (default 64)")
+    p.add_argument("--new-tokens", type=int, default=64,
+                   help="tokens generated after the prompt (default 64)")
     p.add_argument("--gen-batch", type=int, default=1, help="sequences generated at once")
     p.add_argument("--gen-repeats", type=int, default=3,
                    help="timed generations after one warm-up (median reported)")
     p.add_argument("--threads", type=int,
                    help="BLAS and torch threads (default: leave the libraries' defaults)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="weights and batch (default 0)")
     p.add_argument("--census", action="store_true",
                    help="print the op census of one training step and one decode step")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")

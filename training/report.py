@@ -303,13 +303,15 @@ def _ran_in_versus_math(m):
     they differ for recomputation (a block's forward re-run in the backward) and for the fused
     head (precompute: the head's gradients formed in the forward; recompute: its logits
     formed again in the backward)."""
-    ran, math = m.step.by_phase(), m.step.by_phase(by="math")
     tokens, n = m.batch_size * m.seq_len, m.n_params
-    rows = [(phase, f"{ran[phase]['flops'] / tokens / n:.4f}",
-             f"{math[phase]['flops'] / tokens / n:.4f}") for phase in ("forward", "backward")]
+    sums = [m.step.by_phase(kernels, by) for kernels in (None, GEMMS) for by in ("phase", "math")]
+    rows = [(phase, *(f"{s[phase]['flops'] / tokens / n:.4f}" for s in sums))
+            for phase in ("forward", "backward")]
     return "\n".join([
-        "  all FLOPs per token / N, by the phase a kernel ran in and the phase whose math it is:",
-        table(("phase", "ran in", "math of"), rows, indent="    ")])
+        f"  FLOPs per token / N, by the phase a kernel ran in and the phase whose math it is "
+        f"(LM head {_head(_options(m))}, recompute {'on' if _options(m)['recompute'] else 'off'}):",
+        table(("phase", "all: ran in", "all: math of", "GEMMs: ran in", "GEMMs: math of"), rows,
+              indent="    ")])
 
 
 def _state_memory(m):
@@ -338,6 +340,11 @@ def _options(m):
     return {"attention": "naive", "lm_head": "plain", "recompute": False, **m.options}
 
 
+def _head(opts):
+    """The LM head that ran, with the fused head's design."""
+    return f"fused ({F.HEAD_DESIGN})" if opts["lm_head"] == "fused" else opts["lm_head"]
+
+
 def _activations(m):
     c, tokens, opts = m.config, m.batch_size * m.seq_len, _options(m)
     layers = block_layers(m.tape)
@@ -357,7 +364,7 @@ def _activations(m):
     convention = ACTIVATION_CONVENTION["recompute" if opts["recompute"] else opts["attention"]]
     return "\n".join([
         f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}; "
-        f"attention {opts['attention']}, LM head {opts['lm_head']}, recompute "
+        f"attention {opts['attention']}, LM head {_head(opts)}, recompute "
         f"{'on' if opts['recompute'] else 'off'}), from the tape",
         wrap("convention per layer per token: " + convention),
         f"  what {layers[0]} saves, per record (the first record to save a buffer is charged):",
