@@ -110,17 +110,21 @@ def _round(a, dtype, out=None):
 # run at the same time), and inside a block work through chunks small enough (~128K elements)
 # that their many passes hit the core's cache, not memory. The split depends only on the sizes
 # and the core count, so results are deterministic.
-_THREADS = max(1, min(os.cpu_count() or 1, 8))
+# the cores this process may run on (one under mpirun's binding of a rank per core)
+_THREADS = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1, 8))
 _CHUNK = 1 << 17            # elements per chunk: with a few fp32 temporaries, fits in L2
 _pool = None
 
 
-def _in_parallel(n, body, per_row=1, chunk_rows=None):
+def _in_parallel(n, body, per_row=1, chunk_rows=None, blocks=None):
     """Call body(lo, hi) over [0, n) rows: one block per core (one block when the work is
-    small), each block in chunks of chunk_rows rows (default: about _CHUNK elements)."""
+    small, or `blocks` blocks), each block in chunks of chunk_rows rows (default: about _CHUNK
+    elements). This thread runs the first block itself: waking a sleeping core costs tens of
+    microseconds here, so it wakes one fewer."""
     global _pool
     chunk_rows = chunk_rows or max(1, _CHUNK // per_row)
-    blocks = max(1, min(_THREADS, n * per_row // _CHUNK, n))
+    blocks = blocks or max(1, min(_THREADS, n * per_row // _CHUNK, n))
 
     def block(start, stop):
         for lo in range(start, stop, chunk_rows):
@@ -129,10 +133,54 @@ def _in_parallel(n, body, per_row=1, chunk_rows=None):
         block(0, n)
         return
     if _pool is None:
-        _pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="tg-cpu")
+        _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="tg-cpu")
     edges = [n * i // blocks for i in range(blocks + 1)]
-    for job in [_pool.submit(block, lo, hi) for lo, hi in zip(edges, edges[1:])]:
+    jobs = [_pool.submit(block, lo, hi) for lo, hi in zip(edges[1:], edges[2:])]
+    block(edges[0], edges[1])
+    for job in jobs:
         job.result()
+
+
+def _find_blas_threads():
+    """(get, set) for the thread count of the OpenBLAS that NumPy loaded (NumPy's wheels bundle
+    it as scipy-openblas), or None (another BLAS, or no /proc to find it in)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for prefix in ("scipy_openblas", "openblas"):
+            for suffix in ("64_", "_64_", ""):
+                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                if get is not None and set_ is not None:
+                    return get, set_
+    return None
+
+
+_BLAS_THREADS = _find_blas_threads()
+
+
+class _one_blas_thread:
+    """with _one_blas_thread(): BLAS calls in the block run on the calling thread only.
+
+    The GEMMs below split their work across _THREADS themselves, each part one single-threaded
+    BLAS call, instead of letting OpenBLAS thread each GEMM: after a threaded call OpenBLAS's
+    idle workers spin for about 0.1 s, and a row kernel's thread that lands on their core runs
+    at half speed (a cross-entropy block right after the head's GEMM: 17.6 ms instead of 9.8).
+    The count is restored afterwards, so NumPy elsewhere (the MFU peak measurement, say) keeps
+    its default."""
+
+    def __enter__(self):
+        self.previous = _BLAS_THREADS[0]() if _BLAS_THREADS else None
+        if self.previous not in (None, 1):
+            _BLAS_THREADS[1](1)
+
+    def __exit__(self, *exc):
+        if self.previous not in (None, 1):
+            _BLAS_THREADS[1](self.previous)
 
 
 # ---------------------------------------------------------------- GEMMs
@@ -142,33 +190,84 @@ def _in_parallel(n, body, per_row=1, chunk_rows=None):
 # op a transpose of the operand's last two axes where the name says t. Leading dimensions are
 # batch dimensions (attention's B, H).
 
+_GEMM_SPLIT = 1 << 22      # multiply-adds (batch*M*K*N) from which a GEMM is split
+
+
+def _gemm(a, b, bias=None):
+    """C (..., M, N) = a (..., M, K) @ b (..., K, N) [+ bias (N,)] in fp32, a and b possibly
+    transposed views. Split across the cores along the longer of M and N (a part of the vocab
+    for the LM head's x wte^T, rows for the layers' GEMMs), each part one single-threaded BLAS
+    call that writes its slice of C, with the bias added while the slice is in cache. The split
+    depends only on the shapes, and each element of C is one BLAS dot product over all of K,
+    so results are deterministic."""
+    a, b = _f32(a), _f32(b)
+    (M, K), N = a.shape[-2:], b.shape[-1]
+    c = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (M, N),
+                 dtype=np.result_type(a, b))
+    bias = None if bias is None else _f32(bias)
+
+    def columns(lo, hi):
+        np.matmul(a, b[..., lo:hi], out=c[..., lo:hi])
+        if bias is not None:
+            c[..., lo:hi] += bias[lo:hi]
+
+    def rows(lo, hi):
+        np.matmul(a[..., lo:hi, :], b, out=c[..., lo:hi, :])
+        if bias is not None:
+            c[..., lo:hi, :] += bias
+    n, part = (N, columns) if N > M else (M, rows)
+    with _one_blas_thread():
+        _in_parallel(n, part, chunk_rows=n, blocks=_THREADS if c.size * K >= _GEMM_SPLIT else 1)
+    return c
+
+
 def matmul(a, b, bias=None):
     """(..., M, K) @ (..., K, N) [+ bias (N,)] -> (..., M, N)."""
-    y = np.matmul(_f32(a), _f32(b))
-    if bias is not None:
-        y += _f32(bias)
-    return _round(y, a.dtype)
+    return _round(_gemm(a, b, bias), a.dtype)
 
 
 def matmul_nt(a, b):
     """(..., M, K) @ (..., N, K)^T -> (..., M, N)."""
-    return _round(np.matmul(_f32(a), _f32(b).swapaxes(-1, -2)), a.dtype)
+    return _round(_gemm(a, b.swapaxes(-1, -2)), a.dtype)
 
 
 def matmul_tn(a, b):
     """(..., K, M)^T @ (..., K, N) -> (..., M, N)."""
-    return _round(np.matmul(_f32(a).swapaxes(-1, -2), _f32(b)), a.dtype)
+    return _round(_gemm(a.swapaxes(-1, -2), b), a.dtype)
 
 
 # ---------------------------------------------------------------- elementwise
 
+def _splits(a, b, out, dtype):
+    """Whether a (op) b runs in flat blocks: a large C-contiguous a of the result dtype, b of
+    its shape (C-contiguous) or one value, out None or C-contiguous of a's shape."""
+    if not (isinstance(a, np.ndarray) and a.dtype == dtype and a.size >= 2 * _CHUNK
+            and a.flags.c_contiguous):
+        return False
+    if out is not None and not (out.shape == a.shape and out.flags.c_contiguous):
+        return False
+    if not isinstance(b, np.ndarray):
+        return True                                            # a Python scalar
+    return (b.size == 1 and b.ndim <= a.ndim) or (b.shape == a.shape and b.flags.c_contiguous)
+
+
 def _binary(ufunc):
-    """a (op) b with NumPy broadcasting; either side may be a Python scalar."""
+    """a (op) b with NumPy broadcasting; either side may be a Python scalar. A large a with a b
+    of its shape or one value (the residual adds, dW summed over the LM head's row blocks,
+    gradients scaled in place) runs in flat blocks, one per core."""
     def kernel(a, b, out=None):
         dtype = np.result_type(*[x.dtype for x in (a, b) if isinstance(x, np.ndarray)])
         if dtype in (dtypes.float16, dtypes.bfloat16):
             return _round(np.asarray(ufunc(_f32(a), _f32(b))), dtype, out)
-        return np.asarray(ufunc(a, b, out=out))  # asarray: 0-d results stay arrays
+        if not _splits(a, b, out, dtype):
+            return np.asarray(ufunc(a, b, out=out))  # asarray: 0-d results stay arrays
+        out = np.empty(a.shape, dtype) if out is None else out
+        fa, fo = a.reshape(-1), out.reshape(-1)
+        fb = b.reshape(-1) if isinstance(b, np.ndarray) else b    # (n,), (1,) or a scalar
+        one = not isinstance(b, np.ndarray) or b.size == 1
+        _in_parallel(fa.size, lambda lo, hi: ufunc(fa[lo:hi], fb if one else fb[lo:hi],
+                                                   out=fo[lo:hi]))
+        return out
     kernel.__name__ = ufunc.__name__
     return kernel
 
@@ -559,11 +658,12 @@ def cross_entropy_fwd(logits, targets, n_classes=None):
     def rows(lo, hi):
         x, t = logits[lo:hi, :V], targets[lo:hi]
         m = x.max(axis=1).astype(acc)
-        e = np.exp(_minus_rowwise(x, m, np.empty(x.shape, acc)))
+        e = _minus_rowwise(x, m, np.empty(x.shape, acc))
+        np.exp(e, out=e)
         lse[lo:hi] = np.log(e.sum(axis=1)) + m
         picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
         losses[lo:hi] = np.where(t >= 0, lse[lo:hi] - picked, 0.0)
-    _in_parallel(N, rows, chunk_rows=_CE_ROWS)
+    _in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
     return losses, lse
 
 
@@ -588,7 +688,7 @@ def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
         if logits.dtype != acc:
             dlogits[lo:hi, :V] = e
         dlogits[lo:hi, V:] = 0                                       # no gradient to padding
-    _in_parallel(N, rows, chunk_rows=_CE_ROWS)
+    _in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
     return dlogits
 
 
@@ -658,9 +758,8 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
     # one cache-sized chunk at a time: every buffer is read and written once per step, with no
     # N-sized temporaries
     def chunk(lo, hi):
-        g = grad[lo:hi].astype(master.dtype)      # a private copy
+        g = np.multiply(grad[lo:hi], acc(g_coef), dtype=master.dtype)  # unscaled, clipped
         mc, vc, wc = m[lo:hi], v[lo:hi], master[lo:hi]
-        g *= acc(g_coef)                          # unscaled, clipped gradient
         mc *= beta1
         d = np.multiply(g, 1 - beta1)
         mc += d                                   # m = b1 m + (1 - b1) g

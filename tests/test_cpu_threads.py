@@ -1,0 +1,85 @@
+"""The CPU backend's thread splits (cpu._in_parallel, cpu._gemm) change no result: a GEMM split
+across the cores matches one BLAS call, elementwise and row kernels split into blocks match
+the same kernel run as one block bit for bit, and the BLAS thread count is restored."""
+import numpy as np
+import pytest
+
+from tinygrad_like import dtypes
+from tinygrad_like.backend import cpu
+
+F32 = np.float32
+
+
+@pytest.mark.parametrize("M, K, N", [(256, 128, 3000), (3000, 64, 96), (8, 16, 8)])
+def test_split_gemms_match_numpy(rng, M, K, N):
+    a, b = rng.standard_normal((M, K), dtype=F32), rng.standard_normal((K, N), dtype=F32)
+    bias = rng.standard_normal(N, dtype=F32)
+    want = a @ b
+    np.testing.assert_allclose(cpu.matmul(a, b), want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(cpu.matmul(a, b, bias=bias), want + bias, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(cpu.matmul_nt(a, np.ascontiguousarray(b.T)), want, rtol=1e-5,
+                               atol=1e-4)
+    np.testing.assert_allclose(cpu.matmul_tn(np.ascontiguousarray(a.T), b), want, rtol=1e-5,
+                               atol=1e-4)
+    np.testing.assert_array_equal(cpu.matmul(a, b), cpu.matmul(a, b))   # deterministic
+
+
+def test_split_gemm_with_batch_dims_and_half_inputs(rng):
+    a = rng.standard_normal((2, 3, 256, 64), dtype=F32)
+    b = rng.standard_normal((2, 3, 64, 512), dtype=F32)
+    np.testing.assert_allclose(cpu.matmul(a, b), a @ b, rtol=1e-5, atol=1e-4)
+    ah, bh = a.astype(dtypes.bfloat16), b.astype(dtypes.bfloat16)
+    want = (ah.astype(F32) @ bh.astype(F32)).astype(dtypes.bfloat16)
+    got = cpu.matmul(ah, bh)
+    assert got.dtype == dtypes.bfloat16
+    np.testing.assert_array_equal(got.astype(F32), want.astype(F32))
+
+
+def test_gemms_restore_the_blas_thread_count(rng):
+    if cpu._BLAS_THREADS is None:
+        pytest.skip("no OpenBLAS found to ask")
+    get, set_ = cpu._BLAS_THREADS
+    before = get()
+    try:
+        set_(2)
+        cpu.matmul(rng.standard_normal((512, 256), dtype=F32),
+                   rng.standard_normal((256, 512), dtype=F32))
+        assert get() == 2
+    finally:
+        set_(before)
+
+
+def _kernels(rng):
+    """Calls of the split kernels on inputs large enough to split, as (name, thunk)."""
+    x = rng.standard_normal((2 * cpu._CHUNK + 5,), dtype=F32)
+    y = rng.standard_normal(x.shape, dtype=F32)
+    logits = rng.standard_normal((24, 50304), dtype=F32)
+    targets = rng.integers(-1, 50257, 24)
+    lse = cpu.cross_entropy_fwd(logits, targets, 50257)[1]
+    return [("add", lambda: cpu.add(x, y)), ("mul scalar", lambda: cpu.mul(x, 0.5)),
+            ("div one-element", lambda: cpu.div(x, np.array([3.0], F32))),
+            ("gelu_bwd", lambda: cpu.gelu_bwd(x, y)),
+            ("cross_entropy_fwd", lambda: cpu.cross_entropy_fwd(logits, targets, 50257)),
+            ("cross_entropy_bwd", lambda: cpu.cross_entropy_bwd(
+                logits, lse, targets, np.array([0.25], F32), 50257))]
+
+
+def _outputs(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def test_blocks_match_one_block_bit_for_bit(monkeypatch):
+    split = [(name, _outputs(fn())) for name, fn in _kernels(np.random.default_rng(1))]
+    monkeypatch.setattr(cpu, "_THREADS", 1)                     # every kernel as one block
+    for (name, got), (_, fn) in zip(split, _kernels(np.random.default_rng(1))):
+        for g, w in zip(got, _outputs(fn())):
+            np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def test_in_place_split_add_writes_out(rng):
+    x = rng.standard_normal((3, cpu._CHUNK), dtype=F32)
+    y = rng.standard_normal(x.shape, dtype=F32)
+    want = x + y
+    out = cpu.add(x, y, out=x)
+    assert out is x
+    np.testing.assert_array_equal(x, want)
