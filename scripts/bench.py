@@ -22,6 +22,11 @@ a dependency of the project: without them only ours runs.
     python scripts/bench.py --device cuda --dtype bf16 --model gpt2 --batch-size 16 \\
         --seq-len 1024 --no-generate                     # GPT-2 124M on a GPU
     python scripts/bench.py --census --json bench.json   # plus where the time goes
+    python scripts/bench.py --census --plot roofline.png # and the roofline picture of it
+
+The census gives every kernel its roofline (training/roofline.py): the machine's peaks,
+measured once and cached, its bound (compute, memory, exp or launch), the time that bound
+allows, the fraction of it reached, and rows sorted by the time lost to the bound.
 
 The JSON file is written also when the run is interrupted (Ctrl-C, `timeout -s INT`), with
 what was measured by then.
@@ -31,7 +36,9 @@ OPENBLAS_L2_SIZE) in the environment override that choice. The header names the 
 use; to measure what a current NumPy does on this CPU, unset both for that command alone:
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench.py
 """
+import dataclasses
 import json
+import os
 import statistics
 import time
 
@@ -44,7 +51,7 @@ from nn import GPT2, GPT2Config
 from optim import AdamW, LossScaler
 from tinygrad_like import backend, no_grad
 from tinygrad_like.profiler import Profiler, format_census
-from training import mfu
+from training import mfu, roofline
 from training.args import (
     ArgumentParser,
     add_model_args,
@@ -86,7 +93,11 @@ def parse_args(argv=None):
                    help="BLAS and torch threads (default: leave the libraries' defaults)")
     p.add_argument("--seed", type=int, default=0, help="weights and batch (default 0)")
     p.add_argument("--census", action="store_true",
-                   help="print the op census of one training step and one decode step")
+                   help="print the op census of one training step and one decode step, with "
+                   "each kernel's roofline")
+    p.add_argument("--plot", metavar="PNG",
+                   help="draw the census's kernels on the roofline into this PNG (implies "
+                   "--census)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument("--torch-compile", action="store_true",
                    help="also time PyTorch under torch.compile (compiling takes a minute)")
@@ -105,6 +116,12 @@ def parse_args(argv=None):
             raise ValueError("--warmup must be >= 0")
         if args.threads is not None and args.threads <= 0:
             raise ValueError("--threads must be positive")
+        if args.plot is not None:
+            if not args.plot.lower().endswith(".png"):
+                raise ValueError(f"--plot {args.plot}: the picture is a PNG, name a .png file")
+            if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+                raise ValueError(f"--plot {args.plot}: no such directory")
+            args.census = True
         if not args.no_generate:
             GPT2Config.from_preset(args.model).check_context(args.prompt_len + args.new_tokens,
                                                               "--prompt-len + --new-tokens =")
@@ -220,23 +237,23 @@ def summarize_generation(runs, batch, prompt_len, new_tokens):
 
 
 def census_train_step(step):
-    """Profile one training step with kernel timing -> census rows, per-phase sums, wall s."""
+    """Profile one training step with kernel timing -> the Profiler, wall seconds."""
     with Profiler(timing=True) as prof:
         step()
         wall = prof.elapsed()
-    return prof.census(), prof.by_phase(), wall
+    return prof, wall
 
 
 def census_decode_step(model, prompt, new_tokens=2):
     """Profile the forward of one decode step (one new token, KV cache filled by the prompt)
-    -> census rows, wall seconds."""
+    -> the Profiler, wall seconds."""
     stream = model.generate_stream(prompt, max(new_tokens, 2), temperature=0.0)
     next(stream)                           # the prompt's forward and the first token
     with Profiler(timing=True) as prof:
         next(stream)                       # one decode forward and its argmax
         wall = prof.elapsed()
     stream.close()
-    return prof.census(), wall
+    return prof, wall
 
 
 def format_phases(by_phase, wall):
@@ -379,21 +396,32 @@ def bench_generation(args, config, model, torch, transformers, log):
 
 def run_census(args, config, model, opt, scaler, peers, x, y, log):
     step = lambda: ours_train_step(model, opt, x, y, args.device, scaler)  # noqa: E731
+    peaks = roofline.peaks(args.device)
+    log(peaks.describe())
     step()                                   # warm again: a peer's round ran last
-    rows, phases, wall = census_train_step(step)
+    prof, wall = census_train_step(step)
+    rows, phases = roofline.census(prof, peaks, args.dtype), prof.by_phase()
     log(format_census(rows, f"ours: op census of one training step ({args.model}, "
-                      f"B={args.batch_size}, T={args.seq_len}, {args.dtype})"))
+                      f"B={args.batch_size}, T={args.seq_len}, {args.dtype}), by time lost "
+                      "to the roofline"))
     log(format_phases(phases, wall))
     prompt = np.random.default_rng(args.seed + 1).integers(
         0, config.vocab_size, (args.gen_batch, args.prompt_len), dtype=np.int64)
-    drows, dwall = census_decode_step(model, prompt)
+    dprof, dwall = census_decode_step(model, prompt)
+    drows = roofline.census(dprof, peaks, args.dtype)
     dkernel = sum(r["seconds"] for r in drows)
     log(format_census(drows, f"ours: op census of one decode step (batch {args.gen_batch}, "
-                      f"{args.prompt_len} cached positions)"))
+                      f"{args.prompt_len} cached positions), by time lost to the roofline"))
     log(f"  wall {dwall * 1e3:.2f} ms, in kernels {dkernel * 1e3:.2f} ms, outside kernels "
         f"{(dwall - dkernel) * 1e3:.2f} ms ({(dwall - dkernel) / dwall:.0%})")
-    out = {"train": {"rows": rows, "by_phase": phases, "wall_s": wall},
+    out = {"peaks": dataclasses.asdict(peaks),
+           "train": {"rows": rows, "by_phase": phases, "wall_s": wall},
            "decode": {"rows": drows, "wall_s": dwall}}
+    if args.plot:
+        roofline.plot([("training step", rows), ("decode step", drows)], peaks, args.plot,
+                      args.dtype, title=f"{args.model} {args.dtype} on {args.device}: "
+                      f"training step B={args.batch_size} T={args.seq_len}, decode step")
+        log(f"wrote {args.plot}")
     if "torch" in peers:
         peer = peers["torch"]
         batch = peer.batch(x, y)

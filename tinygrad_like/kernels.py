@@ -1,9 +1,9 @@
 """The one place every kernel launch passes through, and the list of kernels a backend must have.
 
 ops.py, nn/ and optim/ run kernels only through launch("gelu_fwd", x), which finds the backend
-that owns x, runs its kernel, and counts the launch: FLOPs from the shapes (the table below),
-bytes as everything the kernel reads plus everything it writes, the phase, and (when a profiler
-asks) the time. The tape and the profiler read these counts; nothing else computes them.
+that owns x, runs its kernel, and counts the launch: FLOPs and exps from the shapes (the tables
+below), bytes as everything the kernel reads plus everything it writes, the phase, and (when a
+profiler asks) the time. The tape and the profiler read these counts; nothing else computes them.
 
 What does not pass through here, and so is never counted: the HOST functions below, called
 directly on a backend. Host-to-device and device-to-host copies are among them: backend.asarray
@@ -89,6 +89,20 @@ FLOPS = {
 }
 
 
+# exp / tanh evaluations per launch, from shapes: on a CPU these, not bytes, can bound a kernel
+# (training/roofline.py divides them by the measured exp rate). One per element or score that
+# the kernel exponentiates; a log or sqrt per row is left out (a row holds hundreds of elements).
+EXPS = {
+    "gelu_fwd": _per_element(1),                 # one tanh per element
+    "gelu_bwd": _per_element(1),                 # the same tanh, recomputed
+    "softmax_causal_fwd": _per_element(1),       # one exp per score, masked ones included
+    "flash_attention_fwd": lambda r, q, k, *a: _flash_scores(q, k),   # one per computed score
+    "flash_attention_bwd": lambda r, q, k, *a: _flash_scores(q, k),   # P recomputed from lse
+    "cross_entropy_fwd": lambda r, logits, *a, n_classes=None: logits[:, :n_classes].size,
+    "cross_entropy_bwd": lambda r, logits, *a, n_classes=None: logits[:, :n_classes].size,
+}
+
+
 # Bytes per launch = what the kernel reads + what it writes. By default every array argument is
 # read once and every new output written once; these entries correct the kernels that write
 # into an argument (in place) or read only part of one.
@@ -154,14 +168,15 @@ def launch(name, *args, **kwargs):
     if timer is not None:
         timer.stop()
     outs = () if out is None else out if isinstance(out, tuple) else (out,)
-    flops_of = FLOPS.get(name)
-    flops = int(flops_of(outs[0] if outs else None, *args, **kwargs)) if flops_of else 0
+    result = outs[0] if outs else None
+    flops = int(FLOPS[name](result, *args, **kwargs)) if name in FLOPS else 0
+    exps = int(EXPS[name](result, *args, **kwargs)) if name in EXPS else 0
     nbytes = _bytes(name, args, kwargs, outs)
     if _sinks:
         _sinks[-1].add(flops, nbytes)
     for prof in profiler.active():
         prof.launches.append(profiler.Launch(name, profiler.current_phase(), flops, nbytes,
-                                             be.name, timer, t_host - prof.t0))
+                                             be.name, timer, t_host - prof.t0, exps=exps))
     if TRACKER.track_temporaries:
         inputs = {id(a) for a in _arrays(args)} | {id(a) for a in _arrays(kwargs.values())}
         for a in _arrays(outs):

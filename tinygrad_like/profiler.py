@@ -37,6 +37,7 @@ class Launch:
     timer: object = None     # backend timer with .seconds(), when timing is on
     start: float = 0.0       # host seconds since the profiler started (for the trace)
     math: str = None         # the phase whose work this is (see the module's docstring)
+    exps: int = 0            # exp / tanh evaluations (kernels.EXPS): a CPU bound of their own
 
     def __post_init__(self):  # made by kernels.launch as the kernel runs: read the label now
         if self.math is None:
@@ -119,12 +120,14 @@ class Profiler:
 
     def census(self):
         """One row per kernel name, most time (or FLOPs when untimed) first."""
-        rows = defaultdict(lambda: {"calls": 0, "flops": 0, "bytes": 0, "seconds": 0.0})
+        rows = defaultdict(lambda: {"calls": 0, "flops": 0, "bytes": 0, "exps": 0,
+                                    "seconds": 0.0})
         for launch in self.launches:
             r = rows[launch.name]
             r["calls"] += 1
             r["flops"] += launch.flops
             r["bytes"] += launch.bytes
+            r["exps"] += launch.exps
             r["seconds"] += launch.seconds
         total = sum(r["seconds"] for r in rows.values()) or 1.0
         table = []
@@ -162,11 +165,21 @@ class Profiler:
 
 
 def format_census(rows, title="op census"):
-    lines = [title,
-             f"{'kernel':<24}{'calls':>7}{'MB':>10}{'GFLOP':>10}{'ms':>10}{'GB/s':>9}"
-             f"{'GFLOP/s':>10}{'share':>8}"]
+    """The census as a table. Rows that carry a roofline (training/roofline.census adds
+    "bound", "roofline_s", "fraction", "lost_s") get four more columns: the bound, the roofline
+    time, the fraction of it reached and the time lost to it (measured - roofline)."""
+    roof = bool(rows) and "bound" in rows[0]
+    head = (f"{'kernel':<24}{'calls':>7}{'MB':>10}{'GFLOP':>10}{'ms':>10}{'GB/s':>9}"
+            f"{'GFLOP/s':>10}{'share':>8}")
+    lines = [title, head + (f"{'bound':>9}{'roof ms':>10}{'of roof':>9}{'lost ms':>10}"
+                            if roof else "")]
     for r in rows:
-        lines.append(f"{r['kernel']:<24}{r['calls']:>7}{r['bytes'] / 1e6:>10.1f}"
-                     f"{r['flops'] / 1e9:>10.3f}{r['seconds'] * 1e3:>10.2f}{r['GB/s']:>9.1f}"
-                     f"{r['GFLOP/s']:>10.1f}{r['share'] * 100:>7.1f}%")
+        line = (f"{r['kernel']:<24}{r['calls']:>7}{r['bytes'] / 1e6:>10.1f}"
+                f"{r['flops'] / 1e9:>10.3f}{r['seconds'] * 1e3:>10.2f}{r['GB/s']:>9.1f}"
+                f"{r['GFLOP/s']:>10.1f}{r['share'] * 100:>7.1f}%")
+        if roof:
+            fraction = "-" if r["fraction"] is None else f"{r['fraction']:.0%}"
+            line += (f"{r['bound']:>9}{r['roofline_s'] * 1e3:>10.3f}{fraction:>9}"
+                     f"{r['lost_s'] * 1e3:>10.2f}")
+        lines.append(line)
     return "\n".join(lines)
