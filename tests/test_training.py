@@ -131,7 +131,8 @@ def test_adamw_keeps_padding_rows_zero_and_checkpoints_hold_v_rows(tmp_path, dty
         assert np.all(rows[V:] == 0) and np.all(rows[:V] != 0)
     assert np.all(model.transformer.wte.weight.numpy()[V:] == 0)
 
-    path = checkpoint.save_checkpoint(str(tmp_path), model, opt, {"step": 3})
+    path = checkpoint.save_checkpoint(str(tmp_path), model, opt.master_state(), opt.state_dict(),
+                                      {"step": 3})
     assert read_state(path)["transformer.wte.weight"].shape == (V, C)
     _, arrays = checkpoint.load_trainer_state(path)
     assert arrays["m.transformer.wte.weight"].shape == arrays["v.transformer.wte.weight"].shape \
@@ -167,13 +168,13 @@ def _run_killed_at_second_save(shakespeare, out, monkeypatch, kill):
     saved = {}
     real_save = checkpoint.save_checkpoint
 
-    def save(out_dir, model, optimizer, state):
+    def save(out_dir, model, master, optimizer_state, state):
         if state["step"] == 2:
-            saved.update(optimizer.master_state())
-            path = real_save(out_dir, model, optimizer, state)
+            saved.update(master)
+            path = real_save(out_dir, model, master, optimizer_state, state)
             _kill_rename(monkeypatch, out_dir, kill)
             return path
-        return real_save(out_dir, model, optimizer, state)
+        return real_save(out_dir, model, master, optimizer_state, state)
 
     monkeypatch.setattr(checkpoint, "save_checkpoint", save)
     with pytest.raises(Killed):
@@ -335,8 +336,9 @@ def test_nan_loss_stops_with_exit_1_and_keeps_last_checkpoint(shakespeare, tmp_p
     writes = []
     real_save = checkpoint.save_checkpoint
 
-    def save(out_dir, model, optimizer, state):
-        path = real_save(out_dir, model, optimizer, state)
+    def save(out_dir, model, *arrays_and_state):
+        state = arrays_and_state[-1]
+        path = real_save(out_dir, model, *arrays_and_state)
         writes.append((state["step"], (tmp_path / "checkpoint" / "model.safetensors").read_bytes()))
         return path
 

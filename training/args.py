@@ -6,7 +6,7 @@ import contextlib
 import sys
 
 from nn.gpt2 import ATTENTION, LM_HEAD, PRESETS, GPT2Config, check_options
-from tinygrad_like import backend, dtypes
+from tinygrad_like import backend, distributed, dtypes
 
 from .data import DataLoader
 from .measure import random_batch
@@ -15,7 +15,10 @@ BAD_INPUT = (ValueError, FileNotFoundError, RuntimeError)  # what a user's mista
 
 
 def fail(message):
-    print(f"error: {message}", file=sys.stderr)
+    """The one-line error and exit 2. Under mpirun every rank checks the same command line and
+    meets the same error: rank 0 alone says it."""
+    if distributed.launched_rank_and_size()[0] == 0:
+        print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -38,12 +38,13 @@ class CheckpointError(ValueError):
 
 # ---------------------------------------------------------------- saving
 
-def save_checkpoint(out, model, optimizer, trainer_state):
+def save_checkpoint(out, model, master, optimizer_state, trainer_state):
+    """Write master (AdamW.master_state()) and optimizer_state (AdamW.state_dict()) with
+    trainer_state as out/checkpoint, replacing the one there only once all of it is on disk."""
     from safetensors.numpy import save
     final = os.path.join(out, "checkpoint")
     staging = os.path.join(out, "checkpoint.new")
-    master = optimizer.master_state()
-    arrays, scalars = optimizer.state_dict()
+    arrays, scalars = optimizer_state
     _check_finite(out, trainer_state["step"], {"weights": master, "AdamW m and v": arrays})
     shutil.rmtree(staging, ignore_errors=True)
     try:

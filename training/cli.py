@@ -1,27 +1,30 @@
 """Command line of examples/train_gpt2.py: one flag per RunConfig field, its help the field's
-comment. Bad input is one line on stderr and exit code 2 (training/args.py)."""
+comment. Bad input is one line on stderr and exit code 2 (training/args.py). Under
+`mpirun -n R` every rank runs this same command: data-parallel training (training/loop.py)."""
+import contextlib
 import dataclasses
 import inspect
 import math
 import os
 import re
 import sys
+import traceback
 
 from nn import GPT2Config
 from nn.gpt2 import check_options
-from tinygrad_like import backend
+from tinygrad_like import backend, distributed
 
 from . import checkpoint
-from .args import ArgumentParser, check_dtype, fail, user_errors
+from .args import BAD_INPUT, ArgumentParser, check_dtype, fail, user_errors
 from .corpus import DEFAULT_DATA_DIR, prepare
-from .loop import RunConfig, Trainer
+from .loop import Mismatch, RunConfig, Trainer
 
 # with no arguments: RunConfig's defaults (a small model that shows the loss falling in about
 # 5 minutes on 2 CPU cores), or GPT-2 124M at its full context when a GPU is there
 GPU_DEFAULTS = dict(model="gpt2", batch_size=16, seq_len=1024, steps=2000, lr=6e-4,
                     min_lr=6e-5, warmup=100, dtype="bf16", eval_every=250)
 # what a resumed run cannot change: the model and where it came from, and the batch shape and
-# seed that the saved data position counts in
+# seed that the saved data position counts in (the global batch: --batch-size x ranks)
 FIXED_ON_RESUME = ("model", "init_from", "batch_size", "seq_len", "seed")
 # how and where this process runs, not what the run is: never taken from a saved config
 NOT_RESTORED = ("resume", "out", "overwrite", "device", "quiet", "report")
@@ -67,6 +70,7 @@ def resolve(argv=None):
     defaults, notes = (GPU_DEFAULTS if device == "cuda" else {}), []
     if "resume" in given:
         saved, folder = saved_run(given["resume"])
+        saved["batch_size"] = per_rank_batch(saved, given, folder)   # on this many ranks
         defaults = {k: v for k, v in saved.items() if k not in NOT_RESTORED}
         notes = resume_overrides(saved, given, folder)
         given.setdefault("out", folder)
@@ -76,13 +80,32 @@ def resolve(argv=None):
 
 
 def saved_run(path):
-    """-> (the saved run's RunConfig fields, the run folder) of the checkpoint at path."""
+    """-> (the saved run's RunConfig fields and world_size, the run folder) of the checkpoint
+    at path."""
     ckpt = checkpoint.find_checkpoint(path)
     state, _ = checkpoint.load_trainer_state(ckpt, arrays=False)
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     saved = {k: v for k, v in (state.get("run_config") or {}).items() if k in fields}
+    saved["world_size"] = state.get("world_size", 1)
     same = os.path.normpath(ckpt) == os.path.normpath(path)  # path is the checkpoint itself
     return saved, os.path.dirname(os.path.normpath(path)) if same else path
+
+
+def per_rank_batch(saved, given, folder):
+    """The --batch-size that continues a saved run on this many ranks: the global batch
+    (--batch-size x ranks) is fixed, so 4 x 2 ranks resumes as 8 x 1 or 2 x 4."""
+    world = distributed.launched_rank_and_size()[1]
+    total = saved["batch_size"] * saved.pop("world_size")
+    if total % world:
+        raise ValueError(f"the run in {folder} trains a global batch of {total} sequences "
+                         f"(--batch-size x ranks), which {world} ranks cannot share equally: "
+                         f"resume on a number of ranks that divides {total}")
+    batch = given.get("batch_size", total // world)
+    if batch * world != total:
+        raise ValueError(f"--batch-size {batch} on {world} rank(s) is a global batch of "
+                         f"{batch * world}; the run in {folder} trains {total}: use "
+                         f"--batch-size {total // world} (or leave it out)")
+    return batch
 
 
 def resume_overrides(saved, given, folder):
@@ -117,6 +140,9 @@ def validate(cfg):
         if f.type is float and not math.isfinite(getattr(cfg, f.name)):
             raise ValueError(f"{_flag(f.name)} must be a finite number, got "
                              f"{getattr(cfg, f.name)}")
+    if cfg.zero not in (0, 1, 2):
+        raise ValueError(f"--zero must be 0 (DDP), 1 (AdamW's state sharded) or 2 (and the "
+                         f"gradients), got {cfg.zero}")
     if cfg.lr <= 0:
         raise ValueError(f"--lr must be positive, got {cfg.lr}")
     for name in ("min_lr", "weight_decay", "grad_clip"):
@@ -150,17 +176,43 @@ def ensure_data(cfg):
 
 
 def main(argv=None):
+    """Exit codes: 0 done, 1 the run diverged (or a rank failed), 2 bad input."""
     with user_errors():
         cfg, notes = resolve(argv)
-        ensure_data(cfg)
-        trainer = Trainer(cfg)
-    for note in notes:
-        print(note, file=sys.stderr)
-    try:
+        comm = distributed.init_world(cfg.device)
+    with rank_errors(comm):
+        if comm.rank == 0:
+            ensure_data(cfg)
+        comm.barrier()
+        trainer = Trainer(cfg, comm)
+        for note in notes if comm.rank == 0 else ():
+            print(note, file=sys.stderr)
         trainer.run()
-    except FloatingPointError as e:  # the run diverged: not a bad input, so exit code 1
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except checkpoint.CheckpointError as e:  # the run folder is taken, the disk is full
-        fail(e)
     return trainer
+
+
+@contextlib.contextmanager
+def rank_errors(comm):
+    """An error every rank meets at the same point (the ranks disagree, the run diverged) is
+    said once, by rank 0, and the ranks exit together. Any other error under mpirun is said by
+    the rank that met it, with its rank, and stops the job (MPI_Abort): the other ranks would
+    otherwise wait for it in their next collective for ever."""
+    try:
+        yield
+    except (Mismatch, FloatingPointError) as e:
+        code = 1 if isinstance(e, FloatingPointError) else 2  # diverged: not a bad input
+        if comm.rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        comm.barrier()
+        sys.exit(code)
+    except BaseException as e:
+        code = e.code if isinstance(e, SystemExit) else 2 if isinstance(e, BAD_INPUT) else 1
+        if comm.size == 1:
+            if isinstance(e, BAD_INPUT):
+                fail(e)
+            raise
+        if code == 1 and not isinstance(e, SystemExit):   # a bug: where it is
+            traceback.print_exc()
+        print(f"error: rank {comm.rank} of {comm.size}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        comm.abort(code if isinstance(code, int) else 1)

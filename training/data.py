@@ -89,9 +89,12 @@ class DataLoader:
     left by one token (the next-token targets). Batch i is drawn from a generator seeded with
     (seed, i), so the whole sequence of batches is a pure function of the seed: the state is
     two integers, and a resumed run draws exactly the batches an uninterrupted one would.
-    vocab_size: refuse a file holding an id the model cannot embed (check_token_ids)."""
+    vocab_size: refuse a file holding an id the model cannot embed (check_token_ids).
+    Data parallel: rank r of `world` ranks draws the same global batch of batch_size x world
+    windows a single process would, and keeps its rows [r·B, (r+1)·B); its state counts in
+    global batches, so a run can resume on another number of ranks."""
 
-    def __init__(self, path, batch_size, seq_len, seed=0, vocab_size=None):
+    def __init__(self, path, batch_size, seq_len, seed=0, vocab_size=None, rank=0, world=1):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         if seq_len <= 0:
@@ -105,7 +108,9 @@ class DataLoader:
         if len(self.tokens) <= seq_len + 1:
             raise DataError(f"{self.path}: has {len(self.tokens)} tokens, needs more than "
                             f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more text")
-        self.batch_size = batch_size
+        self.batch_size = batch_size      # this rank's rows
+        self.rows = slice(rank * batch_size, (rank + 1) * batch_size)
+        self.world = world
         self.seq_len = seq_len
         self.seed = seed
         self.batches_drawn = 0
@@ -114,7 +119,7 @@ class DataLoader:
         """The next (x, y) pair, each int64 of shape (B, T)."""
         B, T = self.batch_size, self.seq_len
         rng = np.random.default_rng((self.seed, self.batches_drawn))
-        starts = rng.integers(0, len(self.tokens) - T, size=B)  # (B,): T + 1 tokens each
+        starts = rng.integers(0, len(self.tokens) - T, size=B * self.world)[self.rows]  # (B,)
         index = starts[:, None] + np.arange(T + 1)               # (B, T + 1)
         window = np.asarray(self.tokens[index], dtype=np.int64)  # (B, T + 1)
         self.batches_drawn += 1
@@ -129,14 +134,14 @@ class DataLoader:
     def state_dict(self):
         """The loader's position as plain ints (JSON-friendly)."""
         return {"seed": self.seed, "batches_drawn": self.batches_drawn,
-                "batch_size": self.batch_size, "seq_len": self.seq_len}
+                "batch_size": self.batch_size * self.world, "seq_len": self.seq_len}
 
     def load_state_dict(self, state):
         """Continue from state (from state_dict()), seed included."""
         shape = (int(state["batch_size"]), int(state["seq_len"]))
-        if shape != (self.batch_size, self.seq_len):
-            raise ValueError(f"loader state was saved with (batch_size, seq_len) = {shape}, but "
-                             f"this loader has {(self.batch_size, self.seq_len)}; resume with "
-                             "the saved shape to draw the same batches")
+        if shape != (self.batch_size * self.world, self.seq_len):
+            raise ValueError(f"loader state was saved with (global batch, seq_len) = {shape}, but "
+                             f"this loader has {(self.batch_size * self.world, self.seq_len)}; "
+                             "resume with the saved shape to draw the same batches")
         self.seed = int(state["seed"])
         self.batches_drawn = int(state["batches_drawn"])

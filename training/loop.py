@@ -1,5 +1,6 @@
 """The training loop behind examples/train_gpt2.py: data, model, AdamW, loss scaling,
 evaluation, sampling, metrics and checkpoints."""
+import hashlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
 from tinygrad_like import backend, dtypes, no_grad, profiler
+from tinygrad_like.distributed import Communicator
 from tinygrad_like.files import atomic_write
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
@@ -48,6 +50,7 @@ class RunConfig:
     attention: str = "flash"          # flash (one log-sum-exp per row) or naive (T x T saved)
     lm_head: str = "fused"            # fused (row blocks, no logits kept) or plain (B·T x Vp)
     recompute: bool = False           # blocks save only their input and redo their forward
+    zero: int = 0                     # under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads
     device: str = "cpu"               # cpu or cuda
     eval_every: int = 50              # steps between validation losses (0 = never)
     eval_iters: int = 10              # validation batches per evaluation
@@ -64,8 +67,13 @@ class RunConfig:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig):
+    """One rank's run. comm: the data-parallel world (distributed.init_world); rank 0 alone
+    prints, writes the run folder and checkpoints, the others train their rows of each batch."""
+
+    def __init__(self, cfg: RunConfig, comm=None):
         self.cfg = cfg
+        self.comm = comm or Communicator()
+        self.rank0 = self.comm.rank == 0
         self.device = backend.check_device(cfg.device)
         self.dtype = dtypes.as_dtype(cfg.dtype)
         self.options = dict(attention=cfg.attention, lm_head=cfg.lm_head, recompute=cfg.recompute)
@@ -73,16 +81,18 @@ class Trainer:
         self.resumed_from = None         # the checkpoint folder a resumed run was loaded from
         self.model = self._build_model()
         self.model.config.check_context(cfg.seq_len, "--seq-len")
-        self.optimizer = AdamW(self.model.named_parameters(), lr=cfg.lr,
-                               weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-                               dtype=self.dtype)
-        self.scaler = LossScaler() if self.dtype == dtypes.float16 else None
-        vocab = self.model.config.vocab_size
+        vocab, shard = self.model.config.vocab_size, dict(rank=self.comm.rank, world=self.comm.size)
         self.train_data = DataLoader(os.path.join(cfg.data_dir, "train.bin"), cfg.batch_size,
-                                     cfg.seq_len, seed=cfg.seed, vocab_size=vocab)
+                                     cfg.seq_len, seed=cfg.seed, vocab_size=vocab, **shard)
         self.val_path = os.path.join(cfg.data_dir, "val.bin")
         # checked now (ids, length, format), not at the first evaluation dozens of steps in
         DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
+        self._check_same_on_every_rank()
+        self.optimizer = AdamW(self.model.named_parameters(), lr=cfg.lr,
+                               weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                               dtype=self.dtype, comm=self.comm, zero=cfg.zero)
+        self.scaler = LossScaler() if self.dtype == dtypes.float16 else None
+        self.step_collectives = []       # the collectives of the last step (the report's)
         self.step = 0
         F.manual_seed(cfg.seed)
         if self.resume_state is not None:
@@ -107,6 +117,23 @@ class Trainer:
         model.load_state_dict(read_state(ckpt))        # fp32 master: any --dtype can follow
         return model
 
+    def _check_same_on_every_rank(self):
+        """Refuse a world whose ranks would train different things: another setting, model or
+        data file on one of them (distributed.Mismatch, raised on every rank)."""
+        if self.comm.size == 1:
+            return
+        mine = {**{f"--{k.replace('_', '-')}": v for k, v in vars(self.cfg).items()},
+                "the model": repr(self.model.config),
+                "train.bin": _file_fingerprint(self.train_data.path),
+                "val.bin": _file_fingerprint(self.val_path)}
+        ranks = self.comm.all_gather_object(mine)   # the same list on every rank
+        for rank, theirs in enumerate(ranks[1:], 1):
+            for key, value in ranks[0].items():
+                if theirs.get(key) != value:
+                    raise Mismatch(f"rank {rank} runs with {key} {theirs.get(key)} where rank 0 "
+                                   f"has {value}: every rank must run the same command on the "
+                                   "same files")
+
     def _restore(self, state, optimizer_arrays):
         self.optimizer.load_state_dict(optimizer_arrays, state["optimizer"])
         self.step = state["step"]
@@ -130,18 +157,25 @@ class Trainer:
         cfg = self.cfg
         lr = self._lr(self.step)
         batches = [self.train_data.next_batch() for _ in range(cfg.grad_accum)]
-        loss, norm, skipped = train_on(self.model, self.optimizer, batches, self.scaler, lr)
+        with self.comm.recording() as collectives:
+            loss, norm, skipped = train_on(self.model, self.optimizer, batches, self.scaler, lr)
+        self.step_collectives = collectives
         return loss, lr, norm, skipped
 
     @no_grad()
     @profiler.phase("other")
     def evaluate(self):
-        """Mean loss over eval_iters fixed validation batches (the same ones every time)."""
+        """Mean loss over eval_iters fixed validation batches (the same ones every time). Data
+        parallel: split as training is (each rank its rows of the global batch), the means
+        averaged over the ranks."""
         self.model.eval()
-        loader = DataLoader(self.val_path, self.cfg.batch_size, self.cfg.seq_len, seed=0)
+        loader = DataLoader(self.val_path, self.cfg.batch_size, self.cfg.seq_len, seed=0,
+                            rank=self.comm.rank, world=self.comm.size)
         losses = [self.model(*loader.next_batch())[1].item() for _ in range(self.cfg.eval_iters)]
         self.model.train()
-        return float(np.mean(losses))
+        mean = float(np.mean(losses))
+        return self.comm.sum_scalar(mean, what="val loss") / self.comm.size \
+            if self.comm.size > 1 else mean
 
     def sample(self, prompt="\n", tokens=48):
         tok = get_tokenizer()
@@ -150,19 +184,31 @@ class Trainer:
         return tok.decode(ids[0].tolist())
 
     def save(self):
+        """Every rank takes part (ZeRO gathers the shards); rank 0 writes one checkpoint,
+        whatever the number of ranks, while the others wait."""
         cfg = self.cfg
         state = {"step": self.step, "data": self.train_data.state_dict(),
                  "scaler": self.scaler.state_dict() if self.scaler else None,
                  "dropout_rng": F.get_rng_state(), "run_config": vars(cfg),
-                 "dtype": cfg.dtype}
-        return checkpoint.save_checkpoint(cfg.out, self.model, self.optimizer, state)
+                 "dtype": cfg.dtype, "world_size": self.comm.size}
+        master, optimizer_state = self.optimizer.master_state(), self.optimizer.state_dict()
+        path = None
+        if self.rank0:
+            path = checkpoint.save_checkpoint(cfg.out, self.model, master, optimizer_state,
+                                              state)
+        self.comm.barrier()
+        return path
 
     # ---- reporting
     def memory_table(self):
+        """The persistent state's bytes per parameter, every rank's measured (a collective)."""
         persistent = {tag: TRACKER.current[tag] for tag in PERSISTENT}
-        return report.state_memory_table(persistent, self.model.num_parameters(),
-                                         dtypes.name(self.dtype),
-                                         "measured from the buffers allocated for this run")
+        opt = self.optimizer
+        return report.state_memory_table(
+            persistent, self.model.num_parameters(), dtypes.name(self.dtype),
+            "measured from the buffers allocated for this run", zero=opt.zero,
+            ranks=self.comm.all_gather_object(persistent), elements=opt.numel,
+            padding=opt.padding)
 
     # ---- the run folder
     def _claim_out(self):
@@ -213,18 +259,21 @@ class Trainer:
 
     # ---- the run
     def run(self):
-        cfg = self.cfg
-        say = (lambda *a: None) if cfg.quiet else tqdm.write
-        lock = self._claim_out()
+        cfg, R = self.cfg, self.comm.size
+        quiet = cfg.quiet or not self.rank0
+        say = (lambda *a: None) if quiet else tqdm.write
+        lock = self._claim_out() if self.rank0 else None
+        memory = self.memory_table()
         peak, peak_name = mfu.device_peak(self.device, dtypes.name(self.dtype))
         say(f"model {cfg.resume or cfg.init_from or cfg.model}: "
-            f"{self.model.num_parameters():,} parameters, device {self.device}, dtype {cfg.dtype}")
-        say(self.memory_table())
+            f"{self.model.num_parameters():,} parameters, device {self.device}, dtype {cfg.dtype}"
+            + (f"; {R} ranks ({self.comm.engine}), ZeRO-{cfg.zero}" if R > 1 else ""))
+        say(memory)
         say(f"MFU divides 6N + 12LCT = {self.flops_per_token / 1e6:.1f} MFLOP/token by the "
-            f"{peak_name}")
-        tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum
-        metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a")
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=cfg.quiet, dynamic_ncols=True)
+            f"{peak_name}" + (f" (per rank, x {R})" if R > 1 else ""))
+        tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * R   # the global batch
+        metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a") if self.rank0 else None
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=quiet, dynamic_ncols=True)
         history, save_due = [], False
         try:
             while self.step < cfg.steps:
@@ -237,19 +286,21 @@ class Trainer:
                 tps = tokens_per_step / dt
                 row = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": norm,
                        "tokens_per_s": tps, "ms": dt * 1e3,
-                       "mfu": tps * self.flops_per_token / peak}
+                       "mfu": tps * self.flops_per_token / (peak * R),
+                       "world_size": R, "zero": cfg.zero}
                 if self.scaler is not None:
                     row.update(loss_scale=self.scaler.scale, skipped=skipped,
                                skipped_total=self.scaler.skipped_steps)
                 if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                     row["val_loss"] = self.evaluate()
                     say(f"step {self.step}: train loss {loss:.4f}, val loss {row['val_loss']:.4f}")
-                metrics.write(strict_json(row) + "\n")
-                metrics.flush()
+                if metrics:
+                    metrics.write(strict_json(row) + "\n")
+                    metrics.flush()
                 history.append(row)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.1%}")
                 bar.update(1)
-                if cfg.sample_every and self.step % cfg.sample_every == 0:
+                if cfg.sample_every and self.step % cfg.sample_every == 0 and not quiet:
                     say(f"sample at step {self.step}: {self.sample()!r}")
                 save_due |= bool(cfg.save and cfg.save_every and self.step % cfg.save_every == 0)
                 # not in the middle of fp16 skips: the run may never recover, and then the
@@ -262,12 +313,33 @@ class Trainer:
                 say(f"checkpoint: {path}")
         finally:
             bar.close()
-            metrics.close()
-            lock.close()
+            if self.rank0:
+                metrics.close()
+                lock.close()
+        if not self.rank0:
+            return history
+        if self.comm.engine != "none":   # the last step's collectives, predicted and measured
+            predicted = report.predicted_collectives(self.optimizer.numel, cfg.dtype, cfg.zero, R)
+            say(report.communication_table(self.step_collectives, predicted, R))
         say(f"metrics: {plot_metrics(cfg.out)} (python scripts/plot_metrics.py {cfg.out})")
         if cfg.report and not cfg.quiet:  # predicted vs measured, measured on a twin model
             say(report.for_trainer(self))
         return history
+
+
+class Mismatch(ValueError):
+    """The ranks of one run disagree on what to train (raised on every rank at start-up)."""
+
+
+def _file_fingerprint(path, edge=1 << 20):
+    """(size, sha256 of the first and last MB): tells two copies of a token file apart
+    without reading a large one whole."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(edge))
+        f.seek(max(os.path.getsize(path) - edge, 0))
+        h.update(f.read(edge))
+    return f"{os.path.getsize(path)} bytes, sha256 of its ends {h.hexdigest()[:16]}"
 
 
 def strict_json(row):

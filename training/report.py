@@ -21,7 +21,7 @@ from tinygrad_like import backend, dtypes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
-from . import mfu
+from . import mfu, roofline
 from .data import DataLoader
 from .measure import Measurement, block_layers, group, layer_of, measure
 from .tables import table, wrap
@@ -118,12 +118,29 @@ def gemm_flops(config, batch_size, seq_len):
     return gemm, bias
 
 
-def predicted_state_bytes(dtype):
-    """Bytes per parameter of the persistent training state per tracker tag: the working
-    weights and gradients in the training dtype, an fp32 master only when that is narrower."""
+def predicted_state_bytes(dtype, zero=0, world=1):
+    """Bytes per parameter of the persistent training state per tracker tag, on each of
+    `world` ranks at ZeRO stage `zero`: the working weights and gradients in the training
+    dtype, an fp32 master only when that is narrower; ZeRO-1 divides the master, m and v by
+    the ranks, ZeRO-2 the gradients too (16; 2 + 2 + 12/R; 2 + (2 + 12)/R)."""
     size = dtypes.as_dtype(dtype).itemsize
-    return {"weights": size, "gradients": size, "master": 4 if size < 4 else 0,
-            "adam_m": 4, "adam_v": 4}
+    optimizer = 1 / world if zero >= 1 else 1
+    return {"weights": size, "gradients": size / world if zero == 2 else size,
+            "master": (4 if size < 4 else 0) * optimizer, "adam_m": 4 * optimizer,
+            "adam_v": 4 * optimizer}
+
+
+def predicted_collectives(numel, dtype, zero, world, micro_batches=1):
+    """[(collective, what, buffer bytes)] one data-parallel step runs, numel being AdamW's flat
+    length (the parameters, padded to R equal shards under ZeRO): the gradients all-reduced
+    (ZeRO-0) or reduce-scattered (ZeRO-1/2, the same bytes with the all-gather of the working
+    weights that follows), the shards' norm² summed, and (R > 1) the loss (fp64). Gradients
+    travel once per step whatever micro_batches is: they accumulate locally first."""
+    size = dtypes.as_dtype(dtype).itemsize
+    rows = [("reduce_scatter" if zero else "all_reduce", "gradients", numel * size)]
+    if zero:
+        rows += [("all_reduce", "norm²", 4), ("all_gather", "weights", numel * size)]
+    return rows + ([("all_reduce", "loss", 8)] if world > 1 else [])
 
 
 def predicted_activation_bytes(config, seq_len, dtype, attention="naive", recompute=False):
@@ -229,12 +246,16 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
     if m.skipped:
         head += "\n(the fp16 loss scaler skipped the profiled step for an overflow)"
     budget_bytes = budget_bytes or default_budget_bytes(m.device)
+    peaks = roofline.peaks(m.device)    # measured once per machine, then cached
     sections = [_parameters(m), _flops(m), _state_memory(m), _activations(m),
-                _memory_trades(m, budget_bytes), _launches(m),
-                format_census(m.step.census(), title=f"-- op census: one training step, "
-                              f"M = B·T = {m.batch_size * m.seq_len:,}"),
-                format_census(m.decode.census(), title=f"-- op census: one decode step, M = 1 "
-                              f"(KV cache of {m.prompt_len} positions, no_grad)")]
+                _memory_trades(m, budget_bytes), _launches(m), "-- " + peaks.describe(),
+                format_census(roofline.census(m.step, peaks, m.dtype),
+                              title=f"-- op census: one training step, M = B·T = "
+                              f"{m.batch_size * m.seq_len:,}, by time lost to the roofline"),
+                format_census(roofline.census(m.decode, peaks, m.dtype),
+                              title=f"-- op census: one decode step, M = 1 (KV cache of "
+                              f"{m.prompt_len} positions, no_grad), by time lost to the "
+                              "roofline")]
     return "\n\n".join([head] + sections)
 
 
@@ -319,21 +340,71 @@ def _state_memory(m):
                               "measured: the buffers the model and AdamW allocated")
 
 
-def state_memory_table(persistent, n, dtype, source):
+def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, elements=None,
+                       padding=0):
     """Bytes per parameter by consumer, predicted beside measured: persistent is tracker tag ->
-    bytes, n the parameter count, source says where the bytes were measured."""
-    pred = predicted_state_bytes(dtype)
+    bytes, n the parameter count, source says where the bytes were measured, elements the
+    length of AdamW's flat buffers (the padded vocabulary's rows included). Data parallel:
+    ranks is every rank's persistent dict (this one's is the table's), padding the elements
+    the flat buffers got to split into equal shards."""
+    ranks = ranks or [persistent]
+    R = len(ranks)
+    pred = predicted_state_bytes(dtype, zero, R)
     names = {"weights": f"weights ({dtype})", "gradients": f"gradients ({dtype})",
              "master": "master (fp32)", "adam_m": "adam m (fp32)", "adam_v": "adam v (fp32)"}
-    rows = [(names[tag], pred[tag], f"{persistent[tag]:,}", f"{persistent[tag] / n:.2f}")
+    rows = [(names[tag], f"{pred[tag]:g}", f"{persistent[tag]:,}", f"{persistent[tag] / n:.2f}")
             for tag in PERSISTENT]
     total = sum(persistent[tag] for tag in PERSISTENT)
-    rows.append(("total", sum(pred.values()), f"{total:,}", f"{total / n:.2f}"))
+    rows.append(("total", f"{sum(pred.values()):g}", f"{total:,}", f"{total / n:.2f}"))
+    lines = [f"-- persistent training memory, bytes per parameter ({source})",
+             table(("consumer", "predicted", "measured bytes", "measured/param"), rows)]
+    if R > 1:
+        totals = [sum(r[tag] for tag in PERSISTENT) for r in ranks]
+        same = "the same on every rank" if len(set(totals)) == 1 else \
+            "per rank: " + ", ".join(f"{t:,}" for t in totals)
+        lines.append(f"  per rank of {R}, ZeRO-{zero}: measured {same}; the flat buffers are "
+                     f"padded by {padding:,} elements to {R} equal shards")
+    if elements is not None and elements > n:
+        lines.append(f"  measured/param divides by N; the flat buffers hold {elements - n:,} "
+                     f"elements more ({(elements - n) / n:.2%}: the padded vocabulary's zero "
+                     "rows" + (", the shards' padding)" if padding else ")"))
+        if zero == 2:
+            lines.append("  ZeRO-2: the step also holds a full-size gradient buffer from its first "
+                         "backward to the reduce-scatter (in the step's peak, not kept)")
+    lines.append(f"  {total / 1e9:.2f} GB for N = {n:,}" + (
+        "; 14 bytes/param if gradients were freed inside the step (ours stay allocated)"
+        if R == 1 else ""))
+    return "\n".join(lines)
+
+
+def communication_table(collectives, predicted, world):
+    """Bytes each rank sends in one step, per collective, predicted (predicted_collectives)
+    beside measured (the distributed.Collective records of a step that ran), with the time
+    and the achieved bus bandwidth (NCCL's busbw: bytes sent / time)."""
+    from tinygrad_like.distributed import sent_bytes
+    ran = {}
+    for c in collectives:
+        r = ran.setdefault((c.name, c.what), [0, 0, 0.0, 0.0])
+        r[0] += 1
+        r[1] += c.nbytes
+        r[2] += c.sent
+        r[3] += c.seconds
+    rows, total = [], [0.0, 0.0, 0.0]
+    for name, what, nbytes in predicted:
+        calls, buf, sent, seconds = ran.get((name, what), (0, 0, 0.0, 0.0))
+        expect = sent_bytes(name, nbytes, world)
+        rows.append((f"{name} {what}", f"{nbytes:,}", f"{expect:,.0f}", f"{sent:,.0f}",
+                     f"{seconds * 1e3:.2f}", f"{sent / seconds / 1e9:.2f}" if seconds else "-"))
+        total = [total[0] + expect, total[1] + sent, total[2] + seconds]
+    unexpected = sorted(set(ran) - {(n, w) for n, w, _ in predicted})
+    rows.append(("total", "", f"{total[0]:,.0f}", f"{total[1]:,.0f}", f"{total[2] * 1e3:.2f}",
+                 f"{total[1] / total[2] / 1e9:.2f}" if total[2] else "-"))
     return "\n".join([
-        f"-- persistent training memory, bytes per parameter ({source})",
-        table(("consumer", "predicted", "measured bytes", "measured/param"), rows),
-        f"  {total / 1e9:.2f} GB for N = {n:,}; 14 bytes/param if gradients were freed inside "
-        "the step (ours stay allocated)"])
+        f"-- communication per step, bytes each rank sends (R = {world}; ring: all-reduce "
+        "2(R-1)/R x buffer, reduce-scatter and all-gather (R-1)/R)",
+        table(("collective", "buffer bytes", "predicted sent", "measured sent", "ms",
+               "busbw GB/s"), rows)]
+        + ([f"  also ran, not predicted: {unexpected}"] if unexpected else []))
 
 
 def _options(m):

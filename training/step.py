@@ -3,8 +3,9 @@
 
 def forward_backward(model, x, y, scaler=None, micro_batches=1, watch=None):
     """Forward and backward of one micro-batch: its loss divided by the number of micro-batches
-    and times the fp16 loss scale. watch() runs between the two (the accounting reads the tape
-    there). -> the micro-batch's loss (a float, unscaled)."""
+    (over every rank: the gradients are then summed across ranks) and times the fp16 loss
+    scale. watch() runs between the two (the accounting reads the tape there). -> the
+    micro-batch's loss (a float, unscaled, divided as the gradients are)."""
     loss = model(x, y)[1]                   # the (B, T, V) logits die right here
     loss = loss / micro_batches if micro_batches > 1 else loss
     scaled = scaler.scale_loss(loss) if scaler else loss
@@ -15,10 +16,13 @@ def forward_backward(model, x, y, scaler=None, micro_batches=1, watch=None):
 
 
 def train_on(model, optimizer, batches, scaler=None, lr=None, watch=None):
-    """One optimizer step over micro-batches [(x, y), ...]: forward_backward each, then the
-    fused AdamW step and zero_grad. -> (loss summed over the micro-batches, gradient norm,
-    skipped for overflow)."""
-    total = sum(forward_backward(model, x, y, scaler, len(batches), watch) for x, y in batches)
-    norm, skipped = optimizer.step(scaler, lr=lr)
+    """One optimizer step over this rank's micro-batches [(x, y), ...]: zero_grad, then
+    forward_backward each, then the AdamW step (which sums the gradients over the ranks).
+    -> (the loss of the whole global batch, gradient norm, skipped for overflow)."""
+    comm = optimizer.comm
     optimizer.zero_grad()
+    parts = len(batches) * comm.size
+    total = sum(forward_backward(model, x, y, scaler, parts, watch) for x, y in batches)
+    total = comm.sum_scalar(total, what="loss") if comm.size > 1 else total
+    norm, skipped = optimizer.step(scaler, lr=lr)
     return total, norm, skipped
