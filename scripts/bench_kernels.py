@@ -148,6 +148,8 @@ def memory_cases(dtype):
          logits.nbytes),
         ("cross_entropy_bwd", f"{BT}x{V}",
          lambda: cuda.cross_entropy_bwd(logits, lse, targets, dloss), 2 * logits.nbytes),
+        ("cross_entropy_fwd_bwd", f"{BT}x{V}",
+         lambda: cuda.cross_entropy_fwd_bwd(logits, targets, dloss), 2 * logits.nbytes),
         ("embedding_fwd", f"{B}x{T} of {V}x{C}", lambda: cuda.embedding_fwd(wte, idx),
          2 * BT * C * it),
         ("embedding_bwd", f"{B}x{T} into {V}x{C}", lambda: cuda.embedding_bwd(x, idx, V),

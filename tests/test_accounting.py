@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+import tinygrad_like.ops as F
 from nn import GPT2, GPT2Config
 from optim import AdamW
 from tinygrad_like.memory import PERSISTENT, TRACKER
@@ -297,6 +298,20 @@ def test_memory_trades_predicted_equal_measured(attention, lm_head, recompute):
         report.predicted_peak_bytes(config, 2, 48, "fp32", **options), rel=1e-3)
     text = report.format_report(m, budget_bytes=1e9)
     assert "largest batch at T = 48 in a budget of 1.0 GB" in text
+
+
+@pytest.mark.parametrize("block_rows", [256, 32], ids=["one-block", "three-blocks"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_fused_heads_peak_predicted_equal_measured(monkeypatch, dtype, block_rows):
+    """The fused head's transient: one (rows, Vp) fp32 buffer (its dlogits overwrite its
+    logits), beside a block's dW share from the second block on, and in bf16 beside the logits
+    GEMM's output while it is cast to fp32."""
+    monkeypatch.setattr(F, "HEAD_BLOCK_ROWS", block_rows)
+    config = GPT2Config.from_preset("gpt2-tiny")
+    m = measure.measure(config, dtype, batch_size=2, seq_len=48, warmup=0, attention="flash",
+                        lm_head="fused")
+    assert m.peak_bytes == pytest.approx(report.predicted_peak_bytes(
+        config, 2, 48, dtype, attention="flash", lm_head="fused"), rel=1e-3)
 
 
 def test_largest_batch_fits_and_the_next_does_not():

@@ -286,6 +286,37 @@ def test_cross_entropy_over_the_first_n_classes_of_padded_rows(rng, dtype):
     assert np.all(up(dlogits)[:, V:] == 0)
 
 
+@pytest.mark.parametrize("N, V, Vp", [(1, 11, 16), (21, 11, 16), (37, 7001, 7040)],
+                         ids=["1-row", "21-rows", "37-rows-split-over-cores"])
+@pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
+def test_cross_entropy_fwd_bwd_equals_fwd_then_bwd(rng, dtype, N, V, Vp):
+    """The one-pass kernel against the two it replaces in the fused head, on ragged chunks
+    (cpu._CE_ROWS) and blocks over the cores, ignored targets and huge padding columns that
+    reading them would show: the losses bit for bit, dlogits to the fused head's fp32
+    tolerance before rounding (dloss / s scales exp(logit - max), where the backward rounds
+    logit - lse, up to ~2^-19 here, before its exp), 0 in the padding and in ignored rows; in
+    place (out = the logits) the same bits."""
+    logits = rnd(rng, N, Vp, scale=3)
+    logits[:, V:] = 1e4
+    targets = rng.integers(0, V, N)
+    targets[::4] = -1
+    targets[-1] = V - 1
+    lh, dloss = logits.astype(dtype), np.array([0.37], F32)
+    want_losses, lse = cpu.cross_entropy_fwd(lh, targets, V)
+    want = cpu.cross_entropy_bwd(lh, lse, targets, dloss, V)
+    losses, dlogits = cpu.cross_entropy_fwd_bwd(lh, targets, dloss, V)
+    assert losses.dtype == F32 and dlogits.dtype == dtype and dlogits.shape == (N, Vp)
+    np.testing.assert_array_equal(losses, want_losses)
+    tol = max(EPS[dtype], 1e-5)                      # absolute: p - 1 at the target cancels
+    np.testing.assert_allclose(up(dlogits), up(want), rtol=tol, atol=tol * dloss[0])
+    assert not up(dlogits)[:, V:].any() and not up(dlogits)[targets < 0].any()
+    in_place = lh.copy()
+    got = cpu.cross_entropy_fwd_bwd(in_place, targets, dloss, V, out=in_place)
+    assert got[1] is in_place
+    np.testing.assert_array_equal(got[0], losses)
+    np.testing.assert_array_equal(up(in_place), up(dlogits))
+
+
 @pytest.mark.parametrize("bad", [11, 15, 99, -2])
 def test_cross_entropy_kernels_refuse_a_target_out_of_range(rng, bad):
     """The same error as ops.cross_entropy, also for a target that lands in a padding column."""
@@ -293,6 +324,7 @@ def test_cross_entropy_kernels_refuse_a_target_out_of_range(rng, bad):
     lse = np.zeros(4, F32)
     for call in (lambda: cpu.cross_entropy_fwd(logits, targets, 11),
                  lambda: cpu.cross_entropy_bwd(logits, lse, targets, np.ones(1, F32), 11),
+                 lambda: cpu.cross_entropy_fwd_bwd(logits, targets, np.ones(1, F32), 11),
                  lambda: ops.cross_entropy(Tensor(logits), targets, n_classes=11)):
         with pytest.raises(ValueError, match=f"target id {bad} out of range for vocab 11"):
             call()
@@ -311,6 +343,20 @@ def test_cross_entropy_counts_the_classes_not_the_padding(rng):
     stats, ids = 4 * N, 8 * N                        # fp32 losses or lse per row; int64 targets
     assert ce["cross_entropy_fwd"].bytes == 4 * N * V + ids + 2 * stats
     assert ce["cross_entropy_bwd"].bytes == 4 * N * V + stats + ids + 4 + 4 * N * Vp
+
+
+def test_cross_entropy_fwd_bwd_counts_one_exp_per_class_and_its_bytes(rng):
+    """The one-pass kernel: 5 FLOPs and one exp per class per row; it reads the N·V logits, the
+    targets and dloss and writes the losses and the whole N·Vp dlogits, also in place (out = the
+    logits, whose bytes are then written, not read, twice)."""
+    N, V, Vp = 6, 11, 16
+    logits, targets, dloss = rnd(rng, N, Vp), rng.integers(0, V, N), np.ones(1, F32)
+    with profiler.Profiler() as prof:
+        kernels.launch("cross_entropy_fwd_bwd", logits, targets, dloss, n_classes=V)
+        kernels.launch("cross_entropy_fwd_bwd", logits, targets, dloss, n_classes=V, out=logits)
+    for launch in prof.launches:
+        assert (launch.flops, launch.exps) == (5 * N * V, N * V)
+        assert launch.bytes == 4 * N * V + 8 * N + 4 + 4 * N + 4 * N * Vp
 
 
 def test_cross_entropy_through_ops_bf16_gives_fp32_loss(rng):

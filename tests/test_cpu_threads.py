@@ -1,6 +1,9 @@
 """The CPU backend's thread splits (cpu._in_parallel, cpu._gemm) change no result: a GEMM split
 across the cores matches one BLAS call, elementwise and row kernels split into blocks match
 the same kernel run as one block bit for bit, and the BLAS thread count is restored."""
+import os
+import time
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,8 @@ from tinygrad_like.backend import cpu
 F32 = np.float32
 
 
-@pytest.mark.parametrize("M, K, N", [(256, 128, 3000), (3000, 64, 96), (8, 16, 8)])
+@pytest.mark.parametrize("M, K, N", [(256, 128, 3000), (3000, 64, 96), (8, 16, 8),
+                                     (64, 8192, 16)])
 def test_split_gemms_match_numpy(rng, M, K, N):
     a, b = rng.standard_normal((M, K), dtype=F32), rng.standard_normal((K, N), dtype=F32)
     bias = rng.standard_normal(N, dtype=F32)
@@ -49,6 +53,29 @@ def test_gemms_restore_the_blas_thread_count(rng):
         set_(before)
 
 
+def test_long_k_gemm_is_the_sum_of_its_two_halves(rng):
+    """K >= 2 max(M, N) (the LM head's dX, the layers' dW): two fixed halves summed, the same
+    bits whatever the core count (one core sums the same two halves)."""
+    a = rng.standard_normal((64, 8192), dtype=F32)
+    b = rng.standard_normal((16, 8192), dtype=F32)          # matmul_nt's layout, as wte
+    h = 4096
+    want = a[:, :h] @ b[:, :h].T + a[:, h:] @ b[:, h:].T
+    np.testing.assert_array_equal(cpu.matmul_nt(a, b), want)
+    np.testing.assert_array_equal(cpu.matmul(a, np.ascontiguousarray(b.T)), want)
+
+
+def test_blas_workers_sleep_after_a_gemm(rng):
+    """OpenBLAS's idle workers go to sleep right after a threaded GEMM instead of spinning for
+    ~0.1 s on the cores the row kernels run on next."""
+    if not cpu._BLAS_QUIET or "OPENBLAS_THREAD_TIMEOUT" in os.environ or cpu._THREADS < 2:
+        pytest.skip("OpenBLAS's thread timeout is not ours to set here")
+    a = rng.standard_normal((1024, 1024), dtype=F32)
+    cpu.matmul(a, a)
+    t0 = time.process_time()
+    time.sleep(0.1)
+    assert time.process_time() - t0 < 0.03      # spinning workers would take ~0.1 s of CPU
+
+
 def _kernels(rng):
     """Calls of the split kernels on inputs large enough to split, as (name, thunk)."""
     x = rng.standard_normal((2 * cpu._CHUNK + 5,), dtype=F32)
@@ -61,7 +88,9 @@ def _kernels(rng):
             ("gelu_bwd", lambda: cpu.gelu_bwd(x, y)),
             ("cross_entropy_fwd", lambda: cpu.cross_entropy_fwd(logits, targets, 50257)),
             ("cross_entropy_bwd", lambda: cpu.cross_entropy_bwd(
-                logits, lse, targets, np.array([0.25], F32), 50257))]
+                logits, lse, targets, np.array([0.25], F32), 50257)),
+            ("cross_entropy_fwd_bwd", lambda: cpu.cross_entropy_fwd_bwd(
+                logits, targets, np.array([0.25], F32), 50257))]
 
 
 def _outputs(result):

@@ -413,6 +413,29 @@ def test_cross_entropy_over_the_first_n_classes_of_padded_rows(dtype, N, V, Vp):
     assert not cuda.to_numpy(dlogits)[:, V:].astype(np.float64).any()
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("N,V,Vp", [(33, 50257, 50304), (5, 11, 64), (1, 7, 8)])
+def test_cross_entropy_fwd_bwd_over_padded_rows(dtype, N, V, Vp):
+    """The one-launch kernel against cpu.py's, on the padded rows above, also writing its
+    dlogits over the logits (the fused head's call)."""
+    stat = dtypes.compute_dtype(dtype)
+    logits = rand((N, Vp), dtype, scale=3.0, seed=5)
+    logits[:, V:] = 1e4 if dtype != F16 else 6e4
+    targets = np.random.default_rng(6).integers(0, V, N)
+    targets[::4] = -1
+    targets[-1] = V - 1
+    dloss = np.array([0.5], stat)
+    (losses, dlogits), (losses_ref, dlogits_ref) = both("cross_entropy_fwd_bwd", logits,
+                                                        targets, dloss, V)
+    close(losses, losses_ref, stat)
+    close(dlogits, dlogits_ref)
+    assert not cuda.to_numpy(dlogits)[:, V:].astype(np.float64).any()
+    in_place = dev(logits)
+    got = cuda.cross_entropy_fwd_bwd(in_place, dev(targets), dev(dloss), V, out=in_place)
+    assert got[1] is in_place
+    np.testing.assert_array_equal(cuda.to_numpy(in_place), cuda.to_numpy(dlogits))
+
+
 @pytest.mark.parametrize("bad", [11, 63, 64, -2])
 def test_cross_entropy_refuses_a_target_out_of_range_before_launching(bad):
     """As cpu.py: the kernels index the row with the target, so one past V (even inside the
@@ -420,7 +443,8 @@ def test_cross_entropy_refuses_a_target_out_of_range_before_launching(bad):
     logits, lse = dev(rand((3, 64), F32)), dev(np.zeros(3, F32))
     targets = dev(np.array([0, bad, -1]))
     for call in (lambda: cuda.cross_entropy_fwd(logits, targets, 11),
-                 lambda: cuda.cross_entropy_bwd(logits, lse, targets, dev(np.ones(1, F32)), 11)):
+                 lambda: cuda.cross_entropy_bwd(logits, lse, targets, dev(np.ones(1, F32)), 11),
+                 lambda: cuda.cross_entropy_fwd_bwd(logits, targets, dev(np.ones(1, F32)), 11)):
         with pytest.raises(ValueError, match=f"target id {bad} out of range for vocab 11"):
             call()
 

@@ -162,17 +162,21 @@ def flash_attention(cuda, dtype):
             cuda.flash_attention_bwd(q, k, v, out, lse, dout, 0.125)
 
 
-@drives("cross_entropy_fwd", "cross_entropy_bwd")
+@drives("cross_entropy_fwd", "cross_entropy_bwd", "cross_entropy_fwd_bwd")
 def cross_entropy(cuda, dtype):
     stat = dtypes.compute_dtype(dtype)
     for N, V in [(33, 1001), (1, 7)]:
-        targets = np.random.default_rng(1).integers(0, V, N)
+        targets = np.random.default_rng(1).integers(0, V - 2, N)
         targets[::5] = -1                                          # ignored rows
         for layout in LAYOUTS:
             logits, t = place(cuda, rand((N, V), dtype), layout), place(cuda, targets, layout)
+            dloss = cuda.asarray(np.array([0.1], stat))
             cuda.cross_entropy_fwd(logits, t)
             lse = place(cuda, rand(N, stat), layout)
-            cuda.cross_entropy_bwd(logits, lse, t, cuda.asarray(np.array([0.1], stat)))
+            cuda.cross_entropy_bwd(logits, lse, t, dloss)
+            cuda.cross_entropy_fwd_bwd(logits, t, dloss, V - 2)   # two padding columns
+            padded = cuda.asarray(rand((N, V), dtype))             # dlogits over the logits
+            cuda.cross_entropy_fwd_bwd(padded, t, dloss, V - 2, out=padded)
 
 
 @drives("embedding_fwd", "embedding_bwd")
@@ -302,6 +306,16 @@ def test_embedding_ids_out_of_range_raise_cpu_py_s_error(cuda, launches, bad):
         assert str(on_cuda.value) == str(on_cpu.value) == \
             f"token id {bad} out of range for vocab 1000"
     assert launches == []  # checked on the host, before the launch
+
+
+def test_cross_entropy_fwd_bwd_refuses_an_out_it_cannot_write(cuda, launches):
+    """The kernel writes out as a C-contiguous (N, Vp) array of the logits' dtype."""
+    logits, t = cuda.asarray(rand((4, 16), F32)), cuda.asarray(np.array([0, 3, -1, 9]))
+    for out in (cuda.empty((4, 16), F16), cuda.empty((4, 32), F32)[:, ::2],
+                cuda.empty((16, 4), F32)):
+        with pytest.raises(ValueError, match="C-contiguous"):
+            cuda.cross_entropy_fwd_bwd(logits, t, cuda.asarray(np.ones(1, F32)), out=out)
+    assert launches == []
 
 
 @pytest.mark.parametrize("P,G", [(F32, F16), (F32, F64), (F64, F64)], ids=ids)

@@ -28,7 +28,7 @@ KERNELS = (
     "layernorm_fwd", "layernorm_bwd",                            # row kernels
     "softmax_causal_fwd", "softmax_causal_bwd",
     "flash_attention_fwd", "flash_attention_bwd",                # attention in blocks
-    "cross_entropy_fwd", "cross_entropy_bwd",
+    "cross_entropy_fwd", "cross_entropy_bwd", "cross_entropy_fwd_bwd",
     "embedding_fwd", "embedding_bwd",                            # gather and scatter-add
     "grad_norm_sq", "adamw_step",                                # optimizer
 )
@@ -83,6 +83,9 @@ FLOPS = {
     # per class of each row: a padded vocabulary's columns past n_classes are not computed
     "cross_entropy_fwd": lambda r, logits, *a, n_classes=None: 4 * logits[:, :n_classes].size,
     "cross_entropy_bwd": lambda r, logits, *a, n_classes=None: 4 * logits[:, :n_classes].size,
+    # max, subtract, exp, sum, scale: the backward's subtract and exp are the forward's
+    "cross_entropy_fwd_bwd": lambda r, logits, *a, n_classes=None, out=None:
+        5 * logits[:, :n_classes].size,
     "embedding_bwd": _per_element(1),
     "grad_norm_sq": _per_element(2),
     "adamw_step": _per_element(12),
@@ -100,6 +103,8 @@ EXPS = {
     "flash_attention_bwd": lambda r, q, k, *a: _flash_scores(q, k),   # P recomputed from lse
     "cross_entropy_fwd": lambda r, logits, *a, n_classes=None: logits[:, :n_classes].size,
     "cross_entropy_bwd": lambda r, logits, *a, n_classes=None: logits[:, :n_classes].size,
+    "cross_entropy_fwd_bwd": lambda r, logits, *a, n_classes=None, out=None:  # one for both
+        logits[:, :n_classes].size,
 }
 
 

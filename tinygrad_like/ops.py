@@ -381,8 +381,9 @@ class CrossEntropy(Function):
 
 
 # The fused LM head works through x (N, C) in blocks of this many rows. A block's logits and
-# dlogits (rows, Vp) are the head's largest temporaries: 2 x 51.5 MB in fp32 at Vp = 50,304,
-# where the plain head holds the whole batch's (2 x 205.9 MB at B = 8, T = 128). Each block
+# dlogits (rows, Vp) are the head's largest temporaries: 2 x 51.5 MB in fp32 at Vp = 50,304
+# (one buffer in the precompute design, whose dlogits overwrite the logits), where the plain
+# head holds the whole batch's (2 x 205.9 MB at B = 8, T = 128). Each block
 # also costs one pass over dW (Vp, C) to accumulate it, and thinner GEMMs: 512 rows step 2%
 # slower than the plain head on the CPU but save only 155 MB of peak; 256 rows save 258 MB
 # (more than the logits) for 7%. A block small enough for a core's L2 (4 MB: 20 rows) would
@@ -397,12 +398,10 @@ def _row_blocks(n):
     return [slice(lo, min(lo + HEAD_BLOCK_ROWS, n)) for lo in range(0, n, HEAD_BLOCK_ROWS)]
 
 
-def _block_grads(x, weight, rows, logits, lse, targets, dloss, n_classes, dx, dw):
-    """One block's share of the head's gradients: dlogits (rows, Vp) in the logits' dtype with
-    dloss folded in before rounding; writes the block's rows of dX (N, C) = dlogits wte and
-    returns dW (Vp, C) += dlogits^T x[rows], summed in the compute dtype (the first block's,
-    dw None, starts the sum)."""
-    dlogits = launch("cross_entropy_bwd", logits, lse, targets, dloss, n_classes=n_classes)
+def _block_grads(x, weight, rows, dlogits, dx, dw):
+    """One block's share of the head's gradients from its dlogits (rows, Vp): writes the block's
+    rows of dX (N, C) = dlogits wte and returns dW (Vp, C) += dlogits^T x[rows], summed in the
+    compute dtype (the first block's, dw None, starts the sum)."""
     launch("copy", dx[rows], launch("matmul", dlogits, weight))          # (rows, C)
     dw_rows = launch("matmul_tn", dlogits, x[rows])                      # (Vp, C)
     if dw is None:
@@ -410,19 +409,46 @@ def _block_grads(x, weight, rows, logits, lse, targets, dloss, n_classes, dx, dw
     return launch("add", dw, dw_rows, out=dw)
 
 
+def _precomputed_block(x, weight, rows, targets, unit, n_classes, dx, dw):
+    """The precompute design's work on one block -> (its losses, dW so far): its logits in fp32,
+    overwritten in place by their dlogits for dloss = unit (one pass, one exp per logit; the
+    loss needs no lse), then its dX rows and dW share. Its own function so that the block's
+    (rows, Vp) buffer is freed before the next block's logits exist."""
+    acc = dtypes.compute_dtype(x.dtype)
+    logits = _as(launch("matmul_nt", x[rows], weight), acc)              # (rows, Vp)
+    losses, dlogits = launch("cross_entropy_fwd_bwd", logits, targets[rows], unit,
+                             n_classes=n_classes, out=logits)
+    with profiler.math("backward"):
+        return losses, _block_grads(x, weight, rows, dlogits, dx, dw)
+
+
+def _recomputed_block(x, weight, rows, lse, targets, dloss, n_classes, dx, dw):
+    """The recompute design's backward on one block -> dW so far: its logits again (forward
+    math), their dlogits from the saved lse (N,) with dloss folded in before rounding, then its
+    dX rows and dW share."""
+    with profiler.math("forward"):
+        logits = launch("matmul_nt", x[rows], weight)                    # (rows, Vp)
+    dlogits = launch("cross_entropy_bwd", logits, lse[rows], targets[rows], dloss,
+                     n_classes=n_classes)
+    return _block_grads(x, weight, rows, dlogits, dx, dw)
+
+
 class LinearCrossEntropy(Function):
     """The tied LM head and the mean cross-entropy in one record: x (N, C), weight (Vp, C),
     targets (N,), -1 ignored -> fp32 scalar, the loss of Linear(transposed) + CrossEntropy over
     the first n_classes columns, with the same kernels. It works through blocks of
     HEAD_BLOCK_ROWS rows; a block's logits x[rows] wte^T (rows, Vp) are reduced to its losses
-    and log-sum-exp and dropped, so the logits of the whole batch never exist. Two designs:
+    (and what the design keeps) and dropped, so the logits of the whole batch never exist. Two
+    designs:
     - "recompute" saves x, the lse (N,) and the targets. The backward recomputes each block's
       logits (one more head GEMM, +2*C*Vp FLOPs per token, labeled forward math), then makes
       dlogits with the upstream gradient (and the fp16 loss scale) folded in before rounding,
       as CrossEntropy does, and the block's dX and dW GEMMs. dW accumulates over the blocks in
       fp32 (the compute dtype) and is rounded once, as the plain head's one GEMM is.
     - "precompute" forms the gradients for a unit upstream gradient in the forward, in fp32:
-      dX (N, C) and dW (Vp, C), which it saves (4*(N + Vp)*C bytes) instead of x. The backward
+      dX (N, C) and dW (Vp, C), which it saves (4*(N + Vp)*C bytes) instead of x. A block's
+      losses and dlogits come from one kernel (cross_entropy_fwd_bwd: one exp per logit, the
+      dlogits written over the logits, labeled forward math as the loss is). The backward
       multiplies them by the upstream gradient and rounds once, so the fp16 loss scale still
       never flushes a small gradient. No extra FLOPs, but the head's two backward GEMMs run in
       the forward phase (labeled backward math)."""
@@ -438,15 +464,14 @@ class LinearCrossEntropy(Function):
             ctx.dtypes = x.dtype, weight.dtype
         losses, lses = [], []
         for rows in _row_blocks(x.shape[0]):
-            logits = launch("matmul_nt", x[rows], weight)                 # (rows, Vp)
-            logits = _as(logits, acc) if precompute else logits
-            loss, lse = launch("cross_entropy_fwd", logits, targets[rows], n_classes=n_classes)
-            losses.append(loss)
-            lses.append(lse)
             if precompute:
-                with profiler.math("backward"):
-                    dw = _block_grads(x, weight, rows, logits, lse, targets[rows], unit,
-                                      n_classes, dx, dw)
+                loss, dw = _precomputed_block(x, weight, rows, targets, unit, n_classes, dx, dw)
+            else:
+                logits = launch("matmul_nt", x[rows], weight)             # (rows, Vp)
+                loss, lse = launch("cross_entropy_fwd", logits, targets[rows],
+                                   n_classes=n_classes)
+                lses.append(lse)
+            losses.append(loss)
         if precompute:
             ctx.save_for_backward(dx, dw)
         else:
@@ -463,10 +488,7 @@ class LinearCrossEntropy(Function):
         dloss = launch("mul", g, 1.0 / ctx.count)                # (,) fp32, stays on the device
         dx, dw = backend.of(x).empty(x.shape, x.dtype), None
         for rows in _row_blocks(x.shape[0]):
-            with profiler.math("forward"):
-                logits = launch("matmul_nt", x[rows], weight)             # (rows, Vp)
-            dw = _block_grads(x, weight, rows, logits, lse[rows], targets[rows], dloss,
-                              ctx.n_classes, dx, dw)
+            dw = _recomputed_block(x, weight, rows, lse, targets, dloss, ctx.n_classes, dx, dw)
         return dx, _as(dw, weight.dtype), None, None, None, None
 
 

@@ -180,8 +180,9 @@ def predicted_peak_bytes(config, batch_size, seq_len, dtype, attention="naive",
     """The tracker's peak over a step, from its three parts: the persistent state (16 bytes per
     stored element), everything saved, and the largest transient. The transient is the plain
     loss's dlogits (as large as the logits, alive beside them), or the fused head's one block
-    of logits and fp32 dlogits with (from the second block on) that block's fp32 dW before it
-    is summed; with
+    of fp32 logits, which its dlogits overwrite, beside that block's fp32 dW before it is
+    summed (from the second block on) or (fp16, bf16) beside the logits GEMM's output while it
+    is cast to fp32, before the dW (counted as saved) exists in a single block; with
     recomputation, one block's own activations may be larger."""
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
     stored = config.padding_cost()["elements"] + _stored_parameters(config)
@@ -193,7 +194,9 @@ def predicted_peak_bytes(config, batch_size, seq_len, dtype, attention="naive",
         transient = tokens * Vp * size
     else:
         rows = min(tokens, F.HEAD_BLOCK_ROWS)   # the first block's dW starts the sum in place
-        transient = rows * Vp * (size + 4) + (4 * Vp * config.n_embd if tokens > rows else 0)
+        logits, dw = rows * Vp * 4, 4 * Vp * config.n_embd
+        cast = rows * Vp * size if size < 4 else 0
+        transient = logits + (max(dw, cast) if tokens > rows else max(0, cast - dw))
     if recompute:
         block = predicted_activation_bytes(config, seq_len, dtype, attention)
         transient = max(transient, tokens * (block - config.n_embd * size))

@@ -578,6 +578,25 @@ def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
     return dlogits
 
 
+def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
+    """(losses (N,) fp32, dlogits (N, Vp)) of cross_entropy_fwd and cross_entropy_bwd in one
+    launch, one block per row (see softmax.cu), as cpu.py; dlogits into out when given (logits
+    itself, say), which must be a C-contiguous array of the logits' shape and dtype."""
+    logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
+    acc = dtypes.compute_dtype(logits.dtype)
+    if out is not None and not (out.shape == logits.shape and out.dtype == logits.dtype
+                                and out.flags.c_contiguous):
+        raise ValueError(f"cross_entropy_fwd_bwd: out {out.shape} {out.dtype} must be a "
+                         f"C-contiguous {logits.shape} {logits.dtype} array")
+    losses = cupy.empty(N, dtype=acc)
+    dlogits = cupy.empty_like(logits) if out is None else out
+    if N:
+        _kernel("softmax.cu", "cross_entropy_fwd_bwd", logits.dtype)(
+            (N,), (512,), (logits, targets, cupy.ascontiguousarray(dloss, dtype=acc).reshape(1),
+                           losses, dlogits, np.int32(V), np.int32(Vp)))
+    return losses, dlogits
+
+
 # ---------------------------------------------------------------- embedding
 
 def embedding_fwd(weight, idx):

@@ -1,5 +1,6 @@
 // Softmax rows: attention's causal softmax (forward and backward) and the cross-entropy loss
-// with its softmax over the vocabulary (forward and backward). Everything is computed in acc_t<T>.
+// with its softmax over the vocabulary (forward, backward, and both in one launch). Everything
+// is computed in acc_t<T>.
 #include "common.cuh"
 
 // Online softmax state over a set of values: m = their max, s = sum(exp(value - m)).
@@ -122,6 +123,54 @@ __global__ void cross_entropy_bwd(const T* logits, const acc_t<T>* lse, const lo
                                  : from_acc<T>(A(0));
 }
 
+// Cross-entropy forward and backward in one launch, for a caller that knows dloss in the forward
+// (the fused LM head's precompute design), as cpu.cross_entropy_fwd_bwd: losses (N,) acc_t<T>
+// (0 if ignored) and dlogits = exp(logit - max) * dloss / s - onehot(target) * dloss in the first
+// V columns, exactly 0 in the padding columns past V, zero rows for ignored targets, where
+// s = sum(exp(logit - max)). dlogits may be logits itself (the fused head writes in place): a
+// thread writes only the columns it read, after the block's reduction, and logit[target] is read
+// before it. Launch: one block per row, 512 threads.
+// Mirrors the CPU kernel's formula, not its passes: the CPU keeps its one exp per logit (its
+// bound) in the row's output and scales it there; here the max and s come from cross_entropy_fwd's
+// online pass and the write pass takes the exp again, which costs the same bytes as reading a
+// stored exp back (the row, 200 KB at GPT-2's vocabulary, is still in L2) and needs no fp32 row
+// buffer, which a half-precision dlogits could not be.
+template <typename T>
+__global__ void cross_entropy_fwd_bwd(const T* logits, const long long* targets,
+                                      const acc_t<T>* dloss, acc_t<T>* losses, T* dlogits, int V,
+                                      int Vp) {
+    typedef acc_t<T> A;
+    __shared__ A warp_m[32], warp_s[32], row_max, row_scale;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    const long long off = (long long)blockIdx.x * Vp;
+    const long long target = targets[blockIdx.x];
+    const A d = target >= 0 ? dloss[0] : A(0);
+
+    A m = neg_inf<A>(), s = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) online_add(m, s, to_acc(logits[off + v]));
+    warp_merge(m, s);
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_s[warp] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < nwarps ? warp_m[lane] : neg_inf<A>();
+        s = lane < nwarps ? warp_s[lane] : A(0);
+        warp_merge(m, s);
+        if (lane == 0) {
+            losses[blockIdx.x] = target >= 0 ? tg_log(s) + m - to_acc(logits[off + target]) : A(0);
+            row_max = m;
+            row_scale = d / s;
+        }
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < Vp; v += blockDim.x)
+        dlogits[off + v] = v < V ? from_acc<T>(tg_exp(to_acc(logits[off + v]) - row_max) * row_scale
+                                               - (v == target ? d : A(0)))
+                                 : from_acc<T>(A(0));
+}
+
 #ifdef TG_CHECK_INSTANTIATE
 // Every variant cuda.py launches (see elementwise.cu).
 void* tg_instances_softmax[] = {
@@ -133,5 +182,7 @@ void* tg_instances_softmax[] = {
     (void*)&cross_entropy_fwd<__nv_bfloat16>, (void*)&cross_entropy_fwd<double>,
     (void*)&cross_entropy_bwd<float>, (void*)&cross_entropy_bwd<__half>,
     (void*)&cross_entropy_bwd<__nv_bfloat16>, (void*)&cross_entropy_bwd<double>,
+    (void*)&cross_entropy_fwd_bwd<float>, (void*)&cross_entropy_fwd_bwd<__half>,
+    (void*)&cross_entropy_fwd_bwd<__nv_bfloat16>, (void*)&cross_entropy_fwd_bwd<double>,
 };
 #endif
