@@ -260,7 +260,8 @@ def _gemm(a, b, bias=None):
     transposed views (BLAS reads them as they are, without a copy), on all the cores."""
     a, b = _f32(a), _f32(b)
     (M, K), N = a.shape[-2:], b.shape[-1]
-    big = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) * M * K * N >= _GEMM_SPLIT
+    # multiply-adds: batch x M x K x N (a's batch or b's, whichever broadcasts over the other)
+    big = max(a.size // K, b.size // (K * N) * M) * K * N >= _GEMM_SPLIT
     if big and K >= _LONG_K * max(M, N):
         c = _gemm_k_halves(a, b)
     elif _BLAS_QUIET:
@@ -492,9 +493,11 @@ def dropout_fwd(x, p, seed):
 _TILE = 1 << 13
 
 
-def _row_tiled(vec):
-    """vec (C,) repeated k = _TILE // C times -> (k C,)."""
-    return np.tile(vec, max(1, _TILE // vec.shape[0]))
+def _row_tiled(vec, rows):
+    """vec (C,) repeated k = min(rows, _TILE // C) times -> (k C,): no more copies than rows
+    (a decode step's one row gets vec itself, a copy fewer per call)."""
+    k = max(1, min(rows, _TILE // vec.shape[0]))
+    return vec if k == 1 else np.tile(vec, k)
 
 
 def _long_rows(a, *tiled):
@@ -512,7 +515,7 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
     xs = x.reshape(-1, C)
     y = np.empty(xs.shape, dtype=x.dtype)
     mean, rstd = np.empty(xs.shape[0], dtype=stat), np.empty(xs.shape[0], dtype=stat)
-    wt, bt = _row_tiled(_f32(weight)), _row_tiled(_f32(bias))
+    wt, bt = _row_tiled(_f32(weight), xs.shape[0]), _row_tiled(_f32(bias), xs.shape[0])
 
     def rows(lo, hi):
         # six passes over the (r, C) chunk: row sums by einsum (3x faster than .mean here), the
@@ -551,7 +554,7 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     means, rstds = mean.reshape(-1, 1), rstd.reshape(-1, 1)
     dx = np.empty(xs.shape, dtype=x.dtype)
     stat = dtypes.compute_dtype(x.dtype)
-    wt = _row_tiled(_f32(weight))
+    wt = _row_tiled(_f32(weight), xs.shape[0])
     partials = {}
 
     def rows(lo, hi):
