@@ -261,7 +261,7 @@ def _gemm(a, b, bias=None):
     a, b = _f32(a), _f32(b)
     (M, K), N = a.shape[-2:], b.shape[-1]
     # multiply-adds: batch x M x K x N (a's batch or b's, whichever broadcasts over the other)
-    big = max(a.size // K, b.size // (K * N) * M) * K * N >= _GEMM_SPLIT
+    big = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2])) * M * K * N >= _GEMM_SPLIT
     if big and K >= _LONG_K * max(M, N):
         c = _gemm_k_halves(a, b)
     elif _BLAS_QUIET:
