@@ -392,18 +392,24 @@ def test_timer_and_pool_watcher():
 
 # ---------------------------------------------------------------- the padded vocabulary
 
+def padded_rows(dtype, N, V, Vp):
+    """-> (the accumulation dtype, logits (N, Vp) whose padding columns past V are huge,
+    targets (N,) with every fourth ignored and the last class used)."""
+    logits = rand((N, Vp), dtype, scale=3.0, seed=5)
+    logits[:, V:] = 1e4 if dtype != F16 else 6e4
+    targets = np.random.default_rng(6).integers(0, V, N)
+    targets[::4] = -1
+    targets[-1] = V - 1
+    return dtypes.compute_dtype(dtype), logits, targets
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 @pytest.mark.parametrize("N,V,Vp", [(33, 50257, 50304), (5, 11, 64), (1, 7, 8)])
 def test_cross_entropy_over_the_first_n_classes_of_padded_rows(dtype, N, V, Vp):
     """Rows of Vp columns, V classes (the padded LM head), against cpu.py: the padding columns
     (huge here, so a kernel that read them would show) take no probability, and the backward
     writes exactly 0 there."""
-    stat = dtypes.compute_dtype(dtype)
-    logits = rand((N, Vp), dtype, scale=3.0, seed=5)
-    logits[:, V:] = 1e4 if dtype != F16 else 6e4
-    targets = np.random.default_rng(6).integers(0, V, N)
-    targets[::4] = -1
-    targets[-1] = V - 1
+    stat, logits, targets = padded_rows(dtype, N, V, Vp)
     (losses, lse), (losses_ref, lse_ref) = both("cross_entropy_fwd", logits, targets, V)
     close(losses, losses_ref, stat)
     close(lse, lse_ref, stat)
@@ -418,12 +424,7 @@ def test_cross_entropy_over_the_first_n_classes_of_padded_rows(dtype, N, V, Vp):
 def test_cross_entropy_fwd_bwd_over_padded_rows(dtype, N, V, Vp):
     """The one-launch kernel against cpu.py's, on the padded rows above, also writing its
     dlogits over the logits (the fused head's call)."""
-    stat = dtypes.compute_dtype(dtype)
-    logits = rand((N, Vp), dtype, scale=3.0, seed=5)
-    logits[:, V:] = 1e4 if dtype != F16 else 6e4
-    targets = np.random.default_rng(6).integers(0, V, N)
-    targets[::4] = -1
-    targets[-1] = V - 1
+    stat, logits, targets = padded_rows(dtype, N, V, Vp)
     dloss = np.array([0.5], stat)
     (losses, dlogits), (losses_ref, dlogits_ref) = both("cross_entropy_fwd_bwd", logits,
                                                         targets, dloss, V)

@@ -69,21 +69,16 @@ __global__ void softmax_causal_bwd(const T* probs, const T* dprobs, T* dscores, 
         dscores[off + k] = from_acc<T>((to_acc(dprobs[off + k]) - dot) * to_acc(probs[off + k]) * scale);
 }
 
-// Cross-entropy forward over the vocabulary. logits: (N, Vp) rows, of which the first V columns
-// are the classes (Vp > V: the LM head's padded vocabulary, whose padding columns are not read);
-// targets: (N,) int64 in [0, V) (checked on the host by cuda.py) or -1 = ignored; losses, lse:
-// (N,) acc_t<T>. Launch: one block per row, 512 threads. Reads the row's V classes once with an
-// online max/sum, merges the per-thread states (warp shuffles, then shared memory) and writes
-// lse = log(sum) + max and loss = lse - logit[target] (0 if ignored), as cpu.cross_entropy_fwd.
+// The max m and s = sum(exp(x - m)) of one row's V classes x[0..V), for a block of threads:
+// each thread reads its columns once with an online max/sum, the states are merged by warp
+// shuffles, then across the warps through shared memory. The result is valid in thread 0.
 template <typename T>
-__global__ void cross_entropy_fwd(const T* logits, const long long* targets, acc_t<T>* losses,
-                                  acc_t<T>* lse, int V, int Vp) {
+__device__ void block_row_max_sum(const T* x, int V, acc_t<T>& m, acc_t<T>& s) {
     typedef acc_t<T> A;
     __shared__ A warp_m[32], warp_s[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    const T* x = logits + (long long)blockIdx.x * Vp;
-
-    A m = neg_inf<A>(), s = 0;
+    m = neg_inf<A>();
+    s = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) online_add(m, s, to_acc(x[v]));
     warp_merge(m, s);
     if (lane == 0) {
@@ -95,12 +90,27 @@ __global__ void cross_entropy_fwd(const T* logits, const long long* targets, acc
         m = lane < nwarps ? warp_m[lane] : neg_inf<A>();
         s = lane < nwarps ? warp_s[lane] : A(0);
         warp_merge(m, s);
-        if (lane == 0) {
-            const long long target = targets[blockIdx.x];
-            const A row_lse = tg_log(s) + m;
-            lse[blockIdx.x] = row_lse;
-            losses[blockIdx.x] = target >= 0 ? row_lse - to_acc(x[target]) : A(0);
-        }
+    }
+}
+
+// Cross-entropy forward over the vocabulary. logits: (N, Vp) rows, of which the first V columns
+// are the classes (Vp > V: the LM head's padded vocabulary, whose padding columns are not read);
+// targets: (N,) int64 in [0, V) (checked on the host by cuda.py) or -1 = ignored; losses, lse:
+// (N,) acc_t<T>. Launch: one block per row, 512 threads. Reads the row's V classes once
+// (block_row_max_sum) and writes lse = log(s) + m and loss = lse - logit[target] (0 if
+// ignored), as cpu.cross_entropy_fwd.
+template <typename T>
+__global__ void cross_entropy_fwd(const T* logits, const long long* targets, acc_t<T>* losses,
+                                  acc_t<T>* lse, int V, int Vp) {
+    typedef acc_t<T> A;
+    const T* x = logits + (long long)blockIdx.x * Vp;
+    A m, s;
+    block_row_max_sum(x, V, m, s);
+    if (threadIdx.x == 0) {
+        const long long target = targets[blockIdx.x];
+        const A row_lse = tg_log(s) + m;
+        lse[blockIdx.x] = row_lse;
+        losses[blockIdx.x] = target >= 0 ? row_lse - to_acc(x[target]) : A(0);
     }
 }
 
@@ -131,38 +141,25 @@ __global__ void cross_entropy_bwd(const T* logits, const acc_t<T>* lse, const lo
 // thread writes only the columns it read, after the block's reduction, and logit[target] is read
 // before it. Launch: one block per row, 512 threads.
 // Mirrors the CPU kernel's formula, not its passes: the CPU keeps its one exp per logit (its
-// bound) in the row's output and scales it there; here the max and s come from cross_entropy_fwd's
-// online pass and the write pass takes the exp again, which costs the same bytes as reading a
-// stored exp back (the row, 200 KB at GPT-2's vocabulary, is still in L2) and needs no fp32 row
-// buffer, which a half-precision dlogits could not be.
+// bound) in the row's output and scales it there; here the max and s come from the online pass
+// cross_entropy_fwd uses too (block_row_max_sum) and the write pass takes the exp again, which
+// costs the same bytes as reading a stored exp back (the row, 200 KB at GPT-2's vocabulary, is
+// still in L2) and needs no fp32 row buffer, which a half-precision dlogits could not be.
 template <typename T>
 __global__ void cross_entropy_fwd_bwd(const T* logits, const long long* targets,
                                       const acc_t<T>* dloss, acc_t<T>* losses, T* dlogits, int V,
                                       int Vp) {
     typedef acc_t<T> A;
-    __shared__ A warp_m[32], warp_s[32], row_max, row_scale;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    __shared__ A row_max, row_scale;
     const long long off = (long long)blockIdx.x * Vp;
     const long long target = targets[blockIdx.x];
     const A d = target >= 0 ? dloss[0] : A(0);
-
-    A m = neg_inf<A>(), s = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) online_add(m, s, to_acc(logits[off + v]));
-    warp_merge(m, s);
-    if (lane == 0) {
-        warp_m[warp] = m;
-        warp_s[warp] = s;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        m = lane < nwarps ? warp_m[lane] : neg_inf<A>();
-        s = lane < nwarps ? warp_s[lane] : A(0);
-        warp_merge(m, s);
-        if (lane == 0) {
-            losses[blockIdx.x] = target >= 0 ? tg_log(s) + m - to_acc(logits[off + target]) : A(0);
-            row_max = m;
-            row_scale = d / s;
-        }
+    A m, s;
+    block_row_max_sum(logits + off, V, m, s);
+    if (threadIdx.x == 0) {
+        losses[blockIdx.x] = target >= 0 ? tg_log(s) + m - to_acc(logits[off + target]) : A(0);
+        row_max = m;
+        row_scale = d / s;
     }
     __syncthreads();
     for (int v = threadIdx.x; v < Vp; v += blockDim.x)
