@@ -9,6 +9,7 @@ import numpy as np
 
 from tinygrad_like import backend
 from training import mfu
+from training.roofline import cpu_name, usable_cores
 
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
@@ -37,7 +38,7 @@ def environment_info(torch=None, device="cpu"):
     """CPU, NumPy and its BLAS (kernel set, threads), the BLAS variables, torch's threads and,
     on a GPU, its name and the CuPy and torch CUDA versions."""
     info = {"python": platform.python_version(), "numpy": np.__version__,
-            "cpu": _cpu_name(), "logical_cpus": os.cpu_count(), "affinity_cpus": _usable_cpus(),
+            "cpu": cpu_name(), "logical_cpus": os.cpu_count(), "affinity_cpus": usable_cores(),
             "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
             "blas": _blas_info(), "load_average": loadavg()}
     if torch is not None:
@@ -50,21 +51,6 @@ def environment_info(torch=None, device="cpu"):
         info["gpu"] = {"name": backend.get("cuda").device_name(), "cupy": cupy.__version__,
                        "torch_cuda": torch.version.cuda if torch is not None else None}
     return info
-
-
-def _usable_cpus():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def loadavg():
@@ -178,7 +164,7 @@ def foreign_share(before, after, wall):
     """The fraction of the machine's CPU time that other processes used during wall seconds
     (0 = we had the machine to ourselves; NaN where /proc/stat is missing)."""
     other = (after[0] - before[0]) - (after[1] - before[1])
-    return max(other, 0.0) / (wall * _usable_cpus()) if wall > 0 else 0.0
+    return max(other, 0.0) / (wall * usable_cores()) if wall > 0 else 0.0
 
 
 def timed(fn):

@@ -30,34 +30,26 @@ STEPS = 10
 RTOL = {"fp32": 1e-5, "bf16": 1e-4}
 
 
-def mpirun(ranks, args, out, script="examples/train_gpt2.py", env=None, timeout=120):
+def mpirun(ranks, args, out, data, script="examples/train_gpt2.py", env=None, timeout=120):
     """Run the training command on `ranks` processes -> CompletedProcess (text)."""
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     cmd = [MPIRUN, *root, "--oversubscribe", "-n", str(ranks), sys.executable, script,
-           *train_args(out), *args]
+           *train_args(out, data), *args]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def single(args, out):
-    cmd = [sys.executable, "examples/train_gpt2.py", *train_args(out), *args]
+def single(args, out, data):
+    cmd = [sys.executable, "examples/train_gpt2.py", *train_args(out, data), *args]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
-def train_args(out):
-    return ["--model", "gpt2-tiny", "--data-dir", DATA[0], "--out", str(out), "--device", "cpu",
+def train_args(out, data):
+    return ["--model", "gpt2-tiny", "--data-dir", data, "--out", str(out), "--device", "cpu",
             "--seq-len", "32", "--steps", str(STEPS), "--lr", "5e-3", "--min-lr", "5e-4",
             "--warmup", "2", "--eval-every", "5", "--eval-iters", "2", "--no-report"]
-
-
-DATA = []
-
-
-@pytest.fixture(autouse=True)
-def data(shakespeare):
-    DATA[:] = [shakespeare]
 
 
 def ok(run):
@@ -78,21 +70,22 @@ def assert_close(a, b, rtol=1e-5):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, shakespeare):
     """The reference: 1 process at --batch-size 8, fp32 and bf16 -> dtype -> run folder."""
-    DATA[:] = [shakespeare]
     runs = {}
     for dtype in ("fp32", "bf16"):
         out = tmp_path_factory.mktemp(f"one_{dtype}")
-        ok(single(["--batch-size", "8", "--dtype", dtype, "--quiet"], out))
+        ok(single(["--batch-size", "8", "--dtype", dtype, "--quiet"], out, shakespeare))
         runs[dtype] = out
     return runs
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("zero", [0, 1, 2])
-def test_two_ranks_train_what_one_process_trains(one_process, tmp_path, zero, dtype):
+def test_two_ranks_train_what_one_process_trains(one_process, shakespeare, tmp_path, zero,
+                                                  dtype):
     """2 ranks x B = 4 are 1 process x B = 8: the same sequences, the same losses (train and
     the split validation) and the same final weights, to 1e-5."""
-    run = ok(mpirun(2, ["--batch-size", "4", "--dtype", dtype, "--zero", str(zero)], tmp_path))
+    run = ok(mpirun(2, ["--batch-size", "4", "--dtype", dtype, "--zero", str(zero)], tmp_path,
+                    shakespeare))
     ref = one_process[dtype]
     rtol = RTOL[dtype]
     assert_close(losses(tmp_path), losses(ref), rtol)
@@ -173,26 +166,27 @@ def check_communication_table(stdout, dtype, zero):
     assert rows["total"][0] == rows["total"][1] == f"{total:,.0f}"
 
 
-def test_saved_on_two_ranks_resumes_on_one(one_process, tmp_path):
+def test_saved_on_two_ranks_resumes_on_one(one_process, shakespeare, tmp_path):
     """A run killed at step 7 by one rank's error: the job stops within 30 s naming the rank,
     the step-5 checkpoint loads, and resumed on 1 process it finishes with the losses of the
     uninterrupted 1-process run."""
     t0 = time.monotonic()
     run = mpirun(2, ["--batch-size", "4", "--zero", "1", "--save-every", "5"], tmp_path,
-                 script="tests/mpi_fault.py", env={"FAULT_RANK": "1", "FAULT_STEP": "7"})
+                 shakespeare, script="tests/mpi_fault.py",
+                 env={"FAULT_RANK": "1", "FAULT_STEP": "7"})
     assert run.returncode != 0
     assert time.monotonic() - t0 < 30
     assert "error: rank 1 of 2: RuntimeError: injected fault in step 7" in run.stderr
     state, arrays = checkpoint.load_trainer_state(str(tmp_path / "checkpoint"))
     assert state["step"] == 5 and state["world_size"] == 2 and arrays
-    ok(single(["--resume", str(tmp_path), "--quiet"], tmp_path))
+    ok(single(["--resume", str(tmp_path), "--quiet"], tmp_path, shakespeare))
     assert_close(losses(tmp_path), losses(one_process["fp32"]))
 
 
-def test_ranks_that_disagree_are_refused(tmp_path):
+def test_ranks_that_disagree_are_refused(shakespeare, tmp_path):
     """One rank with another --seed: refused at start-up, exit 2, one line from rank 0."""
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    base = [sys.executable, "examples/train_gpt2.py", *train_args(tmp_path)]
+    base = [sys.executable, "examples/train_gpt2.py", *train_args(tmp_path, shakespeare)]
     cmd = [MPIRUN, *root, "--oversubscribe", "-n", "1", *base, "--seed", "1", ":", "-n", "1",
            *base, "--seed", "2"]
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,

@@ -84,7 +84,10 @@ class Communicator:
         return [obj]
 
     def sum_scalar(self, value, what=""):
-        """The sum over ranks of a host float (a loss), counted as an 8-byte all_reduce."""
+        """The sum over ranks of a host float (a loss), counted as an 8-byte all_reduce; the
+        value itself in a world of one (no collective, nothing counted)."""
+        if self.size == 1:
+            return value
         buf = np.array([value], np.float64)
         self.all_reduce(buf, what)
         return float(buf[0])

@@ -14,6 +14,11 @@ from .measure import random_batch
 BAD_INPUT = (ValueError, FileNotFoundError, RuntimeError)  # what a user's mistake raises
 
 
+def flag(name):
+    """A setting's command-line flag: batch_size -> --batch-size."""
+    return "--" + name.replace("_", "-")
+
+
 def fail(message):
     """The one-line error and exit 2. Under mpirun every rank checks the same command line and
     meets the same error: rank 0 alone says it."""

@@ -15,7 +15,7 @@ from nn.gpt2 import check_options
 from tinygrad_like import backend, distributed
 
 from . import checkpoint
-from .args import BAD_INPUT, ArgumentParser, check_dtype, fail, user_errors
+from .args import BAD_INPUT, ArgumentParser, check_dtype, fail, flag, user_errors
 from .corpus import DEFAULT_DATA_DIR, prepare
 from .loop import Mismatch, RunConfig, Trainer
 
@@ -35,25 +35,21 @@ def _comments():
     return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", inspect.getsource(RunConfig), re.M))
 
 
-def _flag(name):
-    return "--" + name.replace("_", "-")
-
-
 def parser():
     p = ArgumentParser(description="Train GPT-2 on the Shakespeare default (or any prepared "
                        ".bin data) with the tinygrad_like autograd.")
     comments = _comments()
     for f in dataclasses.fields(RunConfig):
-        flag, text = _flag(f.name), comments[f.name]
+        name, text = flag(f.name), comments[f.name]
         if f.type is bool:  # on/off switches: --quiet turns one on, --no-save one off
             on = not f.default
-            p.add_argument(flag if on else "--no-" + flag[2:], dest=f.name, default=None,
+            p.add_argument(name if on else "--no-" + name[2:], dest=f.name, default=None,
                            action="store_true" if on else "store_false", help=text)
             continue
         if f.default is not None:
             gpu = GPU_DEFAULTS.get(f.name)
             text += f" (default {f.default}" + (f"; {gpu} on a GPU)" if gpu else ")")
-        p.add_argument(flag, type=f.type, help=text, metavar=f.name.upper())
+        p.add_argument(name, type=f.type, help=text, metavar=f.name.upper())
     return p
 
 
@@ -116,11 +112,11 @@ def resume_overrides(saved, given, folder):
         if name in NOT_RESTORED or name not in saved or value == saved[name]:
             continue
         if name in FIXED_ON_RESUME:
-            raise ValueError(f"{_flag(name)} {value} cannot change on resume: the run in "
+            raise ValueError(f"{flag(name)} {value} cannot change on resume: the run in "
                              f"{folder} was saved with {saved[name]} (start a new run with "
                              "--out elsewhere to change it)")
         if name != "steps":
-            notes.append(f"note: {_flag(name)} {_show(value)} overrides the saved "
+            notes.append(f"note: {flag(name)} {_show(value)} overrides the saved "
                          f"{_show(saved[name])}")
     return notes
 
@@ -132,13 +128,13 @@ def _show(value):
 def validate(cfg):
     for name in ("batch_size", "seq_len", "grad_accum", "steps", "eval_iters"):
         if getattr(cfg, name) <= 0:
-            raise ValueError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
+            raise ValueError(f"{flag(name)} must be positive, got {getattr(cfg, name)}")
     for name in ("warmup", "eval_every", "sample_every", "save_every", "max_skipped"):
         if getattr(cfg, name) < 0:
-            raise ValueError(f"{_flag(name)} must be >= 0, got {getattr(cfg, name)}")
+            raise ValueError(f"{flag(name)} must be >= 0, got {getattr(cfg, name)}")
     for f in dataclasses.fields(RunConfig):  # nan passes every comparison below
         if f.type is float and not math.isfinite(getattr(cfg, f.name)):
-            raise ValueError(f"{_flag(f.name)} must be a finite number, got "
+            raise ValueError(f"{flag(f.name)} must be a finite number, got "
                              f"{getattr(cfg, f.name)}")
     if cfg.zero not in (0, 1, 2):
         raise ValueError(f"--zero must be 0 (DDP), 1 (AdamW's state sharded) or 2 (and the "
@@ -147,7 +143,7 @@ def validate(cfg):
         raise ValueError(f"--lr must be positive, got {cfg.lr}")
     for name in ("min_lr", "weight_decay", "grad_clip"):
         if getattr(cfg, name) < 0:
-            raise ValueError(f"{_flag(name)} must be >= 0, got {getattr(cfg, name)}")
+            raise ValueError(f"{flag(name)} must be >= 0, got {getattr(cfg, name)}")
     if cfg.min_lr > cfg.lr:
         raise ValueError(f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the schedule decays "
                          "from --lr down to --min-lr")

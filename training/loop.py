@@ -24,6 +24,7 @@ from tinygrad_like.files import atomic_write
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
 from . import checkpoint, mfu, report
+from .args import flag
 from .corpus import DEFAULT_DATA_DIR
 from .data import DataLoader
 from .plot import plot_metrics, read_metrics
@@ -122,7 +123,7 @@ class Trainer:
         data file on one of them (distributed.Mismatch, raised on every rank)."""
         if self.comm.size == 1:
             return
-        mine = {**{f"--{k.replace('_', '-')}": v for k, v in vars(self.cfg).items()},
+        mine = {**{flag(k): v for k, v in vars(self.cfg).items()},
                 "the model": repr(self.model.config),
                 "train.bin": _file_fingerprint(self.train_data.path),
                 "val.bin": _file_fingerprint(self.val_path)}
@@ -173,9 +174,7 @@ class Trainer:
                             rank=self.comm.rank, world=self.comm.size)
         losses = [self.model(*loader.next_batch())[1].item() for _ in range(self.cfg.eval_iters)]
         self.model.train()
-        mean = float(np.mean(losses))
-        return self.comm.sum_scalar(mean, what="val loss") / self.comm.size \
-            if self.comm.size > 1 else mean
+        return self.comm.sum_scalar(float(np.mean(losses)), what="val loss") / self.comm.size
 
     def sample(self, prompt="\n", tokens=48):
         tok = get_tokenizer()

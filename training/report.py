@@ -18,6 +18,7 @@ import re
 
 import tinygrad_like.ops as F
 from tinygrad_like import backend, dtypes
+from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
@@ -384,7 +385,6 @@ def communication_table(collectives, predicted, world):
     """Bytes each rank sends in one step, per collective, predicted (predicted_collectives)
     beside measured (the distributed.Collective records of a step that ran), with the time
     and the achieved bus bandwidth (NCCL's busbw: bytes sent / time)."""
-    from tinygrad_like.distributed import sent_bytes
     ran = {}
     for c in collectives:
         r = ran.setdefault((c.name, c.what), [0, 0, 0.0, 0.0])

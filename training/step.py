@@ -23,6 +23,6 @@ def train_on(model, optimizer, batches, scaler=None, lr=None, watch=None):
     optimizer.zero_grad()
     parts = len(batches) * comm.size
     total = sum(forward_backward(model, x, y, scaler, parts, watch) for x, y in batches)
-    total = comm.sum_scalar(total, what="loss") if comm.size > 1 else total
+    total = comm.sum_scalar(total, what="loss")
     norm, skipped = optimizer.step(scaler, lr=lr)
     return total, norm, skipped
