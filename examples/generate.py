@@ -1,6 +1,7 @@
 """Sample text from a GPT-2 checkpoint: one written by examples/train_gpt2.py (its --out
 folder), by save_pretrained, or a Hugging Face GPT-2 directory. Streams tokens as they come,
 then prints prompt and generation speed."""
+
 import sys
 import time
 
@@ -42,20 +43,22 @@ def main(argv=None):
     with user_errors():
         if args.max_new_tokens <= 0 or args.num_samples <= 0:
             raise ValueError("--max-new-tokens and --num-samples must be positive")
-        check_sampling(args.temperature, args.top_k, args.top_p,
-                       names=("--temperature", "--top-k", "--top-p"))
+        check_sampling(
+            args.temperature, args.top_k, args.top_p, names=("--temperature", "--top-k", "--top-p")
+        )
         device = backend.check_device(args.device or backend.default_device())
         ckpt = find_checkpoint(args.checkpoint)
-        verify(ckpt)         # a training checkpoint's sha256 sums (a flipped byte still loads)
+        verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
         model = GPT2.from_pretrained(ckpt, dtype=args.dtype, device=device)
         tok = get_tokenizer()
         prompt = np.array([tok.encode(args.prompt, allow_special=True)])
         if prompt.size == 0:
             raise ValueError("--prompt is empty: give at least one character")
         # all checked before the prompt is printed: an error never follows half an output
-        model.config.check_context(prompt.shape[1] + args.max_new_tokens,
-                                   f"--prompt of {prompt.shape[1]} tokens + --max-new-tokens "
-                                   f"{args.max_new_tokens} =")
+        model.config.check_context(
+            prompt.shape[1] + args.max_new_tokens,
+            f"--prompt of {prompt.shape[1]} tokens + --max-new-tokens {args.max_new_tokens} =",
+        )
     for i in range(args.num_samples):
         print(f"--- sample {i + 1}" if args.num_samples > 1 else "---")
         stream(model, tok, prompt, args, seed=args.seed + i)
@@ -67,17 +70,20 @@ def stream(model, tok, prompt, args, seed):
     ids, shown = [], ""
     t0 = time.perf_counter()
     t_first = None
-    for token in model.generate_stream(prompt, args.max_new_tokens, args.temperature,
-                                       args.top_k, args.top_p, seed):
+    for token in model.generate_stream(
+        prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, seed
+    ):
         t_first = t_first or time.perf_counter()
         ids.append(int(token[0]))
-        text = tok.decode(ids)          # decode the whole tail: a character can span tokens
-        print(text[len(shown):], end="", flush=True)
+        text = tok.decode(ids)  # decode the whole tail: a character can span tokens
+        print(text[len(shown) :], end="", flush=True)
         shown = text
     t_end = time.perf_counter()
     decode_rate = (len(ids) - 1) / (t_end - t_first) if len(ids) > 1 else float("nan")
-    print(f"\n--- prompt: {prompt.shape[1]} tokens at {prompt.shape[1] / (t_first - t0):,.1f} "
-          f"tokens/s; generated: {len(ids)} tokens at {decode_rate:,.1f} tokens/s")
+    print(
+        f"\n--- prompt: {prompt.shape[1]} tokens at {prompt.shape[1] / (t_first - t0):,.1f} "
+        f"tokens/s; generated: {len(ids)} tokens at {decode_rate:,.1f} tokens/s"
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,22 @@
 """Neural-network modules: Module, the layers of GPT-2, and GPT2 itself."""
+
 from .gpt2 import GPT2, MLP, PRESETS, Block, CausalSelfAttention, GPT2Config, KVCache
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList, Parameter
 
-__all__ = ["GPT2", "GPT2Config", "PRESETS", "Block", "CausalSelfAttention", "MLP", "KVCache",
-           "Linear", "Embedding", "LayerNorm", "Dropout", "Module", "ModuleList", "Parameter"]
+__all__ = [
+    "GPT2",
+    "GPT2Config",
+    "PRESETS",
+    "Block",
+    "CausalSelfAttention",
+    "MLP",
+    "KVCache",
+    "Linear",
+    "Embedding",
+    "LayerNorm",
+    "Dropout",
+    "Module",
+    "ModuleList",
+    "Parameter",
+]

@@ -3,6 +3,7 @@
 Shapes: B batch, T tokens, C = n_embd channels, H = n_head heads of D = C / H, V = vocab,
 Vp = V padded to a multiple of VOCAB_MULTIPLE (the rows wte stores, the logits' columns).
 """
+
 import math
 from dataclasses import asdict, dataclass, replace
 
@@ -29,9 +30,9 @@ class GPT2Config:
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
-    n_positions: int = 1024           # the context length
+    n_positions: int = 1024  # the context length
     vocab_size: int = 50257
-    dropout: float = 0.0              # embedding and residual dropout (GPT-2's resid/embd_pdrop)
+    dropout: float = 0.0  # embedding and residual dropout (GPT-2's resid/embd_pdrop)
     layer_norm_epsilon: float = 1e-5
 
     def __post_init__(self):
@@ -58,8 +59,12 @@ class GPT2Config:
         extra GEMM FLOPs per token (forward 2·C·pad, backward twice that). The cross-entropy
         kernels skip the padding columns, so they add nothing there."""
         pad, C = self.padded_vocab_size - self.vocab_size, self.n_embd
-        return {"rows": pad, "elements": pad * C, "forward_flops_per_token": 2 * C * pad,
-                "backward_flops_per_token": 4 * C * pad}
+        return {
+            "rows": pad,
+            "elements": pad * C,
+            "forward_flops_per_token": 2 * C * pad,
+            "backward_flops_per_token": 4 * C * pad,
+        }
 
     def to_dict(self):
         return asdict(self)
@@ -68,21 +73,25 @@ class GPT2Config:
         """The one error for n_tokens positions that do not fit the context: '{what} {n_tokens}
         is longer than the context of ...'."""
         if n_tokens > self.n_positions:
-            raise ValueError(f"{what} {n_tokens} is longer than the context of "
-                             f"{self.n_positions} positions: shorten it")
+            raise ValueError(
+                f"{what} {n_tokens} is longer than the context of "
+                f"{self.n_positions} positions: shorten it"
+            )
 
 
 # How a GPT2 runs, not what it is (Hugging Face files never hold these): three trades of memory
 # for compute, each measured by the accounting report
 ATTENTION = ("naive", "flash")  # naive saves the (B, H, T, T) probabilities; flash one lse per row
-LM_HEAD = ("plain", "fused")    # plain materializes the (B·T, Vp) logits; fused works in row blocks
+LM_HEAD = ("plain", "fused")  # plain materializes the (B·T, Vp) logits; fused works in row blocks
 # recompute=True: each block saves only its input and re-runs its forward inside the backward
 
 
 def check_options(attention, lm_head, recompute):
     """The one check of the execution options (ValueError naming the choices)."""
-    for name, value, choices in (("attention", attention, ATTENTION),
-                                 ("lm_head", lm_head, LM_HEAD)):
+    for name, value, choices in (
+        ("attention", attention, ATTENTION),
+        ("lm_head", lm_head, LM_HEAD),
+    ):
         if value not in choices:
             raise ValueError(f"unknown {name} {value!r}: use one of {', '.join(choices)}")
     if not isinstance(recompute, bool):
@@ -91,7 +100,7 @@ def check_options(attention, lm_head, recompute):
 
 PRESETS = {
     # the public GPT-2 sizes
-    "gpt2": GPT2Config(12, 12, 768),                 # 124,439,808 parameters
+    "gpt2": GPT2Config(12, 12, 768),  # 124,439,808 parameters
     "gpt2-medium": GPT2Config(24, 16, 1024),
     "gpt2-large": GPT2Config(36, 20, 1280),
     "gpt2-xl": GPT2Config(48, 25, 1600),
@@ -106,18 +115,18 @@ class CausalSelfAttention(Module):
         super().__init__()
         C, L = config.n_embd, config.n_layer
         self.n_head = config.n_head
-        self.flash = False      # GPT2(attention="flash") sets it: FlashAttention, see ops.py
-        self.c_attn = Linear(C, 3 * C, rng=rng)                                # (C, 3C)
-        self.c_proj = Linear(C, C, std=0.02 / math.sqrt(2 * L), rng=rng)       # residual out
+        self.flash = False  # GPT2(attention="flash") sets it: FlashAttention, see ops.py
+        self.c_attn = Linear(C, 3 * C, rng=rng)  # (C, 3C)
+        self.c_proj = Linear(C, C, std=0.02 / math.sqrt(2 * L), rng=rng)  # residual out
         self.resid_dropout = Dropout(config.dropout)
 
     def forward(self, x, cache=None, layer=0):
         B, T, C = x.shape
         H = self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)                # 3 x (B, T, C), views
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C), views
         q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-        if cache is not None:                                   # decoding: attend to the past
-            k, v = cache.append(layer, k, v)                    # (B, H, Tpast + T, D)
+        if cache is not None:  # decoding: attend to the past
+            k, v = cache.append(layer, k, v)  # (B, H, Tpast + T, D)
         y = F.scaled_dot_product_attention(q, k, v, self.flash)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -157,8 +166,9 @@ class Block(Module):
 class Transformer(Module):
     def __init__(self, config, rng):
         super().__init__()
-        self.wte = Embedding(config.vocab_size, config.n_embd, rng=rng,
-                             padded_to=config.padded_vocab_size)   # (Vp, C), zero past V
+        self.wte = Embedding(
+            config.vocab_size, config.n_embd, rng=rng, padded_to=config.padded_vocab_size
+        )  # (Vp, C), zero past V
         self.wpe = Embedding(config.n_positions, config.n_embd, rng=rng)
         self.drop = Dropout(config.dropout)
         self.h = ModuleList([Block(config, rng) for _ in range(config.n_layer)])
@@ -174,7 +184,7 @@ class KVCache:
         empty = backend.of(like.data).empty
         self.k = [empty(shape, like.dtype) for _ in range(config.n_layer)]
         self.v = [empty(shape, like.dtype) for _ in range(config.n_layer)]
-        self.length = 0        # positions already stored (before the current forward)
+        self.length = 0  # positions already stored (before the current forward)
         self.max_len = max_len
 
     def append(self, layer, k, v):
@@ -186,8 +196,15 @@ class KVCache:
 
 
 class GPT2(Module):
-    def __init__(self, config: GPT2Config, seed=0, device=None, attention="naive",
-                 lm_head="plain", recompute=False):
+    def __init__(
+        self,
+        config: GPT2Config,
+        seed=0,
+        device=None,
+        attention="naive",
+        lm_head="plain",
+        recompute=False,
+    ):
         super().__init__()
         check_options(attention, lm_head, recompute)
         self.config = config
@@ -218,10 +235,12 @@ class GPT2(Module):
             raise ValueError("GPT2 got an empty sequence (T = 0): give at least one token")
         start = cache.length if cache is not None else 0
         if start + T > self.config.n_positions:
-            raise ValueError(f"sequence of {start + T} tokens is longer than the context of "
-                             f"{self.config.n_positions}: shorten it (or --seq-len)")
+            raise ValueError(
+                f"sequence of {start + T} tokens is longer than the context of "
+                f"{self.config.n_positions}: shorten it (or --seq-len)"
+            )
         tr = self.transformer
-        x = tr.wte(idx) + tr.wpe(np.arange(start, start + T))     # (B, T, C) + (T, C)
+        x = tr.wte(idx) + tr.wpe(np.arange(start, start + T))  # (B, T, C) + (T, C)
         x = tr.drop(x)
         for i, block in enumerate(tr.h):
             x = block(x, cache, i)
@@ -229,24 +248,24 @@ class GPT2(Module):
             cache.length += T
         x = tr.ln_f(x)
         if last_only:
-            x = x[:, -1:, :]                                     # (B, 1, C)
+            x = x[:, -1:, :]  # (B, 1, C)
         V = self.config.vocab_size
         if targets is not None:
             targets = np.asarray(targets)
             if targets.shape != (B, T):
                 raise ValueError(f"targets of shape {targets.shape} do not match ids {idx.shape}")
             if self.options["lm_head"] == "fused":
-                with autograd.scope("lm_head"):                  # the head and the loss
-                    return None, F.linear_cross_entropy(x.reshape(B * T, -1), tr.wte.weight,
-                                                        targets.reshape(-1), n_classes=V)
+                with autograd.scope("lm_head"):  # the head and the loss
+                    return None, F.linear_cross_entropy(
+                        x.reshape(B * T, -1), tr.wte.weight, targets.reshape(-1), n_classes=V
+                    )
         with autograd.scope("lm_head"):
             padded = F.linear(x, tr.wte.weight, transposed=True)  # (B, T, Vp), tied to wte
-            logits = padded[:, :, :V]                              # (B, T, V), a view
+            logits = padded[:, :, :V]  # (B, T, V), a view
         loss = None
         if targets is not None:
             with autograd.scope("loss"):
-                loss = F.cross_entropy(padded.reshape(B * T, -1), targets.reshape(-1),
-                                       n_classes=V)
+                loss = F.cross_entropy(padded.reshape(B * T, -1), targets.reshape(-1), n_classes=V)
         return logits, loss
 
     # ---- Hugging Face format
@@ -254,10 +273,12 @@ class GPT2(Module):
     def from_pretrained(cls, path, dtype=None, device=None, **options):
         """options: attention, lm_head, recompute (see ATTENTION, LM_HEAD)."""
         from .hf import load_pretrained
+
         return load_pretrained(cls, path, dtype=dtype, device=device, **options)
 
     def save_pretrained(self, path, state=None):
         from .hf import save_pretrained
+
         save_pretrained(self, path, state)
 
     # ---- generation
@@ -267,8 +288,9 @@ class GPT2(Module):
         new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, seed))
         return np.concatenate([idx] + [t[:, None] for t in new], axis=1)
 
-    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                        seed=None):
+    def generate_stream(
+        self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None
+    ):
         """An iterator over each new token column (B,) as it is sampled. The prompt goes
         through the model once, filling the KV cache; then every step feeds just the one new
         token. Bad arguments raise here, not at the first next()."""
@@ -278,20 +300,23 @@ class GPT2(Module):
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if T + max_new_tokens > self.config.n_positions:
-            raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens = "
-                             f"{T + max_new_tokens} is longer than the context of "
-                             f"{self.config.n_positions}")
+            raise ValueError(
+                f"prompt of {T} tokens + {max_new_tokens} new tokens = "
+                f"{T + max_new_tokens} is longer than the context of "
+                f"{self.config.n_positions}"
+            )
         cache = KVCache(self.config, B, T + max_new_tokens, self.transformer.wte.weight)
-        return self._decode(idx, max_new_tokens, cache, temperature, top_k, top_p,
-                            np.random.default_rng(seed))
+        return self._decode(
+            idx, max_new_tokens, cache, temperature, top_k, top_p, np.random.default_rng(seed)
+        )
 
     def _decode(self, idx, max_new_tokens, cache, temperature, top_k, top_p, rng):
         modules = [m for _, m in self.named_modules()]
         feed = idx
         for _ in range(max_new_tokens):
-            logits = self._infer(feed, cache, modules)               # (B, V) fp32, host
-            token = sample(logits, temperature, top_k, top_p, rng)   # (B,)
-            yield token                  # outside no_grad/eval: the caller's code runs as usual
+            logits = self._infer(feed, cache, modules)  # (B, V) fp32, host
+            token = sample(logits, temperature, top_k, top_p, rng)  # (B,)
+            yield token  # outside no_grad/eval: the caller's code runs as usual
             feed = token[:, None]
 
     def _infer(self, idx, cache, modules):
@@ -314,6 +339,8 @@ def _prompt(idx):
     if idx.ndim == 1:
         idx = idx[None]
     if idx.ndim != 2 or idx.shape[1] == 0:
-        raise ValueError(f"a prompt needs at least one token, as ids of shape (T,) or (B, T); "
-                         f"got shape {idx.shape}")
+        raise ValueError(
+            f"a prompt needs at least one token, as ids of shape (T,) or (B, T); "
+            f"got shape {idx.shape}"
+        )
     return idx

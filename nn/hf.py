@@ -5,6 +5,7 @@ gpt2 upload); the causal-mask buffers attn.bias / attn.masked_bias are ignored, 
 lm_head.weight, which is tied to transformer.wte.weight. Weights are written in fp32 with
 metadata {"format": "pt"}, so transformers' GPT2LMHeadModel.from_pretrained loads them as is.
 """
+
 import json
 import os
 
@@ -18,6 +19,7 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 def read_config(path):
     from .gpt2 import GPT2Config
+
     check_dir(path)
     file = os.path.join(path, CONFIG)
     try:
@@ -28,9 +30,13 @@ def read_config(path):
     if not isinstance(hf, dict):
         raise ValueError(f"{file}: expected a JSON object, found {type(hf).__name__}")
     try:
-        fields = dict(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
-                      n_positions=hf.get("n_positions", hf.get("n_ctx", 1024)),
-                      vocab_size=hf["vocab_size"])
+        fields = dict(
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            n_embd=hf["n_embd"],
+            n_positions=hf.get("n_positions", hf.get("n_ctx", 1024)),
+            vocab_size=hf["vocab_size"],
+        )
     except KeyError as e:
         raise ValueError(f"{file} has no {e.args[0]!r}: is it a GPT-2 config?") from None
     for name, value in fields.items():  # a corrupt file must not build a model of any shape
@@ -48,19 +54,22 @@ def check_dir(path):
         raise FileNotFoundError(
             f"{path} is not a GPT-2 checkpoint: expected {CONFIG} and {WEIGHTS} in it "
             f"(missing: {', '.join(missing)}). Train one with examples/train_gpt2.py --out DIR, "
-            "or point at a Hugging Face GPT-2 directory.")
+            "or point at a Hugging Face GPT-2 directory."
+        )
 
 
 def read_state(path):
     """The tensors of a checkpoint as NumPy arrays, with the prefix-free keys mapped to ours."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
+
     file = os.path.join(path, WEIGHTS)
     try:
         tensors = load_file(file)
     except (SafetensorError, OSError) as e:
-        raise ValueError(f"{file}: cannot be read ({e}); the file is truncated or "
-                         "corrupt") from None
+        raise ValueError(
+            f"{file}: cannot be read ({e}); the file is truncated or corrupt"
+        ) from None
     state = {}
     for key, array in tensors.items():
         if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
@@ -78,13 +87,24 @@ def load_pretrained(cls, path, dtype=None, device=None, **options):
 
 def hf_config(config):
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "activation_function": "gelu_new", "n_layer": config.n_layer,
-        "n_head": config.n_head, "n_embd": config.n_embd, "n_positions": config.n_positions,
-        "n_ctx": config.n_positions, "n_inner": None, "vocab_size": config.vocab_size,
-        "layer_norm_epsilon": config.layer_norm_epsilon, "initializer_range": 0.02,
-        "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": 0.0,
-        "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True,
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_embd": config.n_embd,
+        "n_positions": config.n_positions,
+        "n_ctx": config.n_positions,
+        "n_inner": None,
+        "vocab_size": config.vocab_size,
+        "layer_norm_epsilon": config.layer_norm_epsilon,
+        "initializer_range": 0.02,
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": 0.0,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "tie_word_embeddings": True,
         "torch_dtype": "float32",
     }
 
@@ -93,9 +113,9 @@ def save_pretrained(model, path, state=None):
     """Write config.json and model.safetensors atomically (temp file, fsync, rename).
     state: name -> array to write instead of the model's own weights (the fp32 master)."""
     from safetensors.numpy import save
+
     state = state if state is not None else model.state_dict()
     tensors = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
     os.makedirs(path, exist_ok=True)
     atomic_write(os.path.join(path, WEIGHTS), save(tensors, metadata={"format": "pt"}))
-    atomic_write(os.path.join(path, CONFIG),
-                 json.dumps(hf_config(model.config), indent=2).encode())
+    atomic_write(os.path.join(path, CONFIG), json.dumps(hf_config(model.config), indent=2).encode())

@@ -1,4 +1,5 @@
 """The layers GPT-2 is made of. Weights are stored as GPT-2's checkpoints store them."""
+
 import numpy as np
 
 import tinygrad_like.ops as F

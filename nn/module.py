@@ -4,6 +4,7 @@ Parameters are Tensors that require grad and are tagged 'weights' in the memory 
 state_dict() names come from attribute names, so a GPT2 built from transformer.wte,
 transformer.h.0.attn.c_attn, ... has exactly Hugging Face's GPT-2 keys.
 """
+
 import math
 
 import numpy as np
@@ -32,7 +33,7 @@ class Parameter(Tensor):
 
     def unpadded(self, array):
         """The parameter rows of an array of this parameter's shape (a view)."""
-        return array if self.rows is None else array[:self.rows]
+        return array if self.rows is None else array[: self.rows]
 
     def assign(self, array):
         """Rebind to a new buffer (a cast copy, or a view into the optimizer's flat buffer)."""
@@ -119,8 +120,9 @@ class Module:
     # ---- state
     def state_dict(self):
         """name -> NumPy array (a host copy of the parameter rows), in the parameters' own dtype."""
-        return {name: np.array(p.unpadded(p.numpy()), copy=True)
-                for name, p in self.named_parameters()}
+        return {
+            name: np.array(p.unpadded(p.numpy()), copy=True) for name, p in self.named_parameters()
+        }
 
     def load_state_dict(self, state, strict=True):
         """Check every key and shape first, then copy: a bad state dict loads nothing."""
@@ -134,11 +136,14 @@ class Module:
             problems.append(f"unexpected keys: {', '.join(extra)}")
         for name, p in params.items():
             if name in state and tuple(state[name].shape) != p.unpadded_shape:
-                problems.append(f"{name}: checkpoint has shape {tuple(state[name].shape)}, "
-                                f"model expects {p.unpadded_shape}")
+                problems.append(
+                    f"{name}: checkpoint has shape {tuple(state[name].shape)}, "
+                    f"model expects {p.unpadded_shape}"
+                )
         if problems:
-            raise ValueError("state dict does not match the model (nothing was loaded): "
-                             + "; ".join(problems))
+            raise ValueError(
+                "state dict does not match the model (nothing was loaded): " + "; ".join(problems)
+            )
         with autograd.no_grad():
             for name, p in params.items():
                 src = np.ascontiguousarray(state[name]).astype(p.dtype)

@@ -1,16 +1,19 @@
 """Choosing the next token from the last position's logits (B, V), on the host in fp32."""
+
 import math
 
 import numpy as np
 
 
-def check_sampling(temperature=1.0, top_k=None, top_p=None,
-                   names=("temperature", "top_k", "top_p")):
+def check_sampling(
+    temperature=1.0, top_k=None, top_p=None, names=("temperature", "top_k", "top_p")
+):
     """ValueError naming the first bad sampling argument (as names spells them: a command
     line passes its flags). nan fails every comparison, so each test is written to refuse it."""
     t, k, p = names
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-            and temperature >= 0):
+    if not (
+        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0
+    ):
         raise ValueError(f"{t} must be a finite number >= 0, got {temperature}")
     if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
         raise ValueError(f"{k} must be an integer >= 1, got {top_k}")

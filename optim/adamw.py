@@ -31,6 +31,7 @@ Bytes per parameter per rank (2-byte dtype): 16; 2 + 2 + 12/R; 2 + (2 + 12)/R.
 The gradient norm is the global one (each rank's shard's sum of squares, all-reduced), so
 clipping and the fp16 overflow decision are the same on every rank.
 """
+
 import math
 
 import numpy as np
@@ -41,10 +42,20 @@ from tinygrad_like.memory import TRACKER
 
 
 class AdamW:
-    def __init__(self, named_params, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                 grad_clip=0.0, dtype=None, comm=None, zero=0):
+    def __init__(
+        self,
+        named_params,
+        lr=6e-4,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay=0.1,
+        grad_clip=0.0,
+        dtype=None,
+        comm=None,
+        zero=0,
+    ):
         named = list(named_params.items() if isinstance(named_params, dict) else named_params)
-        if named and not isinstance(named[0], tuple):          # plain parameters: number them
+        if named and not isinstance(named[0], tuple):  # plain parameters: number them
             named = [(str(i), p) for i, p in enumerate(named)]
         if not named:
             raise ValueError("AdamW got no parameters")
@@ -78,17 +89,20 @@ class AdamW:
         for p, (a, b) in zip(self.params, self.spans.values()):
             weights = kernels.launch("cast", p.data, dtypes.float32).reshape(-1)
             kernels.launch("copy", master[a:b], weights)
-        if self.padding:                          # stays 0 in every buffer, like wte's rows
+        if self.padding:  # stays 0 in every buffer, like wte's rows
             kernels.launch("fill", master[n:], 0)
-        self.comm.broadcast(master, what="weights")   # every rank starts from rank 0's
+        self.comm.broadcast(master, what="weights")  # every rank starts from rank 0's
         if self.dtype == dtypes.float32:
-            self.working = None                   # the master is the working copy
+            self.working = None  # the master is the working copy
             self.master = master
             TRACKER.register(self.master, "weights")
         else:
             self.working = kernels.launch("cast", master, self.dtype)
-            self.master = master if not self.zero else kernels.launch(
-                "copy", be.empty((size,), dtypes.float32), master[lo:hi])
+            self.master = (
+                master
+                if not self.zero
+                else kernels.launch("copy", be.empty((size,), dtypes.float32), master[lo:hi])
+            )
             TRACKER.register(self.master, "master")
             TRACKER.register(self.working, "weights")
         self.m = kernels.launch("fill", be.empty((size,), dtypes.float32), 0)
@@ -98,9 +112,9 @@ class AdamW:
         weights = self.master if self.working is None else self.working
         for p, (a, b) in zip(self.params, self.spans.values()):
             p.assign(weights[a:b].reshape(p.shape))
-        self.grad = None          # what the backward accumulates into: all numel elements
-        self.grad_shard = None    # the reduced gradient of this rank's shard (step())
-        if self.zero == 2:        # what a rank keeps: its shard, copied out of the reduce-scatter
+        self.grad = None  # what the backward accumulates into: all numel elements
+        self.grad_shard = None  # the reduced gradient of this rank's shard (step())
+        if self.zero == 2:  # what a rank keeps: its shard, copied out of the reduce-scatter
             self.grad_kept = be.empty((size,), self.dtype)
             TRACKER.register(self.grad_kept, "gradients")
         else:
@@ -128,7 +142,7 @@ class AdamW:
             self.grad_shard = self.grad
             return
         self.grad_shard = self.comm.reduce_scatter(self.grad, what="gradients")
-        if self.zero == 2:        # the full buffer dies here; zero_grad() makes the next one
+        if self.zero == 2:  # the full buffer dies here; zero_grad() makes the next one
             self.grad_shard = kernels.launch("copy", self.grad_kept, self.grad_shard)
             self.grad = None
             for p in self.params:
@@ -150,15 +164,28 @@ class AdamW:
             b1, b2 = self.betas
             master = self.master[lo:hi] if self.working is None else self.master
             working = None if self.working is None else self.working[lo:hi]
-            kernels.launch("adamw_step", master, self.grad_shard, self.m, self.v, working,
-                           norm_sq, lr=self.lr, beta1=b1, beta2=b2, eps=self.eps,
-                           weight_decay=self.weight_decay,
-                           n_decay=min(max(self.n_decay - lo, 0), hi - lo),
-                           step=self.step_count + 1, inv_scale=inv_scale,
-                           max_norm=self.grad_clip)
+            kernels.launch(
+                "adamw_step",
+                master,
+                self.grad_shard,
+                self.m,
+                self.v,
+                working,
+                norm_sq,
+                lr=self.lr,
+                beta1=b1,
+                beta2=b2,
+                eps=self.eps,
+                weight_decay=self.weight_decay,
+                n_decay=min(max(self.n_decay - lo, 0), hi - lo),
+                step=self.step_count + 1,
+                inv_scale=inv_scale,
+                max_norm=self.grad_clip,
+            )
             if self.zero:
-                self.comm.all_gather(self.master if self.working is None else self.working,
-                                     what="weights")
+                self.comm.all_gather(
+                    self.master if self.working is None else self.working, what="weights"
+                )
         scaled = float(backend.of(norm_sq).to_numpy(norm_sq)[0])
         overflow = not math.isfinite(scaled)
         if scaler is not None:
@@ -176,9 +203,15 @@ class AdamW:
         """Arrays (m and v per parameter, fp32) and scalars (step, hyperparameters)."""
         arrays = {f"m.{k}": v for k, v in self._unflatten(self._gathered(self.m)).items()}
         arrays.update({f"v.{k}": v for k, v in self._unflatten(self._gathered(self.v)).items()})
-        scalars = {"step": self.step_count, "lr": self.lr, "betas": list(self.betas),
-                   "eps": self.eps, "weight_decay": self.weight_decay,
-                   "grad_clip": self.grad_clip, "dtype": dtypes.name(self.dtype)}
+        scalars = {
+            "step": self.step_count,
+            "lr": self.lr,
+            "betas": list(self.betas),
+            "eps": self.eps,
+            "weight_decay": self.weight_decay,
+            "grad_clip": self.grad_clip,
+            "dtype": dtypes.name(self.dtype),
+        }
         return arrays, scalars
 
     def load_state_dict(self, arrays, scalars):
@@ -187,20 +220,24 @@ class AdamW:
         expected = {f"{b}.{n}" for b in "mv" for n in self.names}
         if set(arrays) != expected:
             missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
-            raise ValueError(f"optimizer state does not match the model (nothing loaded): "
-                             f"missing {missing[:5]}, unexpected {extra[:5]}")
+            raise ValueError(
+                f"optimizer state does not match the model (nothing loaded): "
+                f"missing {missing[:5]}, unexpected {extra[:5]}"
+            )
         params = dict(zip(self.names, self.params))
         for key, array in arrays.items():
             n = params[key[2:]].unpadded_numel()
             if array.size != n:
-                raise ValueError(f"optimizer state {key} has {array.size} values, the "
-                                 f"parameter has {n} (nothing loaded)")
+                raise ValueError(
+                    f"optimizer state {key} has {array.size} values, the "
+                    f"parameter has {n} (nothing loaded)"
+                )
         lo, hi = self.shard
         for buf, letter in ((self.m, "m"), (self.v, "v")):
-            flat = np.zeros(self.numel, np.float32)   # padding rows and the tail stay 0
-            for name, (a, _) in self.spans.items():   # the parameter rows lead
+            flat = np.zeros(self.numel, np.float32)  # padding rows and the tail stay 0
+            for name, (a, _) in self.spans.items():  # the parameter rows lead
                 array = np.asarray(arrays[f"{letter}.{name}"], np.float32).reshape(-1)
-                flat[a:a + array.size] = array
+                flat[a : a + array.size] = array
             kernels.launch("copy", buf, self.be.asarray(flat[lo:hi]))
         self.step_count = int(scalars["step"])
 
@@ -217,5 +254,7 @@ class AdamW:
     def _unflatten(self, flat):
         """name -> fp32 host array of the parameter rows (no padding rows)."""
         host = backend.of(flat).to_numpy(flat)
-        return {name: p.unpadded(host[lo:hi].reshape(p.shape)).astype(np.float32)
-                for p, (name, (lo, hi)) in zip(self.params, self.spans.items())}
+        return {
+            name: p.unpadded(host[lo:hi].reshape(p.shape)).astype(np.float32)
+            for p, (name, (lo, hi)) in zip(self.params, self.spans.items())
+        }

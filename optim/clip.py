@@ -2,6 +2,7 @@
 torch.nn.utils.clip_grad_norm_. The trainer does not call it: AdamW(grad_clip=...) clips inside
 its fused step from the norm it already computes, with no extra pass over the gradients. This is
 for a loop of a user's own, with any optimizer."""
+
 import math
 
 from tinygrad_like import Tensor, backend, kernels

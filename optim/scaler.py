@@ -10,12 +10,19 @@ there even a loss gradient of 1 times S is under fp16's smallest subnormal (2^-2
 scaled gradient would flush to zero. The trainer stops there (training/loop.py), or after too
 many skipped steps in a row (skips_in_a_row), whichever comes first.
 """
-MIN_SCALE = 2.0 ** -24
+
+MIN_SCALE = 2.0**-24
 
 
 class LossScaler:
-    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, dynamic=True):
+    def __init__(
+        self,
+        init_scale=2.0**16,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=2000,
+        dynamic=True,
+    ):
         if init_scale <= 0:
             raise ValueError(f"loss scale must be positive, got {init_scale}")
         self.scale = float(init_scale)
@@ -45,11 +52,16 @@ class LossScaler:
                 self.good_steps = 0
 
     def state_dict(self):
-        return {"scale": self.scale, "good_steps": self.good_steps,
-                "skipped_steps": self.skipped_steps, "skips_in_a_row": self.skips_in_a_row,
-                "growth_factor": self.growth_factor,
-                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "dynamic": self.dynamic}
+        return {
+            "scale": self.scale,
+            "good_steps": self.good_steps,
+            "skipped_steps": self.skipped_steps,
+            "skips_in_a_row": self.skips_in_a_row,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+            "dynamic": self.dynamic,
+        }
 
     def load_state_dict(self, state):
         for key, value in state.items():

@@ -1,4 +1,5 @@
 """Learning-rate schedules: linear warmup, then cosine decay to a minimum (GPT-2 / nanoGPT)."""
+
 import math
 
 

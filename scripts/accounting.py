@@ -6,6 +6,7 @@
 The measurement runs one untimed and one profiled training step on a fresh model, then one
 decode step with a KV cache; see training/report.py for what each section measures.
 """
+
 import time
 
 from nn import GPT2Config
@@ -21,12 +22,17 @@ from training.args import (
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description="Predicted versus measured FLOPs, bytes, memory and "
-                       "launches of a GPT-2 training step.")
+    p = ArgumentParser(
+        description="Predicted versus measured FLOPs, bytes, memory and "
+        "launches of a GPT-2 training step."
+    )
     add_step_args(p, model="gpt2")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
-    p.add_argument("--budget-gb", type=float, help="memory for the largest-batch table "
-                   "(default: the GPU's memory, or 8 GB on a CPU)")
+    p.add_argument(
+        "--budget-gb",
+        type=float,
+        help="memory for the largest-batch table (default: the GPU's memory, or 8 GB on a CPU)",
+    )
     return p.parse_args(argv)
 
 
@@ -42,8 +48,7 @@ def main(argv=None):
         config = GPT2Config.from_preset(args.model)
         batch = batch_from_args(args, config.vocab_size)
     t0 = time.perf_counter()
-    m = measure.measure(config, args.dtype, args.device, batch=batch, warmup=args.warmup,
-                        **options)
+    m = measure.measure(config, args.dtype, args.device, batch=batch, warmup=args.warmup, **options)
     print(f"model {args.model}: measured in {time.perf_counter() - t0:.1f} s")
     print(report.format_report(m, args.budget_gb and args.budget_gb * 1e9))
 

@@ -36,6 +36,7 @@ OPENBLAS_L2_SIZE) in the environment override that choice. The header names the 
 use; to measure what a current NumPy does on this CPU, unset both for that command alone:
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench.py
 """
+
 import dataclasses
 import json
 import os
@@ -70,37 +71,67 @@ PEER_NAMES = {"torch": "torch eager", "torch_compiled": "torch.compile", "hf": "
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description="Benchmark a training step and generation on the CPU or a "
-                       "GPU, against PyTorch and Hugging Face when installed.")
+    p = ArgumentParser(
+        description="Benchmark a training step and generation on the CPU or a "
+        "GPU, against PyTorch and Hugging Face when installed."
+    )
     add_model_args(p, model="gpt2-mini", batch_size=8, seq_len=128)
     add_option_args(p)
     p.add_argument("--steps", type=int, default=5, help="timed steps per round (default 5)")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="rounds of timed steps, ours then the peers in each (default 2)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds of timed steps, ours then the peers in each (default 2)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW's learning rate (default 1e-4)")
-    p.add_argument("--weight-decay", type=float, default=0.1,
-                   help="AdamW's decoupled weight decay (default 0.1)")
+    p.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.1,
+        help="AdamW's decoupled weight decay (default 0.1)",
+    )
     p.add_argument("--grad-clip", type=float, default=1.0, help="as training (0 = off)")
-    p.add_argument("--prompt-len", type=int, default=64,
-                   help="prompt tokens of the generation benchmark (default 64)")
-    p.add_argument("--new-tokens", type=int, default=64,
-                   help="tokens generated after the prompt (default 64)")
+    p.add_argument(
+        "--prompt-len",
+        type=int,
+        default=64,
+        help="prompt tokens of the generation benchmark (default 64)",
+    )
+    p.add_argument(
+        "--new-tokens", type=int, default=64, help="tokens generated after the prompt (default 64)"
+    )
     p.add_argument("--gen-batch", type=int, default=1, help="sequences generated at once")
-    p.add_argument("--gen-repeats", type=int, default=3,
-                   help="timed generations after one warm-up (median reported)")
-    p.add_argument("--threads", type=int,
-                   help="BLAS and torch threads (default: leave the libraries' defaults)")
+    p.add_argument(
+        "--gen-repeats",
+        type=int,
+        default=3,
+        help="timed generations after one warm-up (median reported)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="BLAS and torch threads (default: leave the libraries' defaults)",
+    )
     p.add_argument("--seed", type=int, default=0, help="weights and batch (default 0)")
-    p.add_argument("--census", action="store_true",
-                   help="print the op census of one training step and one decode step, with "
-                   "each kernel's roofline")
-    p.add_argument("--plot", metavar="PNG",
-                   help="draw the census's kernels on the roofline into this PNG (implies "
-                   "--census)")
+    p.add_argument(
+        "--census",
+        action="store_true",
+        help="print the op census of one training step and one decode step, with "
+        "each kernel's roofline",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="draw the census's kernels on the roofline into this PNG (implies --census)",
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
-    p.add_argument("--torch-compile", action="store_true",
-                   help="also time PyTorch under torch.compile (compiling takes a minute)")
+    p.add_argument(
+        "--torch-compile",
+        action="store_true",
+        help="also time PyTorch under torch.compile (compiling takes a minute)",
+    )
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face comparison")
     p.add_argument("--no-train", action="store_true", help="generation only")
     p.add_argument("--no-generate", action="store_true", help="training only")
@@ -123,8 +154,9 @@ def parse_args(argv=None):
                 raise ValueError(f"--plot {args.plot}: no such directory")
             args.census = True
         if not args.no_generate:
-            GPT2Config.from_preset(args.model).check_context(args.prompt_len + args.new_tokens,
-                                                              "--prompt-len + --new-tokens =")
+            GPT2Config.from_preset(args.model).check_context(
+                args.prompt_len + args.new_tokens, "--prompt-len + --new-tokens ="
+            )
     return args
 
 
@@ -146,13 +178,22 @@ def import_torch(device, dtype, log):
 
 # ---------------------------------------------------------------- ours
 
-def build_ours(config, device="cpu", dtype="fp32", seed=0, lr=1e-4, weight_decay=0.1,
-               grad_clip=1.0, **options):
+
+def build_ours(
+    config, device="cpu", dtype="fp32", seed=0, lr=1e-4, weight_decay=0.1, grad_clip=1.0, **options
+):
     """Our model (options: attention, lm_head, recompute) and AdamW, and the fp16 loss scaler
     (None in fp32 and bf16)."""
     model = GPT2(config, seed=seed, device=device, **options)
-    opt = AdamW(model.named_parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8,
-                weight_decay=weight_decay, grad_clip=grad_clip, dtype=dtype)
+    opt = AdamW(
+        model.named_parameters(),
+        lr=lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay=weight_decay,
+        grad_clip=grad_clip,
+        dtype=dtype,
+    )
     return model, opt, LossScaler() if dtype == "fp16" else None
 
 
@@ -178,6 +219,13 @@ def time_steps(step, n):
     return samples, loss
 
 
+def _round_summary(name, samples):
+    """'name 12.3 ms/step (others used 4% of the CPUs)' from one round's (seconds, others)."""
+    ms = statistics.median(t for t, _ in samples) * 1e3
+    others = statistics.mean(f for _, f in samples)
+    return f"{name} {ms:.1f} ms/step (others used {others:.0%} of the CPUs)"
+
+
 def summarize_steps(samples, tokens, flops_per_token, peak):
     """Step times -> median (over the quiet steps), min, spread, tokens/s and MFU."""
     chosen, is_quiet = machine.quiet(samples)
@@ -185,15 +233,21 @@ def summarize_steps(samples, tokens, flops_per_token, peak):
     med = statistics.median(times)
     tps = tokens / med
     all_times = [t for t, _ in samples]
-    return {"steps": len(samples), "quiet_steps": len(chosen) if is_quiet else 0,
-            "median_ms": med * 1e3, "median_all_ms": statistics.median(all_times) * 1e3,
-            "min_ms": min(all_times) * 1e3, "max_ms": max(all_times) * 1e3,
-            "spread": (max(times) - min(times)) / med,
-            "tokens_per_s": tps, "tokens_per_s_best": tokens / min(all_times),
-            "mfu": tps * flops_per_token / peak,
-            "foreign_cpu": statistics.mean(f for _, f in samples),
-            "times_ms": [t * 1e3 for t in all_times],
-            "foreign_cpu_per_step": [f for _, f in samples]}
+    return {
+        "steps": len(samples),
+        "quiet_steps": len(chosen) if is_quiet else 0,
+        "median_ms": med * 1e3,
+        "median_all_ms": statistics.median(all_times) * 1e3,
+        "min_ms": min(all_times) * 1e3,
+        "max_ms": max(all_times) * 1e3,
+        "spread": (max(times) - min(times)) / med,
+        "tokens_per_s": tps,
+        "tokens_per_s_best": tokens / min(all_times),
+        "mfu": tps * flops_per_token / peak,
+        "foreign_cpu": statistics.mean(f for _, f in samples),
+        "times_ms": [t * 1e3 for t in all_times],
+        "foreign_cpu_per_step": [f for _, f in samples],
+    }
 
 
 def ours_generate(model, prompt, new_tokens):
@@ -226,14 +280,17 @@ def summarize_generation(runs, batch, prompt_len, new_tokens):
     prompt_s = statistics.median(r[0] for r in chosen)
     decode_s = statistics.median(r[1] for r in chosen)
     steps = max(new_tokens - 1, 1)
-    return {"runs": len(runs), "quiet_runs": len(chosen) if is_quiet else 0,
-            "prompt_ms": prompt_s * 1e3,
-            "prompt_tokens_per_s": batch * prompt_len / prompt_s,
-            "decode_ms_per_token": decode_s / steps * 1e3,
-            "decode_tokens_per_s": batch * steps / decode_s if decode_s > 0 else float("inf"),
-            "foreign_cpu": statistics.mean(r[3] for r in runs),
-            "prompt_ms_all": [r[0] * 1e3 for r in runs],
-            "decode_ms_all": [r[1] * 1e3 for r in runs]}
+    return {
+        "runs": len(runs),
+        "quiet_runs": len(chosen) if is_quiet else 0,
+        "prompt_ms": prompt_s * 1e3,
+        "prompt_tokens_per_s": batch * prompt_len / prompt_s,
+        "decode_ms_per_token": decode_s / steps * 1e3,
+        "decode_tokens_per_s": batch * steps / decode_s if decode_s > 0 else float("inf"),
+        "foreign_cpu": statistics.mean(r[3] for r in runs),
+        "prompt_ms_all": [r[0] * 1e3 for r in runs],
+        "decode_ms_all": [r[1] * 1e3 for r in runs],
+    }
 
 
 def census_train_step(step):
@@ -248,9 +305,9 @@ def census_decode_step(model, prompt, new_tokens=2):
     """Profile the forward of one decode step (one new token, KV cache filled by the prompt)
     -> the Profiler, wall seconds."""
     stream = model.generate_stream(prompt, max(new_tokens, 2), temperature=0.0)
-    next(stream)                           # the prompt's forward and the first token
+    next(stream)  # the prompt's forward and the first token
     with Profiler(timing=True) as prof:
-        next(stream)                       # one decode forward and its argmax
+        next(stream)  # one decode forward and its argmax
         wall = prof.elapsed()
     stream.close()
     return prof, wall
@@ -258,14 +315,20 @@ def census_decode_step(model, prompt, new_tokens=2):
 
 def format_phases(by_phase, wall):
     kernel_s = sum(row["seconds"] for row in by_phase.values())
-    parts = [f"{name} {row['seconds'] * 1e3:.1f} ms / {row['launches']} launches"
-             for name, row in by_phase.items() if row["launches"]]
-    return (f"  by phase: {', '.join(parts)}\n  wall {wall * 1e3:.1f} ms, in kernels "
-            f"{kernel_s * 1e3:.1f} ms, outside kernels (Python, tape, allocation) "
-            f"{(wall - kernel_s) * 1e3:.1f} ms ({(wall - kernel_s) / wall:.0%})")
+    parts = [
+        f"{name} {row['seconds'] * 1e3:.1f} ms / {row['launches']} launches"
+        for name, row in by_phase.items()
+        if row["launches"]
+    ]
+    return (
+        f"  by phase: {', '.join(parts)}\n  wall {wall * 1e3:.1f} ms, in kernels "
+        f"{kernel_s * 1e3:.1f} ms, outside kernels (Python, tape, allocation) "
+        f"{(wall - kernel_s) * 1e3:.1f} ms ({(wall - kernel_s) / wall:.0%})"
+    )
 
 
 # ---------------------------------------------------------------- the run
+
 
 def run(args, results, log=print):
     """Every measurement the arguments ask for, into results (a JSON-friendly dict), each part
@@ -276,24 +339,41 @@ def run(args, results, log=print):
     config = GPT2Config.from_preset(args.model)
     env = machine.environment_info(torch, args.device)
     peak, peak_name = machine.peak_flops(args.device, args.dtype)
-    results.update(args=vars(args), config=config.to_dict(), environment=env, peak_flops=peak,
-                   peak_name=peak_name)
+    results.update(
+        args=vars(args),
+        config=config.to_dict(),
+        environment=env,
+        peak_flops=peak,
+        peak_name=peak_name,
+    )
     log(machine.format_environment(env, peak_name))
     if torch is not None and args.device == "cpu":
-        time.sleep(0.5)      # OpenBLAS's threads spin a while after a call: let them sleep first
+        time.sleep(0.5)  # OpenBLAS's threads spin a while after a call: let them sleep first
         results["torch_peak_flops"] = max(machine.torch_matmul_peak(torch) for _ in range(3))
-        log(f"  fp32 matmul peak (torch, same test): {results['torch_peak_flops'] / 1e9:.0f} "
-            "GFLOP/s (for reference; MFU always divides by NumPy's)")
+        log(
+            f"  fp32 matmul peak (torch, same test): {results['torch_peak_flops'] / 1e9:.0f} "
+            "GFLOP/s (for reference; MFU always divides by NumPy's)"
+        )
 
-    model, opt, scaler = build_ours(config, args.device, args.dtype, args.seed, args.lr,
-                                    args.weight_decay, args.grad_clip, **options_from_args(args))
+    model, opt, scaler = build_ours(
+        config,
+        args.device,
+        args.dtype,
+        args.seed,
+        args.lr,
+        args.weight_decay,
+        args.grad_clip,
+        **options_from_args(args),
+    )
     n_params = model.num_parameters()
     B, T = args.batch_size, args.seq_len
     fpt = mfu.training_flops_per_token(config, T, n_params)
     results.update(n_params=n_params, flops_per_token=fpt, tokens_per_step=B * T)
-    log(f"model {args.model}: {n_params:,} parameters, L={config.n_layer} C={config.n_embd} "
+    log(
+        f"model {args.model}: {n_params:,} parameters, L={config.n_layer} C={config.n_embd} "
         f"H={config.n_head} V={config.vocab_size}; batch {B} x {T} = {B * T} tokens/step; "
-        f"6N + 12LCT = {fpt / 1e6:.1f} MFLOP/token; {args.dtype} on {args.device}")
+        f"6N + 12LCT = {fpt / 1e6:.1f} MFLOP/token; {args.dtype} on {args.device}"
+    )
     x, y = random_batch(config.vocab_size, B, T, args.seed)
     peers = build_peers(args, torch, config, model, x, y, results, log) if torch else {}
 
@@ -307,9 +387,11 @@ def run(args, results, log=print):
     if args.device == "cpu":
         late, late_name = machine.peak_flops("cpu", args.dtype)
         if late > peak * 1.05:
-            log(f"note: the matmul peak measured at the end, {late / 1e9:.0f} GFLOP/s, is above "
+            log(
+                f"note: the matmul peak measured at the end, {late / 1e9:.0f} GFLOP/s, is above "
                 f"the one at the start ({peak / 1e9:.0f}): the start was disturbed; MFU is "
-                "given against the higher one")
+                "given against the higher one"
+            )
             for summary in (results.get("train") or {}).values():
                 summary["mfu"] *= peak / late
             results.update(peak_flops=late, peak_name=late_name)
@@ -320,18 +402,27 @@ def run(args, results, log=print):
 def build_peers(args, torch, config, model, x, y, results, log):
     """PyTorch eager (and compiled) with our weights -> {name: TorchPeer}, after checking that
     eager gives our initial loss."""
-    kw = dict(device=args.device, dtype=args.dtype, lr=args.lr, weight_decay=args.weight_decay,
-              grad_clip=args.grad_clip)
+    kw = dict(
+        device=args.device,
+        dtype=args.dtype,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip,
+    )
     state = model.state_dict()
     peers = {"torch": TorchPeer(torch, config, state, **kw)}
     ours0, theirs0 = ours_loss(model, x, y), peers["torch"].loss(*peers["torch"].batch(x, y))
     diff, tol = abs(ours0 - theirs0), LOSS_TOLERANCE[args.dtype]
     results["initial_loss"] = {"ours": ours0, "torch": theirs0, "diff": diff, "tolerance": tol}
-    log(f"initial loss: ours {ours0:.6f}, torch {theirs0:.6f}, |diff| {diff:.2e} "
-        f"(tolerance {tol:g})")
+    log(
+        f"initial loss: ours {ours0:.6f}, torch {theirs0:.6f}, |diff| {diff:.2e} "
+        f"(tolerance {tol:g})"
+    )
     if not diff <= tol:
-        raise RuntimeError("the PyTorch model does not give our initial loss: it is not the "
-                           "same model, so timing it would compare nothing")
+        raise RuntimeError(
+            "the PyTorch model does not give our initial loss: it is not the "
+            "same model, so timing it would compare nothing"
+        )
     if args.torch_compile:
         peers["torch_compiled"] = TorchPeer(torch, config, state, compile=True, **kw)
     return peers
@@ -341,9 +432,11 @@ def bench_training(args, ours_step, peers, x, y, fpt, peak, log):
     steps = {"ours": ours_step}
     for name, peer in peers.items():
         steps[name] = lambda peer=peer, batch=peer.batch(x, y): peer.train_step(*batch)
-    log(f"training: {args.warmup} warm-up steps each, then {args.rounds} round(s) of "
+    log(
+        f"training: {args.warmup} warm-up steps each, then {args.rounds} round(s) of "
         f"{args.steps} timed steps: {', '.join(steps)}"
-        + (", each after one untimed step" if peers else ""))
+        + (", each after one untimed step" if peers else "")
+    )
     for step in steps.values():
         time_steps(step, args.warmup)
     times, last = {name: [] for name in steps}, {}
@@ -356,10 +449,10 @@ def bench_training(args, ours_step, peers, x, y, fpt, peak, log):
                 time_steps(step, 1)
             t, last[name] = time_steps(step, args.steps)
             times[name] += t
-        log(f"  round {r + 1}: " + ", ".join(
-            f"{name} {statistics.median(t for t, _ in times[name][-args.steps:]) * 1e3:.1f} "
-            f"ms/step (others used {statistics.mean(f for _, f in times[name][-args.steps:]):.0%}"
-            " of the CPUs)" for name in steps))
+        log(
+            f"  round {r + 1}: "
+            + ", ".join(_round_summary(name, times[name][-args.steps :]) for name in steps)
+        )
     out = {}
     for name in steps:
         out[name] = summarize_steps(times[name], x.size, fpt, peak)
@@ -371,8 +464,10 @@ def bench_generation(args, config, model, torch, transformers, log):
     rng = np.random.default_rng(args.seed + 1)
     prompt = rng.integers(0, config.vocab_size, (args.gen_batch, args.prompt_len), dtype=np.int64)
     P, N, Bg = args.prompt_len, args.new_tokens, args.gen_batch
-    log(f"generation: greedy, KV cache, batch {Bg}, prompt {P} tokens, {N} new tokens; "
-        f"1 warm-up + {args.gen_repeats} timed runs each")
+    log(
+        f"generation: greedy, KV cache, batch {Bg}, prompt {P} tokens, {N} new tokens; "
+        f"1 warm-up + {args.gen_repeats} timed runs each"
+    )
     ours_generate(model, prompt, N)
     runs = time_generations(lambda: ours_generate(model, prompt, N), args.gen_repeats)
     out = {"ours": summarize_generation(runs, Bg, P, N)}
@@ -381,16 +476,19 @@ def bench_generation(args, config, model, torch, transformers, log):
     hf = hf_generate.hf_load(transformers, torch, model, args.device, args.dtype)
     out["hf_logits_max_abs_diff"] = hf_generate.prompt_logits_diff(torch, hf, model, prompt)
     hf_generate.hf_generate(torch, hf, prompt, N)
-    hf_runs = time_generations(lambda: hf_generate.hf_generate(torch, hf, prompt, N),
-                               args.gen_repeats)
+    hf_runs = time_generations(
+        lambda: hf_generate.hf_generate(torch, hf, prompt, N), args.gen_repeats
+    )
     out["hf"] = summarize_generation(hf_runs, Bg, P, N)
     out["hf"]["transformers"] = transformers.__version__
     out["hf"]["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
     same = (hf_runs[-1][2] == runs[-1][2]).all(axis=0)
     out["same_tokens"] = int(same.sum()) if same.all() else int(np.argmin(same))
-    log(f"  Hugging Face model: max |logit diff| on the prompt "
+    log(
+        f"  Hugging Face model: max |logit diff| on the prompt "
         f"{out['hf_logits_max_abs_diff']:.2e}; greedy tokens identical for the first "
-        f"{out['same_tokens']} of {N}")
+        f"{out['same_tokens']} of {N}"
+    )
     return out
 
 
@@ -398,29 +496,49 @@ def run_census(args, config, model, opt, scaler, peers, x, y, log):
     step = lambda: ours_train_step(model, opt, x, y, args.device, scaler)  # noqa: E731
     peaks = roofline.peaks(args.device)
     log(peaks.describe())
-    step()                                   # warm again: a peer's round ran last
+    step()  # warm again: a peer's round ran last
     prof, wall = census_train_step(step)
     rows, phases = roofline.census(prof, peaks, args.dtype), prof.by_phase()
-    log(format_census(rows, f"ours: op census of one training step ({args.model}, "
-                      f"B={args.batch_size}, T={args.seq_len}, {args.dtype}), by time lost "
-                      "to the roofline"))
+    log(
+        format_census(
+            rows,
+            f"ours: op census of one training step ({args.model}, "
+            f"B={args.batch_size}, T={args.seq_len}, {args.dtype}), by time lost "
+            "to the roofline",
+        )
+    )
     log(format_phases(phases, wall))
     prompt = np.random.default_rng(args.seed + 1).integers(
-        0, config.vocab_size, (args.gen_batch, args.prompt_len), dtype=np.int64)
+        0, config.vocab_size, (args.gen_batch, args.prompt_len), dtype=np.int64
+    )
     dprof, dwall = census_decode_step(model, prompt)
     drows = roofline.census(dprof, peaks, args.dtype)
     dkernel = sum(r["seconds"] for r in drows)
-    log(format_census(drows, f"ours: op census of one decode step (batch {args.gen_batch}, "
-                      f"{args.prompt_len} cached positions), by time lost to the roofline"))
-    log(f"  wall {dwall * 1e3:.2f} ms, in kernels {dkernel * 1e3:.2f} ms, outside kernels "
-        f"{(dwall - dkernel) * 1e3:.2f} ms ({(dwall - dkernel) / dwall:.0%})")
-    out = {"peaks": dataclasses.asdict(peaks),
-           "train": {"rows": rows, "by_phase": phases, "wall_s": wall},
-           "decode": {"rows": drows, "wall_s": dwall}}
+    log(
+        format_census(
+            drows,
+            f"ours: op census of one decode step (batch {args.gen_batch}, "
+            f"{args.prompt_len} cached positions), by time lost to the roofline",
+        )
+    )
+    log(
+        f"  wall {dwall * 1e3:.2f} ms, in kernels {dkernel * 1e3:.2f} ms, outside kernels "
+        f"{(dwall - dkernel) * 1e3:.2f} ms ({(dwall - dkernel) / dwall:.0%})"
+    )
+    out = {
+        "peaks": dataclasses.asdict(peaks),
+        "train": {"rows": rows, "by_phase": phases, "wall_s": wall},
+        "decode": {"rows": drows, "wall_s": dwall},
+    }
     if args.plot:
-        roofline.plot([("training step", rows), ("decode step", drows)], peaks, args.plot,
-                      args.dtype, title=f"{args.model} {args.dtype} on {args.device}: "
-                      f"training step B={args.batch_size} T={args.seq_len}, decode step")
+        roofline.plot(
+            [("training step", rows), ("decode step", drows)],
+            peaks,
+            args.plot,
+            args.dtype,
+            title=f"{args.model} {args.dtype} on {args.device}: "
+            f"training step B={args.batch_size} T={args.seq_len}, decode step",
+        )
         log(f"wrote {args.plot}")
     if "torch" in peers:
         peer = peers["torch"]
@@ -433,19 +551,23 @@ def run_census(args, config, model, opt, scaler, peers, x, y, log):
 
 # ---------------------------------------------------------------- the report
 
-TRAIN_ROWS = [("step ms (median)", "median_ms", ".1f", False),
-              ("step ms (min)", "min_ms", ".1f", False),
-              ("tokens/s (median)", "tokens_per_s", ",.0f", True),
-              ("tokens/s (best step)", "tokens_per_s_best", ",.0f", True),
-              ("MFU (median)", "mfu", ".1%", True),
-              ("spread (max-min)/med", "spread", ".0%", False),
-              ("others' CPU share", "foreign_cpu", ".0%", False),
-              ("loss after the steps", "last_loss", ".5f", False)]
-GENERATE_ROWS = [("prompt ms", "prompt_ms", ".1f", False),
-                 ("prompt tokens/s", "prompt_tokens_per_s", ",.0f", True),
-                 ("decode ms/token", "decode_ms_per_token", ".2f", False),
-                 ("decode tokens/s", "decode_tokens_per_s", ",.1f", True),
-                 ("others' CPU share", "foreign_cpu", ".0%", False)]
+TRAIN_ROWS = [
+    ("step ms (median)", "median_ms", ".1f", False),
+    ("step ms (min)", "min_ms", ".1f", False),
+    ("tokens/s (median)", "tokens_per_s", ",.0f", True),
+    ("tokens/s (best step)", "tokens_per_s_best", ",.0f", True),
+    ("MFU (median)", "mfu", ".1%", True),
+    ("spread (max-min)/med", "spread", ".0%", False),
+    ("others' CPU share", "foreign_cpu", ".0%", False),
+    ("loss after the steps", "last_loss", ".5f", False),
+]
+GENERATE_ROWS = [
+    ("prompt ms", "prompt_ms", ".1f", False),
+    ("prompt tokens/s", "prompt_tokens_per_s", ",.0f", True),
+    ("decode ms/token", "decode_ms_per_token", ".2f", False),
+    ("decode tokens/s", "decode_tokens_per_s", ",.1f", True),
+    ("others' CPU share", "foreign_cpu", ".0%", False),
+]
 
 
 def comparison(part, rows):
@@ -457,8 +579,9 @@ def comparison(part, rows):
     body = []
     for label, key, spec, ratio in rows:
         cells = [label] + [format(part[name][key], spec) for name in ["ours"] + peers]
-        body.append(cells + [f"{part['ours'][key] / part[p][key]:.2f}x" if ratio else ""
-                             for p in peers])
+        body.append(
+            cells + [f"{part['ours'][key] / part[p][key]:.2f}x" if ratio else "" for p in peers]
+        )
     return table(headers, body)
 
 
@@ -467,32 +590,45 @@ def noise_note(part, unit):
     notes = []
     for name, r in part.items():
         if isinstance(r, dict) and f"quiet_{unit}" in r:
-            notes.append(f"{name} {r[f'quiet_{unit}']} of {r[unit]} quiet" if r[f"quiet_{unit}"]
-                         else f"{name}: too few quiet {unit} of {r[unit]}, median of all (noisy)")
-    return (f"  medians over the {unit} where other processes took under {machine.QUIET:.0%} "
-            "of the CPUs: " + "; ".join(notes))
+            notes.append(
+                f"{name} {r[f'quiet_{unit}']} of {r[unit]} quiet"
+                if r[f"quiet_{unit}"]
+                else f"{name}: too few quiet {unit} of {r[unit]}, median of all (noisy)"
+            )
+    return (
+        f"  medians over the {unit} where other processes took under {machine.QUIET:.0%} "
+        "of the CPUs: " + "; ".join(notes)
+    )
 
 
 def format_report(results):
     args, lines = results["args"], []
     train = results.get("train")
     if train:
-        lines += [f"\ntraining step, {args['dtype']} on {args['device']} ({args['model']}, "
-                  f"B={args['batch_size']}, T={args['seq_len']}; median of "
-                  f"{train['ours']['steps']} steps)",
-                  comparison(train, TRAIN_ROWS), noise_note(train, "steps"),
-                  f"  MFU = tokens/s x {results['flops_per_token'] / 1e6:.1f} MFLOP/token "
-                  f"(6N + 12LCT) / the {results['peak_name']}"]
+        lines += [
+            f"\ntraining step, {args['dtype']} on {args['device']} ({args['model']}, "
+            f"B={args['batch_size']}, T={args['seq_len']}; median of "
+            f"{train['ours']['steps']} steps)",
+            comparison(train, TRAIN_ROWS),
+            noise_note(train, "steps"),
+            f"  MFU = tokens/s x {results['flops_per_token'] / 1e6:.1f} MFLOP/token "
+            f"(6N + 12LCT) / the {results['peak_name']}",
+        ]
     gen = results.get("generate")
     if gen:
-        lines += [f"\ngeneration, greedy with KV cache (batch {args['gen_batch']}, prompt "
-                  f"{args['prompt_len']}, {args['new_tokens']} new tokens; median of "
-                  f"{gen['ours']['runs']} runs)",
-                  comparison(gen, GENERATE_ROWS), noise_note(gen, "runs")]
+        lines += [
+            f"\ngeneration, greedy with KV cache (batch {args['gen_batch']}, prompt "
+            f"{args['prompt_len']}, {args['new_tokens']} new tokens; median of "
+            f"{gen['ours']['runs']} runs)",
+            comparison(gen, GENERATE_ROWS),
+            noise_note(gen, "runs"),
+        ]
     load0, load1 = results["environment"]["load_average"], results.get("load_average_end")
     if load0 and load1:
-        lines.append(f"\nload average: {load0[0]:.2f} at start, {load1[0]:.2f} at end "
-                     f"(above ~0.1 means something else was running)")
+        lines.append(
+            f"\nload average: {load0[0]:.2f} at start, {load1[0]:.2f} at end "
+            f"(above ~0.1 means something else was running)"
+        )
     return "\n".join(lines)
 
 

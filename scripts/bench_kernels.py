@@ -13,6 +13,7 @@ part-way keeps what it measured; the aligned table comes last.
 
     python scripts/bench_kernels.py [--dtypes bf16,fp16,fp32] [--json PATH]
 """
+
 import itertools
 import json
 import statistics
@@ -101,10 +102,16 @@ def gemm_rows(dtype):
         b_nn = cupy.ascontiguousarray(b.swapaxes(-1, -2)) if kernel == "matmul_nt" else b
         cublas_ms = measure(f"cupy.matmul {label} {name}", lambda: cupy.matmul(a_nn, b_nn))
         flops = 2.0 * M * N * K * int(np.prod(batch))
-        yield {"kernel": f"{kernel}: {label}", "dtype": name,
-               "shape": f"{'x'.join(map(str, batch)) + ' of ' if batch else ''}{M}x{K} @ {K}x{N}",
-               "ms": ms, "tflops": flops / ms / 1e9, "cublas_ms": cublas_ms,
-               "cublas_tflops": flops / cublas_ms / 1e9, "of_cublas": cublas_ms / ms}
+        yield {
+            "kernel": f"{kernel}: {label}",
+            "dtype": name,
+            "shape": f"{'x'.join(map(str, batch)) + ' of ' if batch else ''}{M}x{K} @ {K}x{N}",
+            "ms": ms,
+            "tflops": flops / ms / 1e9,
+            "cublas_ms": cublas_ms,
+            "cublas_tflops": flops / cublas_ms / 1e9,
+            "of_cublas": cublas_ms / ms,
+        }
 
 
 def memory_cases(dtype):
@@ -128,8 +135,17 @@ def memory_cases(dtype):
     v = cupy.abs(v)
     working = None if dtype == dtypes.float32 else master.astype(dtype)
     norm_sq = cuda.grad_norm_sq(grad)
-    adamw = dict(lr=6e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
-                 n_decay=N_PARAMS // 2, step=10, inv_scale=1.0, max_norm=1.0)
+    adamw = dict(
+        lr=6e-4,
+        beta1=0.9,
+        beta2=0.95,
+        eps=1e-8,
+        weight_decay=0.1,
+        n_decay=N_PARAMS // 2,
+        step=10,
+        inv_scale=1.0,
+        max_norm=1.0,
+    )
     stats = 2 * BT * 4  # mean and rstd
     rows, rows4, scores = f"{BT}x{C}", f"{BT}x{4 * C}", f"{B}x{H}x{T}x{T}"
     cases = [
@@ -138,30 +154,61 @@ def memory_cases(dtype):
         ("gelu_fwd", rows4, lambda: cuda.gelu_fwd(h), 2 * h.nbytes),
         ("gelu_bwd", rows4, lambda: cuda.gelu_bwd(h, dh), 3 * h.nbytes),
         ("layernorm_fwd", rows, lambda: cuda.layernorm_fwd(x, w, b), 2 * x.nbytes + stats),
-        ("layernorm_bwd", rows, lambda: cuda.layernorm_bwd(dy, x, w, mean, rstd),
-         3 * x.nbytes + stats),
-        ("softmax_causal_fwd", scores, lambda: cuda.softmax_causal_fwd(s, 0.125),
-         2 * s.nbytes),
-        ("softmax_causal_bwd", scores, lambda: cuda.softmax_causal_bwd(p, s, 0.125),
-         3 * s.nbytes),
-        ("cross_entropy_fwd", f"{BT}x{V}", lambda: cuda.cross_entropy_fwd(logits, targets),
-         logits.nbytes),
-        ("cross_entropy_bwd", f"{BT}x{V}",
-         lambda: cuda.cross_entropy_bwd(logits, lse, targets, dloss), 2 * logits.nbytes),
-        ("cross_entropy_fwd_bwd", f"{BT}x{V}",
-         lambda: cuda.cross_entropy_fwd_bwd(logits, targets, dloss), 2 * logits.nbytes),
-        ("embedding_fwd", f"{B}x{T} of {V}x{C}", lambda: cuda.embedding_fwd(wte, idx),
-         2 * BT * C * it),
-        ("embedding_bwd", f"{B}x{T} into {V}x{C}", lambda: cuda.embedding_bwd(x, idx, V),
-         x.nbytes + wte.nbytes),
+        (
+            "layernorm_bwd",
+            rows,
+            lambda: cuda.layernorm_bwd(dy, x, w, mean, rstd),
+            3 * x.nbytes + stats,
+        ),
+        ("softmax_causal_fwd", scores, lambda: cuda.softmax_causal_fwd(s, 0.125), 2 * s.nbytes),
+        ("softmax_causal_bwd", scores, lambda: cuda.softmax_causal_bwd(p, s, 0.125), 3 * s.nbytes),
+        (
+            "cross_entropy_fwd",
+            f"{BT}x{V}",
+            lambda: cuda.cross_entropy_fwd(logits, targets),
+            logits.nbytes,
+        ),
+        (
+            "cross_entropy_bwd",
+            f"{BT}x{V}",
+            lambda: cuda.cross_entropy_bwd(logits, lse, targets, dloss),
+            2 * logits.nbytes,
+        ),
+        (
+            "cross_entropy_fwd_bwd",
+            f"{BT}x{V}",
+            lambda: cuda.cross_entropy_fwd_bwd(logits, targets, dloss),
+            2 * logits.nbytes,
+        ),
+        (
+            "embedding_fwd",
+            f"{B}x{T} of {V}x{C}",
+            lambda: cuda.embedding_fwd(wte, idx),
+            2 * BT * C * it,
+        ),
+        (
+            "embedding_bwd",
+            f"{B}x{T} into {V}x{C}",
+            lambda: cuda.embedding_bwd(x, idx, V),
+            x.nbytes + wte.nbytes,
+        ),
         ("grad_norm_sq", f"{N_PARAMS}", lambda: cuda.grad_norm_sq(grad), grad.nbytes),
-        ("adamw_step", f"{N_PARAMS}",
-         lambda: cuda.adamw_step(master, grad, m, v, working, norm_sq, **adamw),
-         N_PARAMS * (6 * 4 + it + (0 if working is None else it))),
+        (
+            "adamw_step",
+            f"{N_PARAMS}",
+            lambda: cuda.adamw_step(master, grad, m, v, working, norm_sq, **adamw),
+            N_PARAMS * (6 * 4 + it + (0 if working is None else it)),
+        ),
     ]
     if dtype != dtypes.float32:
-        cases.append((f"cast fp32->{dtypes.name(dtype)}", rows4, lambda: cuda.cast(h32, dtype),
-                      h32.nbytes + h.nbytes))
+        cases.append(
+            (
+                f"cast fp32->{dtypes.name(dtype)}",
+                rows4,
+                lambda: cuda.cast(h32, dtype),
+                h32.nbytes + h.nbytes,
+            )
+        )
     return cases
 
 
@@ -169,8 +216,14 @@ def memory_rows(dtype, dram_gbs):
     for kernel, shape, fn, nbytes in memory_cases(dtype):
         ms = measure(f"{kernel} {dtypes.name(dtype)}", fn)
         gbs = nbytes / ms / 1e6
-        yield {"kernel": kernel, "dtype": dtypes.name(dtype), "shape": shape, "ms": ms,
-               "gb_per_s": gbs, "of_dram": gbs / dram_gbs}
+        yield {
+            "kernel": kernel,
+            "dtype": dtypes.name(dtype),
+            "shape": shape,
+            "ms": ms,
+            "gb_per_s": gbs,
+            "of_dram": gbs / dram_gbs,
+        }
 
 
 def cells(row):
@@ -181,13 +234,22 @@ def cells(row):
     else:
         achieved, cublas = f"{row['gb_per_s']:.0f} GB/s", ""
         fraction = f"{row['of_dram']:.1%} of copy"
-    return [row["kernel"], row["dtype"], row["shape"], f"{row['ms']:.3f}", achieved, cublas,
-            fraction]
+    return [
+        row["kernel"],
+        row["dtype"],
+        row["shape"],
+        f"{row['ms']:.3f}",
+        achieved,
+        cublas,
+        fraction,
+    ]
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description="Time every CUDA kernel at GPT-2 124M training shapes "
-                       "against cuBLAS and the measured DRAM bandwidth.")
+    p = ArgumentParser(
+        description="Time every CUDA kernel at GPT-2 124M training shapes "
+        "against cuBLAS and the measured DRAM bandwidth."
+    )
     p.add_argument("--dtypes", default="bf16,fp16,fp32", help="comma-separated (default all)")
     p.add_argument("--json", help="also write the rows to this JSON file (after every row)")
     args = p.parse_args(argv)
@@ -204,9 +266,11 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     device, dram = cuda.device_name(), copy_gbs()
-    print(f"device: {device}; device-to-device copy {dram / 1000:.2f} TB/s (read + written; "
-          "the memory-bound kernels' fractions are of this); GEMM fractions against cuBLAS",
-          flush=True)
+    print(
+        f"device: {device}; device-to-device copy {dram / 1000:.2f} TB/s (read + written; "
+        "the memory-bound kernels' fractions are of this); GEMM fractions against cuBLAS",
+        flush=True,
+    )
     out = {"device": device, "copy_gb_per_s": dram, "rows": []}
     for name in args.dtypes:
         dtype = dtypes.as_dtype(name)

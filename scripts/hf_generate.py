@@ -2,6 +2,7 @@
 save_pretrained, loaded as transformers' GPT2LMHeadModel, and its greedy generate with the KV
 cache, timed token by token. torch and transformers are passed in: this module never imports
 them, so the benchmark runs without them."""
+
 import os
 import tempfile
 import time
@@ -31,7 +32,8 @@ def hf_load(transformers, torch, model, device="cpu", dtype="fp32"):
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         hf = transformers.GPT2LMHeadModel.from_pretrained(
-            tmp, dtype=getattr(torch, TORCH_DTYPES[dtype]))
+            tmp, dtype=getattr(torch, TORCH_DTYPES[dtype])
+        )
     return hf.to(device).eval()
 
 
@@ -54,13 +56,20 @@ def hf_generate(torch, hf, prompt, new_tokens):
     stamps = Stamps()
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                          min_new_tokens=new_tokens, do_sample=False, use_cache=True,
-                          pad_token_id=hf.config.eos_token_id, streamer=stamps)
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=hf.config.eos_token_id,
+            streamer=stamps,
+        )
     t_end = time.perf_counter()
     # put() is called with the prompt first, then once per new token (each after its sync)
     first, last = stamps.times[1], stamps.times[-1] if len(stamps.times) > 2 else t_end
-    return first - t0, last - first, out[:, prompt.shape[1]:].cpu().numpy()
+    return first - t0, last - first, out[:, prompt.shape[1] :].cpu().numpy()
 
 
 def prompt_logits_diff(torch, hf, model, prompt):

@@ -10,6 +10,7 @@ The totals are checked against the profiler, which sees every launch: the record
 FLOPs are the forward phase's, and the records' backward FLOPs plus the launches no record
 owns (gradients summed across uses, added into each .grad) are the backward phase's.
 """
+
 import json
 
 from nn import GPT2, GPT2Config
@@ -29,11 +30,16 @@ from training.tables import table
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description="List the autograd tape of one GPT-2 forward pass with "
-                       "FLOPs and saved bytes per record, op kind and layer.")
+    p = ArgumentParser(
+        description="List the autograd tape of one GPT-2 forward pass with "
+        "FLOPs and saved bytes per record, op kind and layer."
+    )
     add_step_args(p, model="gpt2-mini")
-    p.add_argument("--checkpoint", metavar="DIR", help="instead of --model: a training run's "
-                   "folder or a Hugging Face GPT-2 directory")
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="instead of --model: a training run's folder or a Hugging Face GPT-2 directory",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the listing and totals as JSON")
     return p.parse_args(argv)
 
@@ -41,8 +47,9 @@ def parse_args(argv=None):
 def build_model(args, device):
     options = options_from_args(args)
     if args.checkpoint:
-        return GPT2.from_pretrained(find_checkpoint(args.checkpoint), dtype=args.dtype,
-                                    device=device, **options)
+        return GPT2.from_pretrained(
+            find_checkpoint(args.checkpoint), dtype=args.dtype, device=device, **options
+        )
     return GPT2(GPT2Config.from_preset(args.model), device=device, **options).to(dtype=args.dtype)
 
 
@@ -51,11 +58,15 @@ def inspect(model, x, y):
     per op and per layer, the launches outside records, and the profiler's sums per phase."""
     with Profiler() as prof:
         records, _, unowned = forward_backward(model, x, y)
-    return {"batch_size": int(x.shape[0]), "seq_len": int(x.shape[1]), "records": records,
-            "per_op": group(records, lambda r: r["op"]),
-            "per_layer": group(records, lambda r: layer_of(r["scope"])),
-            "outside_records": {phase: vars(u) for phase, u in unowned.items()},
-            "profiler": prof.by_phase()}
+    return {
+        "batch_size": int(x.shape[0]),
+        "seq_len": int(x.shape[1]),
+        "records": records,
+        "per_op": group(records, lambda r: r["op"]),
+        "per_layer": group(records, lambda r: layer_of(r["scope"])),
+        "outside_records": {phase: vars(u) for phase, u in unowned.items()},
+        "profiler": prof.by_phase(),
+    }
 
 
 def _shapes(pairs):
@@ -63,21 +74,44 @@ def _shapes(pairs):
 
 
 def format_listing(result):
-    rows = [(r["seq"] - result["records"][0]["seq"], r["op"], r["scope"] or "(model)",
-             _shapes(r["inputs"]), _shapes(r["outputs"]),
-             dtypes.name(dtypes.as_dtype(r["outputs"][0][1])),
-             f"{r['fwd_flops']:,}", f"{r['bwd_flops']:,}", f"{r['saved_bytes']:,}")
-            for r in result["records"]]
-    return table(("#", "op", "scope", "inputs", "outputs", "dtype", "fwd FLOPs", "bwd FLOPs",
-                  "saved bytes"), rows, "rllllrrrr")
+    rows = [
+        (
+            r["seq"] - result["records"][0]["seq"],
+            r["op"],
+            r["scope"] or "(model)",
+            _shapes(r["inputs"]),
+            _shapes(r["outputs"]),
+            dtypes.name(dtypes.as_dtype(r["outputs"][0][1])),
+            f"{r['fwd_flops']:,}",
+            f"{r['bwd_flops']:,}",
+            f"{r['saved_bytes']:,}",
+        )
+        for r in result["records"]
+    ]
+    return table(
+        ("#", "op", "scope", "inputs", "outputs", "dtype", "fwd FLOPs", "bwd FLOPs", "saved bytes"),
+        rows,
+        "rllllrrrr",
+    )
 
 
 def format_totals(groups, label):
-    rows = [(name, g["records"], f"{g['fwd_flops']:,}", f"{g['bwd_flops']:,}",
-             g["fwd_launches"], g["bwd_launches"], f"{g['saved_bytes']:,}")
-            for name, g in groups.items()]
-    return table((label, "records", "fwd FLOPs", "bwd FLOPs", "fwd launches", "bwd launches",
-                  "saved bytes"), rows)
+    rows = [
+        (
+            name,
+            g["records"],
+            f"{g['fwd_flops']:,}",
+            f"{g['bwd_flops']:,}",
+            g["fwd_launches"],
+            g["bwd_launches"],
+            f"{g['saved_bytes']:,}",
+        )
+        for name, g in groups.items()
+    ]
+    return table(
+        (label, "records", "fwd FLOPs", "bwd FLOPs", "fwd launches", "bwd launches", "saved bytes"),
+        rows,
+    )
 
 
 def format_check(result):
@@ -88,9 +122,11 @@ def format_check(result):
         outside = result["outside_records"][phase]
         counted = result["profiler"][phase]["flops"]
         total = on_tape + outside["flops"]
-        lines.append(f"  {phase:<9} records {on_tape:>16,} + outside records "
-                     f"{outside['flops']:>12,} ({outside['launches']} launches) = {total:>16,}; "
-                     f"profiler {counted:>16,}  {'equal' if total == counted else 'DIFFERENT'}")
+        lines.append(
+            f"  {phase:<9} records {on_tape:>16,} + outside records "
+            f"{outside['flops']:>12,} ({outside['launches']} launches) = {total:>16,}; "
+            f"profiler {counted:>16,}  {'equal' if total == counted else 'DIFFERENT'}"
+        )
     return "\n".join(lines)
 
 
@@ -110,10 +146,12 @@ def main(argv=None):
     result = inspect(model, x, y)
     result.update(model=args.checkpoint or args.model, dtype=args.dtype)
     tokens = args.batch_size * args.seq_len
-    print(f"tape of {result['model']}: B={args.batch_size}, T={args.seq_len}, {args.dtype}, "
-          f"{len(result['records'])} records (FLOPs counted from the kernels each record "
-          "launched, forward and backward; saved bytes charged to the first record that "
-          "saved a buffer)")
+    print(
+        f"tape of {result['model']}: B={args.batch_size}, T={args.seq_len}, {args.dtype}, "
+        f"{len(result['records'])} records (FLOPs counted from the kernels each record "
+        "launched, forward and backward; saved bytes charged to the first record that "
+        "saved a buffer)"
+    )
     print(format_listing(result))
     print("\ntotals per op kind")
     print(format_totals(result["per_op"], "op"))

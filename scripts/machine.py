@@ -1,5 +1,6 @@
 """The machine a benchmark runs on: CPU, NumPy's BLAS, the GPU, the peak FLOP/s that MFU divides
 by, and how much of the CPUs other processes took while a step ran (the noise on a shared VM)."""
+
 import os
 import platform
 import sys
@@ -11,11 +12,17 @@ from tinygrad_like import backend
 from training import mfu
 from training.roofline import cpu_name, usable_cores
 
-BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
-QUIET = 0.10   # a step is "quiet" while other processes use under 10% of the CPUs
+BLAS_ENV = (
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+)
+QUIET = 0.10  # a step is "quiet" while other processes use under 10% of the CPUs
 
-_thread_limit = []   # keeps a threadpoolctl limit alive for the whole run
+_thread_limit = []  # keeps a threadpoolctl limit alive for the whole run
 
 
 def set_threads(n, torch=None):
@@ -24,32 +31,50 @@ def set_threads(n, torch=None):
         return
     try:
         from threadpoolctl import threadpool_limits
+
         _thread_limit.append(threadpool_limits(limits=n))
     except ImportError:
-        print(f"warning: threadpoolctl is not installed, so --threads {n} cannot limit "
-              "NumPy's BLAS; set OPENBLAS_NUM_THREADS before starting instead", file=sys.stderr)
+        print(
+            f"warning: threadpoolctl is not installed, so --threads {n} cannot limit "
+            "NumPy's BLAS; set OPENBLAS_NUM_THREADS before starting instead",
+            file=sys.stderr,
+        )
     if torch is not None:
         torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------- what the machine is
 
+
 def environment_info(torch=None, device="cpu"):
     """CPU, NumPy and its BLAS (kernel set, threads), the BLAS variables, torch's threads and,
     on a GPU, its name and the CuPy and torch CUDA versions."""
-    info = {"python": platform.python_version(), "numpy": np.__version__,
-            "cpu": cpu_name(), "logical_cpus": os.cpu_count(), "affinity_cpus": usable_cores(),
-            "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
-            "blas": _blas_info(), "load_average": loadavg()}
+    info = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpu": cpu_name(),
+        "logical_cpus": os.cpu_count(),
+        "affinity_cpus": usable_cores(),
+        "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+        "blas": _blas_info(),
+        "load_average": loadavg(),
+    }
     if torch is not None:
-        info["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
-                         "interop_threads": torch.get_num_interop_threads(),
-                         "mkldnn": bool(torch.backends.mkldnn.is_available()),
-                         "blas": _torch_blas(torch)}
+        info["torch"] = {
+            "version": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "mkldnn": bool(torch.backends.mkldnn.is_available()),
+            "blas": _torch_blas(torch),
+        }
     if device == "cuda":
         import cupy
-        info["gpu"] = {"name": backend.get("cuda").device_name(), "cupy": cupy.__version__,
-                       "torch_cuda": torch.version.cuda if torch is not None else None}
+
+        info["gpu"] = {
+            "name": backend.get("cuda").device_name(),
+            "cupy": cupy.__version__,
+            "torch_cuda": torch.version.cuda if torch is not None else None,
+        }
     return info
 
 
@@ -65,18 +90,35 @@ def _blas_info():
     else what NumPy's build configuration says."""
     try:
         from threadpoolctl import threadpool_info
-        keep = ("internal_api", "prefix", "version", "architecture", "num_threads",
-                "threading_layer", "filepath")
-        return {"source": "threadpoolctl",
-                "libraries": [{k: v for k, v in lib.items() if k in keep}
-                              for lib in threadpool_info()]}
+
+        keep = (
+            "internal_api",
+            "prefix",
+            "version",
+            "architecture",
+            "num_threads",
+            "threading_layer",
+            "filepath",
+        )
+        return {
+            "source": "threadpoolctl",
+            "libraries": [{k: v for k, v in lib.items() if k in keep} for lib in threadpool_info()],
+        }
     except ImportError:
         pass
     try:
         blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-        return {"source": "numpy.show_config", "libraries": [
-            {"internal_api": blas.get("name"), "version": blas.get("version"),
-             "architecture": "unknown (pip install threadpoolctl)", "num_threads": None}]}
+        return {
+            "source": "numpy.show_config",
+            "libraries": [
+                {
+                    "internal_api": blas.get("name"),
+                    "version": blas.get("version"),
+                    "architecture": "unknown (pip install threadpoolctl)",
+                    "num_threads": None,
+                }
+            ],
+        }
     except Exception as e:  # an old NumPy without mode="dicts"
         return {"source": "none", "libraries": [], "error": str(e)}
 
@@ -90,35 +132,47 @@ def _torch_blas(torch):
 
 
 def format_environment(info, peak_name):
-    lines = [f"machine: {info['cpu']}, {info['logical_cpus']} logical CPUs "
-             f"({info['affinity_cpus']} usable), Python {info['python']}, NumPy {info['numpy']}"]
+    lines = [
+        f"machine: {info['cpu']}, {info['logical_cpus']} logical CPUs "
+        f"({info['affinity_cpus']} usable), Python {info['python']}, NumPy {info['numpy']}"
+    ]
     for lib in info["blas"]["libraries"]:
         kernels = f"kernel set {lib['architecture']}, " if lib.get("architecture") else ""
         version = f" {lib['version']}" if lib.get("version") else ""
-        lines.append(f"  {lib.get('internal_api')}{version}: {kernels}{lib.get('num_threads')} "
-                     f"threads ({os.path.basename(str(lib.get('filepath', '')))})")
+        lines.append(
+            f"  {lib.get('internal_api')}{version}: {kernels}{lib.get('num_threads')} "
+            f"threads ({os.path.basename(str(lib.get('filepath', '')))})"
+        )
     env = info["env"]
-    lines.append("  BLAS variables: " + (", ".join(f"{k}={v}" for k, v in env.items())
-                                        if env else "none set"))
+    lines.append(
+        "  BLAS variables: "
+        + (", ".join(f"{k}={v}" for k, v in env.items()) if env else "none set")
+    )
     if "OPENBLAS_CORETYPE" in env:
-        lines.append("  note: OPENBLAS_CORETYPE overrides the kernels OpenBLAS would pick for "
-                     "this CPU; run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` to "
-                     "measure the native ones")
+        lines.append(
+            "  note: OPENBLAS_CORETYPE overrides the kernels OpenBLAS would pick for "
+            "this CPU; run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` to "
+            "measure the native ones"
+        )
     if "torch" in info:
         t = info["torch"]
-        lines.append(f"  torch {t['version']} ({t['blas']}, mkldnn {t['mkldnn']}): "
-                     f"{t['threads']} threads, {t['interop_threads']} inter-op")
+        lines.append(
+            f"  torch {t['version']} ({t['blas']}, mkldnn {t['mkldnn']}): "
+            f"{t['threads']} threads, {t['interop_threads']} inter-op"
+        )
     if "gpu" in info:
         g = info["gpu"]
         lines.append(f"  GPU: {g['name']}, CuPy {g['cupy']}, torch CUDA {g['torch_cuda']}")
     lines.append(f"  MFU divides by the {peak_name}")
     if info["load_average"]:
-        lines.append("  load average at start: " +
-                     " ".join(f"{x:.2f}" for x in info["load_average"]))
+        lines.append(
+            "  load average at start: " + " ".join(f"{x:.2f}" for x in info["load_average"])
+        )
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- peaks
+
 
 def peak_flops(device, dtype):
     """-> (FLOP/s MFU divides by, a phrase naming it): on a CPU the fp32 matmul peak NumPy's
@@ -132,8 +186,10 @@ def peak_flops(device, dtype):
         if i:
             time.sleep(0.05)
         best = max(best, mfu.measure_cpu_matmul_peak())
-    return best, (f"fp32 matmul peak of this CPU (NumPy, 1024^3, training/mfu.py, best of 5 "
-                  f"tries), {best / 1e9:.0f} GFLOP/s")
+    return best, (
+        f"fp32 matmul peak of this CPU (NumPy, 1024^3, training/mfu.py, best of 5 "
+        f"tries), {best / 1e9:.0f} GFLOP/s"
+    )
 
 
 def torch_matmul_peak(torch, n=1024, repeats=5):
@@ -141,10 +197,11 @@ def torch_matmul_peak(torch, n=1024, repeats=5):
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g) for _ in range(2))
     out = torch.empty(n, n)
-    return 2 * n ** 3 / mfu.best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+    return 2 * n**3 / mfu.best_seconds(lambda: torch.mm(a, b, out=out), repeats)
 
 
 # ---------------------------------------------------------------- noise
+
 
 def cpu_snapshot():
     """(seconds the machine's CPUs were busy, seconds this process ran, all its threads).
@@ -152,7 +209,7 @@ def cpu_snapshot():
     busy = float("nan")
     try:
         with open("/proc/stat") as f:
-            ticks = [int(v) for v in f.readline().split()[1:9]]   # user .. steal
+            ticks = [int(v) for v in f.readline().split()[1:9]]  # user .. steal
         busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
     except (OSError, ValueError, IndexError):
         pass
@@ -179,5 +236,5 @@ def timed(fn):
 def quiet(samples, key=lambda s: s):
     """The samples taken while other processes used under QUIET of the CPUs, when at least
     3 (or a third) of them were; otherwise all of them (and the report says so)."""
-    calm = [s for s in samples if not key(s)[1] > QUIET]      # NaN (no /proc) counts as calm
+    calm = [s for s in samples if not key(s)[1] > QUIET]  # NaN (no /proc) counts as calm
     return (calm, True) if len(calm) >= max(3, len(samples) // 3) else (samples, False)

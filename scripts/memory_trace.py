@@ -12,6 +12,7 @@ and prints the peak bytes per tag (on CUDA, beside what CuPy's memory pool saw).
     python scripts/memory_trace.py                          # gpt2-mini, 3 steps, B=4, T=64
     python scripts/memory_trace.py --model gpt2 --steps 2 --batch-size 1 --dtype bf16
 """
+
 import contextlib
 import json
 import os
@@ -27,17 +28,23 @@ from training.corpus import DEFAULT_DATA_DIR
 from training.loop import RunConfig, Trainer
 from training.tables import table
 
-PHASE_COLORS = {"forward": "tab:blue", "backward": "tab:red", "optimizer": "tab:green",
-                "other": "tab:gray"}
+PHASE_COLORS = {
+    "forward": "tab:blue",
+    "backward": "tab:red",
+    "optimizer": "tab:green",
+    "other": "tab:gray",
+}
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description="Chrome trace and memory plot of a few GPT-2 training "
-                       "steps.")
+    p = ArgumentParser(description="Chrome trace and memory plot of a few GPT-2 training steps.")
     add_model_args(p, model="gpt2-mini", batch_size=4, seq_len=64)
     p.add_argument("--steps", type=int, default=3, help="training steps traced (default 3)")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
-                   help="folder with train.bin and val.bin (the default is made if missing)")
+    p.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        help="folder with train.bin and val.bin (the default is made if missing)",
+    )
     p.add_argument("--out-dir", default="out/trace", help="where trace.json and memory.png go")
     return p.parse_args(argv)
 
@@ -45,7 +52,7 @@ def parse_args(argv=None):
 def trace_steps(trainer, steps):
     """Run training steps with every launch timed and every buffer (temporaries too) tracked
     on one clock. -> (profiler, memory events, the pool watcher's report or None)."""
-    watcher = memory.pool_watcher(trainer.device)   # CUDA: CuPy's pool, to cross-check
+    watcher = memory.pool_watcher(trainer.device)  # CUDA: CuPy's pool, to cross-check
     with watcher or contextlib.nullcontext(), Profiler(timing=True) as prof:
         TRACKER.start_recording(temporaries=True, t0=prof.t0)
         try:
@@ -59,16 +66,20 @@ def trace_steps(trainer, steps):
 
 def chrome_trace(prof, events, title):
     """The trace-event JSON object: kernels on a track per phase, memory as one counter."""
-    meta = [{"name": "process_name", "ph": "M", "ts": 0, "pid": 1, "tid": 0,
-             "args": {"name": title}}]
+    meta = [
+        {"name": "process_name", "ph": "M", "ts": 0, "pid": 1, "tid": 0, "args": {"name": title}}
+    ]
     counters = memory.counter_events(events, pid=1, tid=len(PHASES))
-    return {"traceEvents": meta + prof.chrome_trace_events(pid=1) + counters,
-            "displayTimeUnit": "ms"}
+    return {
+        "traceEvents": meta + prof.chrome_trace_events(pid=1) + counters,
+        "displayTimeUnit": "ms",
+    }
 
 
 def plot_memory(events, spans, path, title):
     """Live MB over time stacked by tag, each phase's spans shaded behind."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -78,13 +89,19 @@ def plot_memory(events, spans, path, title):
     fig, ax = plt.subplots(figsize=(12, 5))
     for phase, start, end in spans:
         ax.axvspan(start * 1e3, end * 1e3, color=PHASE_COLORS[phase], alpha=0.12, lw=0)
-    ax.stackplot(t_ms, *[np.asarray(series[tag]) / 1e6 for tag in TAGS], labels=TAGS,
-                 step="post")
+    ax.stackplot(t_ms, *[np.asarray(series[tag]) / 1e6 for tag in TAGS], labels=TAGS, step="post")
     tags = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="buffers")
     ax.add_artist(tags)
-    phases = ax.legend(handles=[Patch(color=PHASE_COLORS[p], alpha=0.25, label=p)
-                                for p in PHASES if any(s[0] == p for s in spans)],
-                       loc="lower left", bbox_to_anchor=(1.01, 0.0), title="phases")
+    phases = ax.legend(
+        handles=[
+            Patch(color=PHASE_COLORS[p], alpha=0.25, label=p)
+            for p in PHASES
+            if any(s[0] == p for s in spans)
+        ],
+        loc="lower left",
+        bbox_to_anchor=(1.01, 0.0),
+        title="phases",
+    )
     ax.set_xlabel("time (ms)")
     ax.set_ylabel("live bytes (MB)")
     ax.set_xlim(0, t_ms[-1] if len(t_ms) else 1)
@@ -95,11 +112,17 @@ def plot_memory(events, spans, path, title):
 
 def format_peaks(pool):
     rows = [(tag, f"{TRACKER.peak[tag]:,}", f"{TRACKER.peak[tag] / 1e6:,.1f}") for tag in TAGS]
-    rows.append(("total (peak of the sum)", f"{TRACKER.peak_total:,}",
-                 f"{TRACKER.peak_total / 1e6:,.1f}"))
+    rows.append(
+        ("total (peak of the sum)", f"{TRACKER.peak_total:,}", f"{TRACKER.peak_total / 1e6:,.1f}")
+    )
     if pool is not None:
-        rows.append(("CuPy pool, peak in use", f"{pool['peak_used_bytes']:,}",
-                     f"{pool['peak_used_bytes'] / 1e6:,.1f}"))
+        rows.append(
+            (
+                "CuPy pool, peak in use",
+                f"{pool['peak_used_bytes']:,}",
+                f"{pool['peak_used_bytes'] / 1e6:,.1f}",
+            )
+        )
     return table(("tag", "peak bytes", "peak MB"), rows)
 
 
@@ -110,14 +133,25 @@ def main(argv=None):
         if args.steps <= 0:
             raise ValueError(f"--steps must be positive, got {args.steps}")
         device = args.device
-        cfg = RunConfig(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size,
-                        seq_len=args.seq_len, steps=args.steps, dtype=args.dtype, device=device,
-                        eval_every=0, out=args.out_dir, quiet=True)
+        cfg = RunConfig(
+            model=args.model,
+            data_dir=args.data_dir,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            steps=args.steps,
+            dtype=args.dtype,
+            device=device,
+            eval_every=0,
+            out=args.out_dir,
+            quiet=True,
+        )
         ensure_data(cfg)
         trainer = Trainer(cfg)
     prof, events, pool = trace_steps(trainer, args.steps)
-    title = (f"{args.model}, {args.dtype}, B={args.batch_size}, T={args.seq_len}: "
-             f"{args.steps} training steps on {device}")
+    title = (
+        f"{args.model}, {args.dtype}, B={args.batch_size}, T={args.seq_len}: "
+        f"{args.steps} training steps on {device}"
+    )
     os.makedirs(args.out_dir, exist_ok=True)
     trace_path = os.path.join(args.out_dir, "trace.json")
     with open(trace_path, "w") as f:

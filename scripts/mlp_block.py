@@ -31,6 +31,7 @@ from other processes only ever slows a call. Its roofline (training/roofline.py:
 measured peaks, cached per machine) gives the bound, the roofline time and the fraction of it
 reached. Last, the lab's six predictions beside what was measured, and which held.
 """
+
 import math
 
 import numpy as np
@@ -42,37 +43,45 @@ from training import roofline
 from training.args import ArgumentParser, user_errors
 from training.tables import table, wrap
 
-C, HIDDEN = 768, 3072            # GPT-2 small's width and MLP width
+C, HIDDEN = 768, 3072  # GPT-2 small's width and MLP width
 SIZES = (1, 64, 512)
 BLOCK = ("layernorm", "matmul fc", "bias fc", "gelu", "matmul proj", "bias proj", "residual")
 FUSED = ("matmul fc+b", "bias+gelu")
 ELEMENTWISE = ("bias fc", "gelu", "bias proj", "residual")
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}   # scaled max error allowed
-NEAR = 0.7                       # "near the bandwidth ceiling": at least 70% of it
-FEW_US = 10e-6                   # "a few µs"
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}  # scaled max error allowed
+NEAR = 0.7  # "near the bandwidth ceiling": at least 70% of it
+FEW_US = 10e-6  # "a few µs"
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description="The MLP half of a GPT-2 block, kernel by kernel, against "
-                       "the roofline (the course's lab 5).")
-    p.add_argument("--device", default="cpu", help=f"{' or '.join(backend.DEVICES)} (default "
-                   "cpu)")
+    p = ArgumentParser(
+        description="The MLP half of a GPT-2 block, kernel by kernel, against "
+        "the roofline (the course's lab 5)."
+    )
+    p.add_argument("--device", default="cpu", help=f"{' or '.join(backend.DEVICES)} (default cpu)")
     p.add_argument("--dtype", default="fp32", help=f"{', '.join(dtypes.TRAINING)} (default fp32)")
-    p.add_argument("--sizes", default=",".join(map(str, SIZES)),
-                   help="the token counts M, comma-separated (default 1,64,512)")
-    p.add_argument("--repeats", type=int, default=20,
-                   help="timed calls per kernel, the fastest kept (default 20)")
+    p.add_argument(
+        "--sizes",
+        default=",".join(map(str, SIZES)),
+        help="the token counts M, comma-separated (default 1,64,512)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=20,
+        help="timed calls per kernel, the fastest kept (default 20)",
+    )
     args = p.parse_args(argv)
     with user_errors():
         backend.check_device(args.device)
         if args.dtype not in dtypes.TRAINING:
-            raise ValueError(f"unknown --dtype {args.dtype!r}: use one of "
-                             f"{', '.join(dtypes.TRAINING)}")
+            raise ValueError(
+                f"unknown --dtype {args.dtype!r}: use one of {', '.join(dtypes.TRAINING)}"
+            )
         try:
             args.sizes = [int(m) for m in args.sizes.split(",")]
         except ValueError:
-            raise ValueError(f"--sizes {args.sizes!r}: give whole numbers, e.g. 1,64,512") \
-                from None
+            raise ValueError(f"--sizes {args.sizes!r}: give whole numbers, e.g. 1,64,512") from None
         if not args.sizes or min(args.sizes) <= 0:
             raise ValueError("--sizes must all be positive")
         if args.repeats <= 0:
@@ -82,13 +91,19 @@ def parse_args(argv=None):
 
 # ---------------------------------------------------------------- the block
 
+
 def weights(c=C, hidden=HIDDEN, dtype="fp32", device="cpu", seed=0):
     """GPT-2-like parameters as float64 NumPy (the reference's) and on the device in dtype:
     {name: (float64 array, device array)}, the float64 ones holding the rounded values."""
     rng = np.random.default_rng(seed)
-    host = {"ln_w": 1 + 0.1 * rng.standard_normal(c), "ln_b": 0.1 * rng.standard_normal(c),
-            "w1": 0.02 * rng.standard_normal((c, hidden)), "b1": 0.1 * rng.standard_normal(hidden),
-            "w2": 0.02 * rng.standard_normal((hidden, c)), "b2": 0.1 * rng.standard_normal(c)}
+    host = {
+        "ln_w": 1 + 0.1 * rng.standard_normal(c),
+        "ln_b": 0.1 * rng.standard_normal(c),
+        "w1": 0.02 * rng.standard_normal((c, hidden)),
+        "b1": 0.1 * rng.standard_normal(hidden),
+        "w2": 0.02 * rng.standard_normal((hidden, c)),
+        "b2": 0.1 * rng.standard_normal(c),
+    }
     return {k: _both(v, dtype, device) for k, v in host.items()}
 
 
@@ -112,8 +127,12 @@ def plan(x, p):
         ("matmul proj", lambda *a: launch("matmul", *a), ("gelu", w2), np.matmul),
         ("bias proj", lambda *a: launch("add", *a), ("matmul proj", b2), np.add),
         ("residual", lambda *a: launch("add", *a), (x, "bias proj"), np.add),
-        ("matmul fc+b", lambda h, w, b: launch("matmul", h, w, bias=b), ("layernorm", w1, b1),
-         lambda h, w, b: h @ w + b),
+        (
+            "matmul fc+b",
+            lambda h, w, b: launch("matmul", h, w, bias=b),
+            ("layernorm", w1, b1),
+            lambda h, w, b: h @ w + b,
+        ),
         ("bias+gelu", lambda *a: launch("gelu_fwd", *a), ("matmul fc+b",), _gelu),
     ]
 
@@ -125,7 +144,7 @@ def _layernorm(x, w, b, eps=1e-5):
 
 
 def _gelu(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def measure_block(m, p, peaks, dtype="fp32", device="cpu", repeats=20, seed=1):
@@ -139,18 +158,29 @@ def measure_block(m, p, peaks, dtype="fp32", device="cpu", repeats=20, seed=1):
     outputs, rows = {}, []
     for row, run, args, ref in plan(x, p):
         args = [outputs[a] if isinstance(a, str) else a for a in args]
-        run(*[a[1] for a in args])                              # warm-up (and CUDA compiles)
+        run(*[a[1] for a in args])  # warm-up (and CUDA compiles)
         with Profiler(timing=True) as prof:
             for _ in range(repeats):
                 out = run(*[a[1] for a in args])
         expected = ref(*[a[0] for a in args])
         got = be.to_numpy(out).astype(np.float64)
-        outputs[row] = (got, out)    # later rows start from what the kernel gave, in float64
+        outputs[row] = (got, out)  # later rows start from what the kernel gave, in float64
         first = prof.launches[0]
         seconds = min(la.seconds for la in prof.launches)
-        rows.append(row_of(row, first.name, tuple(out.shape), first.flops, first.bytes,
-                           first.exps, seconds, peaks, dtype,
-                           np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30)))
+        rows.append(
+            row_of(
+                row,
+                first.name,
+                tuple(out.shape),
+                first.flops,
+                first.bytes,
+                first.exps,
+                seconds,
+                peaks,
+                dtype,
+                np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30),
+            )
+        )
     total = sum(r["seconds"] for r in rows if r["row"] in BLOCK)
     for r in rows:
         r["share"] = r["seconds"] / total if r["row"] in BLOCK else None
@@ -160,27 +190,73 @@ def measure_block(m, p, peaks, dtype="fp32", device="cpu", repeats=20, seed=1):
 def row_of(row, kernel, shape, flops, nbytes, exps, seconds, peaks, dtype, error):
     """One table row: the counts, the rates, and the roofline (bound, time, fraction)."""
     bound, roof = roofline.bound(flops, nbytes, exps, peaks, dtype)
-    return {"row": row, "kernel": kernel, "shape": shape, "flops": flops, "bytes": nbytes,
-            "exps": exps, "seconds": seconds, "error": error,
-            "GB/s": nbytes / seconds / 1e9, "GFLOP/s": flops / seconds / 1e9,
-            "bound": bound, "roofline_s": roof, "fraction": roof / seconds}
+    return {
+        "row": row,
+        "kernel": kernel,
+        "shape": shape,
+        "flops": flops,
+        "bytes": nbytes,
+        "exps": exps,
+        "seconds": seconds,
+        "error": error,
+        "GB/s": nbytes / seconds / 1e9,
+        "GFLOP/s": flops / seconds / 1e9,
+        "bound": bound,
+        "roofline_s": roof,
+        "fraction": roof / seconds,
+    }
 
 
 def format_rows(m, rows, dtype):
-    body = [(r["row"], r["kernel"], "x".join(map(str, r["shape"])), f"{r['bytes'] / 1e6:.3f}",
-             f"{r['flops'] / 1e6:,.2f}", f"{r['seconds'] * 1e6:,.1f}", f"{r['GB/s']:.1f}",
-             f"{r['GFLOP/s']:.1f}", "-" if r["share"] is None else f"{r['share']:.1%}",
-             r["bound"], f"{r['roofline_s'] * 1e6:,.2f}", f"{r['fraction']:.0%}",
-             f"{r['error']:.1e}", "PASS" if r["error"] <= TOLERANCE[dtype] else "FAIL")
-            for r in rows]
+    body = [
+        (
+            r["row"],
+            r["kernel"],
+            "x".join(map(str, r["shape"])),
+            f"{r['bytes'] / 1e6:.3f}",
+            f"{r['flops'] / 1e6:,.2f}",
+            f"{r['seconds'] * 1e6:,.1f}",
+            f"{r['GB/s']:.1f}",
+            f"{r['GFLOP/s']:.1f}",
+            "-" if r["share"] is None else f"{r['share']:.1%}",
+            r["bound"],
+            f"{r['roofline_s'] * 1e6:,.2f}",
+            f"{r['fraction']:.0%}",
+            f"{r['error']:.1e}",
+            "PASS" if r["error"] <= TOLERANCE[dtype] else "FAIL",
+        )
+        for r in rows
+    ]
     total = sum(r["seconds"] for r in rows if r["share"] is not None)
-    return "\n".join([
-        f"M = {m} tokens: block total {total * 1e6:,.1f} us (the fused rows not included)",
-        table(("row", "kernel", "output", "MB", "MFLOP", "us", "GB/s", "GFLOP/s", "share",
-               "bound", "roof us", "of roof", "error", "check"), body, "llr" + "r" * 11)])
+    return "\n".join(
+        [
+            f"M = {m} tokens: block total {total * 1e6:,.1f} us (the fused rows not included)",
+            table(
+                (
+                    "row",
+                    "kernel",
+                    "output",
+                    "MB",
+                    "MFLOP",
+                    "us",
+                    "GB/s",
+                    "GFLOP/s",
+                    "share",
+                    "bound",
+                    "roof us",
+                    "of roof",
+                    "error",
+                    "check",
+                ),
+                body,
+                "llr" + "r" * 11,
+            ),
+        ]
+    )
 
 
 # ---------------------------------------------------------------- the lab's predictions
+
 
 def predictions(results, peaks, dtype="fp32", device="cpu"):
     """results: {M: measure_block rows} -> [(the lab's prediction, what was measured, whether
@@ -192,56 +268,106 @@ def predictions(results, peaks, dtype="fp32", device="cpu"):
 
     if big:
         share = big["matmul fc"]["share"] + big["matmul proj"]["share"]
-        out.append(("(a) M = 512: the two matmuls hold above 95% of the time",
-                    f"{share:.1%}", share > 0.95))
-        near = {row: big[row]["GB/s"] * 1e9 / peaks.bandwidth
-                for row in ("gelu", "bias fc", "bias proj", "residual")}
-        out.append((f"(b) M = 512: GELU, bias and residual near the bandwidth ceiling "
-                    f"({peaks.bandwidth / 1e9:.0f} GB/s; near = {NEAR:.0%} of it)",
-                    ", ".join(f"{row} {big[row]['GB/s']:.1f} GB/s ({f:.0%}, {big[row]['bound']}"
-                              "-bound)" for row, f in near.items()),
-                    min(near.values()) >= NEAR))
+        out.append(
+            (
+                "(a) M = 512: the two matmuls hold above 95% of the time",
+                f"{share:.1%}",
+                share > 0.95,
+            )
+        )
+        near = {
+            row: big[row]["GB/s"] * 1e9 / peaks.bandwidth
+            for row in ("gelu", "bias fc", "bias proj", "residual")
+        }
+        out.append(
+            (
+                f"(b) M = 512: GELU, bias and residual near the bandwidth ceiling "
+                f"({peaks.bandwidth / 1e9:.0f} GB/s; near = {NEAR:.0%} of it)",
+                ", ".join(
+                    f"{row} {big[row]['GB/s']:.1f} GB/s ({f:.0%}, {big[row]['bound']}-bound)"
+                    for row, f in near.items()
+                ),
+                min(near.values()) >= NEAR,
+            )
+        )
         fused, apart = big["bias+gelu"], big["bias fc"]["seconds"] + big["gelu"]["seconds"]
         ratio = fused["seconds"] / apart
         moved = fused["bytes"] / (big["bias fc"]["bytes"] + big["gelu"]["bytes"])
         epilogue = big["matmul fc+b"]["seconds"] - big["matmul fc"]["seconds"]
-        out.append(("(c) M = 512: fused bias+GELU about half the time of bias then GELU",
-                    f"{ratio:.2f}x ({fused['seconds'] * 1e6:,.0f} vs {apart * 1e6:,.0f} us; "
-                    f"bytes {moved:.2f}x; the bias in the fc epilogue cost "
-                    f"{epilogue * 1e6:,.0f} us there)", 0.35 <= ratio <= 0.65))
-        frac = {row: big[row]["GFLOP/s"] * 1e9 / peaks.flops(dtype)
-                for row in ("matmul fc", "matmul proj")}
-        out.append((f"(f) M = 512: the matmul at a few percent of the {dtype} peak "
-                    f"({peaks.flops(dtype) / 1e9:,.0f} GFLOP/s)",
-                    ", ".join(f"{row} {big[row]['GFLOP/s']:,.0f} GFLOP/s ({f:.0%})"
-                              for row, f in frac.items()), max(frac.values()) < 0.10))
+        out.append(
+            (
+                "(c) M = 512: fused bias+GELU about half the time of bias then GELU",
+                f"{ratio:.2f}x ({fused['seconds'] * 1e6:,.0f} vs {apart * 1e6:,.0f} us; "
+                f"bytes {moved:.2f}x; the bias in the fc epilogue cost "
+                f"{epilogue * 1e6:,.0f} us there)",
+                0.35 <= ratio <= 0.65,
+            )
+        )
+        frac = {
+            row: big[row]["GFLOP/s"] * 1e9 / peaks.flops(dtype)
+            for row in ("matmul fc", "matmul proj")
+        }
+        out.append(
+            (
+                f"(f) M = 512: the matmul at a few percent of the {dtype} peak "
+                f"({peaks.flops(dtype) / 1e9:,.0f} GFLOP/s)",
+                ", ".join(
+                    f"{row} {big[row]['GFLOP/s']:,.0f} GFLOP/s ({f:.0%})" for row, f in frac.items()
+                ),
+                max(frac.values()) < 0.10,
+            )
+        )
     if one:
         # a fixed cost, not bytes, sets the time: under a few us and 3x its bytes/exps roof
         times = {row: one[row]["seconds"] for row in ELEMENTWISE}
-        data_roof = {row: max(roofline.roofline_times(one[row]["flops"], one[row]["bytes"],
-                                                      one[row]["exps"], peaks, dtype)[b]
-                              for b in ("memory", "exp")) for row in ELEMENTWISE}
+        data_roof = {
+            row: max(
+                roofline.roofline_times(
+                    one[row]["flops"], one[row]["bytes"], one[row]["exps"], peaks, dtype
+                )[b]
+                for b in ("memory", "exp")
+            )
+            for row in ELEMENTWISE
+        }
         fixed = all(t < FEW_US and t >= 3 * data_roof[row] for row, t in times.items())
-        cost = (f"the launch floor is {peaks.launch_s * 1e6:.1f} us" if gpu else
-                "a CPU has no launch: the fixed cost is each call's Python and NumPy dispatch "
-                f"(the cheapest call here takes {peaks.launch_s * 1e6:.2f} us)")
-        out.append(("(d) M = 1: elementwise ops take a few us each whatever their size: "
-                    "launch-bound" + ("" if gpu else " (on a GPU)"),
-                    ", ".join(f"{row} {t * 1e6:.1f} us ({t / data_roof[row]:.0f}x its bytes/exps "
-                              "roof)" for row, t in times.items()) + f"; {cost}", fixed))
+        cost = (
+            f"the launch floor is {peaks.launch_s * 1e6:.1f} us"
+            if gpu
+            else "a CPU has no launch: the fixed cost is each call's Python and NumPy dispatch "
+            f"(the cheapest call here takes {peaks.launch_s * 1e6:.2f} us)"
+        )
+        out.append(
+            (
+                "(d) M = 1: elementwise ops take a few us each whatever their size: "
+                "launch-bound" + ("" if gpu else " (on a GPU)"),
+                ", ".join(
+                    f"{row} {t * 1e6:.1f} us ({t / data_roof[row]:.0f}x its bytes/exps roof)"
+                    for row, t in times.items()
+                )
+                + f"; {cost}",
+                fixed,
+            )
+        )
         ratio = one["matmul proj"]["seconds"] / one["matmul fc"]["seconds"]
-        out.append(("(e) M = 1: matmul proj several times slower than fc (3 blocks vs 12, "
-                    "one thread per output on a GPU)",
-                    f"proj / fc = {ratio:.2f}x ({one['matmul proj']['seconds'] * 1e6:,.1f} vs "
-                    f"{one['matmul fc']['seconds'] * 1e6:,.1f} us; same bytes)", ratio >= 2))
+        out.append(
+            (
+                "(e) M = 1: matmul proj several times slower than fc (3 blocks vs 12, "
+                "one thread per output on a GPU)",
+                f"proj / fc = {ratio:.2f}x ({one['matmul proj']['seconds'] * 1e6:,.1f} vs "
+                f"{one['matmul fc']['seconds'] * 1e6:,.1f} us; same bytes)",
+                ratio >= 2,
+            )
+        )
     return sorted(out, key=lambda p: p[0])
 
 
 def format_predictions(preds):
     lines = ["the lab's predictions beside the measurement"]
     for prediction, measured, held in preds:
-        lines += [f"  {prediction}: {'HELD' if held else 'DID NOT HOLD'}",
-                  wrap(f"measured: {measured}", indent="      ")]
+        lines += [
+            f"  {prediction}: {'HELD' if held else 'DID NOT HOLD'}",
+            wrap(f"measured: {measured}", indent="      "),
+        ]
     return "\n".join(lines)
 
 
@@ -249,17 +375,20 @@ def main(argv=None):
     args = parse_args(argv)
     peaks = roofline.peaks(args.device)
     print(peaks.describe())
-    print(f"\nMLP half-block, C = {C}, hidden = {HIDDEN}, {args.dtype} on {args.device}; each "
-          f"kernel the fastest of {args.repeats} calls; error = max |out - ref| / max |ref| "
-          f"against float64 (PASS at <= {TOLERANCE[args.dtype]:g})\n")
+    print(
+        f"\nMLP half-block, C = {C}, hidden = {HIDDEN}, {args.dtype} on {args.device}; each "
+        f"kernel the fastest of {args.repeats} calls; error = max |out - ref| / max |ref| "
+        f"against float64 (PASS at <= {TOLERANCE[args.dtype]:g})\n"
+    )
     p = weights(dtype=args.dtype, device=args.device)
     results = {}
     for m in args.sizes:
         results[m] = measure_block(m, p, peaks, args.dtype, args.device, args.repeats)
         print(format_rows(m, results[m], args.dtype) + "\n")
     print(format_predictions(predictions(results, peaks, args.dtype, args.device)))
-    failed = [r["row"] for rows in results.values() for r in rows
-              if r["error"] > TOLERANCE[args.dtype]]
+    failed = [
+        r["row"] for rows in results.values() for r in rows if r["error"] > TOLERANCE[args.dtype]
+    ]
     if failed:
         raise SystemExit(f"error: outputs differ from the float64 reference: {failed}")
     return results

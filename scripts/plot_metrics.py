@@ -4,6 +4,7 @@ the fp16 loss scale when present) into a PNG.
     python scripts/plot_metrics.py out                 # -> out/loss.png
     python scripts/plot_metrics.py out --png run.png
 """
+
 from training.args import ArgumentParser, user_errors
 from training.plot import plot_metrics
 

@@ -7,6 +7,7 @@ torch.optim.AdamW; on the CPU the same model in fp32 with AdamW's default (for-e
 implementation. torch is passed in: this module never imports it, so the benchmark runs
 without it.
 """
+
 import numpy as np
 
 PEER_DTYPES = ("fp32", "bf16")  # fp16 would need torch's GradScaler too: no peer here
@@ -37,8 +38,9 @@ def torch_model_class(torch):
         def forward(self, x):
             B, T, C = x.shape
             q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-                       for t in (q, k, v))
+            q, k, v = (
+                t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
+            )
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -84,11 +86,12 @@ def torch_model_class(torch):
             x = tr.wte(idx) + tr.wpe(torch.arange(T, device=idx.device))
             for block in tr.h:
                 x = block(x)
-            logits = F.linear(tr.ln_f(x), tr.wte.weight)          # tied LM head
+            logits = F.linear(tr.ln_f(x), tr.wte.weight)  # tied LM head
             loss = None
             if targets is not None:
-                loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1),
-                                       ignore_index=-1)
+                loss = F.cross_entropy(
+                    logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1
+                )
             return logits, loss
 
     return TorchGPT2
@@ -99,35 +102,52 @@ class TorchPeer:
     betas (0.9, 0.95), fused on a GPU) and the step, in fp32 or bf16 autocast; compile=True
     wraps the model in torch.compile (the first steps then take the compilation)."""
 
-    def __init__(self, torch, config, state, device="cpu", dtype="fp32", lr=1e-4,
-                 weight_decay=0.1, grad_clip=1.0, compile=False):
+    def __init__(
+        self,
+        torch,
+        config,
+        state,
+        device="cpu",
+        dtype="fp32",
+        lr=1e-4,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        compile=False,
+    ):
         if dtype not in PEER_DTYPES:
             raise ValueError(f"the PyTorch peer runs in {' or '.join(PEER_DTYPES)}, not {dtype}")
         self.torch, self.grad_clip = torch, grad_clip
         self.device = torch.device(device)
-        self.autocast = dict(device_type=self.device.type, dtype=torch.bfloat16,
-                             enabled=dtype == "bf16")
+        self.autocast = dict(
+            device_type=self.device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"
+        )
         model = torch_model_class(torch)(config)
         own = model.state_dict()
         if set(own) != set(state):
-            raise RuntimeError("torch model keys differ from ours: "
-                               f"{sorted(set(own) ^ set(state))[:5]}")
+            raise RuntimeError(
+                f"torch model keys differ from ours: {sorted(set(own) ^ set(state))[:5]}"
+            )
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(torch.from_numpy(np.array(state[name], dtype=np.float32, copy=True)))
         self.model = model.to(self.device)
         decay = [p for p in model.parameters() if p.dim() >= 2]
         rest = [p for p in model.parameters() if p.dim() < 2]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                      {"params": rest, "weight_decay": 0.0}],
-                                     lr=lr, betas=(0.9, 0.95), eps=1e-8,
-                                     fused=self.device.type == "cuda")
+        self.opt = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": weight_decay},
+                {"params": rest, "weight_decay": 0.0},
+            ],
+            lr=lr,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            fused=self.device.type == "cuda",
+        )
         self.forward = torch.compile(self.model) if compile else self.model
 
     def batch(self, x, y):
         """NumPy (x, y) -> tensors on the peer's device."""
-        return (self.torch.from_numpy(x).to(self.device),
-                self.torch.from_numpy(y).to(self.device))
+        return (self.torch.from_numpy(x).to(self.device), self.torch.from_numpy(y).to(self.device))
 
     def loss(self, x, y):
         with self.torch.no_grad(), self.torch.autocast(**self.autocast):

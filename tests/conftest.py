@@ -3,6 +3,7 @@
 The finite-difference helper lives in tests/gradcheck.py; this file makes it importable as
 `from gradcheck import gradcheck` whatever directory pytest is started from.
 """
+
 import os
 import sys
 
@@ -39,6 +40,7 @@ def one_blas_thread():
 def shakespeare(tmp_path_factory):
     """The default corpus prepared once per session (shared by every test file that asks)."""
     from training.corpus import prepare
+
     d = tmp_path_factory.getbasetemp() / "shakespeare_data"
     if not (d / "val.bin").is_file():
         prepare(d)

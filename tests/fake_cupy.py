@@ -11,6 +11,7 @@ would accept it, and records it in LAUNCHES; it computes nothing (outputs keep w
 installed() puts the stand-in in sys.modules, imports a fresh tinygrad_like.backend.cuda over
 it, and restores sys.modules (and os.environ) afterwards.
 """
+
 import contextlib
 import importlib
 import os
@@ -29,20 +30,30 @@ class LaunchError(Exception):
 
 
 class Launch(NamedTuple):
-    name: str      # the instance, e.g. "gemm_tc<__half,false,true,true>"
+    name: str  # the instance, e.g. "gemm_tc<__half,false,true,true>"
     grid: tuple
     block: tuple
     args: tuple
-    source: str    # the module's CUDA source
+    source: str  # the module's CUDA source
 
 
 LAUNCHES = []  # every launch that passed the checks, in order
 
 # C type -> NumPy dtype, for pointees and for scalar arguments
-_DTYPES = {c: np.dtype(t) for c, t in {
-    "float": np.float32, "double": np.float64, "__half": np.float16,
-    "__nv_bfloat16": ml_dtypes.bfloat16, "int": np.int32, "long long": np.int64,
-    "unsigned long long": np.uint64, "unsigned": np.uint32, "bool": np.bool_}.items()}
+_DTYPES = {
+    c: np.dtype(t)
+    for c, t in {
+        "float": np.float32,
+        "double": np.float64,
+        "__half": np.float16,
+        "__nv_bfloat16": ml_dtypes.bfloat16,
+        "int": np.int32,
+        "long long": np.int64,
+        "unsigned long long": np.uint64,
+        "unsigned": np.uint32,
+        "bool": np.bool_,
+    }.items()
+}
 
 # ---------------------------------------------------------------- arrays
 
@@ -72,6 +83,7 @@ def _device(x):
 def _on_device(fn):
     def wrapped(*args, **kwargs):
         return _device(fn(*args, **kwargs))
+
     wrapped.__name__ = fn.__name__
     return wrapped
 
@@ -85,16 +97,32 @@ def asnumpy(a):
     return np.array(a)
 
 
-_ARRAY_FUNCTIONS = ("empty", "zeros", "empty_like", "ascontiguousarray", "broadcast_to", "matmul",
-                    "concatenate", "sort", "arange", "sum", "add", "subtract", "multiply",
-                    "divide", "negative")
+_ARRAY_FUNCTIONS = (
+    "empty",
+    "zeros",
+    "empty_like",
+    "ascontiguousarray",
+    "broadcast_to",
+    "matmul",
+    "concatenate",
+    "sort",
+    "arange",
+    "sum",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "negative",
+)
 
 # ---------------------------------------------------------------- kernels
 
-_SIGNATURE = re.compile(r"(?:template\s*<([^>]*)>\s*)?__global__\s+void\s+"
-                        r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{")
+_SIGNATURE = re.compile(
+    r"(?:template\s*<([^>]*)>\s*)?__global__\s+void\s+"
+    r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{"
+)
 _ACC = re.compile(r"struct\s+Num<(\w+)>\s*\{\s*typedef\s+(\w+)\s+acc\s*;")
-_GRID_MAX, _BLOCK_MAX = (2 ** 31 - 1, 65535, 65535), (1024, 1024, 64)
+_GRID_MAX, _BLOCK_MAX = (2**31 - 1, 65535, 65535), (1024, 1024, 64)
 
 
 def _body(source, open_brace):
@@ -103,20 +131,20 @@ def _body(source, open_brace):
     for i in range(open_brace, len(source)):
         depth += {"{": 1, "}": -1}.get(source[i], 0)
         if depth == 0:
-            return source[open_brace:i + 1]
+            return source[open_brace : i + 1]
     raise LaunchError("unbalanced braces in the kernel source")
 
 
 class _Param(NamedTuple):
     name: str
-    ctype: str        # without const / pointer, e.g. "long long"
+    ctype: str  # without const / pointer, e.g. "long long"
     pointer: bool
-    nullable: bool    # the body tests the pointer (`if (p)`, `p ? ...`): null may be passed
+    nullable: bool  # the body tests the pointer (`if (p)`, `p ? ...`): null may be passed
 
 
 class _Template(NamedTuple):
-    params: list      # [(kind, name)], kind: typename, bool or int
-    args: str         # the parameter list as written
+    params: list  # [(kind, name)], kind: typename, bool or int
+    args: str  # the parameter list as written
     body: str
 
 
@@ -126,8 +154,11 @@ def _instantiate(template, targs, acc):
         raise LaunchError(f"{len(targs)} template arguments for {len(template.params)} parameters")
     bound = {}  # typename parameter -> C type
     for (kind, pname), value in zip(template.params, targs):
-        fits = {"typename": value in _DTYPES, "bool": value in ("true", "false"),
-                "int": re.fullmatch(r"-?\d+", value) is not None}.get(kind, False)
+        fits = {
+            "typename": value in _DTYPES,
+            "bool": value in ("true", "false"),
+            "int": re.fullmatch(r"-?\d+", value) is not None,
+        }.get(kind, False)
         if not fits:
             raise LaunchError(f"template argument {value!r} does not fit `{kind} {pname}`")
         if kind == "typename":
@@ -137,7 +168,7 @@ def _instantiate(template, targs, acc):
         decl = re.sub(r"\b(\w+)\b", lambda m: bound.get(m[1], m[1]), decl)
         decl = re.sub(r"acc_t\s*<\s*(\w+)\s*>", lambda m: _acc_of(m[1], acc), decl)
         name = re.search(r"(\w+)\s*$", decl)[1]
-        ctype = " ".join(re.sub(r"\b(const|__restrict__)\b|\*", " ", decl[:-len(name)]).split())
+        ctype = " ".join(re.sub(r"\b(const|__restrict__)\b|\*", " ", decl[: -len(name)]).split())
         if ctype not in _DTYPES:
             raise LaunchError(f"parameter `{decl.strip()}`: no NumPy type for {ctype!r}")
         nullable = re.search(rf"\bif\s*\(\s*!?\s*{name}\s*\)|\b{name}\s*\?", template.body)
@@ -156,8 +187,9 @@ def _dims(what, dims, limits):
         raise LaunchError(f"{what} must be a tuple of 1 to 3 ints, got {dims!r}")
     for axis, (d, limit) in enumerate(zip(dims, limits)):
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 1 <= d <= limit:
-            raise LaunchError(f"{what} {dims}: dimension {'xyz'[axis]} must be an int in "
-                              f"[1, {limit}]")
+            raise LaunchError(
+                f"{what} {dims}: dimension {'xyz'[axis]} must be an int in [1, {limit}]"
+            )
 
 
 class Kernel:
@@ -170,8 +202,10 @@ class Kernel:
         if np.prod(block) > 1024:
             raise LaunchError(f"block {block}: more than 1024 threads")
         if not isinstance(args, tuple) or len(args) != len(self.params):
-            raise LaunchError(f"{self.name} takes a tuple of {len(self.params)} arguments, got "
-                              f"{len(args) if isinstance(args, tuple) else type(args).__name__}")
+            raise LaunchError(
+                f"{self.name} takes a tuple of {len(self.params)} arguments, got "
+                f"{len(args) if isinstance(args, tuple) else type(args).__name__}"
+            )
         for i, (arg, p) in enumerate(zip(args, self.params)):
             try:
                 (self._pointer if p.pointer else self._scalar)(arg, p)
@@ -191,16 +225,19 @@ class Kernel:
             if not p.nullable:
                 raise LaunchError("a null pointer, but the kernel never tests it for null")
         else:
-            raise LaunchError(f"{type(arg).__name__} for a {p.ctype}*: pass a device array or "
-                              f"np.uint64(0)")
+            raise LaunchError(
+                f"{type(arg).__name__} for a {p.ctype}*: pass a device array or np.uint64(0)"
+            )
 
     @staticmethod
     def _scalar(arg, p):
         want = _DTYPES[p.ctype]
         if not isinstance(arg, np.generic):
-            raise LaunchError(f"{type(arg).__name__} for a {p.ctype}: CuPy packs a Python int as "
-                              f"8 bytes and a float as a double whatever the parameter is; pass "
-                              f"np.{want.name}(...)")
+            raise LaunchError(
+                f"{type(arg).__name__} for a {p.ctype}: CuPy packs a Python int as "
+                f"8 bytes and a float as a double whatever the parameter is; pass "
+                f"np.{want.name}(...)"
+            )
         if arg.dtype != want:
             raise LaunchError(f"np.{arg.dtype.name} for a {p.ctype} (np.{want.name})")
 
@@ -224,13 +261,13 @@ class RawModule:
             if m is None or m[1] not in self.templates:
                 raise LaunchError(f"name expression {expr!r} names no kernel of the source")
             targs = [a.strip() for a in (m[2] or "").split(",") if a.strip()]
-            self.kernels[expr] = Kernel(expr, _instantiate(self.templates[m[1]], targs, acc),
-                                        code)
+            self.kernels[expr] = Kernel(expr, _instantiate(self.templates[m[1]], targs, acc), code)
 
     def get_function(self, name):
         if name not in self.kernels:
-            raise LaunchError(f"{name!r} is not in name_expressions: NVRTC would not have "
-                              f"compiled it")
+            raise LaunchError(
+                f"{name!r} is not in name_expressions: NVRTC would not have compiled it"
+            )
         return self.kernels[name]
 
 
@@ -281,8 +318,8 @@ def _modules():
     cuda.Device, cuda.Event = _Device, _Event
     cuda.get_elapsed_time = lambda start, end: 0.0
     cuda.runtime = types.SimpleNamespace(  # no device: a stand-in must never pass for a GPU
-        getDeviceCount=lambda: 0,
-        getDeviceProperties=lambda i: {"name": b"fake_cupy (no GPU)"})
+        getDeviceCount=lambda: 0, getDeviceProperties=lambda i: {"name": b"fake_cupy (no GPU)"}
+    )
     memory_hook = types.ModuleType("cupy.cuda.memory_hook")
     memory_hook.MemoryHook = _MemoryHook
     cupy.cuda, cuda.memory_hook = cuda, memory_hook
@@ -299,6 +336,7 @@ def installed():
     (real CuPy included), the backend package's `cuda` attribute and os.environ (importing
     cuda.py may set CUDA_PATH) are as they were."""
     from tinygrad_like import backend
+
     backend.cuda_available()  # cached now, from the real environment, never from the stand-in
     saved = {n: sys.modules[n] for n in _NAMES if n in sys.modules}
     saved_attr = backend.__dict__.get("cuda")

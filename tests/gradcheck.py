@@ -7,6 +7,7 @@ with the central difference (f(x + eps e_j) - f(x - eps e_j)) / (2 eps) of the s
 <fn(x), G>, evaluated under no_grad() by perturbing the leaf's own buffer in place (so a
 non-contiguous view passed in stays non-contiguous).
 """
+
 import numpy as np
 
 import tinygrad_like as tg
@@ -73,8 +74,13 @@ def gradcheck(fn, *inputs, rtol=RTOL, atol=ATOL, eps=EPS, seed=0):
         assert leaf.grad.shape == leaf.shape, (i, leaf.grad.shape, leaf.shape)
         assert leaf.grad.dtype == np.float64, (i, leaf.grad.dtype)
         expected = numeric_grad(fn, leaves, i, upstream, eps)
-        np.testing.assert_allclose(leaf.grad.numpy(), expected, rtol=rtol, atol=atol,
-                                   err_msg=f"gradient of input {i} (shape {leaf.shape})")
+        np.testing.assert_allclose(
+            leaf.grad.numpy(),
+            expected,
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"gradient of input {i} (shape {leaf.shape})",
+        )
         checked += 1
     assert checked, "gradcheck found no float64 input to check"
     return leaves

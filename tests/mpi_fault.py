@@ -1,5 +1,6 @@
 """examples/train_gpt2.py with one injected fault, for tests/test_distributed.py: rank
 FAULT_RANK raises in its optimizer step FAULT_STEP (1-based), as a bug or a bad device would."""
+
 import os
 import sys
 

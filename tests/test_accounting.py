@@ -2,6 +2,7 @@
 (written out here from the config, never taken from the code under test), bytes per parameter,
 activations (tape against tracker), the tape listing against the profiler, the Chrome trace's
 format, and the report printed by scripts/accounting.py and at the end of training."""
+
 import gc
 import json
 import os
@@ -19,8 +20,9 @@ from training import measure, report
 from training.data import write_tokens
 from training.loop import RunConfig, Trainer
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "scripts"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+)
 import inspect_tape  # noqa: E402
 import memory_trace  # noqa: E402
 
@@ -40,9 +42,11 @@ def allocated_by(build):
 def gpt2():
     """GPT-2 124M with fp32 AdamW, shared by the module (it takes seconds to build), and the
     bytes the two allocated per tag."""
+
     def build():
         model = GPT2(GPT2Config.from_preset("gpt2"))
         return model, AdamW(model.named_parameters())
+
     (model, optimizer), allocated = allocated_by(build)
     return model, optimizer, allocated
 
@@ -86,6 +90,7 @@ def forward_gemm_flops(config, batch, seq):
 
 # ---------------------------------------------------------------- FLOPs
 
+
 def test_forward_matmul_flops_equal_the_formula(gpt2, step):
     prof = step[0]
     gemm, bias = forward_gemm_flops(gpt2[0].config, B, T)
@@ -127,8 +132,10 @@ def test_backward_work_outside_the_records(gpt2, step):
     outside = step[3]
     assert outside["forward"].launches == 0
     residual_sums = 2 * c.n_layer * B * T * c.n_embd
-    assert outside["backward"].flops == \
-        n + (Vp - c.vocab_size) * c.n_embd + Vp * c.n_embd + residual_sums
+    assert (
+        outside["backward"].flops
+        == n + (Vp - c.vocab_size) * c.n_embd + Vp * c.n_embd + residual_sums
+    )
 
 
 # ---------------------------------------------------------------- memory
@@ -158,6 +165,7 @@ def test_state_bytes_per_parameter(dtype, expected):
     def build():
         model = GPT2(GPT2Config.from_preset("gpt2-mini"))
         return model, AdamW(model.named_parameters(), dtype=dtype)
+
     (model, _), allocated = allocated_by(build)
     n = stored_elements(model)
     assert {tag: allocated[tag] / n for tag in PERSISTENT} == expected
@@ -178,17 +186,20 @@ def test_tracker_activations_equal_the_tapes_saved_bytes(gpt2, step):
 
 # ---------------------------------------------------------------- the tape listing
 
+
 def test_tape_totals_equal_the_profilers(gpt2):
     model, optimizer, _ = gpt2
     result = inspect_tape.inspect(model, *measure.random_batch(model.config.vocab_size, B, T))
     optimizer.zero_grad()
     records, outside, prof = result["records"], result["outside_records"], result["profiler"]
-    assert outside["forward"]["launches"] == 0        # every forward launch belongs to a record
+    assert outside["forward"]["launches"] == 0  # every forward launch belongs to a record
     assert sum(r["fwd_flops"] for r in records) == prof["forward"]["flops"]
     # the backward adds gradients across a tensor's uses and into each .grad outside records
     assert outside["backward"]["launches"] > 0
-    assert sum(r["bwd_flops"] for r in records) + outside["backward"]["flops"] == \
-        prof["backward"]["flops"]
+    assert (
+        sum(r["bwd_flops"] for r in records) + outside["backward"]["flops"]
+        == prof["backward"]["flops"]
+    )
     for groups in (result["per_op"], result["per_layer"]):
         for field in ("fwd_flops", "bwd_flops", "saved_bytes"):
             assert sum(g[field] for g in groups.values()) == sum(r[field] for r in records)
@@ -206,6 +217,7 @@ def test_layer_of():
 
 # ---------------------------------------------------------------- the trace
 
+
 @pytest.fixture
 def data_dir(tmp_path):
     tokens = np.random.default_rng(0).integers(0, 50257, 4000)
@@ -219,9 +231,24 @@ REQUIRED = ("name", "ph", "ts", "pid", "tid")
 
 def test_memory_trace_writes_a_valid_chrome_trace_and_plot(data_dir, tmp_path, capsys):
     out = tmp_path / "trace"
-    memory_trace.main(["--model", "gpt2-tiny", "--steps", "2", "--batch-size", "2",
-                       "--seq-len", "16", "--data-dir", str(data_dir), "--out-dir", str(out),
-                       "--device", "cpu"])
+    memory_trace.main(
+        [
+            "--model",
+            "gpt2-tiny",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--data-dir",
+            str(data_dir),
+            "--out-dir",
+            str(out),
+            "--device",
+            "cpu",
+        ]
+    )
     with open(out / "trace.json") as f:
         events = json.load(f)["traceEvents"]
     for e in events:
@@ -255,33 +282,56 @@ def test_phase_spans_follow_the_step():
 
 # ---------------------------------------------------------------- the report
 
+
 def test_report_for_a_small_model():
     config = GPT2Config.from_preset("gpt2-tiny")
     m = measure.measure(config, "bf16", batch_size=2, seq_len=16, warmup=0)
     text = report.format_report(m)
-    for section in ("-- parameters N", "-- FLOPs per token", "-- persistent training memory",
-                    "-- activations saved", "-- kernel launches", "-- op census: one training",
-                    "-- op census: one decode step, M = 1"):
+    for section in (
+        "-- parameters N",
+        "-- FLOPs per token",
+        "-- persistent training memory",
+        "-- activations saved",
+        "-- kernel launches",
+        "-- op census: one training",
+        "-- op census: one decode step, M = 1",
+    ):
         assert section in text
     assert "NO" not in text.split() and "DIFFERENT" not in text
     # the decode step is one token: its LM head is a (1, C) x (C, Vp) GEMM under no_grad
-    head = [x for x in m.decode.launches if x.name == "matmul_nt" and
-            x.flops == 2 * config.n_embd * config.padded_vocab_size]
+    head = [
+        x
+        for x in m.decode.launches
+        if x.name == "matmul_nt" and x.flops == 2 * config.n_embd * config.padded_vocab_size
+    ]
     assert len(head) == 1
     assert m.unowned["backward"].launches > 0 and m.unowned["forward"].launches == 0
 
 
 def test_trainer_prints_the_report_at_the_end(data_dir, tmp_path, capsys):
-    cfg = RunConfig(model="gpt2-tiny", data_dir=str(data_dir), batch_size=2, seq_len=16,
-                    steps=1, eval_every=0, out=str(tmp_path / "run"))
+    cfg = RunConfig(
+        model="gpt2-tiny",
+        data_dir=str(data_dir),
+        batch_size=2,
+        seq_len=16,
+        steps=1,
+        eval_every=0,
+        out=str(tmp_path / "run"),
+    )
     Trainer(cfg).run()
     printed = capsys.readouterr().out
     assert "== accounting:" in printed and "-- op census: one decode step" in printed
 
 
-@pytest.mark.parametrize("attention, lm_head, recompute", [
-    ("naive", "plain", False), ("flash", "fused", False), ("flash", "plain", True),
-    ("naive", "fused", True)])
+@pytest.mark.parametrize(
+    "attention, lm_head, recompute",
+    [
+        ("naive", "plain", False),
+        ("flash", "fused", False),
+        ("flash", "plain", True),
+        ("naive", "fused", True),
+    ],
+)
 def test_memory_trades_predicted_equal_measured(attention, lm_head, recompute):
     """The saved bytes and the tracker's peak of a step, predicted from the config and the
     options, equal what the tape and the tracker measured: the formulas the largest-batch table
@@ -293,9 +343,11 @@ def test_memory_trades_predicted_equal_measured(attention, lm_head, recompute):
     block = per_layer["transformer.h.0"]["saved_bytes"] / (2 * 48)
     assert block == report.predicted_activation_bytes(config, 48, "fp32", attention, recompute)
     assert sum(r["saved_bytes"] for r in m.tape) == report.predicted_saved_bytes(
-        config, 2, 48, "fp32", **options)
+        config, 2, 48, "fp32", **options
+    )
     assert m.peak_bytes == pytest.approx(
-        report.predicted_peak_bytes(config, 2, 48, "fp32", **options), rel=1e-3)
+        report.predicted_peak_bytes(config, 2, 48, "fp32", **options), rel=1e-3
+    )
     text = report.format_report(m, budget_bytes=1e9)
     assert "largest batch at T = 48 in a budget of 1.0 GB" in text
 
@@ -308,17 +360,22 @@ def test_fused_heads_peak_predicted_equal_measured(monkeypatch, dtype, block_row
     GEMM's output while it is cast to fp32."""
     monkeypatch.setattr(F, "HEAD_BLOCK_ROWS", block_rows)
     config = GPT2Config.from_preset("gpt2-tiny")
-    m = measure.measure(config, dtype, batch_size=2, seq_len=48, warmup=0, attention="flash",
-                        lm_head="fused")
-    assert m.peak_bytes == pytest.approx(report.predicted_peak_bytes(
-        config, 2, 48, dtype, attention="flash", lm_head="fused"), rel=1e-3)
+    m = measure.measure(
+        config, dtype, batch_size=2, seq_len=48, warmup=0, attention="flash", lm_head="fused"
+    )
+    assert m.peak_bytes == pytest.approx(
+        report.predicted_peak_bytes(config, 2, 48, dtype, attention="flash", lm_head="fused"),
+        rel=1e-3,
+    )
 
 
 def test_largest_batch_fits_and_the_next_does_not():
     config = GPT2Config.from_preset("gpt2-mini")
     budget = 2e9
-    for options in (dict(attention="naive", lm_head="plain"), dict(attention="flash",
-                                                                   lm_head="fused")):
+    for options in (
+        dict(attention="naive", lm_head="plain"),
+        dict(attention="flash", lm_head="fused"),
+    ):
         b = report.largest_batch(config, 128, "fp32", budget, **options)
         assert b > 0
         assert report.predicted_peak_bytes(config, b, 128, "fp32", **options) <= budget

@@ -1,5 +1,6 @@
 """The tape: what it records (order, op names, shapes, FLOPs), what backward frees, grad modes,
 gradient accumulation, the weakly held tape, and the errors for bad input."""
+
 import gc
 
 import numpy as np
@@ -22,6 +23,7 @@ def settled_activations():
 
 # ---------------------------------------------------------------- what the tape records
 
+
 def test_records_in_order_with_names_shapes_and_flops(rng):
     M, K, N = 4, 3, 5
     x, w, b = leaf(rng, M, K), leaf(rng, K, N), leaf(rng, N)
@@ -38,12 +40,12 @@ def test_records_in_order_with_names_shapes_and_flops(rng):
     assert all(d == np.float64 for _, d in lin.inputs + lin.outputs)
     assert gelu.inputs[0][0] == (M, N) and gelu.outputs[0][0] == (M, N)
     assert total.outputs[0][0] == ()
-    assert lin.fwd_flops == 2 * M * K * N + M * N          # GEMM + fused bias
+    assert lin.fwd_flops == 2 * M * K * N + M * N  # GEMM + fused bias
     assert gelu.fwd_flops == 8 * M * N
     assert total.fwd_flops == M * N
     assert lin.bwd_flops == 0 and lin.fwd_launches >= 1
     loss.backward()
-    assert lin.bwd_flops == 2 * (2 * M * K * N) + M * N    # dx, dW GEMMs + the bias sum
+    assert lin.bwd_flops == 2 * (2 * M * K * N) + M * N  # dx, dW GEMMs + the bias sum
     assert gelu.bwd_flops == 16 * M * N
     # the listing is the same data as dicts
     listing = TAPE.listing(since=pos)
@@ -80,8 +82,15 @@ def test_linear_without_bias_flops(rng):
     assert rec.bwd_flops == 2 * (2 * M * K * N)
 
 
-@pytest.mark.parametrize("sa, sb, batch", [((3, 4), (4, 5), 1), ((2, 3, 3, 4), (2, 3, 4, 5), 6),
-                                           ((2, 3, 4), (4, 5), 2), ((3, 4), (2, 4, 5), 2)])
+@pytest.mark.parametrize(
+    "sa, sb, batch",
+    [
+        ((3, 4), (4, 5), 1),
+        ((2, 3, 3, 4), (2, 3, 4, 5), 6),
+        ((2, 3, 4), (4, 5), 2),
+        ((3, 4), (2, 4, 5), 2),
+    ],
+)
 def test_matmul_flops(rng, sa, sb, batch):
     M, K, N = sa[-2], sa[-1], sb[-1]
     a, b = leaf(rng, *sa), leaf(rng, *sb)
@@ -127,6 +136,7 @@ def test_position_is_a_bookmark(rng):
 
 
 # ---------------------------------------------------------------- what backward frees
+
 
 def test_backward_releases_saved_tensors(rng):
     x, w, b = leaf(rng, 4, 3), leaf(rng, 3, 5), leaf(rng, 5)
@@ -228,6 +238,7 @@ def test_activations_of_dead_intermediates_are_released(rng):
 
 # ---------------------------------------------------------------- grad modes
 
+
 def test_no_grad_records_nothing(rng):
     x, w = leaf(rng, 3, 4), leaf(rng, 4, 2)
     pos = TAPE.position()
@@ -274,6 +285,7 @@ def test_detach_cuts_the_graph(rng):
 
 # ---------------------------------------------------------------- gradient sums
 
+
 def _loss(x, w, b):
     return ops.cross_entropy(ops.gelu(ops.linear(x, w, b)), np.array([1, 0, -1]))
 
@@ -311,7 +323,7 @@ def test_leaf_used_in_two_branches(rng):
     y.backward(g)
     u = a @ w2
     c = np.sqrt(2 / np.pi)
-    t = np.tanh(c * (u + 0.044715 * u ** 3))
+    t = np.tanh(c * (u + 0.044715 * u**3))
     dgelu = 0.5 * (1 + t) + 0.5 * u * (1 - t * t) * c * (1 + 3 * 0.044715 * u * u)
     np.testing.assert_allclose(x.grad.numpy(), g @ w1.T + (g * dgelu) @ w2.T, rtol=1e-6)
 
@@ -353,6 +365,7 @@ def test_fp32_leaf_gets_fp32_gradient(rng):
 
 
 # ---------------------------------------------------------------- bad input
+
 
 def test_matmul_shape_mismatch_names_both_shapes():
     a, b = Tensor(np.ones((4, 3))), Tensor(np.ones((5, 2)))
@@ -417,8 +430,9 @@ def test_other_bad_input():
         ops.layer_norm(x, Tensor(np.ones(4)), Tensor(np.zeros(4)))
     q = Tensor(np.ones((1, 1, 3, 2)))
     with pytest.raises(ValueError, match="at least as many keys as queries"):
-        ops.scaled_dot_product_attention(q, Tensor(np.ones((1, 1, 2, 2))),
-                                         Tensor(np.ones((1, 1, 2, 2))))
+        ops.scaled_dot_product_attention(
+            q, Tensor(np.ones((1, 1, 2, 2))), Tensor(np.ones((1, 1, 2, 2)))
+        )
     with pytest.raises(RuntimeError, match="does not require grad"):
         Tensor(np.ones(1)).backward()
 

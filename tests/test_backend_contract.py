@@ -4,6 +4,7 @@ defines a public function outside the list unnoticed, every kernel the packages 
 the list, and the launch tables only name listed kernels. cuda.py is imported over the NumPy
 stand-in for CuPy (tests/fake_cupy.py), so this runs without a GPU.
 """
+
 import ast
 import inspect
 from pathlib import Path
@@ -18,10 +19,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("tinygrad_like", "nn", "optim", "training", "scripts", "examples")
 # Public functions a backend may have outside the contract, each for a reason of its own.
 EXTRAS = {
-    "cpu": {"keep_freed_memory",                 # malloc tuning, at import
-            "check_ids", "check_targets"},         # range checks both backends run on the host
-    "cuda": {"device_name", "PoolWatcher",         # the GPU's name (MFU); CuPy's pool, watched
-             "kernel_source", "instances"},        # the .cu loading (check_kernels.sh uses it)
+    "cpu": {
+        "keep_freed_memory",  # malloc tuning, at import
+        "check_ids",
+        "check_targets",
+    },  # range checks both backends run on the host
+    "cuda": {
+        "device_name",
+        "PoolWatcher",  # the GPU's name (MFU); CuPy's pool, watched
+        "kernel_source",
+        "instances",
+    },  # the .cu loading (check_kernels.sh uses it)
 }
 
 
@@ -50,8 +58,11 @@ def test_the_lists_have_no_repeats():
 
 def _public_functions(module):
     """Public callables defined in module itself (not imported into it)."""
-    return {n for n, obj in vars(module).items()
-            if callable(obj) and not n.startswith("_") and obj.__module__ == module.__name__}
+    return {
+        n
+        for n, obj in vars(module).items()
+        if callable(obj) and not n.startswith("_") and obj.__module__ == module.__name__
+    }
 
 
 def test_no_backend_has_a_kernel_outside_the_list(cuda):

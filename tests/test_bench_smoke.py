@@ -3,6 +3,7 @@ is positive and finite, the report and the JSON file are written (also when inte
 scripts/bench_kernels.py's arguments and table cells, and the GPU session scripts' syntax,
 without a GPU. (One test checks the PyTorch twin gives our loss; it runs only where torch is
 installed.)"""
+
 import importlib.util
 import json
 import math
@@ -32,9 +33,30 @@ def bench():
     return _load("bench")
 
 
-TINY = ["--model", "gpt2-tiny", "--batch-size", "2", "--seq-len", "16", "--steps", "2",
-        "--rounds", "1", "--warmup", "1", "--prompt-len", "4", "--new-tokens", "3",
-        "--gen-repeats", "1", "--no-torch", "--no-hf", "--device", "cpu"]
+TINY = [
+    "--model",
+    "gpt2-tiny",
+    "--batch-size",
+    "2",
+    "--seq-len",
+    "16",
+    "--steps",
+    "2",
+    "--rounds",
+    "1",
+    "--warmup",
+    "1",
+    "--prompt-len",
+    "4",
+    "--new-tokens",
+    "3",
+    "--gen-repeats",
+    "1",
+    "--no-torch",
+    "--no-hf",
+    "--device",
+    "cpu",
+]
 
 
 def positive(x):
@@ -49,11 +71,10 @@ def test_run_returns_positive_finite_numbers(bench):
     assert train["steps"] == 2
     for key in ("median_ms", "min_ms", "max_ms", "tokens_per_s", "mfu", "last_loss"):
         assert positive(train[key]), key
-    assert train["mfu"] < 1.5                          # a fraction of the peak, not a count
+    assert train["mfu"] < 1.5  # a fraction of the peak, not a count
     assert "torch" not in results["train"]
     gen = results["generate"]["ours"]
-    for key in ("prompt_ms", "prompt_tokens_per_s", "decode_ms_per_token",
-                "decode_tokens_per_s"):
+    for key in ("prompt_ms", "prompt_tokens_per_s", "decode_ms_per_token", "decode_tokens_per_s"):
         assert positive(gen[key]), key
     assert "hf" not in results["generate"]
     census = results["census"]
@@ -80,6 +101,7 @@ def test_main_writes_json(bench, tmp_path, capsys):
 def test_json_is_written_when_interrupted(bench, tmp_path, monkeypatch):
     def stop(*args):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(bench, "bench_training", stop)
     path = tmp_path / "bench.json"
     with pytest.raises(KeyboardInterrupt):
@@ -107,8 +129,15 @@ def test_generation_and_step_helpers(bench):
     assert ids.dtype == np.int64 and (ids >= 0).all() and (ids < config.vocab_size).all()
 
 
-@pytest.mark.parametrize("argv", [["--model", "gpt2-tiny", "--seq-len", "65"],  # context 64
-                                  ["--model", "nope"], ["--steps", "0"], ["--dtype", "int8"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "gpt2-tiny", "--seq-len", "65"],  # context 64
+        ["--model", "nope"],
+        ["--steps", "0"],
+        ["--dtype", "int8"],
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(argv + ["--device", "cpu"])
@@ -128,15 +157,30 @@ def test_torch_twin_gives_our_loss(bench):
 
 # ---------------------------------------------------------------- bench_kernels.py, scripts
 
+
 def test_bench_kernels_bad_dtype_and_cells(capsys):
     kernels = _load("bench_kernels")
     with pytest.raises(SystemExit) as e:
         kernels.parse_args(["--dtypes", "bf16,int8"])
     assert e.value.code == 2 and capsys.readouterr().err.startswith("error: unknown dtype")
-    gemm = {"kernel": "matmul: x", "dtype": "bf16", "shape": "2x3 @ 3x4", "ms": 2.0,
-            "tflops": 100.0, "cublas_ms": 1.0, "cublas_tflops": 200.0, "of_cublas": 0.5}
-    copy = {"kernel": "add", "dtype": "bf16", "shape": "8", "ms": 1.0, "gb_per_s": 2000.0,
-            "of_dram": 0.5}
+    gemm = {
+        "kernel": "matmul: x",
+        "dtype": "bf16",
+        "shape": "2x3 @ 3x4",
+        "ms": 2.0,
+        "tflops": 100.0,
+        "cublas_ms": 1.0,
+        "cublas_tflops": 200.0,
+        "of_cublas": 0.5,
+    }
+    copy = {
+        "kernel": "add",
+        "dtype": "bf16",
+        "shape": "8",
+        "ms": 1.0,
+        "gb_per_s": 2000.0,
+        "of_dram": 0.5,
+    }
     assert kernels.cells(gemm)[-1] == "0.50 x cuBLAS (200.0 TFLOP/s)"
     assert kernels.cells(copy)[-3:] == ["2000 GB/s", "", "50.0% of copy"]
     assert len(kernels.cells(gemm)) == len(kernels.cells(copy)) == len(kernels.HEADERS)
@@ -145,6 +189,9 @@ def test_bench_kernels_bad_dtype_and_cells(capsys):
 def test_gpu_session_scripts_parse_and_reject_bad_input():
     for name in ("gpu_check.sh", "gpu_wheels.sh"):
         subprocess.run(["bash", "-n", os.path.join(_SCRIPTS, name)], check=True)
-    done = subprocess.run(["bash", os.path.join(_SCRIPTS, "gpu_wheels.sh"), "dir", "three"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", os.path.join(_SCRIPTS, "gpu_wheels.sh"), "dir", "three"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: ")

@@ -6,6 +6,7 @@ the fp32 computation on the same, already rounded, inputs, and be within the for
 precision of the fp32 result on the unrounded inputs. The tolerances below are stated in
 units of the format's machine epsilon EPS[dtype] (fp16 2**-10, bf16 2**-7).
 """
+
 import math
 
 import numpy as np
@@ -15,7 +16,7 @@ from tinygrad_like import Tensor, dtypes, kernels, ops, profiler
 from tinygrad_like.backend import cpu
 
 HALF = [pytest.param(dtypes.float16, id="fp16"), pytest.param(dtypes.bfloat16, id="bf16")]
-EPS = {dtypes.float16: 2.0 ** -10, dtypes.bfloat16: 2.0 ** -7, dtypes.float32: 2.0 ** -23}
+EPS = {dtypes.float16: 2.0**-10, dtypes.bfloat16: 2.0**-7, dtypes.float32: 2.0**-23}
 F32 = dtypes.float32  # np.dtype, the key type of EPS
 
 
@@ -73,9 +74,11 @@ def test_gemm_fp32_and_fp64_keep_dtype(rng):
 
 # ---------------------------------------------------------------- elementwise
 
+
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("name, ufunc", [("add", np.add), ("sub", np.subtract),
-                                         ("mul", np.multiply), ("div", np.divide)])
+@pytest.mark.parametrize(
+    "name, ufunc", [("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("div", np.divide)]
+)
 def test_binary_half_rounds_once(rng, name, ufunc, dtype):
     a, b = rnd(rng, 3, 4).astype(dtype), (rnd(rng, 4) + 3).astype(dtype)
     out = getattr(cpu, name)(a, b)
@@ -113,11 +116,12 @@ def test_gelu_half_matches_fp32(rng, dtype):
     np.testing.assert_allclose(up(y), y32, rtol=EPS[dtype], atol=1e-6)
     np.testing.assert_allclose(up(dx), dx32, rtol=EPS[dtype], atol=1e-6)
     xs = up(x).astype(np.float64)
-    ref = 0.5 * xs * (1 + np.tanh(math.sqrt(2 / math.pi) * (xs + 0.044715 * xs ** 3)))
+    ref = 0.5 * xs * (1 + np.tanh(math.sqrt(2 / math.pi) * (xs + 0.044715 * xs**3)))
     np.testing.assert_allclose(y32, ref, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- layer norm
+
 
 def _ln_ref(x, w, b, eps=1e-5):
     x = x.astype(np.float64)
@@ -159,12 +163,14 @@ def test_layernorm_fp32_against_float64(rng):
     np.testing.assert_allclose(db, dy.sum(0), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dw, (dy * xhat).sum(0), rtol=1e-4, atol=1e-5)
     g = dy * w
-    ref_dx = ref_rstd[:, None] * (g - g.mean(1, keepdims=True)
-                                  - xhat * (g * xhat).mean(1, keepdims=True))
+    ref_dx = ref_rstd[:, None] * (
+        g - g.mean(1, keepdims=True) - xhat * (g * xhat).mean(1, keepdims=True)
+    )
     np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------- causal softmax
+
 
 @pytest.mark.parametrize("Tq, Tk", [(4, 4), (2, 6), (1, 3)])
 @pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
@@ -173,7 +179,7 @@ def test_softmax_causal_rows_sum_to_one_masked_exactly_zero(rng, dtype, Tq, Tk):
     probs = cpu.softmax_causal_fwd(scores, 0.5)
     assert probs.dtype == dtype
     future = np.arange(Tk)[None, :] > (Tk - Tq + np.arange(Tq))[:, None]
-    assert np.all(probs[..., future] == 0)           # exactly zero, not just small
+    assert np.all(probs[..., future] == 0)  # exactly zero, not just small
     assert np.all(up(probs)[..., ~future] > 0)
     np.testing.assert_allclose(up(probs).sum(-1), 1.0, atol=Tk * EPS[dtype])
     # against a float64 softmax of the same (rounded) scores
@@ -194,7 +200,7 @@ def test_softmax_causal_large_scores_stable(rng):
 
 @pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
 def test_softmax_causal_bwd(rng, dtype):
-    probs = cpu.softmax_causal_fwd(rnd(rng, 2, 3, 5), 0.7)       # fp32 probs
+    probs = cpu.softmax_causal_fwd(rnd(rng, 2, 3, 5), 0.7)  # fp32 probs
     dprobs = rnd(rng, 2, 3, 5)
     ph, dph = probs.astype(dtype), dprobs.astype(dtype)
     ds = cpu.softmax_causal_bwd(ph, dph, 0.7)
@@ -206,6 +212,7 @@ def test_softmax_causal_bwd(rng, dtype):
 
 
 # ---------------------------------------------------------------- cross-entropy
+
 
 def _ce_rows(logits, targets):
     lf = logits.astype(np.float64)
@@ -226,8 +233,9 @@ def test_cross_entropy_half_logits_fp32_losses(rng, dtype):
     # the reduction runs in fp32 on the rounded logits: fp32 accuracy
     np.testing.assert_allclose(losses, _ce_rows(up(lh), targets), rtol=1e-5, atol=1e-5)
     # and the only error against fp32 logits is the input rounding (|dloss| <= 2 max|dlogit|)
-    np.testing.assert_allclose(losses, _ce_rows(logits, targets), rtol=0,
-                               atol=2 * EPS[dtype] * np.abs(logits).max())
+    np.testing.assert_allclose(
+        losses, _ce_rows(logits, targets), rtol=0, atol=2 * EPS[dtype] * np.abs(logits).max()
+    )
 
 
 @pytest.mark.parametrize("N", [5, 21], ids=["5-rows", "21-rows"])
@@ -281,13 +289,17 @@ def test_cross_entropy_over_the_first_n_classes_of_padded_rows(rng, dtype):
     np.testing.assert_allclose(losses, _ce_rows(up(plain), targets), rtol=1e-5, atol=1e-5)
     dlogits = cpu.cross_entropy_bwd(lh, lse, targets, np.array([0.5], F32), V)
     assert dlogits.shape == (N, Vp) and dlogits.dtype == dtype
-    np.testing.assert_array_equal(dlogits[:, :V], cpu.cross_entropy_bwd(
-        plain, want_lse, targets, np.array([0.5], F32)))
+    np.testing.assert_array_equal(
+        dlogits[:, :V], cpu.cross_entropy_bwd(plain, want_lse, targets, np.array([0.5], F32))
+    )
     assert np.all(up(dlogits)[:, V:] == 0)
 
 
-@pytest.mark.parametrize("N, V, Vp", [(1, 11, 16), (21, 11, 16), (37, 7001, 7040)],
-                         ids=["1-row", "21-rows", "37-rows-split-over-cores"])
+@pytest.mark.parametrize(
+    "N, V, Vp",
+    [(1, 11, 16), (21, 11, 16), (37, 7001, 7040)],
+    ids=["1-row", "21-rows", "37-rows-split-over-cores"],
+)
 @pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
 def test_cross_entropy_fwd_bwd_equals_fwd_then_bwd(rng, dtype, N, V, Vp):
     """The one-pass kernel against the two it replaces in the fused head, on ragged chunks
@@ -307,7 +319,7 @@ def test_cross_entropy_fwd_bwd_equals_fwd_then_bwd(rng, dtype, N, V, Vp):
     losses, dlogits = cpu.cross_entropy_fwd_bwd(lh, targets, dloss, V)
     assert losses.dtype == F32 and dlogits.dtype == dtype and dlogits.shape == (N, Vp)
     np.testing.assert_array_equal(losses, want_losses)
-    tol = max(EPS[dtype], 1e-5)                      # absolute: p - 1 at the target cancels
+    tol = max(EPS[dtype], 1e-5)  # absolute: p - 1 at the target cancels
     np.testing.assert_allclose(up(dlogits), up(want), rtol=tol, atol=tol * dloss[0])
     assert not up(dlogits)[:, V:].any() and not up(dlogits)[targets < 0].any()
     in_place = lh.copy()
@@ -322,10 +334,12 @@ def test_cross_entropy_kernels_refuse_a_target_out_of_range(rng, bad):
     """The same error as ops.cross_entropy, also for a target that lands in a padding column."""
     logits, targets = rnd(rng, 4, 16), np.array([0, bad, -1, 10])
     lse = np.zeros(4, F32)
-    for call in (lambda: cpu.cross_entropy_fwd(logits, targets, 11),
-                 lambda: cpu.cross_entropy_bwd(logits, lse, targets, np.ones(1, F32), 11),
-                 lambda: cpu.cross_entropy_fwd_bwd(logits, targets, np.ones(1, F32), 11),
-                 lambda: ops.cross_entropy(Tensor(logits), targets, n_classes=11)):
+    for call in (
+        lambda: cpu.cross_entropy_fwd(logits, targets, 11),
+        lambda: cpu.cross_entropy_bwd(logits, lse, targets, np.ones(1, F32), 11),
+        lambda: cpu.cross_entropy_fwd_bwd(logits, targets, np.ones(1, F32), 11),
+        lambda: ops.cross_entropy(Tensor(logits), targets, n_classes=11),
+    ):
         with pytest.raises(ValueError, match=f"target id {bad} out of range for vocab 11"):
             call()
 
@@ -340,7 +354,7 @@ def test_cross_entropy_counts_the_classes_not_the_padding(rng):
         ops.cross_entropy(x, targets, n_classes=V).backward()
     ce = {x.name: x for x in prof.launches if x.name.startswith("cross_entropy")}
     assert ce["cross_entropy_fwd"].flops == ce["cross_entropy_bwd"].flops == 4 * N * V
-    stats, ids = 4 * N, 8 * N                        # fp32 losses or lse per row; int64 targets
+    stats, ids = 4 * N, 8 * N  # fp32 losses or lse per row; int64 targets
     assert ce["cross_entropy_fwd"].bytes == 4 * N * V + ids + 2 * stats
     assert ce["cross_entropy_bwd"].bytes == 4 * N * V + stats + ids + 4 + 4 * N * Vp
 
@@ -372,9 +386,10 @@ def test_cross_entropy_through_ops_bf16_gives_fp32_loss(rng):
 
 # ---------------------------------------------------------------- embedding
 
+
 @pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
 def test_embedding_bwd_repeated_ids_deterministic(rng, dtype):
-    ids = rng.integers(0, 5, size=(4, 16))     # 64 ids over 8 rows: many repeats, rows 5-7 unused
+    ids = rng.integers(0, 5, size=(4, 16))  # 64 ids over 8 rows: many repeats, rows 5-7 unused
     ids[0, :4] = 2
     dout = rnd(rng, 4, 16, 3).astype(dtype)
     d1 = cpu.embedding_bwd(dout, ids, 8)
@@ -390,6 +405,7 @@ def test_embedding_bwd_repeated_ids_deterministic(rng, dtype):
 
 
 # ---------------------------------------------------------------- optimizer kernels
+
 
 def test_grad_norm_sq(rng):
     g = rnd(rng, 1000)
@@ -408,8 +424,23 @@ def test_grad_norm_sq(rng):
     assert np.isfinite(cpu.grad_norm_sq(big)[0])
 
 
-def _adamw_ref(master, grad, m, v, norm_sq, *, lr, beta1, beta2, eps, weight_decay, n_decay,
-               step, inv_scale, max_norm):
+def _adamw_ref(
+    master,
+    grad,
+    m,
+    v,
+    norm_sq,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    n_decay,
+    step,
+    inv_scale,
+    max_norm,
+):
     """The textbook AdamW (decoupled decay, bias-corrected moments) in float64."""
     master, m, v = (a.astype(np.float64) for a in (master, m, v))
     g = grad.astype(np.float64) * inv_scale
@@ -419,7 +450,7 @@ def _adamw_ref(master, grad, m, v, norm_sq, *, lr, beta1, beta2, eps, weight_dec
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g * g
     master[:n_decay] *= 1 - lr * weight_decay
-    mhat, vhat = m / (1 - beta1 ** step), v / (1 - beta2 ** step)
+    mhat, vhat = m / (1 - beta1**step), v / (1 - beta2**step)
     master -= lr * mhat / (np.sqrt(vhat) + eps)
     return master, m, v
 
@@ -428,8 +459,11 @@ HP = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, n_decay=12
 
 
 @pytest.mark.parametrize("max_norm", [0.0, 0.5], ids=["no-clip", "clip"])
-@pytest.mark.parametrize("working_dtype", [None, dtypes.bfloat16, dtypes.float16],
-                         ids=["fp32", "bf16-working", "fp16-working"])
+@pytest.mark.parametrize(
+    "working_dtype",
+    [None, dtypes.bfloat16, dtypes.float16],
+    ids=["fp32", "bf16-working", "fp16-working"],
+)
 def test_adamw_step_matches_reference(rng, working_dtype, max_norm):
     N, scale = 20, 1.0 if working_dtype is None else 1024.0
     master = rnd(rng, N)
@@ -440,18 +474,37 @@ def test_adamw_step_matches_reference(rng, working_dtype, max_norm):
         grad = (scale * rnd(rng, N)).astype(working_dtype or F32)
         grad_before = grad.copy()
         norm_sq = cpu.grad_norm_sq(grad)
-        cpu.adamw_step(master, grad, m, v, working, norm_sq, step=step, inv_scale=1 / scale,
-                       max_norm=max_norm, **HP)
+        cpu.adamw_step(
+            master,
+            grad,
+            m,
+            v,
+            working,
+            norm_sq,
+            step=step,
+            inv_scale=1 / scale,
+            max_norm=max_norm,
+            **HP,
+        )
         np.testing.assert_array_equal(grad.view(np.uint8), grad_before.view(np.uint8))
-        ref = _adamw_ref(*ref[:1], grad, *ref[1:], norm_sq, step=step, inv_scale=1 / scale,
-                         max_norm=max_norm, **HP)
+        ref = _adamw_ref(
+            *ref[:1],
+            grad,
+            *ref[1:],
+            norm_sq,
+            step=step,
+            inv_scale=1 / scale,
+            max_norm=max_norm,
+            **HP,
+        )
         for got, want in zip((master, m, v), ref):
             assert got.dtype == F32
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
         if working is not None:
-            np.testing.assert_array_equal(working.view(np.uint16),
-                                          master.astype(working_dtype).view(np.uint16))
-    assert ref[0][HP["n_decay"]:].shape == (N - HP["n_decay"],)
+            np.testing.assert_array_equal(
+                working.view(np.uint16), master.astype(working_dtype).view(np.uint16)
+            )
+    assert ref[0][HP["n_decay"] :].shape == (N - HP["n_decay"],)
 
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
@@ -463,8 +516,12 @@ def test_adamw_step_skipped_when_norm_not_finite(rng, bad):
     working = master.astype(np.float16)
     before = [a.copy() for a in (master, grad, m, v, working)]
     norm_sq = np.array([bad], F32)
-    assert cpu.adamw_step(master, grad, m, v, working, norm_sq, step=4, inv_scale=1 / 1024,
-                          max_norm=1.0, **HP) is None
+    assert (
+        cpu.adamw_step(
+            master, grad, m, v, working, norm_sq, step=4, inv_scale=1 / 1024, max_norm=1.0, **HP
+        )
+        is None
+    )
     for got, want in zip((master, grad, m, v, working), before):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
@@ -474,14 +531,29 @@ def test_adamw_weight_decay_only_on_first_n(rng):
     master = rnd(rng, N)
     before = master.copy()
     grad = np.zeros(N, F32)  # zero gradient: only the decay moves the weights
-    cpu.adamw_step(master, grad, np.zeros(N, F32), np.zeros(N, F32), None,
-                   cpu.grad_norm_sq(grad), lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
-                   weight_decay=0.5, n_decay=5, step=1, inv_scale=1.0, max_norm=0.0)
+    cpu.adamw_step(
+        master,
+        grad,
+        np.zeros(N, F32),
+        np.zeros(N, F32),
+        None,
+        cpu.grad_norm_sq(grad),
+        lr=0.1,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=0.5,
+        n_decay=5,
+        step=1,
+        inv_scale=1.0,
+        max_norm=0.0,
+    )
     np.testing.assert_allclose(master[:5], before[:5] * (1 - 0.1 * 0.5), rtol=1e-6)
     np.testing.assert_array_equal(master[5:], before[5:])
 
 
 # ---------------------------------------------------------------- the rest
+
 
 @pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
 def test_dropout_fwd_seeded(rng, dtype):
@@ -518,6 +590,7 @@ def test_cast_roundtrip_values(rng):
 
 
 # ---------------------------------------------------------------- profiler
+
 
 def test_profiler_linear_forward_backward(rng):
     M, K, N = 6, 5, 4
@@ -559,8 +632,10 @@ def test_profiler_phases_timing_and_inactivity(rng):
         with profiler.phase("optimizer"):
             kernels.launch("grad_norm_sq", g)
         kernels.launch("neg", g)
-    assert [(la.name, la.phase) for la in p.launches] == [("grad_norm_sq", "optimizer"),
-                                                         ("neg", "forward")]
+    assert [(la.name, la.phase) for la in p.launches] == [
+        ("grad_norm_sq", "optimizer"),
+        ("neg", "forward"),
+    ]
     assert p.launches[0].flops == 2 * 64 and p.launches[1].flops == 64
     assert all(la.seconds >= 0 for la in p.launches)
     assert p.by_phase()["optimizer"]["flops"] == 128

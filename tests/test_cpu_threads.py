@@ -1,6 +1,7 @@
 """The CPU backend's thread splits (cpu._in_parallel, cpu._gemm) change no result: a GEMM split
 across the cores matches one BLAS call, elementwise and row kernels split into blocks match
 the same kernel run as one block bit for bit, and the BLAS thread count is restored."""
+
 import os
 import time
 
@@ -13,19 +14,20 @@ from tinygrad_like.backend import cpu
 F32 = np.float32
 
 
-@pytest.mark.parametrize("M, K, N", [(256, 128, 3000), (3000, 64, 96), (8, 16, 8),
-                                     (64, 8192, 16)])
+@pytest.mark.parametrize("M, K, N", [(256, 128, 3000), (3000, 64, 96), (8, 16, 8), (64, 8192, 16)])
 def test_split_gemms_match_numpy(rng, M, K, N):
     a, b = rng.standard_normal((M, K), dtype=F32), rng.standard_normal((K, N), dtype=F32)
     bias = rng.standard_normal(N, dtype=F32)
     want = a @ b
     np.testing.assert_allclose(cpu.matmul(a, b), want, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(cpu.matmul(a, b, bias=bias), want + bias, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(cpu.matmul_nt(a, np.ascontiguousarray(b.T)), want, rtol=1e-5,
-                               atol=1e-4)
-    np.testing.assert_allclose(cpu.matmul_tn(np.ascontiguousarray(a.T), b), want, rtol=1e-5,
-                               atol=1e-4)
-    np.testing.assert_array_equal(cpu.matmul(a, b), cpu.matmul(a, b))   # deterministic
+    np.testing.assert_allclose(
+        cpu.matmul_nt(a, np.ascontiguousarray(b.T)), want, rtol=1e-5, atol=1e-4
+    )
+    np.testing.assert_allclose(
+        cpu.matmul_tn(np.ascontiguousarray(a.T), b), want, rtol=1e-5, atol=1e-4
+    )
+    np.testing.assert_array_equal(cpu.matmul(a, b), cpu.matmul(a, b))  # deterministic
 
 
 def test_split_gemm_with_batch_dims_and_half_inputs(rng):
@@ -46,8 +48,9 @@ def test_gemms_restore_the_blas_thread_count(rng):
     before = get()
     try:
         set_(2)
-        cpu.matmul(rng.standard_normal((512, 256), dtype=F32),
-                   rng.standard_normal((256, 512), dtype=F32))
+        cpu.matmul(
+            rng.standard_normal((512, 256), dtype=F32), rng.standard_normal((256, 512), dtype=F32)
+        )
         assert get() == 2
     finally:
         set_(before)
@@ -57,7 +60,7 @@ def test_long_k_gemm_is_the_sum_of_its_two_halves(rng):
     """K >= 2 max(M, N) (the LM head's dX, the layers' dW): two fixed halves summed, the same
     bits whatever the core count (one core sums the same two halves)."""
     a = rng.standard_normal((64, 8192), dtype=F32)
-    b = rng.standard_normal((16, 8192), dtype=F32)          # matmul_nt's layout, as wte
+    b = rng.standard_normal((16, 8192), dtype=F32)  # matmul_nt's layout, as wte
     h = 4096
     want = a[:, :h] @ b[:, :h].T + a[:, h:] @ b[:, h:].T
     np.testing.assert_array_equal(cpu.matmul_nt(a, b), want)
@@ -73,7 +76,7 @@ def test_blas_workers_sleep_after_a_gemm(rng):
     cpu.matmul(a, a)
     t0 = time.process_time()
     time.sleep(0.1)
-    assert time.process_time() - t0 < 0.03      # spinning workers would take ~0.1 s of CPU
+    assert time.process_time() - t0 < 0.03  # spinning workers would take ~0.1 s of CPU
 
 
 def _kernels(rng):
@@ -83,14 +86,21 @@ def _kernels(rng):
     logits = rng.standard_normal((24, 50304), dtype=F32)
     targets = rng.integers(-1, 50257, 24)
     lse = cpu.cross_entropy_fwd(logits, targets, 50257)[1]
-    return [("add", lambda: cpu.add(x, y)), ("mul scalar", lambda: cpu.mul(x, 0.5)),
-            ("div one-element", lambda: cpu.div(x, np.array([3.0], F32))),
-            ("gelu_bwd", lambda: cpu.gelu_bwd(x, y)),
-            ("cross_entropy_fwd", lambda: cpu.cross_entropy_fwd(logits, targets, 50257)),
-            ("cross_entropy_bwd", lambda: cpu.cross_entropy_bwd(
-                logits, lse, targets, np.array([0.25], F32), 50257)),
-            ("cross_entropy_fwd_bwd", lambda: cpu.cross_entropy_fwd_bwd(
-                logits, targets, np.array([0.25], F32), 50257))]
+    return [
+        ("add", lambda: cpu.add(x, y)),
+        ("mul scalar", lambda: cpu.mul(x, 0.5)),
+        ("div one-element", lambda: cpu.div(x, np.array([3.0], F32))),
+        ("gelu_bwd", lambda: cpu.gelu_bwd(x, y)),
+        ("cross_entropy_fwd", lambda: cpu.cross_entropy_fwd(logits, targets, 50257)),
+        (
+            "cross_entropy_bwd",
+            lambda: cpu.cross_entropy_bwd(logits, lse, targets, np.array([0.25], F32), 50257),
+        ),
+        (
+            "cross_entropy_fwd_bwd",
+            lambda: cpu.cross_entropy_fwd_bwd(logits, targets, np.array([0.25], F32), 50257),
+        ),
+    ]
 
 
 def _outputs(result):
@@ -99,7 +109,7 @@ def _outputs(result):
 
 def test_blocks_match_one_block_bit_for_bit(monkeypatch):
     split = [(name, _outputs(fn())) for name, fn in _kernels(np.random.default_rng(1))]
-    monkeypatch.setattr(cpu, "_THREADS", 1)                     # every kernel as one block
+    monkeypatch.setattr(cpu, "_THREADS", 1)  # every kernel as one block
     for (name, got), (_, fn) in zip(split, _kernels(np.random.default_rng(1))):
         for g, w in zip(got, _outputs(fn())):
             np.testing.assert_array_equal(g, w, err_msg=name)

@@ -12,6 +12,7 @@ grad_norm_sq must be bit-identical from run to run.
 
 Skipped entirely without CuPy or without a GPU.
 """
+
 import numpy as np
 import pytest
 
@@ -57,8 +58,9 @@ def close(got, ref, tol_dtype=None):
     assert (got.shape, got.dtype) == (ref.shape, ref.dtype)
     rtol, atol = TOL[np.dtype(tol_dtype or ref.dtype)]
     ref64 = ref.astype(np.float64)
-    np.testing.assert_allclose(got.astype(np.float64), ref64, rtol=rtol,
-                               atol=atol * float(np.abs(ref64).max(initial=0.0)))
+    np.testing.assert_allclose(
+        got.astype(np.float64), ref64, rtol=rtol, atol=atol * float(np.abs(ref64).max(initial=0.0))
+    )
 
 
 # ---------------------------------------------------------------- GEMMs
@@ -73,10 +75,10 @@ GEMM_SHAPES = [(77, 45, 131), (257, 200, 136), (1, 8, 5), (300, 70, 260), (128, 
 def test_gemm_three_layouts(dtype, M, K, N):
     x, w, dy = rand((M, K), dtype, seed=1), rand((K, N), dtype, seed=2), rand((M, N), dtype, seed=3)
     bias = rand(N, dtype, seed=4)
-    close(*both("matmul", x, w))                 # forward X W
-    close(*both("matmul", x, w, bias=bias))      # with the bias epilogue
-    close(*both("matmul_nt", dy, w))             # dX = dY W^T
-    close(*both("matmul_tn", x, dy))             # dW = X^T dY
+    close(*both("matmul", x, w))  # forward X W
+    close(*both("matmul", x, w, bias=bias))  # with the bias epilogue
+    close(*both("matmul_nt", dy, w))  # dX = dY W^T
+    close(*both("matmul_tn", x, dy))  # dW = X^T dY
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
@@ -85,13 +87,13 @@ def test_gemm_batched(dtype, T, D):
     """Attention's GEMMs over [B, H, T, D], and leading dims on one side only."""
     q, k, v = (rand((2, 3, T, D), dtype, seed=s) for s in (1, 2, 3))
     att, datt = rand((2, 3, T, T), dtype, seed=4), rand((2, 3, T, T), dtype, seed=5)
-    close(*both("matmul_nt", q, k))              # scores = Q K^T
-    close(*both("matmul", att, v))               # out = P V
-    close(*both("matmul", datt, k))              # dQ = dS K
-    close(*both("matmul_tn", datt, q))           # dK = dS^T Q
-    close(*both("matmul_tn", att, v))            # dV = P^T dOut
+    close(*both("matmul_nt", q, k))  # scores = Q K^T
+    close(*both("matmul", att, v))  # out = P V
+    close(*both("matmul", datt, k))  # dQ = dS K
+    close(*both("matmul_tn", datt, q))  # dK = dS^T Q
+    close(*both("matmul_tn", att, v))  # dV = P^T dOut
     w, bias = rand((D, 40), dtype, seed=6), rand(40, dtype, seed=7)
-    close(*both("matmul", q, w, bias=bias))      # (B, H, T, D) @ (D, 40): leading dims into M
+    close(*both("matmul", q, w, bias=bias))  # (B, H, T, D) @ (D, 40): leading dims into M
     close(*both("matmul", q, rand((3, D, 40), dtype, seed=8)))  # broadcast over the batch
     close(*both("matmul_nt", rand((2, 3, T, 40), dtype, seed=9), w))
 
@@ -116,14 +118,30 @@ def test_gemm_with_k_zero(dtype):
     if dtype == F64:
         return
     for aligned in (False, True):
-        kernel = (cuda._kernel("gemm.cu", "gemm_f32", False, False, aligned) if dtype == F32
-                  else cuda._kernel("gemm.cu", "gemm_tc", dtype, False, False, aligned))
+        kernel = (
+            cuda._kernel("gemm.cu", "gemm_f32", False, False, aligned)
+            if dtype == F32
+            else cuda._kernel("gemm.cu", "gemm_tc", dtype, False, False, aligned)
+        )
         tile = 64 if dtype == F32 else 128
         operand = cupy.zeros(64, dtype)  # a valid address for A and B; with K = 0 none is read
         c = cupy.full((37, 133), 7, dtype)
-        kernel((cuda._blocks(133, tile), cuda._blocks(37, tile), 1), (256,),
-               (operand, operand, dev(bias), c, np.int32(37), np.int32(133), np.int32(0),
-                np.int64(0), np.int64(0), np.int64(37 * 133)))
+        kernel(
+            (cuda._blocks(133, tile), cuda._blocks(37, tile), 1),
+            (256,),
+            (
+                operand,
+                operand,
+                dev(bias),
+                c,
+                np.int32(37),
+                np.int32(133),
+                np.int32(0),
+                np.int64(0),
+                np.int64(0),
+                np.int64(37 * 133),
+            ),
+        )
         close(c, np.broadcast_to(bias, (37, 133)))
 
 
@@ -139,15 +157,16 @@ def test_gemm_cublas_switch(dtype, monkeypatch):
 
 # ---------------------------------------------------------------- elementwise
 
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
 def test_binary(dtype, op):
     a = rand((37, 129), dtype, seed=1)
     b = (np.abs(rand((37, 129), np.float64, seed=2)) + 0.5).astype(dtype)  # safe divisor
-    close(*both(op, a, b))                       # same shape: the custom kernel
-    close(*both(op, a, 2.5))                     # scale by a scalar
-    close(*both(op, 2.5, b))                     # scalar on the left
-    close(*both(op, a, b[0]))                    # broadcasting: CuPy's fallback
+    close(*both(op, a, b))  # same shape: the custom kernel
+    close(*both(op, a, 2.5))  # scale by a scalar
+    close(*both(op, 2.5, b))  # scalar on the left
+    close(*both(op, a, b[0]))  # broadcasting: CuPy's fallback
     out_gpu, out_cpu = cuda.empty(a.shape, dtype), np.empty(a.shape, dtype)
     got = getattr(cuda, op)(dev(a), dev(b), out=out_gpu)
     assert got is out_gpu
@@ -187,7 +206,7 @@ def test_cast_is_exact(src, dst):
 def test_index_bwd():
     dy = rand((4, 6, 8), F32)
     idx = np.array([0, 2, 2, 5, 0, 1])
-    close(*both("index_bwd", dy, (4, 7, 8), (slice(None), idx)))   # repeated ids: summed
+    close(*both("index_bwd", dy, (4, 7, 8), (slice(None), idx)))  # repeated ids: summed
     close(*both("index_bwd", dy[:, :3], (4, 7, 8), (slice(None), slice(1, 4))))
 
 
@@ -215,6 +234,7 @@ def test_dropout(dtype):
 
 # ---------------------------------------------------------------- row reductions
 
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 def test_layernorm(dtype):
     x = (rand((3, 37, 100), dtype, scale=2.0, seed=1).astype(np.float64) + 0.5).astype(dtype)
@@ -227,7 +247,7 @@ def test_layernorm(dtype):
     for g, r in zip(got, ref):
         close(g, r)
     again = cuda.layernorm_bwd(dev(dy), dev(x), dev(w), dev(mean_ref), dev(rstd_ref))
-    for g, r in zip(again[1:], got[1:]):   # dweight, dbias: no atomics, bit-identical
+    for g, r in zip(again[1:], got[1:]):  # dweight, dbias: no atomics, bit-identical
         np.testing.assert_array_equal(cuda.to_numpy(g), cuda.to_numpy(r))
 
 
@@ -241,9 +261,13 @@ def test_layernorm_without_rows(dtype):
     got, ref = both("layernorm_bwd", x, x, w, stats, stats)
     for g, r in zip(got, ref):
         close(g, r)
-    assert cuda.layernorm_bwd(dev(np.zeros((4, 0), dtype)), dev(np.zeros((4, 0), dtype)),
-                              dev(np.zeros(0, dtype)), dev(np.zeros(4, stat)),
-                              dev(np.zeros(4, stat)))[1].shape == (0,)   # no columns either
+    assert cuda.layernorm_bwd(
+        dev(np.zeros((4, 0), dtype)),
+        dev(np.zeros((4, 0), dtype)),
+        dev(np.zeros(0, dtype)),
+        dev(np.zeros(4, stat)),
+        dev(np.zeros(4, stat)),
+    )[1].shape == (0,)  # no columns either
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
@@ -260,11 +284,11 @@ def test_softmax_causal(dtype, Tq, Tk):
 def test_cross_entropy_gpt2_vocab(dtype):
     N, V = 33, 50257
     logits = rand((N, V), np.float64, scale=4.0, seed=1)
-    logits[3] += 1000.0 if dtype != F16 else 100.0   # large logits: needs the max subtracted
+    logits[3] += 1000.0 if dtype != F16 else 100.0  # large logits: needs the max subtracted
     logits = logits.astype(dtype)
     targets = np.random.default_rng(2).integers(0, V, N)
-    targets[[0, 7, 8, 32]] = -1                      # ignored rows
-    targets[5] = V - 1                               # the last column
+    targets[[0, 7, 8, 32]] = -1  # ignored rows
+    targets[5] = V - 1  # the last column
     stat = dtypes.compute_dtype(dtype)
     dloss = np.array([1.0 / (targets >= 0).sum()], dtype=stat)
     (losses, lse), (losses_ref, lse_ref) = both("cross_entropy_fwd", logits, targets)
@@ -277,17 +301,18 @@ def test_cross_entropy_gpt2_vocab(dtype):
 
 # ---------------------------------------------------------------- embedding
 
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 def test_embedding(dtype):
     V, C = 1000, 70
     weight, dout = rand((V, C), dtype, seed=1), rand((4, 33, C), dtype, seed=2)
-    idx = np.random.default_rng(3).integers(0, 12, (4, 33))   # many repeated ids
+    idx = np.random.default_rng(3).integers(0, 12, (4, 33))  # many repeated ids
     idx[0, :5] = V - 1
     close(*both("embedding_fwd", weight, idx))
     got, ref = both("embedding_bwd", dout, idx, V)
     close(got, ref)
     again = cuda.embedding_bwd(dev(dout), dev(idx), V)
-    np.testing.assert_array_equal(cuda.to_numpy(again), cuda.to_numpy(got))   # deterministic
+    np.testing.assert_array_equal(cuda.to_numpy(again), cuda.to_numpy(got))  # deterministic
 
 
 @pytest.mark.parametrize("bad", [1000, -1])
@@ -305,6 +330,7 @@ def test_embedding_ids_out_of_range_raise(bad):
 
 # ---------------------------------------------------------------- optimizer
 
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 def test_grad_norm_sq(dtype):
     g = rand(300_007, dtype, seed=1)
@@ -317,20 +343,29 @@ def test_grad_norm_sq(dtype):
         assert not np.isfinite(cuda.to_numpy(cuda.grad_norm_sq(dev(g_bad)))[0])
 
 
-ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, n_decay=600, step=3,
-             inv_scale=1 / 1024)
+ADAMW = dict(
+    lr=1e-3,
+    beta1=0.9,
+    beta2=0.95,
+    eps=1e-8,
+    weight_decay=0.1,
+    n_decay=600,
+    step=3,
+    inv_scale=1 / 1024,
+)
 
 
 def adamw_buffers(P, G, n=1037):
     master = rand(n, P, seed=1)
-    grad = rand(n, G, scale=1024.0, seed=2)            # multiplied by the loss scale
+    grad = rand(n, G, scale=1024.0, seed=2)  # multiplied by the loss scale
     m, v = rand(n, P, scale=0.01, seed=3), np.abs(rand(n, P, scale=1e-4, seed=4))
     working = master.astype(G) if G != P else None
     return master, grad, m, v, working
 
 
-@pytest.mark.parametrize("P,G", [(F32, F32), (F32, F16), (F32, BF16), (F32, F64), (F64, F64)],
-                         ids=ids)
+@pytest.mark.parametrize(
+    "P,G", [(F32, F32), (F32, F16), (F32, BF16), (F32, F64), (F64, F64)], ids=ids
+)
 @pytest.mark.parametrize("max_norm", [0.0, 1.0])
 def test_adamw_step(P, G, max_norm):
     bufs = adamw_buffers(P, G)
@@ -338,7 +373,7 @@ def test_adamw_step(P, G, max_norm):
     cpu.adamw_step(*ref, cpu.grad_norm_sq(ref[1]), max_norm=max_norm, **ADAMW)
     gpu = [None if b is None else dev(b) for b in bufs]
     assert cuda.adamw_step(*gpu, cuda.grad_norm_sq(gpu[1]), max_norm=max_norm, **ADAMW) is None
-    working_tol = G if G in (F16, BF16) else P     # a rounded copy of the master
+    working_tol = G if G in (F16, BF16) else P  # a rounded copy of the master
     for g, r, tol in zip(gpu, ref, (P, G, P, P, working_tol)):
         if r is not None:
             close(g, r, tol_dtype=tol)
@@ -352,7 +387,7 @@ def test_adamw_overflow_skips_the_step(P, G, bad):
     gpu = [dev(b) for b in (master, grad, m, v, working)]
     cuda.adamw_step(*gpu, cuda.grad_norm_sq(gpu[1]), max_norm=1.0, **ADAMW)
     for g, before in zip(gpu, (master, grad, m, v, working)):
-        assert cuda.to_numpy(g).tobytes() == before.tobytes()   # bit-identical: nothing written
+        assert cuda.to_numpy(g).tobytes() == before.tobytes()  # bit-identical: nothing written
 
 
 def test_adamw_step_never_waits_for_the_host():
@@ -360,7 +395,7 @@ def test_adamw_step_never_waits_for_the_host():
     the capture fail."""
     gpu = [dev(b) for b in adamw_buffers(F32, BF16)]
     norm_sq = cuda.grad_norm_sq(gpu[1])
-    cuda.adamw_step(*gpu, norm_sq, max_norm=1.0, **ADAMW)   # compile and load outside the capture
+    cuda.adamw_step(*gpu, norm_sq, max_norm=1.0, **ADAMW)  # compile and load outside the capture
     before = cuda.to_numpy(gpu[0])
     cuda.synchronize()  # the capture stream does not wait for the default stream
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -374,6 +409,7 @@ def test_adamw_step_never_waits_for_the_host():
 
 
 # ---------------------------------------------------------------- timing and memory
+
 
 def test_timer_and_pool_watcher():
     timer = cuda.start_timer()
@@ -391,6 +427,7 @@ def test_timer_and_pool_watcher():
 
 
 # ---------------------------------------------------------------- the padded vocabulary
+
 
 def padded_rows(dtype, N, V, Vp):
     """-> (the accumulation dtype, logits (N, Vp) whose padding columns past V are huge,
@@ -426,8 +463,9 @@ def test_cross_entropy_fwd_bwd_over_padded_rows(dtype, N, V, Vp):
     dlogits over the logits (the fused head's call)."""
     stat, logits, targets = padded_rows(dtype, N, V, Vp)
     dloss = np.array([0.5], stat)
-    (losses, dlogits), (losses_ref, dlogits_ref) = both("cross_entropy_fwd_bwd", logits,
-                                                        targets, dloss, V)
+    (losses, dlogits), (losses_ref, dlogits_ref) = both(
+        "cross_entropy_fwd_bwd", logits, targets, dloss, V
+    )
     close(losses, losses_ref, stat)
     close(dlogits, dlogits_ref)
     assert not cuda.to_numpy(dlogits)[:, V:].astype(np.float64).any()
@@ -443,18 +481,24 @@ def test_cross_entropy_refuses_a_target_out_of_range_before_launching(bad):
     padding) is refused on the host, with the same message."""
     logits, lse = dev(rand((3, 64), F32)), dev(np.zeros(3, F32))
     targets = dev(np.array([0, bad, -1]))
-    for call in (lambda: cuda.cross_entropy_fwd(logits, targets, 11),
-                 lambda: cuda.cross_entropy_bwd(logits, lse, targets, dev(np.ones(1, F32)), 11),
-                 lambda: cuda.cross_entropy_fwd_bwd(logits, targets, dev(np.ones(1, F32)), 11)):
+    for call in (
+        lambda: cuda.cross_entropy_fwd(logits, targets, 11),
+        lambda: cuda.cross_entropy_bwd(logits, lse, targets, dev(np.ones(1, F32)), 11),
+        lambda: cuda.cross_entropy_fwd_bwd(logits, targets, dev(np.ones(1, F32)), 11),
+    ):
         with pytest.raises(ValueError, match=f"target id {bad} out of range for vocab 11"):
             call()
 
 
 # ---------------------------------------------------------------- flash attention
 
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
-@pytest.mark.parametrize("Tq,Tk", [(1, 1), (63, 63), (65, 65), (130, 130), (1, 130), (20, 150)],
-                         ids=["T=1", "T=63", "T=65", "T=130", "decode", "prompt-after-cache"])
+@pytest.mark.parametrize(
+    "Tq,Tk",
+    [(1, 1), (63, 63), (65, 65), (130, 130), (1, 130), (20, 150)],
+    ids=["T=1", "T=63", "T=65", "T=130", "decode", "prompt-after-cache"],
+)
 def test_flash_attention(dtype, Tq, Tk):
     """attention.cu against cpu.flash_attention_fwd / _bwd at D = 64, GPT-2's head size, on
     query and key counts ragged against both tile sizes (64, and 32 in fp64); q, k, v

@@ -10,6 +10,7 @@ nothing, so values are checked only where the host computes them (K = 0 GEMMs, z
 layernorm_bwd, AdamW's constants, the id checks). The last tests inject mismatches and show
 that the stand-in refuses them.
 """
+
 import functools
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def drives(*names):
     def register(fn):
         DRIVERS.update(dict.fromkeys(names, fn))
         return fn
+
     return register
 
 
@@ -83,15 +85,15 @@ def gemms(cuda, dtype):
             cuda.matmul(p(x), p(w), bias=p(bias))
             cuda.matmul_nt(p(dy), p(w))
             cuda.matmul_tn(p(x), p(dy))
-    T, D = 37, 24                                                  # attention's batched GEMMs
+    T, D = 37, 24  # attention's batched GEMMs
     q, k = (place(cuda, rand((2, 3, T, D), dtype, seed=s)) for s in (1, 2))
     att = place(cuda, rand((2, 3, T, T), dtype))
     w, bias = place(cuda, rand((D, 40), dtype)), place(cuda, rand(40, dtype))
     cuda.matmul_nt(q, k)
     cuda.matmul(att, q)
     cuda.matmul_tn(att, q)
-    cuda.matmul(q, w, bias=bias)                                   # leading dims folded into M
-    cuda.matmul(q, place(cuda, rand((3, D, 40), dtype)))           # broadcast over the batch
+    cuda.matmul(q, w, bias=bias)  # leading dims folded into M
+    cuda.matmul(q, place(cuda, rand((3, D, 40), dtype)))  # broadcast over the batch
     cuda.matmul_nt(place(cuda, rand((2, 3, T, 40), dtype)), w)
 
 
@@ -107,7 +109,7 @@ def binary(cuda, dtype):
                 op(2.5, db)
                 op(da, db, out=cuda.empty(shape, dtype))
             cuda.neg(da)
-        cuda.add(place(cuda, a), place(cuda, b[..., :1]))         # broadcasting: CuPy's
+        cuda.add(place(cuda, a), place(cuda, b[..., :1]))  # broadcasting: CuPy's
 
 
 @drives("cast")
@@ -152,11 +154,17 @@ def softmax(cuda, dtype):
 @drives("flash_attention_fwd", "flash_attention_bwd")
 def flash_attention(cuda, dtype):
     stat = dtypes.compute_dtype(dtype)
-    for (B, H, Tq, Tk, D) in [(2, 3, 65, 65, 64), (1, 2, 1, 70, 64), (1, 1, 130, 130, 24),
-                              (1, 1, 20, 150, 8)]:               # ragged, decode, prompt + cache
+    for B, H, Tq, Tk, D in [
+        (2, 3, 65, 65, 64),
+        (1, 2, 1, 70, 64),
+        (1, 1, 130, 130, 24),
+        (1, 1, 20, 150, 8),
+    ]:  # ragged, decode, prompt + cache
         for layout in LAYOUTS:
-            q, dout, out, k, v = (place(cuda, rand((B, H, T, D), dtype, seed), layout)
-                                  for seed, T in enumerate((Tq, Tq, Tq, Tk, Tk)))
+            q, dout, out, k, v = (
+                place(cuda, rand((B, H, T, D), dtype, seed), layout)
+                for seed, T in enumerate((Tq, Tq, Tq, Tk, Tk))
+            )
             cuda.flash_attention_fwd(q, k, v, 0.125)
             lse = place(cuda, rand((B, H, Tq), stat), layout)
             cuda.flash_attention_bwd(q, k, v, out, lse, dout, 0.125)
@@ -167,15 +175,15 @@ def cross_entropy(cuda, dtype):
     stat = dtypes.compute_dtype(dtype)
     for N, V in [(33, 1001), (1, 7)]:
         targets = np.random.default_rng(1).integers(0, V - 2, N)
-        targets[::5] = -1                                          # ignored rows
+        targets[::5] = -1  # ignored rows
         for layout in LAYOUTS:
             logits, t = place(cuda, rand((N, V), dtype), layout), place(cuda, targets, layout)
             dloss = cuda.asarray(np.array([0.1], stat))
             cuda.cross_entropy_fwd(logits, t)
             lse = place(cuda, rand(N, stat), layout)
             cuda.cross_entropy_bwd(logits, lse, t, dloss)
-            cuda.cross_entropy_fwd_bwd(logits, t, dloss, V - 2)   # two padding columns
-            padded = cuda.asarray(rand((N, V), dtype))             # dlogits over the logits
+            cuda.cross_entropy_fwd_bwd(logits, t, dloss, V - 2)  # two padding columns
+            padded = cuda.asarray(rand((N, V), dtype))  # dlogits over the logits
             cuda.cross_entropy_fwd_bwd(padded, t, dloss, V - 2, out=padded)
 
 
@@ -200,8 +208,16 @@ def grad_norm_sq(cuda, dtype):
             cuda.grad_norm_sq(place(cuda, rand(n, dtype), layout))
 
 
-ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, n_decay=600, step=3,
-             inv_scale=1 / 1024)
+ADAMW = dict(
+    lr=1e-3,
+    beta1=0.9,
+    beta2=0.95,
+    eps=1e-8,
+    weight_decay=0.1,
+    n_decay=600,
+    step=3,
+    inv_scale=1 / 1024,
+)
 
 
 def adamw_buffers(cuda, P, G, n=1037):
@@ -212,7 +228,7 @@ def adamw_buffers(cuda, P, G, n=1037):
 
 @drives("adamw_step")
 def adamw(cuda, dtype):
-    for P in (F32, F64) if dtype == F64 else (F32,):               # dtype is the gradient's
+    for P in (F32, F64) if dtype == F64 else (F32,):  # dtype is the gradient's
         for max_norm in (0.0, 1.0):
             bufs = adamw_buffers(cuda, P, dtype)
             cuda.adamw_step(*bufs, cuda.grad_norm_sq(bufs[1]), max_norm=max_norm, **ADAMW)
@@ -220,14 +236,16 @@ def adamw(cuda, dtype):
 
 # ---------------------------------------------------------------- every kernel, every dtype
 
+
 def test_every_launching_kernel_has_a_driver():
     assert NO_CUSTOM_KERNEL <= set(kernels.KERNELS)
     assert set(DRIVERS) == set(kernels.KERNELS) - NO_CUSTOM_KERNEL
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
-@pytest.mark.parametrize("driver", sorted(set(DRIVERS.values()), key=lambda d: d.__name__),
-                         ids=lambda d: d.__name__)
+@pytest.mark.parametrize(
+    "driver", sorted(set(DRIVERS.values()), key=lambda d: d.__name__), ids=lambda d: d.__name__
+)
 def test_launches_pack_their_arguments(cuda, launches, driver, dtype):
     driver(cuda, dtype)
     assert launches or (driver.__name__, dtype) in CUPY_ONLY, "no launch"
@@ -239,9 +257,11 @@ def test_launches_pack_their_arguments(cuda, launches, driver, dtype):
 def test_gemms_run_every_layout_aligned_and_not(cuda, launches, dtype):
     gemms(cuda, dtype)
     kernel = "gemm_f32<" if dtype == F32 else f"gemm_tc<{cuda._CTYPES[dtype]},"
-    want = {f"{kernel}{ta},{tb},{aligned}>" for ta, tb in [("false", "false"), ("false", "true"),
-                                                            ("true", "false")]
-            for aligned in ("false", "true")}
+    want = {
+        f"{kernel}{ta},{tb},{aligned}>"
+        for ta, tb in [("false", "false"), ("false", "true"), ("true", "false")]
+        for aligned in ("false", "true")
+    }
     assert {launch.name for launch in launches} == want
 
 
@@ -258,17 +278,21 @@ def test_the_cupy_kernels_launch_nothing_of_ours(cuda, launches):
 
 # ---------------------------------------------------------------- what the host computes
 
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 def test_gemm_with_k_zero_is_bias_or_zero_without_a_launch(cuda, launches, dtype):
     """C = bias (or 0), as cpu.py's np.matmul gives, filled on the host: no kernel launched."""
     bias = rand(5, dtype)
-    cases = [("matmul", np.zeros((3, 0), dtype), np.zeros((0, 5), dtype), {"bias": bias}),
-             ("matmul", np.zeros((2, 3, 0), dtype), np.zeros((0, 5), dtype), {}),
-             ("matmul_nt", np.zeros((2, 4, 0), dtype), np.zeros((6, 0), dtype), {}),
-             ("matmul_tn", np.zeros((0, 3), dtype), np.zeros((0, 5), dtype), {})]
+    cases = [
+        ("matmul", np.zeros((3, 0), dtype), np.zeros((0, 5), dtype), {"bias": bias}),
+        ("matmul", np.zeros((2, 3, 0), dtype), np.zeros((0, 5), dtype), {}),
+        ("matmul_nt", np.zeros((2, 4, 0), dtype), np.zeros((6, 0), dtype), {}),
+        ("matmul_tn", np.zeros((0, 3), dtype), np.zeros((0, 5), dtype), {}),
+    ]
     for kernel, a, b, kw in cases:
-        got = getattr(cuda, kernel)(cuda.asarray(a), cuda.asarray(b),
-                                    **{k: cuda.asarray(v) for k, v in kw.items()})
+        got = getattr(cuda, kernel)(
+            cuda.asarray(a), cuda.asarray(b), **{k: cuda.asarray(v) for k, v in kw.items()}
+        )
         ref = getattr(cpu, kernel)(a, b, **kw)
         assert got.shape == ref.shape and got.dtype == ref.dtype
         np.testing.assert_array_equal(cuda.to_numpy(got), ref)
@@ -287,8 +311,10 @@ def test_layernorm_bwd_without_rows_or_columns(cuda, launches, dtype, shape):
         assert d.shape == (shape[-1],) and d.dtype == dtype and not d.any()
     assert launches == []
     if shape[-1]:  # cpu.py needs C > 0 to reshape; its zero-row result is the same zeros
-        for d, ref in zip((dweight, dbias), cpu.layernorm_bwd(*(cuda.to_numpy(a) for a in
-                                                                (x, x, w, mean, rstd)))[1:]):
+        for d, ref in zip(
+            (dweight, dbias),
+            cpu.layernorm_bwd(*(cuda.to_numpy(a) for a in (x, x, w, mean, rstd)))[1:],
+        ):
             assert ref.shape == d.shape and ref.dtype == d.dtype and not ref.any()
     cuda.layernorm_fwd(x, w, w)  # a 0-row forward launches nothing; 0 columns is a valid launch
 
@@ -296,23 +322,30 @@ def test_layernorm_bwd_without_rows_or_columns(cuda, launches, dtype, shape):
 @pytest.mark.parametrize("bad", [1000, 50_300, -1])
 def test_embedding_ids_out_of_range_raise_cpu_py_s_error(cuda, launches, bad):
     weight, idx = rand((1000, 8), F32), np.array([[3, bad], [0, 999]])
-    for kernel, args in [("embedding_fwd", (weight, idx)),
-                         ("embedding_bwd", (rand((2, 2, 8), F32), idx, 1000))]:
+    for kernel, args in [
+        ("embedding_fwd", (weight, idx)),
+        ("embedding_bwd", (rand((2, 2, 8), F32), idx, 1000)),
+    ]:
         with pytest.raises(ValueError) as on_cpu:
             getattr(cpu, kernel)(*args)
         with pytest.raises(ValueError) as on_cuda:
-            getattr(cuda, kernel)(*[cuda.asarray(a) if isinstance(a, np.ndarray) else a
-                                    for a in args])
-        assert str(on_cuda.value) == str(on_cpu.value) == \
-            f"token id {bad} out of range for vocab 1000"
+            getattr(cuda, kernel)(
+                *[cuda.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+            )
+        assert (
+            str(on_cuda.value) == str(on_cpu.value) == f"token id {bad} out of range for vocab 1000"
+        )
     assert launches == []  # checked on the host, before the launch
 
 
 def test_cross_entropy_fwd_bwd_refuses_an_out_it_cannot_write(cuda, launches):
     """The kernel writes out as a C-contiguous (N, Vp) array of the logits' dtype."""
     logits, t = cuda.asarray(rand((4, 16), F32)), cuda.asarray(np.array([0, 3, -1, 9]))
-    for out in (cuda.empty((4, 16), F16), cuda.empty((4, 32), F32)[:, ::2],
-                cuda.empty((16, 4), F32)):
+    for out in (
+        cuda.empty((4, 16), F16),
+        cuda.empty((4, 32), F32)[:, ::2],
+        cuda.empty((16, 4), F32),
+    ):
         with pytest.raises(ValueError, match="C-contiguous"):
             cuda.cross_entropy_fwd_bwd(logits, t, cuda.asarray(np.ones(1, F32)), out=out)
     assert launches == []
@@ -327,8 +360,11 @@ def test_adamw_constants_are_rounded_once_to_the_master_dtype(cuda, launches, P,
     (launch,) = [la for la in launches if la.name.startswith("adamw_step")]
     lr, beta1, beta2, step = ADAMW["lr"], ADAMW["beta1"], ADAMW["beta2"], ADAMW["step"]
     acc = P.type
-    want = (acc(1 - lr * ADAMW["weight_decay"]), acc(lr / (1 - beta1 ** step)),
-            acc(1 / np.sqrt(1 - beta2 ** step)))
+    want = (
+        acc(1 - lr * ADAMW["weight_decay"]),
+        acc(lr / (1 - beta1**step)),
+        acc(1 / np.sqrt(1 - beta2**step)),
+    )
     got = launch.args[-3:]
     assert [type(g) for g in got] == [acc] * 3 and got == want
     assert launch.args[5].dtype == dtypes.compute_dtype(G)  # norm_sq as grad_norm_sq gave it
@@ -338,6 +374,7 @@ def test_adamw_constants_are_rounded_once_to_the_master_dtype(cuda, launches, P,
 
 # ---------------------------------------------------------------- the stand-in refuses mismatches
 
+
 def _tamper(cuda, monkeypatch, change):
     """Make every launch pass change(args) instead of its arguments."""
     real = cuda._kernel
@@ -345,13 +382,17 @@ def _tamper(cuda, monkeypatch, change):
     def tampered(*key):
         kernel = real(*key)
         return lambda grid, block, args: kernel(grid, block, change(args))
+
     monkeypatch.setattr(cuda, "_kernel", tampered)
 
 
 def test_a_widened_int_is_refused(cuda, monkeypatch):
     x, w = place(cuda, rand((4, 64), F16)), place(cuda, rand(64, F16))
-    _tamper(cuda, monkeypatch, lambda args: tuple(np.int64(a) if type(a) is np.int32 else a
-                                                  for a in args))
+    _tamper(
+        cuda,
+        monkeypatch,
+        lambda args: tuple(np.int64(a) if type(a) is np.int32 else a for a in args),
+    )
     with pytest.raises(fake_cupy.LaunchError, match=r"rows\): np.int64 for a int"):
         cuda.layernorm_fwd(x, w, w)
 
@@ -360,8 +401,11 @@ def test_swapped_arguments_are_refused(cuda, monkeypatch):
     """adamw_step's n_decay (long long) and inv_scale (double) swapped. (Two arguments of one
     type swapped would pass: packing cannot tell them apart.)"""
     bufs = adamw_buffers(cuda, F32, BF16)
-    _tamper(cuda, monkeypatch, lambda args: args[:7] + (args[8], args[7]) + args[9:]
-            if len(args) > 9 else args)
+    _tamper(
+        cuda,
+        monkeypatch,
+        lambda args: args[:7] + (args[8], args[7]) + args[9:] if len(args) > 9 else args,
+    )
     with pytest.raises(fake_cupy.LaunchError, match="n_decay"):
         cuda.adamw_step(*bufs, cuda.grad_norm_sq(bufs[1]), max_norm=1.0, **ADAMW)
 
@@ -370,30 +414,60 @@ def test_bad_pointers_and_scalars_are_refused(cuda):
     gelu = cuda._kernel("elementwise.cu", "gelu_fwd", F16)
     x16, y16 = cuda.empty(300, F16), cuda.empty(300, F16)
     n = np.int64(300)
-    gelu((2,), (256,), (x16, y16, n))                              # the right packing passes
+    gelu((2,), (256,), (x16, y16, n))  # the right packing passes
     bad = {
         "a float32 array for a __half": (cuda.empty(300, F32), y16, n),
         "non-contiguous": (cuda.empty(600, F16)[::2], y16, n),
         "never tests it for null": (x16, cuda._NULL, n),
-        "ndarray for a __half": (np.empty(300, F16), y16, n),      # a host array
-        "int for a long long": (x16, y16, 300),                    # a Python int
+        "ndarray for a __half": (np.empty(300, F16), y16, n),  # a host array
+        "int for a long long": (x16, y16, 300),  # a Python int
         "float64 for a long long": (x16, y16, np.float64(300)),
         "takes a tuple of 3 arguments": (x16, y16),
     }
     for message, args in bad.items():
         with pytest.raises(fake_cupy.LaunchError, match=message):
             gelu((2,), (256,), args)
-    binary = cuda._kernel("elementwise.cu", "binary", F32, 2)      # null a: the scalar sa
-    binary((1,), (256,), (cuda._NULL, cuda.empty(5, F32), np.float32(2), np.float32(0),
-                          cuda.empty(5, F32), np.int64(5)))
+    binary = cuda._kernel("elementwise.cu", "binary", F32, 2)  # null a: the scalar sa
+    binary(
+        (1,),
+        (256,),
+        (
+            cuda._NULL,
+            cuda.empty(5, F32),
+            np.float32(2),
+            np.float32(0),
+            cuda.empty(5, F32),
+            np.int64(5),
+        ),
+    )
     with pytest.raises(fake_cupy.LaunchError, match="float64 for a float"):
-        binary((1,), (256,), (cuda._NULL, cuda.empty(5, F32), np.float64(2), np.float32(0),
-                              cuda.empty(5, F32), np.int64(5)))
+        binary(
+            (1,),
+            (256,),
+            (
+                cuda._NULL,
+                cuda.empty(5, F32),
+                np.float64(2),
+                np.float32(0),
+                cuda.empty(5, F32),
+                np.int64(5),
+            ),
+        )
 
 
-@pytest.mark.parametrize("grid,block", [((0,), (256,)), ((2 ** 31,), (256,)), ((1, 65536), (256,)),
-                                        ((1, 1, 65536), (32,)), ((1,), (1025,)),
-                                        ((1,), (32, 32, 2)), ((1,), (256, 1, 65)), ([1], (256,))])
+@pytest.mark.parametrize(
+    "grid,block",
+    [
+        ((0,), (256,)),
+        ((2**31,), (256,)),
+        ((1, 65536), (256,)),
+        ((1, 1, 65536), (32,)),
+        ((1,), (1025,)),
+        ((1,), (32, 32, 2)),
+        ((1,), (256, 1, 65)),
+        ([1], (256,)),
+    ],
+)
 def test_launch_shapes_beyond_the_limits_are_refused(cuda, grid, block):
     gelu = cuda._kernel("elementwise.cu", "gelu_fwd", F32)
     with pytest.raises(fake_cupy.LaunchError, match="grid|block"):
@@ -402,7 +476,7 @@ def test_launch_shapes_beyond_the_limits_are_refused(cuda, grid, block):
 
 def test_instances_outside_the_compile_list_are_refused(cuda):
     with pytest.raises(fake_cupy.LaunchError, match="not in name_expressions"):
-        cuda._kernel("gemm.cu", "gemm_tc", F64, False, False, True)   # no fp64 tensor cores
+        cuda._kernel("gemm.cu", "gemm_tc", F64, False, False, True)  # no fp64 tensor cores
     source = cuda.kernel_source("elementwise.cu")
     with pytest.raises(fake_cupy.LaunchError, match="does not fit"):
         fake_cupy.RawModule(code=source, name_expressions=["gelu_fwd<true>"])

@@ -207,8 +207,10 @@ def test_strip_markdown():
 
 
 def test_prepare_on_input_files(tmp_path):
-    texts = ["First document.\nWith two lines.\n",
-             "Second — with ünïcode and <|endoftext|> as text.\n"]
+    texts = [
+        "First document.\nWith two lines.\n",
+        "Second — with ünïcode and <|endoftext|> as text.\n",
+    ]
     inputs = []
     for i, text in enumerate(texts):
         inputs.append(tmp_path / f"doc{i}.txt")
@@ -269,8 +271,14 @@ def test_script_writes_files_and_reports(tmp_path):
 
 def test_script_missing_input_exits_2_with_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--input", str(tmp_path / "nope.txt"),
-         "--out-dir", str(tmp_path)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--input",
+            str(tmp_path / "nope.txt"),
+            "--out-dir",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
     )
@@ -281,8 +289,9 @@ def test_script_missing_input_exits_2_with_one_line(tmp_path):
 
 def test_an_id_outside_the_vocabulary_names_file_offset_and_value(tmp_path):
     from training.data import check_token_ids
+
     path = tmp_path / "t.bin"
     write_tokens(path, [5, 7, 50257, 3, 60000])
     with pytest.raises(DataError, match=r"t\.bin: token id 50257 at byte offset 1028 \(token 2\)"):
         DataLoader(path, 1, 2, vocab_size=50257)
-    check_token_ids(path, read_tokens(path), 60001)           # all below: nothing to say
+    check_token_ids(path, read_tokens(path), 60001)  # all below: nothing to say

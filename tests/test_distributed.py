@@ -3,6 +3,7 @@ the same global batch on 1 process: the losses and final weights agree for ZeRO-
 and bf16, the per-rank memory and the bytes sent per step are what the formulas say, a run
 saved on 2 ranks resumes on 1, a failing rank stops the job, and ranks that disagree are
 refused. Each mpirun takes a few seconds."""
+
 import json
 import os
 import re
@@ -33,11 +34,19 @@ RTOL = {"fp32": 1e-5, "bf16": 1e-4}
 def mpirun(ranks, args, out, data, script="examples/train_gpt2.py", env=None, timeout=120):
     """Run the training command on `ranks` processes -> CompletedProcess (text)."""
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    cmd = [MPIRUN, *root, "--oversubscribe", "-n", str(ranks), sys.executable, script,
-           *train_args(out, data), *args]
+    cmd = [
+        MPIRUN,
+        *root,
+        "--oversubscribe",
+        "-n",
+        str(ranks),
+        sys.executable,
+        script,
+        *train_args(out, data),
+        *args,
+    ]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def single(args, out, data):
@@ -47,9 +56,31 @@ def single(args, out, data):
 
 
 def train_args(out, data):
-    return ["--model", "gpt2-tiny", "--data-dir", data, "--out", str(out), "--device", "cpu",
-            "--seq-len", "32", "--steps", str(STEPS), "--lr", "5e-3", "--min-lr", "5e-4",
-            "--warmup", "2", "--eval-every", "5", "--eval-iters", "2", "--no-report"]
+    return [
+        "--model",
+        "gpt2-tiny",
+        "--data-dir",
+        data,
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "32",
+        "--steps",
+        str(STEPS),
+        "--lr",
+        "5e-3",
+        "--min-lr",
+        "5e-4",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "5",
+        "--eval-iters",
+        "2",
+        "--no-report",
+    ]
 
 
 def ok(run):
@@ -63,8 +94,9 @@ def losses(out, key="loss"):
 
 
 def assert_close(a, b, rtol=1e-5):
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=rtol,
-                               atol=0)
+    np.testing.assert_allclose(
+        np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=rtol, atol=0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +112,20 @@ def one_process(tmp_path_factory, shakespeare):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("zero", [0, 1, 2])
-def test_two_ranks_train_what_one_process_trains(one_process, shakespeare, tmp_path, zero,
-                                                  dtype):
+def test_two_ranks_train_what_one_process_trains(one_process, shakespeare, tmp_path, zero, dtype):
     """2 ranks x B = 4 are 1 process x B = 8: the same sequences, the same losses (train and
     the split validation) and the same final weights, to 1e-5."""
-    run = ok(mpirun(2, ["--batch-size", "4", "--dtype", dtype, "--zero", str(zero)], tmp_path,
-                    shakespeare))
+    run = ok(
+        mpirun(
+            2, ["--batch-size", "4", "--dtype", dtype, "--zero", str(zero)], tmp_path, shakespeare
+        )
+    )
     ref = one_process[dtype]
     rtol = RTOL[dtype]
     assert_close(losses(tmp_path), losses(ref), rtol)
     assert_close(losses(tmp_path, "val_loss"), losses(ref, "val_loss"), rtol)
     assert len(losses(tmp_path)) == STEPS
-    assert_same_weights(read_state(tmp_path / "checkpoint"), read_state(ref / "checkpoint"),
-                        dtype)
+    assert_same_weights(read_state(tmp_path / "checkpoint"), read_state(ref / "checkpoint"), dtype)
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert {(r["world_size"], r["zero"]) for r in rows} == {(2, zero)}
     check_memory_table(run.stdout, dtype, zero)
@@ -108,12 +141,15 @@ def assert_same_weights(mine, theirs, dtype):
     weights are compared as a whole, to one bf16 ulp (2^-8) of their norm."""
     diff = {}
     for name, w in theirs.items():
-        parts = zip("qkv", np.split(w, 3), np.split(mine[name], 3)) \
-            if name.endswith("c_attn.bias") else [("", w, mine[name])]
+        parts = (
+            zip("qkv", np.split(w, 3), np.split(mine[name], 3))
+            if name.endswith("c_attn.bias")
+            else [("", w, mine[name])]
+        )
         diff.update({name + part: (a, b) for part, a, b in parts if part != "k"})
     if dtype == "bf16":
         num = sum(np.sum((b - a) ** 2) for a, b in diff.values())
-        assert np.sqrt(num / sum(np.sum(a ** 2) for a, _ in diff.values())) <= 2 ** -8
+        assert np.sqrt(num / sum(np.sum(a**2) for a, _ in diff.values())) <= 2**-8
         return
     worst = {k: np.linalg.norm(b - a) / np.linalg.norm(a) for k, (a, b) in diff.items()}
     name = max(worst, key=worst.get)
@@ -122,7 +158,7 @@ def assert_same_weights(mine, theirs, dtype):
 
 def table_rows(text, title):
     """{first column: [other columns]} of the table after the line starting with title."""
-    lines = text[text.index(title):].splitlines()[2:]
+    lines = text[text.index(title) :].splitlines()[2:]
     rows = {}
     for line in lines:
         cells = re.split(r"\s{2,}", line.strip())
@@ -140,8 +176,13 @@ def check_memory_table(stdout, dtype, zero):
     extra = re.search(r"hold ([\d,]+) elements more", stdout)
     elements = n + (int(extra.group(1).replace(",", "")) if extra else 0)
     pred = predicted_state_bytes(dtype, zero, 2)
-    names = {"weights": "weights", "gradients": "gradients", "master": "master",
-             "adam_m": "adam m", "adam_v": "adam v"}
+    names = {
+        "weights": "weights",
+        "gradients": "gradients",
+        "master": "master",
+        "adam_m": "adam m",
+        "adam_v": "adam v",
+    }
     for tag, label in names.items():
         (cells,) = [c for k, c in rows.items() if k.startswith(label)]
         assert float(cells[0]) == pred[tag]
@@ -155,8 +196,9 @@ def check_communication_table(stdout, dtype, zero):
     """Bytes sent per step, measured from the collectives that ran, equal the ring formula
     on the buffers' sizes, exactly."""
     rows = table_rows(stdout, "-- communication per step")
-    numel = int(rows[next(k for k in rows if k.endswith("gradients"))][0].replace(",", "")) \
-        // (4 if dtype == "fp32" else 2)
+    numel = int(rows[next(k for k in rows if k.endswith("gradients"))][0].replace(",", "")) // (
+        4 if dtype == "fp32" else 2
+    )
     expected = predicted_collectives(numel, dtype, zero, 2)
     assert [f"{n} {w}" for n, w, _ in expected] == [k for k in rows if k != "total"]
     for name, what, nbytes in expected:
@@ -171,9 +213,14 @@ def test_saved_on_two_ranks_resumes_on_one(one_process, shakespeare, tmp_path):
     the step-5 checkpoint loads, and resumed on 1 process it finishes with the losses of the
     uninterrupted 1-process run."""
     t0 = time.monotonic()
-    run = mpirun(2, ["--batch-size", "4", "--zero", "1", "--save-every", "5"], tmp_path,
-                 shakespeare, script="tests/mpi_fault.py",
-                 env={"FAULT_RANK": "1", "FAULT_STEP": "7"})
+    run = mpirun(
+        2,
+        ["--batch-size", "4", "--zero", "1", "--save-every", "5"],
+        tmp_path,
+        shakespeare,
+        script="tests/mpi_fault.py",
+        env={"FAULT_RANK": "1", "FAULT_STEP": "7"},
+    )
     assert run.returncode != 0
     assert time.monotonic() - t0 < 30
     assert "error: rank 1 of 2: RuntimeError: injected fault in step 7" in run.stderr
@@ -187,10 +234,30 @@ def test_ranks_that_disagree_are_refused(shakespeare, tmp_path):
     """One rank with another --seed: refused at start-up, exit 2, one line from rank 0."""
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     base = [sys.executable, "examples/train_gpt2.py", *train_args(tmp_path, shakespeare)]
-    cmd = [MPIRUN, *root, "--oversubscribe", "-n", "1", *base, "--seed", "1", ":", "-n", "1",
-           *base, "--seed", "2"]
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    cmd = [
+        MPIRUN,
+        *root,
+        "--oversubscribe",
+        "-n",
+        "1",
+        *base,
+        "--seed",
+        "1",
+        ":",
+        "-n",
+        "1",
+        *base,
+        "--seed",
+        "2",
+    ]
+    run = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.count("error: rank 1 runs with --seed 2 where rank 0 has 1") == 1
 
@@ -199,6 +266,7 @@ def test_sharded_adamw_in_one_process_is_plain_adamw():
     """ZeRO-1 and ZeRO-2 over a world of one (every collective the identity) step exactly as
     the unsharded optimizer: the sharding code path is the same arithmetic."""
     from nn.module import Parameter
+
     shapes = [(5, 3), (7,), (2, 4)]
     results = []
     for zero in (0, 1, 2):

@@ -4,6 +4,7 @@ inf, 0 and a negative value. What must hold: a kill never leaves an unloadable r
 the resumed run ends bit for bit where an uninterrupted one does; every other fault is one
 line `error: ...` with exit code 2 (or a correct load), never a traceback, never a silent
 wrong load. Seeded throughout, so a failure reproduces."""
+
 import contextlib
 import dataclasses
 import importlib.util
@@ -37,17 +38,61 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 def flags(data_dir, out, *extra):
     """The command line of tiny(): gpt2-tiny, 2 x 16 tokens a step, a save every step."""
-    return ["--model", "gpt2-tiny", "--data-dir", data_dir, "--out", str(out), "--quiet",
-            "--no-report", "--device", "cpu", "--dtype", "fp32", "--batch-size", "2",
-            "--seq-len", "16", "--steps", str(STEPS), "--lr", "5e-3", "--min-lr", "5e-4",
-            "--warmup", "2", "--eval-every", "0", "--eval-iters", "2", "--seed", "1337",
-            "--save-every", "1", *extra]
+    return [
+        "--model",
+        "gpt2-tiny",
+        "--data-dir",
+        data_dir,
+        "--out",
+        str(out),
+        "--quiet",
+        "--no-report",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--steps",
+        str(STEPS),
+        "--lr",
+        "5e-3",
+        "--min-lr",
+        "5e-4",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "0",
+        "--eval-iters",
+        "2",
+        "--seed",
+        "1337",
+        "--save-every",
+        "1",
+        *extra,
+    ]
 
 
 def tiny(data_dir, out, **overrides):
-    cfg = dict(model="gpt2-tiny", data_dir=data_dir, batch_size=2, seq_len=16, steps=STEPS,
-               lr=5e-3, min_lr=5e-4, warmup=2, eval_every=0, eval_iters=2, out=str(out),
-               quiet=True, report=False, seed=1337, save_every=1)
+    cfg = dict(
+        model="gpt2-tiny",
+        data_dir=data_dir,
+        batch_size=2,
+        seq_len=16,
+        steps=STEPS,
+        lr=5e-3,
+        min_lr=5e-4,
+        warmup=2,
+        eval_every=0,
+        eval_iters=2,
+        out=str(out),
+        quiet=True,
+        report=False,
+        seed=1337,
+        save_every=1,
+    )
     return RunConfig(**{**cfg, **overrides})
 
 
@@ -66,6 +111,7 @@ def saved_step(out):
 
 # ----------------------------------------------------------------------------- kill -9
 
+
 def test_sigkill_at_random_moments_then_resume_ends_bit_exact(shakespeare, tmp_path):
     """Kill the run at random moments (after its first save of the trial, plus a random delay
     of up to 0.3 s); after each kill the folder's checkpoint loads and --resume carries on;
@@ -77,14 +123,19 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_exact(shakespeare, tmp_p
     args = flags(shakespeare, out)
     for trial in range(6):
         before = checkpoint.checkpoint_step(str(out)) or 0
-        proc = subprocess.Popen([sys.executable, TRAIN, *args], cwd=REPO, env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, TRAIN, *args],
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 60
         while (checkpoint.checkpoint_step(str(out)) or 0) <= before and proc.poll() is None:
             assert time.monotonic() < deadline, "the run made no progress"
             time.sleep(0.01)
         time.sleep(rng.uniform(0, 0.3))
-        if proc.poll() is not None:             # it finished first: nothing left to kill
+        if proc.poll() is not None:  # it finished first: nothing left to kill
             assert proc.returncode == 0, proc.stderr.read()
             break
         proc.send_signal(signal.SIGKILL)
@@ -93,9 +144,15 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_exact(shakespeare, tmp_p
         kills += 1
         mid_save += any(os.path.exists(out / d) for d in ("checkpoint.new", "checkpoint.old"))
         assert 1 <= saved_step(out) <= STEPS
-        args = ["--resume", str(out), "--quiet"]    # the saved run config does the rest
-    proc = subprocess.run([sys.executable, TRAIN, "--resume", str(out), "--quiet"], cwd=REPO,
-                          env=ENV, capture_output=True, text=True, timeout=120)
+        args = ["--resume", str(out), "--quiet"]  # the saved run config does the rest
+    proc = subprocess.run(
+        [sys.executable, TRAIN, "--resume", str(out), "--quiet"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert saved_step(out) == STEPS
     for name in ("model.safetensors", "optimizer.safetensors"):
@@ -110,11 +167,13 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_exact(shakespeare, tmp_p
 
 def _rows(out):
     import json
+
     with open(out / "metrics.jsonl") as f:
         return [json.loads(line) for line in f]
 
 
 # ----------------------------------------------------------------------------- disk full
+
 
 @pytest.fixture
 def small_disk(tmp_path):
@@ -123,8 +182,11 @@ def small_disk(tmp_path):
         pytest.skip("mounting a small tmpfs needs root")
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
@@ -135,21 +197,31 @@ def small_disk(tmp_path):
 
 def test_disk_full_during_a_save(shakespeare, small_disk):
     out = small_disk / "run"
-    proc = subprocess.run([sys.executable, TRAIN, *flags(shakespeare, out, "--steps", "3")],
-                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, TRAIN, *flags(shakespeare, out, "--steps", "3")],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert one_line_error(proc.stderr), proc.stderr
     assert "disk full" in proc.stderr and "MB" in proc.stderr
     assert "the step-1 checkpoint" in proc.stderr and "is kept" in proc.stderr
-    assert saved_step(out) == 1                             # the previous one, intact
+    assert saved_step(out) == 1  # the previous one, intact
     assert sorted(os.listdir(out)) == [".lock", "checkpoint", "metrics.jsonl"]
     assert not [f for f in os.listdir(out / "checkpoint") if f.endswith(".tmp")]
 
 
 # ----------------------------------------------------------------------------- corruption
 
-CHECKPOINT_FILES = ["config.json", "model.safetensors", "optimizer.safetensors",
-                    "trainer_state.json"]
+CHECKPOINT_FILES = [
+    "config.json",
+    "model.safetensors",
+    "optimizer.safetensors",
+    "trainer_state.json",
+]
 BIN_FILES = ["train.bin", "val.bin"]
 TRIED = {"corruptions": 0, "errors": 0, "loads": 0}
 
@@ -167,8 +239,12 @@ def pristine(tmp_path_factory):
     ck = root / "run" / "checkpoint"
     files = {n: (ck / n).read_bytes() for n in CHECKPOINT_FILES}
     files.update({n: (root / "data" / n).read_bytes() for n in BIN_FILES})
-    expected = dict(weights=tr.optimizer.master_state(), opt=tr.optimizer.state_dict()[0],
-                    step=tr.step, data=tr.train_data.state_dict())
+    expected = dict(
+        weights=tr.optimizer.master_state(),
+        opt=tr.optimizer.state_dict()[0],
+        step=tr.step,
+        data=tr.train_data.state_dict(),
+    )
     yield root, files, expected
     print(f"\ncorruption: {TRIED}")
 
@@ -180,8 +256,9 @@ def load_resumed(root):
     with contextlib.redirect_stderr(err):
         try:
             with user_errors():
-                cfg, _ = resolve(["--resume", str(root / "run"), "--data-dir",
-                                  str(root / "data"), "--quiet"])
+                cfg, _ = resolve(
+                    ["--resume", str(root / "run"), "--data-dir", str(root / "data"), "--quiet"]
+                )
                 return 0, err.getvalue(), Trainer(cfg)
         except SystemExit as e:
             return e.code, err.getvalue(), None
@@ -192,16 +269,17 @@ def corrupt(data, kind, where, mask):
     i = min(int(where * len(data)), len(data) - 1)
     if kind == "truncate":
         return data[:i]
-    return data[:i] + bytes([data[i] ^ mask]) + data[i + 1:]
+    return data[:i] + bytes([data[i] ^ mask]) + data[i + 1 :]
 
 
 def check_outcome(root, files, expected, name, bad):
-    path = (root / "run" / "checkpoint" / name) if name in CHECKPOINT_FILES else \
-        (root / "data" / name)
+    path = (
+        (root / "run" / "checkpoint" / name) if name in CHECKPOINT_FILES else (root / "data" / name)
+    )
     path.write_bytes(bad)
     try:
         code, err, tr = load_resumed(root)
-        tokens = np.array(tr.train_data.tokens) if tr else None   # a map of the bad file
+        tokens = np.array(tr.train_data.tokens) if tr else None  # a map of the bad file
     finally:
         path.write_bytes(files[name])
     TRIED["corruptions"] += 1
@@ -209,13 +287,13 @@ def check_outcome(root, files, expected, name, bad):
         TRIED["errors"] += 1
         assert code == 2 and one_line_error(err), (name, err)
         return
-    TRIED["loads"] += 1                        # then it must be exactly what was saved
+    TRIED["loads"] += 1  # then it must be exactly what was saved
     assert tr.step == expected["step"] and tr.train_data.state_dict() == expected["data"]
     for k, w in tr.optimizer.master_state().items():
         np.testing.assert_array_equal(w, expected["weights"][k], err_msg=k)
     for k, a in tr.optimizer.state_dict()[0].items():
         np.testing.assert_array_equal(a, expected["opt"][k], err_msg=k)
-    if name in BIN_FILES:                      # a flipped id that is still a valid id
+    if name in BIN_FILES:  # a flipped id that is still a valid id
         on_disk = np.frombuffer(bad[HEADER_BYTES:], "<u2")
         assert on_disk.max() < 50257
         if name == "train.bin":
@@ -227,19 +305,26 @@ def check_outcome(root, files, expected, name, bad):
 def test_truncated_files_are_one_line_errors(pristine, name, kind):
     root, files, expected = pristine
     data = files[name]
-    bad = {"empty": b"", "half": data[:len(data) // 2], "last-byte": data[:-1]}[kind]
+    bad = {"empty": b"", "half": data[: len(data) // 2], "last-byte": data[:-1]}[kind]
     check_outcome(root, files, expected, name, bad)
     assert TRIED["errors"]
 
 
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # the fixture's repr
-@settings(max_examples=120, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(name=st.sampled_from(CHECKPOINT_FILES + BIN_FILES),
-       kind=st.sampled_from(["truncate", "flip", "flip"]),
-       where=st.floats(0, 1), mask=st.integers(1, 255))
-def test_corrupted_inputs_are_a_clean_error_or_a_correct_load(pristine, name, kind, where,
-                                                              mask):
+@settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    name=st.sampled_from(CHECKPOINT_FILES + BIN_FILES),
+    kind=st.sampled_from(["truncate", "flip", "flip"]),
+    where=st.floats(0, 1),
+    mask=st.integers(1, 255),
+)
+def test_corrupted_inputs_are_a_clean_error_or_a_correct_load(pristine, name, kind, where, mask):
     root, files, expected = pristine
     check_outcome(root, files, expected, name, corrupt(files[name], kind, where, mask))
 
@@ -258,16 +343,17 @@ def test_a_flipped_byte_in_the_weights_is_caught_by_the_checksum(pristine):
 
 # ----------------------------------------------------------------------------- float flags
 
-FLOAT_FLAGS = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)
-               if f.type is float]
-ZERO_IS_FINE = {"--min-lr", "--weight-decay", "--grad-clip"}   # 0: floor, no decay, no clip
+FLOAT_FLAGS = [
+    "--" + f.name.replace("_", "-") for f in dataclasses.fields(RunConfig) if f.type is float
+]
+ZERO_IS_FINE = {"--min-lr", "--weight-decay", "--grad-clip"}  # 0: floor, no decay, no clip
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
 @pytest.mark.parametrize("flag", FLOAT_FLAGS)
 def test_every_float_flag(shakespeare, tmp_path, flag, value):
     argv = flags(shakespeare, tmp_path, flag, value)
-    if flag == "--min-lr":                    # min-lr must also stay under lr
+    if flag == "--min-lr":  # min-lr must also stay under lr
         argv += ["--lr", "1"]
     if value == "0" and flag in ZERO_IS_FINE:
         assert getattr(resolve(argv)[0], flag[2:].replace("-", "_")) == 0
@@ -286,17 +372,19 @@ def test_min_lr_above_lr_is_refused(shakespeare, tmp_path):
 
 
 def _generate_main():
-    spec = importlib.util.spec_from_file_location("generate",
-                                                  os.path.join(REPO, "examples", "generate.py"))
+    spec = importlib.util.spec_from_file_location(
+        "generate", os.path.join(REPO, "examples", "generate.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main
 
 
-@pytest.mark.parametrize("flag, value", [(f, v) for f in ("--temperature", "--top-p")
-                                         for v in ("nan", "inf", "-1")]
-                         + [("--top-p", "0"), ("--top-p", "1.5"), ("--top-k", "0"),
-                            ("--top-k", "-3")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [(f, v) for f in ("--temperature", "--top-p") for v in ("nan", "inf", "-1")]
+    + [("--top-p", "0"), ("--top-p", "1.5"), ("--top-k", "0"), ("--top-k", "-3")],
+)
 def test_every_float_flag_of_generate(tmp_path, flag, value, capsys):
     """Refused before any checkpoint is read or any text is printed."""
     with pytest.raises(SystemExit) as exit_info:
@@ -304,4 +392,3 @@ def test_every_float_flag_of_generate(tmp_path, flag, value, capsys):
     out, err = capsys.readouterr()
     assert exit_info.value.code == 2 and out == ""
     assert one_line_error(err) and flag in err, err
-

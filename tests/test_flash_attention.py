@@ -6,6 +6,7 @@ a GPT-2 with attention="flash" equal to the naive one (training and generation);
 FLOPs and bytes its launches are counted with. The CUDA kernels are compared with these in
 test_cuda_kernels.py, their launches checked in test_cuda_launch_args.py.
 """
+
 import math
 
 import numpy as np
@@ -19,9 +20,15 @@ from tinygrad_like.backend import cpu
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 # (B, H, Tq, Tk, D): T = 1; ragged against the 64-blocks; a decode step; a prompt after a cache
-SHAPES = [(2, 3, 1, 1, 8), (1, 2, 63, 63, 16), (2, 2, 65, 65, 8), (1, 2, 130, 130, 8),
-          (2, 2, 1, 70, 16), (1, 3, 20, 150, 8)]
-TOL = {F64: 1e-10, F32: 1e-5, F16: 2e-3, BF16: 1.6e-2}   # relative to the largest value
+SHAPES = [
+    (2, 3, 1, 1, 8),
+    (1, 2, 63, 63, 16),
+    (2, 2, 65, 65, 8),
+    (1, 2, 130, 130, 8),
+    (2, 2, 1, 70, 16),
+    (1, 3, 20, 150, 8),
+]
+TOL = {F64: 1e-10, F32: 1e-5, F16: 2e-3, BF16: 1.6e-2}  # relative to the largest value
 
 
 def rand(rng, shape, dtype=F64):
@@ -37,8 +44,12 @@ def run(q, k, v, dout, flash):
 
 
 def inputs(rng, B, H, Tq, Tk, D, dtype):
-    return (rand(rng, (B, H, Tq, D), dtype), rand(rng, (B, H, Tk, D), dtype),
-            rand(rng, (B, H, Tk, D), dtype), rand(rng, (B, H, Tq, D), dtype))
+    return (
+        rand(rng, (B, H, Tq, D), dtype),
+        rand(rng, (B, H, Tk, D), dtype),
+        rand(rng, (B, H, Tk, D), dtype),
+        rand(rng, (B, H, Tq, D), dtype),
+    )
 
 
 def assert_close(got, ref, tol):
@@ -101,9 +112,9 @@ def test_the_record_saves_q_k_v_out_and_lse_only():
     assert [a.shape for a in record.ctx.saved] == [(2, 2, 64, 8)] * 4 + [(2, 2, 64)]
     assert record.ctx.saved[3] is out.data
     per_token = [record_of(T, flash=True)[1].saved_bytes / T for T in (64, 256)]
-    assert per_token[0] == per_token[1] == 2 * 2 * (4 * 8 + 1) * 4   # B H (4 D + 1) fp32
+    assert per_token[0] == per_token[1] == 2 * 2 * (4 * 8 + 1) * 4  # B H (4 D + 1) fp32
     naive = [record_of(T, flash=False)[1].saved_bytes / T for T in (64, 256)]
-    assert naive[1] - naive[0] == 2 * 2 * (256 - 64) * 4               # the probabilities
+    assert naive[1] - naive[0] == 2 * 2 * (256 - 64) * 4  # the probabilities
 
 
 def test_flops_and_bytes_of_the_launches():
@@ -114,7 +125,7 @@ def test_flops_and_bytes_of_the_launches():
     assert kernels._flash_scores(out.data, out.data) == scores
     assert record.fwd_flops == (4 * D + 5) * scores and record.fwd_launches == 1
     qkv = B * H * T * D * 4
-    assert record.fwd_bytes == 4 * qkv + B * H * T * 4            # reads q, k, v; writes out, lse
+    assert record.fwd_bytes == 4 * qkv + B * H * T * 4  # reads q, k, v; writes out, lse
     out.backward(np.ones(out.shape, F32))
     assert record.bwd_flops == (10 * D + 4) * scores and record.bwd_launches == 1
     assert record.bwd_bytes == 5 * qkv + B * H * T * 4 + 3 * qkv  # + dout; writes dq, dk, dv
@@ -134,8 +145,9 @@ def test_gpt2_with_flash_attention_equals_naive(dtype, tol):
     for model in models(dtype):
         logits, loss = model(idx[:, :-1], idx[:, 1:])
         loss.backward()
-        results.append([logits.numpy(), loss.numpy()] + [p.grad.numpy() for p in
-                                                        model.parameters()])
+        results.append(
+            [logits.numpy(), loss.numpy()] + [p.grad.numpy() for p in model.parameters()]
+        )
     assert_close(*results, tol)
 
 
@@ -145,6 +157,7 @@ def test_gpt2_generation_with_a_kv_cache_is_the_same():
     flash, naive = (m.generate(prompt, 8, temperature=0) for m in models("fp64"))
     np.testing.assert_array_equal(flash, naive)
     with tg.no_grad():
-        y = ops.scaled_dot_product_attention(*(Tensor(np.ones((1, 1, 1, 4))) for _ in range(3)),
-                                             flash=True)
+        y = ops.scaled_dot_product_attention(
+            *(Tensor(np.ones((1, 1, 1, 4))) for _ in range(3)), flash=True
+        )
     assert y._record is None and math.isclose(float(y.numpy()[0, 0, 0, 0]), 1.0)

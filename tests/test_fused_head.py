@@ -2,6 +2,7 @@
 and every gradient equal the plain head's (Linear + CrossEntropy) in both designs, with ignored
 targets, a last block of fewer rows, the padded vocabulary and fp16 under a loss scale of 2^16;
 what it saves; where its FLOPs are counted; and a GPT2 that trains to the plain head's losses."""
+
 import functools
 import gc
 
@@ -17,7 +18,7 @@ from training.measure import random_batch
 from training.step import train_on
 
 DESIGNS = F.HEAD_DESIGNS
-N, C, VP, V = 29, 16, 128, 120   # 29 rows: blocks of 8, the last one of 5; 8 padding columns
+N, C, VP, V = 29, 16, 128, 120  # 29 rows: blocks of 8, the last one of 5; 8 padding columns
 BLOCK = 8
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
@@ -35,15 +36,16 @@ def design_of_gpt2(monkeypatch):
 
     def use(design):
         monkeypatch.setattr(F, "linear_cross_entropy", functools.partial(original, design=design))
+
     return use
 
 
 def head_inputs(rng, dtype, w_std=0.5):
     x = rng.normal(0, 1, (N, C))
     w = rng.normal(0, w_std, (VP, C))
-    w[V:] = 0                                         # the padding rows, as GPT2 keeps them
+    w[V:] = 0  # the padding rows, as GPT2 keeps them
     t = rng.integers(0, V, N)
-    t[[0, 9, 17]] = -1                                # ignored
+    t[[0, 9, 17]] = -1  # ignored
     return x.astype(dtype), w.astype(dtype), t
 
 
@@ -67,16 +69,17 @@ def test_loss_and_gradients_equal_the_plain_heads(rng, small_blocks, design, dty
     for got, want in zip(fused, plain):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
     assert fused[1].dtype == fused[2].dtype == dtype
-    assert np.all(fused[2][V:] == 0)                  # no gradient to the padding rows
-    assert np.abs(fused[1][[0, 9, 17]]).max() == 0    # ignored rows get no gradient
+    assert np.all(fused[2][V:] == 0)  # no gradient to the padding rows
+    assert np.abs(fused[1][[0, 9, 17]]).max() == 0  # ignored rows get no gradient
 
 
 @pytest.mark.parametrize("design", DESIGNS)
 def test_fp16_with_a_loss_scale_of_2_16_keeps_every_gradient_the_plain_head_keeps(
-        rng, small_blocks, design):
+    rng, small_blocks, design
+):
     x, w, t = head_inputs(rng, np.float64, w_std=2.0)  # peaked softmax: many tiny gradients
-    scale = 2.0 ** 16
-    exact = loss_and_grads(x, w, t)                    # float64, unscaled
+    scale = 2.0**16
+    exact = loss_and_grads(x, w, t)  # float64, unscaled
     x16, w16 = x.astype(np.float16), w.astype(np.float16)
     plain = loss_and_grads(x16, w16, t, scale=scale)
     fused = loss_and_grads(x16, w16, t, design, scale=scale)
@@ -85,7 +88,7 @@ def test_fp16_with_a_loss_scale_of_2_16_keeps_every_gradient_the_plain_head_keep
     assert fused[0] == pytest.approx(plain[0], rel=1e-6)
     for got, want, ref in zip(fused[1:], plain[1:], exact[1:]):
         assert got.dtype == np.float16
-        assert np.sum((want != 0) & (got == 0)) == 0   # nothing flushed that plain keeps
+        assert np.sum((want != 0) & (got == 0)) == 0  # nothing flushed that plain keeps
         scaled_ref = ref * scale
         err_plain = np.abs(want.astype(np.float64) - scaled_ref).max()
         err_fused = np.abs(got.astype(np.float64) - scaled_ref).max()
@@ -129,8 +132,10 @@ def test_flops_by_phase_and_by_math(rng, small_blocks, design):
     for name in (None, design):
         with Profiler() as prof:
             loss_and_grads(x, w, t, name)
-        profiles[name] = ({p: r["flops"] for p, r in prof.by_phase(GEMMS).items()},
-                          {p: r["flops"] for p, r in prof.by_phase(GEMMS, by="math").items()})
+        profiles[name] = (
+            {p: r["flops"] for p, r in prof.by_phase(GEMMS).items()},
+            {p: r["flops"] for p, r in prof.by_phase(GEMMS, by="math").items()},
+        )
     (plain, plain_math), (phase, math) = profiles[None], profiles[design]
     head = 2 * N * C * VP
     assert plain == plain_math and plain["forward"] == head and plain["backward"] == 2 * head
@@ -157,7 +162,8 @@ def test_gpt2_fused_trains_to_the_plain_heads_losses(small_blocks, design_of_gpt
 
 @pytest.mark.parametrize("design", DESIGNS)
 def test_gpt2_fused_returns_no_logits_with_targets_and_the_plain_ones_without(
-        small_blocks, design_of_gpt2, design):
+    small_blocks, design_of_gpt2, design
+):
     cfg = GPT2Config.from_preset("gpt2-tiny")
     x, y = random_batch(cfg.vocab_size, 2, 13)
     design_of_gpt2(design)
@@ -166,7 +172,7 @@ def test_gpt2_fused_returns_no_logits_with_targets_and_the_plain_ones_without(
     assert logits is None and loss.item() == pytest.approx(plain(x, y)[1].item(), rel=1e-6)
     with no_grad():
         np.testing.assert_array_equal(fused(x)[0].numpy(), plain(x)[0].numpy())
-        with Profiler() as prof:                      # evaluation: the loss alone
+        with Profiler() as prof:  # evaluation: the loss alone
             loss = fused(x, y)[1]
     assert loss.item() == pytest.approx(plain(x, y)[1].item(), rel=1e-6)
     assert not any(k.name in ("matmul_tn", "cross_entropy_bwd") for k in prof.launches)

@@ -2,6 +2,7 @@
 (shapes, seeds, the context limit, the train/eval mode and grad mode it leaves behind, the
 tape), and nn.sampling.sample (temperature, top-k and top-p never leave their sets).
 """
+
 import math
 
 import numpy as np
@@ -22,7 +23,7 @@ def randomized(cfg, seed=0):
     rng = np.random.default_rng(seed)
     state = {}
     for name, p in model.named_parameters():
-        shape = p.unpadded_shape                 # wte without its padding rows
+        shape = p.unpadded_shape  # wte without its padding rows
         if name.endswith(("wte.weight", "wpe.weight")):
             a = rng.standard_normal(shape)
         elif ".ln_" in name or name.startswith("transformer.ln_f"):
@@ -57,6 +58,7 @@ def greedy_without_cache(model, prompt, n):
 
 # ---------------------------------------------------------------- the KV cache
 
+
 @pytest.mark.parametrize("B,T,n", [(1, 1, 12), (2, 5, 10), (3, 8, 16)])
 def test_kv_cache_greedy_equals_recomputing_everything(model, B, T, n):
     prompt = np.random.default_rng(B * 10 + T).integers(0, CFG.vocab_size, (B, T))
@@ -64,7 +66,7 @@ def test_kv_cache_greedy_equals_recomputing_everything(model, B, T, n):
     got = model.generate(prompt, n, temperature=0)
     assert got.shape == (B, T + n) and got.dtype == np.int64
     np.testing.assert_array_equal(got, want)
-    assert len(set(got[:, T:].ravel().tolist())) > 1         # not one token over and over
+    assert len(set(got[:, T:].ravel().tolist())) > 1  # not one token over and over
 
 
 def test_kv_cache_logits_equal_full_forward_logits(model):
@@ -90,11 +92,12 @@ def test_kv_cache_positions_are_checked_against_the_context(model):
     with tg.no_grad():
         model(np.zeros((1, 20), np.int64), cache=cache)
         with pytest.raises(ValueError) as e:
-            model(np.zeros((1, 5), np.int64), cache=cache)      # 20 + 5 > 24
+            model(np.zeros((1, 5), np.int64), cache=cache)  # 20 + 5 > 24
     assert "25" in str(e.value) and "24" in str(e.value)
 
 
 # ---------------------------------------------------------------- generate / generate_stream
+
 
 def test_generate_starts_with_the_prompt_and_stays_in_the_vocab(model):
     prompt = np.array([[1, 2, 3], [50, 51, 52]])
@@ -104,9 +107,11 @@ def test_generate_starts_with_the_prompt_and_stays_in_the_vocab(model):
     assert out.min() >= 0 and out.max() < CFG.vocab_size
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": 0}, {"temperature": 1.0},
-                                    {"temperature": 2.0, "top_k": 5}, {"top_p": 0.9}],
-                         ids=["greedy", "t1", "top_k", "top_p"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": 0}, {"temperature": 1.0}, {"temperature": 2.0, "top_k": 5}, {"top_p": 0.9}],
+    ids=["greedy", "t1", "top_k", "top_p"],
+)
 def test_generation_never_samples_a_padding_id(monkeypatch, kwargs):
     """wte is stored padded (V = 10 -> 64 rows). Set 16 padding rows (for the test) to +-1e3
     times each unit vector: for any hidden state h the padded logits reach 1e3 max|h_j|,
@@ -115,11 +120,12 @@ def test_generation_never_samples_a_padding_id(monkeypatch, kwargs):
     cfg = GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=16, vocab_size=10)
     model = randomized(cfg, seed=1)
     V, C, wte = cfg.vocab_size, cfg.n_embd, model.transformer.wte.weight
-    wte.data[V:V + 2 * C] = 1e3 * np.concatenate([np.eye(C), -np.eye(C)])
-    assert 1e3 > np.sqrt(C) * np.linalg.norm(wte.numpy()[:V], axis=1).max()   # the trap
+    wte.data[V : V + 2 * C] = 1e3 * np.concatenate([np.eye(C), -np.eye(C)])
+    assert 1e3 > np.sqrt(C) * np.linalg.norm(wte.numpy()[:V], axis=1).max()  # the trap
     seen = []
-    monkeypatch.setattr(gpt2, "sample", lambda logits, *a: seen.append(logits.shape)
-                        or sample(logits, *a))
+    monkeypatch.setattr(
+        gpt2, "sample", lambda logits, *a: seen.append(logits.shape) or sample(logits, *a)
+    )
     out = model.generate(np.array([[1, 2, 3], [5, 6, 7]]), 8, seed=0, **kwargs)
     assert out.max() < V and seen == [(2, V)] * 8
 
@@ -214,6 +220,7 @@ def test_generate_with_a_bad_prompt_id_names_it(model):
 
 # ---------------------------------------------------------------- side effects
 
+
 @pytest.mark.parametrize("training", [True, False])
 def test_generation_leaves_train_eval_mode_as_it_was(training):
     m = randomized(CFG, seed=1)
@@ -246,7 +253,7 @@ def test_generation_runs_in_eval_mode_and_restores_training_even_on_error():
     np.testing.assert_array_equal(a, greedy_without_cache(m, prompt, 8))
     assert m.training
     with pytest.raises(ValueError):
-        m.generate(np.array([[1, 500]]), 3)                     # fails inside the forward
+        m.generate(np.array([[1, 500]]), 3)  # fails inside the forward
     assert all(mod.training for _, mod in m.named_modules())
 
 
@@ -290,6 +297,7 @@ def test_a_suspended_stream_does_not_change_the_callers_grad_mode():
 
 # ---------------------------------------------------------------- sampling
 
+
 def crafted_logits(rng, V=12):
     """Distinct logits in a shuffled order (so the top ids are not simply the last ones)."""
     logits = np.linspace(-2.0, 3.0, V)
@@ -319,7 +327,7 @@ def test_top_k_only_samples_the_k_largest_over_many_seeds():
     seen = []
     for seed in range(100):
         seen.extend(sample(rows, 1.0, top_k=3, rng=np.random.default_rng(seed)).tolist())
-    assert set(seen) == top3                       # never outside, and each of the 3 appears
+    assert set(seen) == top3  # never outside, and each of the 3 appears
     # in proportion to the renormalised softmax of the three
     p = softmax(logits[sorted(top3)].astype(np.float64))
     freq = np.array([seen.count(t) for t in sorted(top3)]) / len(seen)
@@ -366,7 +374,7 @@ def test_top_k_and_top_p_together_sample_the_intersection():
     # top_k=4 then top_p over the 4 renormalised probabilities
     top4 = np.argsort(logits)[-4:][::-1]
     p4 = softmax(logits[top4].astype(np.float64))
-    n = int(np.searchsorted(np.cumsum(p4), 0.6) + 1)          # the nucleus size for p = 0.6
+    n = int(np.searchsorted(np.cumsum(p4), 0.6) + 1)  # the nucleus size for p = 0.6
     got = sample(rows, 1.0, top_k=4, top_p=0.6, rng=np.random.default_rng(1))
     assert set(got.tolist()) == set(top4[:n].tolist())
 
@@ -389,9 +397,15 @@ def test_sampling_is_deterministic_with_a_seed():
     assert a.dtype == np.int64 and a.shape == (100,)
 
 
-@pytest.mark.parametrize("kwargs,word", [({"temperature": -0.1}, "temperature"),
-                                         ({"top_k": 0}, "top_k"), ({"top_p": 0.0}, "top_p"),
-                                         ({"top_p": 1.5}, "top_p")])
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
 def test_bad_sampling_arguments(kwargs, word):
     logits = np.zeros((1, 5), np.float32)
     args = {"temperature": 1.0, **kwargs}
@@ -399,10 +413,15 @@ def test_bad_sampling_arguments(kwargs, word):
         sample(logits, rng=np.random.default_rng(0), **args)
 
 
-@pytest.mark.parametrize("kwargs,word", [({"temperature": float("nan")}, "temperature"),
-                                         ({"temperature": float("inf")}, "temperature"),
-                                         ({"top_p": float("nan")}, "top_p"),
-                                         ({"top_k": 0}, "top_k")])
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+    ],
+)
 def test_generate_stream_refuses_bad_sampling_arguments_eagerly(model, kwargs, word):
     """Before the first next(), so a caller never prints half an output before the error."""
     with pytest.raises(ValueError, match=word):

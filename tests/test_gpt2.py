@@ -5,6 +5,7 @@ errors for token ids and sequences the model cannot take.
 
 Checkpoint files are in test_hf_format.py, generation and sampling in test_generate.py.
 """
+
 import math
 import re
 
@@ -23,27 +24,52 @@ SMALL = GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=16, vocab_size=67
 
 def per_block_keys(i):
     p = f"transformer.h.{i}."
-    return [p + k for k in ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                            "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                            "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-                            "mlp.c_proj.bias")]
+    return [
+        p + k
+        for k in (
+            "ln_1.weight",
+            "ln_1.bias",
+            "attn.c_attn.weight",
+            "attn.c_attn.bias",
+            "attn.c_proj.weight",
+            "attn.c_proj.bias",
+            "ln_2.weight",
+            "ln_2.bias",
+            "mlp.c_fc.weight",
+            "mlp.c_fc.bias",
+            "mlp.c_proj.weight",
+            "mlp.c_proj.bias",
+        )
+    ]
 
 
 def expected_shapes(cfg):
     """Hugging Face GPT-2's key -> shape (Conv1D weights stored (in, out))."""
     C, V, P = cfg.n_embd, cfg.vocab_size, cfg.n_positions
-    shapes = {"transformer.wte.weight": (V, C), "transformer.wpe.weight": (P, C),
-              "transformer.ln_f.weight": (C,), "transformer.ln_f.bias": (C,)}
+    shapes = {
+        "transformer.wte.weight": (V, C),
+        "transformer.wpe.weight": (P, C),
+        "transformer.ln_f.weight": (C,),
+        "transformer.ln_f.bias": (C,),
+    }
     for i in range(cfg.n_layer):
         p = f"transformer.h.{i}."
-        shapes.update({
-            p + "ln_1.weight": (C,), p + "ln_1.bias": (C,),
-            p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
-            p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
-            p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
-            p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
-            p + "mlp.c_proj.weight": (4 * C, C), p + "mlp.c_proj.bias": (C,),
-        })
+        shapes.update(
+            {
+                p + "ln_1.weight": (C,),
+                p + "ln_1.bias": (C,),
+                p + "attn.c_attn.weight": (C, 3 * C),
+                p + "attn.c_attn.bias": (3 * C,),
+                p + "attn.c_proj.weight": (C, C),
+                p + "attn.c_proj.bias": (C,),
+                p + "ln_2.weight": (C,),
+                p + "ln_2.bias": (C,),
+                p + "mlp.c_fc.weight": (C, 4 * C),
+                p + "mlp.c_fc.bias": (4 * C,),
+                p + "mlp.c_proj.weight": (4 * C, C),
+                p + "mlp.c_proj.bias": (C,),
+            }
+        )
     return shapes
 
 
@@ -81,6 +107,7 @@ def randomized(cfg, seed=0):
 
 # ---------------------------------------------------------------- a float64 NumPy GPT-2
 
+
 def reference_gpt2(sd, cfg, idx, targets=None, hidden=None):
     """GPT-2 in plain float64 NumPy, from a state dict with Hugging Face's keys.
     hidden: a dict that receives the final layer norm's output as hidden["h"]."""
@@ -99,7 +126,7 @@ def reference_gpt2(sd, cfg, idx, targets=None, hidden=None):
         return x @ W[name + ".weight"] + W[name + ".bias"]
 
     def gelu(x):
-        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
     def heads(t):
         return t.reshape(B, T, H, D).transpose(0, 2, 1, 3)
@@ -133,8 +160,12 @@ def reference_gpt2(sd, cfg, idx, targets=None, hidden=None):
 
 # ---------------------------------------------------------------- sizes
 
-EXPECTED_COUNTS = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168,
-                   "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
+EXPECTED_COUNTS = {
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_COUNTS))
@@ -146,8 +177,12 @@ def test_public_preset_parameter_counts_by_formula(name):
 
 def test_preset_shapes_are_gpt2s():
     got = {n: (c.n_layer, c.n_head, c.n_embd) for n, c in PRESETS.items() if n in EXPECTED_COUNTS}
-    assert got == {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024),
-                   "gpt2-large": (36, 20, 1280), "gpt2-xl": (48, 25, 1600)}
+    assert got == {
+        "gpt2": (12, 12, 768),
+        "gpt2-medium": (24, 16, 1024),
+        "gpt2-large": (36, 20, 1280),
+        "gpt2-xl": (48, 25, 1600),
+    }
 
 
 def test_gpt2_small_instantiated_has_124_439_808_parameters():
@@ -159,16 +194,25 @@ def test_gpt2_small_instantiated_has_124_439_808_parameters():
     assert model.config.padded_vocab_size == 50_304
     assert model.transformer.wte.weight.shape == (50_304, 768)
     assert model.state_dict()["transformer.wte.weight"].shape == (50_257, 768)
-    assert model.config.padding_cost() == {"rows": 47, "elements": 47 * 768,
-                                           "forward_flops_per_token": 2 * 768 * 47,
-                                           "backward_flops_per_token": 4 * 768 * 47}
+    assert model.config.padding_cost() == {
+        "rows": 47,
+        "elements": 47 * 768,
+        "forward_flops_per_token": 2 * 768 * 47,
+        "backward_flops_per_token": 4 * 768 * 47,
+    }
 
 
-@pytest.mark.parametrize("cfg", [GPT2Config.from_preset("gpt2-mini"),
-                                 GPT2Config.from_preset("gpt2-tiny"), TINY, SMALL,
-                                 GPT2Config(n_layer=3, n_head=3, n_embd=12, n_positions=5,
-                                            vocab_size=7)],
-                         ids=["gpt2-mini", "gpt2-tiny", "tiny", "small", "odd"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        GPT2Config.from_preset("gpt2-mini"),
+        GPT2Config.from_preset("gpt2-tiny"),
+        TINY,
+        SMALL,
+        GPT2Config(n_layer=3, n_head=3, n_embd=12, n_positions=5, vocab_size=7),
+    ],
+    ids=["gpt2-mini", "gpt2-tiny", "tiny", "small", "odd"],
+)
 def test_formula_matches_model_for_small_configs(cfg):
     model = GPT2(cfg)
     assert model.num_parameters() == formula_count(cfg)
@@ -180,16 +224,23 @@ def test_formula_matches_model_for_small_configs(cfg):
 
 # ---------------------------------------------------------------- names and shapes
 
+
 def test_state_dict_has_exactly_hugging_faces_keys_and_shapes():
     cfg = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=12, vocab_size=29)
     model = GPT2(cfg)
     sd = model.state_dict()
-    expected = {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
-                "transformer.ln_f.bias", *per_block_keys(0), *per_block_keys(1)}
+    expected = {
+        "transformer.wte.weight",
+        "transformer.wpe.weight",
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+        *per_block_keys(0),
+        *per_block_keys(1),
+    }
     assert set(sd) == expected
     assert len(sd) == 4 + 2 * 12
     assert {k: tuple(v.shape) for k, v in sd.items()} == expected_shapes(cfg)
-    assert sd["transformer.h.0.attn.c_attn.weight"].shape == (16, 48)   # [C, 3C]
+    assert sd["transformer.h.0.attn.c_attn.weight"].shape == (16, 48)  # [C, 3C]
     assert all(v.dtype == np.float32 for v in sd.values())
 
 
@@ -199,10 +250,11 @@ def test_state_dict_is_a_copy():
     before = snapshot["transformer.wte.weight"].copy()
     snapshot["transformer.wte.weight"][:] = 7.0
     assert not np.any(model.transformer.wte.weight.numpy() == 7.0)
-    model.transformer.wpe.weight.data[...] += 1.0          # e.g. an optimizer step
+    model.transformer.wpe.weight.data[...] += 1.0  # e.g. an optimizer step
     assert np.array_equal(model.state_dict()["transformer.wte.weight"], before)
-    assert not np.array_equal(snapshot["transformer.wpe.weight"],
-                              model.transformer.wpe.weight.numpy())
+    assert not np.array_equal(
+        snapshot["transformer.wpe.weight"], model.transformer.wpe.weight.numpy()
+    )
 
 
 def test_named_parameters_match_state_dict_order_and_objects():
@@ -210,11 +262,14 @@ def test_named_parameters_match_state_dict_order_and_objects():
     names = [n for n, _ in model.named_parameters()]
     assert names == list(model.state_dict())
     assert len(set(names)) == len(names)
-    assert model.transformer.h[1].mlp.c_proj.weight is dict(model.named_parameters())[
-        "transformer.h.1.mlp.c_proj.weight"]
+    assert (
+        model.transformer.h[1].mlp.c_proj.weight
+        is dict(model.named_parameters())["transformer.h.1.mlp.c_proj.weight"]
+    )
 
 
 # ---------------------------------------------------------------- initialisation
+
 
 @pytest.fixture(scope="module")
 def mini():
@@ -248,8 +303,13 @@ def test_init_linear_weights_std_002_and_residual_projections_scaled(mini):
         _check_normal(sd[p + "mlp.c_proj.weight"], resid_std)
     # pooled over the layers, the estimate is tight enough to tell 0.02/sqrt(2L) from e.g.
     # 0.02/sqrt(L)
-    pooled = np.concatenate([sd[f"transformer.h.{i}.{m}.c_proj.weight"].ravel()
-                             for i in range(L) for m in ("attn", "mlp")])
+    pooled = np.concatenate(
+        [
+            sd[f"transformer.h.{i}.{m}.c_proj.weight"].ravel()
+            for i in range(L)
+            for m in ("attn", "mlp")
+        ]
+    )
     assert pooled.std() == pytest.approx(resid_std, rel=0.01)
 
 
@@ -269,10 +329,12 @@ def test_init_is_seeded_and_layers_differ():
     assert all(np.array_equal(sa[k], sb[k]) for k in sa)
     assert not np.array_equal(sa["transformer.wte.weight"], sc["transformer.wte.weight"])
     # one generator runs through all layers: blocks are not copies of each other
-    assert not np.array_equal(sa["transformer.h.0.attn.c_attn.weight"],
-                              sa["transformer.h.1.attn.c_attn.weight"])
-    assert not np.array_equal(sa["transformer.wte.weight"][:TINY.n_positions],
-                              sa["transformer.wpe.weight"])
+    assert not np.array_equal(
+        sa["transformer.h.0.attn.c_attn.weight"], sa["transformer.h.1.attn.c_attn.weight"]
+    )
+    assert not np.array_equal(
+        sa["transformer.wte.weight"][: TINY.n_positions], sa["transformer.wpe.weight"]
+    )
 
 
 def test_all_parameters_require_grad_and_start_without_gradients():
@@ -282,6 +344,7 @@ def test_all_parameters_require_grad_and_start_without_gradients():
 
 
 # ---------------------------------------------------------------- the tied LM head
+
 
 def test_lm_head_is_tied_to_wte():
     model = GPT2(TINY)
@@ -317,7 +380,7 @@ def test_tied_wte_gradient_sums_the_embedding_and_head_uses():
     dlogits = probs.copy()
     dlogits[np.arange(5), targets[0]] -= 1.0
     dlogits /= 5
-    head = dlogits.T @ got["h"][0]                                      # (V, C)
+    head = dlogits.T @ got["h"][0]  # (V, C)
     unused = [t for t in range(cfg.vocab_size) if t not in idx]
     # rows of tokens that are not in the input get the head's gradient only (and it is not 0)
     np.testing.assert_allclose(g[unused], head[unused], rtol=1e-6, atol=1e-9)
@@ -329,11 +392,12 @@ def test_tied_wte_gradient_sums_the_embedding_and_head_uses():
 
 # ---------------------------------------------------------------- the padded vocabulary
 
+
 @pytest.mark.parametrize("V, Vp", [(50257, 50304), (64, 64), (65, 128), (1, 64), (11, 64)])
 def test_padded_vocab_size_is_the_next_multiple_of_64_and_not_a_config_field(V, Vp):
     cfg = GPT2Config(n_layer=1, n_head=1, n_embd=4, vocab_size=V)
     assert cfg.padded_vocab_size == Vp
-    assert "padded_vocab_size" not in cfg.to_dict()      # config.json stays Hugging Face's
+    assert "padded_vocab_size" not in cfg.to_dict()  # config.json stays Hugging Face's
     assert GPT2(cfg).transformer.wte.weight.shape == (Vp, 4)
 
 
@@ -349,7 +413,7 @@ def unpadded(cfg, monkeypatch, seed=0):
 def test_padding_rows_start_zero_and_the_init_is_the_unpadded_models(monkeypatch):
     model = GPT2(SMALL, seed=4)
     w = model.transformer.wte.weight.numpy()
-    assert w.shape == (128, 32) and np.all(w[SMALL.vocab_size:] == 0)
+    assert w.shape == (128, 32) and np.all(w[SMALL.vocab_size :] == 0)
     twin = unpadded(SMALL, monkeypatch, seed=4).state_dict()
     assert all(np.array_equal(a, twin[k]) for k, a in model.state_dict().items())
 
@@ -374,19 +438,22 @@ def test_padded_model_gives_the_unpadded_loss_and_gradients(monkeypatch, dtype, 
     assert logits.shape == want_logits.shape == (2, 6, V)
     np.testing.assert_allclose(logits.numpy(), want_logits.numpy(), rtol=rtol, atol=atol)
     assert loss.item() == pytest.approx(want_loss.item(), rel=rtol)
-    assert loss.item() == pytest.approx(reference_gpt2(model.state_dict(), TINY, idx,
-                                                       targets)[1], rel=max(rtol, 1e-6))
+    assert loss.item() == pytest.approx(
+        reference_gpt2(model.state_dict(), TINY, idx, targets)[1], rel=max(rtol, 1e-6)
+    )
     loss.backward()
     want_loss.backward()
     want = dict(twin.named_parameters())
     for name, p in model.named_parameters():
         g = p.grad.numpy()
-        np.testing.assert_allclose(p.unpadded(g), want[name].grad.numpy(), rtol=rtol,
-                                   atol=atol, err_msg=name)
-        assert np.all(g[p.unpadded_shape[0]:] == 0), name
+        np.testing.assert_allclose(
+            p.unpadded(g), want[name].grad.numpy(), rtol=rtol, atol=atol, err_msg=name
+        )
+        assert np.all(g[p.unpadded_shape[0] :] == 0), name
 
 
 # ---------------------------------------------------------------- forward vs NumPy
+
 
 @pytest.mark.parametrize("B,T", [(2, 16), (3, 5), (1, 1)])
 def test_forward_matches_numpy_gpt2_fp32(B, T):
@@ -403,7 +470,7 @@ def test_forward_matches_numpy_gpt2_fp32(B, T):
     assert loss.shape == () and loss.dtype == np.float32
     ref_logits, ref_loss = reference_gpt2(model.state_dict(), cfg, idx, targets)
     got = logits.numpy().astype(np.float64)
-    assert np.abs(ref_logits).max() > 1.0          # the logits are not trivially small
+    assert np.abs(ref_logits).max() > 1.0  # the logits are not trivially small
     assert np.max(np.abs(got - ref_logits)) <= 1e-5 * np.max(np.abs(ref_logits))
     assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
 
@@ -412,8 +479,12 @@ def test_forward_matches_numpy_gpt2_tiny_preset_at_init():
     """The real gpt2-tiny preset (GPT-2 vocabulary), with its own init."""
     cfg = GPT2Config.from_preset("gpt2-tiny")
     model = GPT2(cfg)
-    idx = np.array([[464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13],
-                    [50256, 0, 1, 2, 50255, 40, 1101, 257, 1332, 13]])
+    idx = np.array(
+        [
+            [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13],
+            [50256, 0, 1, 2, 50255, 40, 1101, 257, 1332, 13],
+        ]
+    )
     targets = np.roll(idx, -1, axis=1)
     targets[:, -1] = -1
     logits, loss = model(idx, targets)
@@ -431,7 +502,7 @@ def test_loss_ignores_minus_one_targets():
     partial[:, 3:] = -1
     with tg.no_grad():
         logits, loss = model(idx, partial)
-        _, loss_first = model(idx[:, :3], targets[:, :3])   # causal: positions < 3 see the same
+        _, loss_first = model(idx[:, :3], targets[:, :3])  # causal: positions < 3 see the same
     assert loss.item() == pytest.approx(loss_first.item(), rel=1e-6)
     ref = reference_gpt2(model.state_dict(), SMALL, idx, partial)[1]
     assert loss.item() == pytest.approx(ref, rel=1e-5)
@@ -460,6 +531,7 @@ def test_forward_accepts_a_tensor_of_ids_and_eval_equals_train_without_dropout()
 
 
 # ---------------------------------------------------------------- gradients in float64
+
 
 def test_model_to_fp64_casts_every_parameter():
     assert dtypes.as_dtype("fp64") == np.float64
@@ -502,10 +574,24 @@ def test_finite_difference_gradients_of_every_parameter_kind_fp64():
     loss.backward()
     params = dict(model.named_parameters())
     # every kind of parameter is in the sample
-    kinds = ["wte.weight", "wpe.weight", "ln_1.weight", "ln_1.bias", "attn.c_attn.weight",
-             "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",
-             "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-             "mlp.c_proj.bias", "ln_f.weight", "ln_f.bias"]
+    kinds = [
+        "wte.weight",
+        "wpe.weight",
+        "ln_1.weight",
+        "ln_1.bias",
+        "attn.c_attn.weight",
+        "attn.c_attn.bias",
+        "attn.c_proj.weight",
+        "attn.c_proj.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+        "mlp.c_fc.weight",
+        "mlp.c_fc.bias",
+        "mlp.c_proj.weight",
+        "mlp.c_proj.bias",
+        "ln_f.weight",
+        "ln_f.bias",
+    ]
     for kind in kinds:
         assert any(n.endswith(kind) for n in params), kind
 
@@ -517,9 +603,9 @@ def test_finite_difference_gradients_of_every_parameter_kind_fp64():
     analytic, numeric, where = [], [], []
     for name, p in params.items():
         picks = _sample_indices(rng, p.unpadded_shape, 4)
-        if name == "transformer.wte.weight":   # an input-token row and a head-only row
+        if name == "transformer.wte.weight":  # an input-token row and a head-only row
             picks += [(3, 2), (10, 5), (1, 0)]
-        if name == "transformer.wpe.weight":   # positions past T = 6 get no gradient
+        if name == "transformer.wpe.weight":  # positions past T = 6 get no gradient
             picks += [(7, 1)]
         for j in picks:
             orig = p.data[j]
@@ -532,10 +618,13 @@ def test_finite_difference_gradients_of_every_parameter_kind_fp64():
             analytic.append(float(p.grad.numpy()[j]))
             where.append(f"{name}{tuple(int(i) for i in j)}")
     analytic, numeric = np.array(analytic), np.array(numeric)
-    bad = [f"{w}: analytic {a:.3e} numeric {n:.3e}" for w, a, n in zip(where, analytic, numeric)
-           if abs(a - n) > 1e-7 + 1e-5 * abs(n)]
+    bad = [
+        f"{w}: analytic {a:.3e} numeric {n:.3e}"
+        for w, a, n in zip(where, analytic, numeric)
+        if abs(a - n) > 1e-7 + 1e-5 * abs(n)
+    ]
     assert not bad, "\n".join(bad)
-    assert np.sum(np.abs(numeric) > 1e-4) > len(numeric) // 2     # not a check of zeros
+    assert np.sum(np.abs(numeric) > 1e-4) > len(numeric) // 2  # not a check of zeros
     assert analytic[where.index("transformer.wpe.weight(7, 1)")] == 0.0
 
 
@@ -550,8 +639,11 @@ def test_gradients_match_numpy_finite_differences_on_whole_small_tensors_fp64():
     loss.backward()
     sd = model.state_dict()
     eps = 1e-6
-    for name in ("transformer.ln_f.weight", "transformer.ln_f.bias",
-                 "transformer.h.0.attn.c_attn.bias"):
+    for name in (
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+        "transformer.h.0.attn.c_attn.bias",
+    ):
         g = dict(model.named_parameters())[name].grad.numpy()
         num = np.zeros_like(g)
         for j in np.ndindex(*g.shape):
@@ -578,6 +670,7 @@ def test_backward_accumulates_across_calls_and_zero_grad_resets():
 
 # ---------------------------------------------------------------- bad input
 
+
 @pytest.mark.parametrize("bad", [11, 12345, -1, -7])
 def test_token_id_out_of_range_names_id_and_vocab(bad):
     model = GPT2(TINY)
@@ -592,7 +685,7 @@ def test_token_id_out_of_range_names_id_and_vocab(bad):
 def test_sequence_longer_than_context_names_both_lengths():
     cfg = GPT2Config(n_layer=1, n_head=1, n_embd=4, n_positions=5, vocab_size=13)
     model = GPT2(cfg)
-    model(np.zeros((1, 5), dtype=np.int64))          # exactly the context is fine
+    model(np.zeros((1, 5), dtype=np.int64))  # exactly the context is fine
     with pytest.raises(ValueError) as e:
         model(np.zeros((2, 9), dtype=np.int64))
     msg = str(e.value)

@@ -3,6 +3,7 @@
 written the way Hugging Face writes them (keys with and without "transformer.", the attention
 mask buffers, lm_head.weight), and the errors for checkpoints that do not fit the model.
 """
+
 import json
 import math
 import os
@@ -23,8 +24,10 @@ def random_state(model, seed=0):
     """Values unlike the init (so a load that did nothing, or loaded the wrong key, shows), in
     the files' shapes (wte without its padding rows)."""
     rng = np.random.default_rng(seed)
-    return {name: (rng.standard_normal(p.unpadded_shape) / math.sqrt(p.shape[0]))
-            .astype(np.float32) for name, p in model.named_parameters()}
+    return {
+        name: (rng.standard_normal(p.unpadded_shape) / math.sqrt(p.shape[0])).astype(np.float32)
+        for name, p in model.named_parameters()
+    }
 
 
 def snapshot(model):
@@ -43,13 +46,26 @@ def assert_same_bits(a, b):
 def hf_config_json(cfg, **extra):
     """config.json as transformers writes it for GPT-2 (the fields that matter, and a few that
     do not)."""
-    d = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
-         "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
-         "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
-         "n_ctx": cfg.n_positions, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
-         "n_layer": cfg.n_layer, "n_positions": cfg.n_positions, "resid_pdrop": 0.1,
-         "summary_activation": None, "task_specific_params": {"text-generation": {
-             "do_sample": True, "max_length": 50}}, "vocab_size": cfg.vocab_size}
+    d = {
+        "activation_function": "gelu_new",
+        "architectures": ["GPT2LMHeadModel"],
+        "attn_pdrop": 0.1,
+        "bos_token_id": 50256,
+        "embd_pdrop": 0.1,
+        "eos_token_id": 50256,
+        "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05,
+        "model_type": "gpt2",
+        "n_ctx": cfg.n_positions,
+        "n_embd": cfg.n_embd,
+        "n_head": cfg.n_head,
+        "n_layer": cfg.n_layer,
+        "n_positions": cfg.n_positions,
+        "resid_pdrop": 0.1,
+        "summary_activation": None,
+        "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+        "vocab_size": cfg.vocab_size,
+    }
     d.update(extra)
     return d
 
@@ -58,8 +74,11 @@ def write_hf_dir(path, cfg, tensors, config=None, metadata=None):
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config if config is not None else hf_config_json(cfg), f)
-    save_file(tensors, os.path.join(path, "model.safetensors"),
-              metadata=metadata if metadata is not None else {"format": "pt"})
+    save_file(
+        tensors,
+        os.path.join(path, "model.safetensors"),
+        metadata=metadata if metadata is not None else {"format": "pt"},
+    )
     return str(path)
 
 
@@ -82,6 +101,7 @@ def model():
 
 # ---------------------------------------------------------------- save then load
 
+
 def test_round_trip_is_bitwise_exact(tmp_path, model):
     model.save_pretrained(str(tmp_path))
     loaded = GPT2.from_pretrained(str(tmp_path))
@@ -97,15 +117,21 @@ def test_round_trip_of_special_values(tmp_path, model):
     """Denormals, -0.0, huge and tiny values survive bit for bit (no text or fp16 detour)."""
     state = snapshot(model)
     w = state["transformer.h.1.mlp.c_fc.bias"]
-    w[:6] = [np.float32(1e-45), -0.0, np.float32(3.4e38), np.float32(-1.17549435e-38),
-             np.nextafter(np.float32(1), np.float32(2)), np.float32(1 / 3)]
+    w[:6] = [
+        np.float32(1e-45),
+        -0.0,
+        np.float32(3.4e38),
+        np.float32(-1.17549435e-38),
+        np.nextafter(np.float32(1), np.float32(2)),
+        np.float32(1 / 3),
+    ]
     model.load_state_dict(state)
     model.save_pretrained(str(tmp_path))
     assert_same_bits(snapshot(GPT2.from_pretrained(str(tmp_path))), snapshot(model))
 
 
 def test_saved_files_are_hugging_faces(tmp_path, model):
-    path = str(tmp_path / "ckpt")                   # a directory that does not exist yet
+    path = str(tmp_path / "ckpt")  # a directory that does not exist yet
     model.save_pretrained(path)
     assert sorted(os.listdir(path)) == ["config.json", "model.safetensors"]  # no temp files
     weights = os.path.join(path, "model.safetensors")
@@ -117,13 +143,18 @@ def test_saved_files_are_hugging_faces(tmp_path, model):
     assert not any("lm_head" in k or k.endswith(".attn.bias") for k in keys)
     tensors = load_file(weights)
     assert tensors["transformer.h.0.attn.c_attn.weight"].shape == (16, 48)
-    assert tensors["transformer.wte.weight"].shape == (37, 16)   # V rows, not the padded 64
+    assert tensors["transformer.wte.weight"].shape == (37, 16)  # V rows, not the padded 64
     assert all(t.dtype == np.float32 for t in tensors.values())
     with open(os.path.join(path, "config.json")) as f:
         config = json.load(f)
     assert config["model_type"] == "gpt2"
-    assert {k: config[k] for k in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")} \
-        == {"n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 12, "vocab_size": 37}
+    assert {k: config[k] for k in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")} == {
+        "n_layer": 2,
+        "n_head": 2,
+        "n_embd": 16,
+        "n_positions": 12,
+        "vocab_size": 37,
+    }
     assert config["layer_norm_epsilon"] == pytest.approx(1e-5)
     assert config["architectures"] == ["GPT2LMHeadModel"]
     assert config["activation_function"] == "gelu_new"
@@ -167,7 +198,8 @@ def test_files_hold_v_rows_and_loading_leaves_the_padding_rows_zero(tmp_path, mo
     assert model.transformer.wte.weight.shape == (64, 16)
     model.save_pretrained(str(tmp_path))
     assert load_file(os.path.join(tmp_path, "model.safetensors"))[
-        "transformer.wte.weight"].shape == (37, 16)
+        "transformer.wte.weight"
+    ].shape == (37, 16)
     w = GPT2.from_pretrained(str(tmp_path)).transformer.wte.weight.numpy()
     np.testing.assert_array_equal(w[:37], model.state_dict()["transformer.wte.weight"])
     assert np.all(w[37:] == 0)
@@ -178,19 +210,21 @@ def test_files_hold_v_rows_and_loading_leaves_the_padding_rows_zero(tmp_path, mo
 
 
 def test_read_config_round_trip(tmp_path):
-    cfg = GPT2Config(n_layer=3, n_head=4, n_embd=8, n_positions=20, vocab_size=50,
-                     layer_norm_epsilon=1e-6)
+    cfg = GPT2Config(
+        n_layer=3, n_head=4, n_embd=8, n_positions=20, vocab_size=50, layer_norm_epsilon=1e-6
+    )
     GPT2(cfg).save_pretrained(str(tmp_path))
     assert read_config(str(tmp_path)) == cfg
 
 
 # ---------------------------------------------------------------- Hugging Face directories
 
+
 def test_loads_keys_without_the_transformer_prefix_and_ignores_buffers(tmp_path, model):
     """The original gpt2 upload (GPT2Model): 'wte.weight', 'h.0.attn.c_attn.weight', ..., plus
     the causal-mask buffers h.N.attn.bias and h.N.attn.masked_bias."""
     want = random_state(model, seed=2)
-    tensors = {k[len("transformer."):]: v for k, v in want.items()}
+    tensors = {k[len("transformer.") :]: v for k, v in want.items()}
     tensors.update(mask_buffers(CFG))
     path = write_hf_dir(tmp_path, CFG, tensors)
     loaded = GPT2.from_pretrained(path)
@@ -229,6 +263,7 @@ def test_loads_fp16_tensors(tmp_path, model):
 
 # ---------------------------------------------------------------- checkpoints that do not fit
 
+
 def _bad_state(model, kind):
     """A state dict whose every tensor differs from the model's, broken in one way."""
     state = {k: v + 1.0 for k, v in snapshot(model).items()}
@@ -236,16 +271,19 @@ def _bad_state(model, kind):
         del state["transformer.h.1.mlp.c_proj.bias"]
     elif kind == "extra":
         state["transformer.h.2.ln_1.weight"] = np.ones(CFG.n_embd, np.float32)
-    elif kind == "misshaped":   # the last key, so a load that copies as it checks would show
+    elif kind == "misshaped":  # the last key, so a load that copies as it checks would show
         state["transformer.ln_f.bias"] = np.zeros(CFG.n_embd + 1, np.float32)
     return state
 
 
-@pytest.mark.parametrize("kind,names", [
-    ("missing", ["transformer.h.1.mlp.c_proj.bias"]),
-    ("extra", ["transformer.h.2.ln_1.weight"]),
-    ("misshaped", ["transformer.ln_f.bias", "(17,)", "(16,)"]),
-])
+@pytest.mark.parametrize(
+    "kind,names",
+    [
+        ("missing", ["transformer.h.1.mlp.c_proj.bias"]),
+        ("extra", ["transformer.h.2.ln_1.weight"]),
+        ("misshaped", ["transformer.ln_f.bias", "(17,)", "(16,)"]),
+    ],
+)
 def test_load_state_dict_that_does_not_fit_names_the_key_and_loads_nothing(model, kind, names):
     before = snapshot(model)
     with pytest.raises(ValueError) as e:
@@ -267,14 +305,17 @@ def test_load_state_dict_reports_every_problem_at_once(model):
     assert "transformer.h.0.attn.c_attn.weight" in msg and "(16, 16)" in msg and "(16, 48)" in msg
 
 
-@pytest.mark.parametrize("kind,names", [
-    ("missing", ["h.1.mlp.c_proj.bias"]),
-    ("extra", ["h.2.ln_1.weight"]),
-    ("misshaped", ["ln_f.bias", "(17,)", "(16,)"]),
-])
+@pytest.mark.parametrize(
+    "kind,names",
+    [
+        ("missing", ["h.1.mlp.c_proj.bias"]),
+        ("extra", ["h.2.ln_1.weight"]),
+        ("misshaped", ["ln_f.bias", "(17,)", "(16,)"]),
+    ],
+)
 def test_from_pretrained_with_a_checkpoint_that_does_not_fit(tmp_path, model, kind, names):
     state = _bad_state(model, kind)
-    path = write_hf_dir(tmp_path, CFG, {k[len("transformer."):]: v for k, v in state.items()})
+    path = write_hf_dir(tmp_path, CFG, {k[len("transformer.") :]: v for k, v in state.items()})
     with pytest.raises(ValueError) as e:
         GPT2.from_pretrained(path)
     for name in names:
@@ -283,8 +324,7 @@ def test_from_pretrained_with_a_checkpoint_that_does_not_fit(tmp_path, model, ki
 
 def test_config_and_weights_of_different_sizes(tmp_path, model):
     """config.json says 3 layers, the weights have 2: the missing layer's keys are named."""
-    path = write_hf_dir(tmp_path, CFG, random_state(model),
-                        config=hf_config_json(CFG, n_layer=3))
+    path = write_hf_dir(tmp_path, CFG, random_state(model), config=hf_config_json(CFG, n_layer=3))
     with pytest.raises(ValueError, match=re.escape("transformer.h.2.attn.c_attn.weight")):
         GPT2.from_pretrained(path)
 
@@ -303,7 +343,7 @@ def test_a_directory_that_is_not_a_checkpoint_says_what_it_expected(tmp_path, pr
     assert "config.json" in msg and "model.safetensors" in msg
     assert str(tmp_path) in msg
     # and which of them is not there (the message lists the missing ones after "missing")
-    tail = msg[msg.index("missing"):]
+    tail = msg[msg.index("missing") :]
     for name in {"config.json", "model.safetensors"} - set(present):
         assert name in tail, msg
 
@@ -329,8 +369,10 @@ def test_a_truncated_weights_file_is_a_clean_error_naming_it(tmp_path, model):
         read_state(tmp_path)
 
 
-@pytest.mark.parametrize("text", ['{"n_layer": 2,', "[1, 2]", '{"n_layer": 2.5, "n_head": 2, '
-                                  '"n_embd": 16, "vocab_size": 37}'])
+@pytest.mark.parametrize(
+    "text",
+    ['{"n_layer": 2,', "[1, 2]", '{"n_layer": 2.5, "n_head": 2, "n_embd": 16, "vocab_size": 37}'],
+)
 def test_a_config_that_is_not_json_names_the_file(tmp_path, model, text):
     model.save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(text)

@@ -1,6 +1,7 @@
 """Mixed precision: loss scaling (overflow, growth, underflow), the fp32 master copy, fp16 and
 bf16 training against fp32, bytes per parameter from the memory tracker, and checkpoints that
 move between dtypes through the saved fp32 master."""
+
 import gc
 
 import ml_dtypes
@@ -24,9 +25,20 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def tiny(data_dir, out, **overrides):
-    cfg = dict(model="gpt2-tiny", data_dir=data_dir, batch_size=2, seq_len=16, steps=3,
-               lr=5e-3, min_lr=5e-4, warmup=2, eval_every=0, out=str(out), quiet=True,
-               seed=1337)
+    cfg = dict(
+        model="gpt2-tiny",
+        data_dir=data_dir,
+        batch_size=2,
+        seq_len=16,
+        steps=3,
+        lr=5e-3,
+        min_lr=5e-4,
+        warmup=2,
+        eval_every=0,
+        out=str(out),
+        quiet=True,
+        seed=1337,
+    )
     cfg.update(overrides)
     return RunConfig(**cfg)
 
@@ -45,16 +57,22 @@ def some_params(rng):
 
 # ----------------------------------------------------------------------------- overflow
 
-@pytest.mark.parametrize("dtype, bad, use_scaler", [("fp16", np.inf, True),
-                                                    ("fp16", np.nan, True),
-                                                    ("fp16", -np.inf, True),
-                                                    ("bf16", np.inf, False)],
-                         ids=["fp16-inf", "fp16-nan", "fp16-neg-inf", "bf16-inf-no-scaler"])
+
+@pytest.mark.parametrize(
+    "dtype, bad, use_scaler",
+    [
+        ("fp16", np.inf, True),
+        ("fp16", np.nan, True),
+        ("fp16", -np.inf, True),
+        ("bf16", np.inf, False),
+    ],
+    ids=["fp16-inf", "fp16-nan", "fp16-neg-inf", "bf16-inf-no-scaler"],
+)
 def test_overflow_skips_step_and_changes_nothing(rng, dtype, bad, use_scaler):
     params = some_params(rng)
     opt = AdamW(params, lr=1e-2, weight_decay=0.1, grad_clip=1.0, dtype=dtype)
     scaler = LossScaler(init_scale=1024.0) if use_scaler else None
-    for p in params:                                        # one good step: m, v non-zero
+    for p in params:  # one good step: m, v non-zero
         p.grad.data[...] = rng.normal(0, 1, p.shape) * (scaler.scale if scaler else 1)
     _, skipped = opt.step(scaler)
     opt.zero_grad()
@@ -62,16 +80,16 @@ def test_overflow_skips_step_and_changes_nothing(rng, dtype, bad, use_scaler):
 
     for p in params:
         p.grad.data[...] = rng.normal(0, 1, p.shape) * (scaler.scale if scaler else 1)
-    params[2].grad.data[1, 3] = bad                          # one bad element, one tensor
+    params[2].grad.data[1, 3] = bad  # one bad element, one tensor
     before = snapshot(opt)
     views = [p.numpy().copy() for p in params]
     norm, skipped = opt.step(scaler, lr=5e-2)
 
     assert skipped and norm == float("inf")
-    assert snapshot(opt) == before                           # master, m, v, working: bit-exact
+    assert snapshot(opt) == before  # master, m, v, working: bit-exact
     for p, v in zip(params, views):
         assert p.numpy().tobytes() == v.tobytes()
-    assert opt.step_count == 1                               # bias correction not advanced
+    assert opt.step_count == 1  # bias correction not advanced
     if scaler is not None:
         assert scaler.scale == 512.0 and scaler.good_steps == 0 and scaler.skipped_steps == 1
 
@@ -109,6 +127,7 @@ def test_overflow_in_a_gpt2_backward_is_skipped(shakespeare, tmp_path):
 
 # ----------------------------------------------------------------------------- growth
 
+
 def test_scale_doubles_after_growth_interval_good_steps(rng):
     w = Parameter(np.ones((4, 4), np.float32))
     opt = AdamW([w], lr=1e-3, dtype="fp16")
@@ -123,10 +142,10 @@ def test_scale_doubles_after_growth_interval_good_steps(rng):
         assert skipped == (not ok)
         return scaler.scale
 
-    assert [step(), step(), step()] == [1024.0, 1024.0, 2048.0]        # doubles on the 3rd
-    assert [step(), step(), step()] == [2048.0, 2048.0, 4096.0]        # and every 3 after
+    assert [step(), step(), step()] == [1024.0, 1024.0, 2048.0]  # doubles on the 3rd
+    assert [step(), step(), step()] == [2048.0, 2048.0, 4096.0]  # and every 3 after
     assert [step(), step(), step(ok=False)] == [4096.0, 4096.0, 2048.0]  # overflow halves...
-    assert [step(), step(), step()] == [2048.0, 2048.0, 4096.0]        # ...and resets the count
+    assert [step(), step(), step()] == [2048.0, 2048.0, 4096.0]  # ...and resets the count
     assert scaler.skipped_steps == 1 and opt.step_count == 11
 
 
@@ -149,6 +168,7 @@ def test_scaler_rejects_non_positive_scale():
 
 # ----------------------------------------------------------------------------- underflow
 
+
 def _underflow_loss(w, x):
     """fp32 loss = 1e-4 * sum(w * x) with x ~ 1e-4: dloss/dw = 1e-4 * x ~ 1e-8, below fp16's
     smallest subnormal (6e-8) by more than half of it, so it rounds to 0 in fp16."""
@@ -163,7 +183,7 @@ def test_loss_scaling_rescues_gradients_that_flush_to_zero_in_fp16(rng):
     w32 = Parameter(np.ones(n, np.float32))
     _underflow_loss(w32, Tensor(x16.astype(np.float32))).backward()
     ref = w32.grad.numpy().astype(np.float64)
-    assert (np.abs(ref) > 4e-9).all() and (np.abs(ref) < 3e-8).all()      # ~1e-8
+    assert (np.abs(ref) > 4e-9).all() and (np.abs(ref) < 3e-8).all()  # ~1e-8
 
     # fp16 without scaling: the gradient is lost, and the optimizer learns nothing
     w = Parameter(np.ones(n, np.float32))
@@ -178,7 +198,7 @@ def test_loss_scaling_rescues_gradients_that_flush_to_zero_in_fp16(rng):
     # fp16 with the loss scaler: every element survives, and unscales to the fp32 gradient
     w = Parameter(np.ones(n, np.float32))
     opt = AdamW([w], lr=1e-3, betas=(0.9, 0.95), dtype="fp16")
-    scaler = LossScaler()                                    # 2^16, the default
+    scaler = LossScaler()  # 2^16, the default
     scaler.scale_loss(_underflow_loss(w, x)).backward()
     g = w.grad.numpy()
     assert np.isfinite(g).all() and (g != 0).all()
@@ -213,6 +233,7 @@ def test_loss_scaling_rescues_small_cross_entropy_gradients_in_fp16():
 
 # ----------------------------------------------------------------------------- master copy
 
+
 def test_master_copy_accumulates_updates_below_bf16_spacing():
     """lr * update = 1e-4 at a weight of 1.0, where bf16's spacing is 2^-8 below 1 (and 2^-7
     above). Naive bf16 weights never move; the fp32 master accumulates, and the bf16 working
@@ -222,14 +243,14 @@ def test_master_copy_accumulates_updates_below_bf16_spacing():
     naive = np.ones(8, BF16)
     first_move = None
     for step in range(1, 61):
-        w.grad.data[...] = 1.0                 # Adam: mhat / sqrt(vhat) = 1, update = lr
+        w.grad.data[...] = 1.0  # Adam: mhat / sqrt(vhat) = 1, update = lr
         _, skipped = opt.step()
         opt.zero_grad()
         assert not skipped
         naive = (naive.astype(np.float32) - np.float32(1e-4)).astype(BF16)
-        assert (naive == 1.0).all()            # rounds back to 1.0 every time
+        assert (naive == 1.0).all()  # rounds back to 1.0 every time
         assert w.dtype == BF16
-        np.testing.assert_array_equal(w.numpy(), opt.master.astype(BF16))   # working = rounded
+        np.testing.assert_array_equal(w.numpy(), opt.master.astype(BF16))  # working = rounded
         if first_move is None and (w.numpy() != 1.0).any():
             first_move = step
         if step == 1:
@@ -238,7 +259,7 @@ def test_master_copy_accumulates_updates_below_bf16_spacing():
     assert first_move == 20
     np.testing.assert_allclose(opt.master, 1 - 60e-4, atol=1e-5)
     assert (w.numpy() < 1.0).all()
-    assert (np.abs(w.numpy().astype(np.float32) - opt.master) <= 2.0 ** -9).all()
+    assert (np.abs(w.numpy().astype(np.float32) - opt.master) <= 2.0**-9).all()
 
 
 # ----------------------------------------------------------------------------- loss curves
@@ -247,8 +268,9 @@ STEPS = 50
 
 
 def _curve(shakespeare, out, dtype):
-    tr = Trainer(tiny(shakespeare, out, dtype=dtype, steps=STEPS, seq_len=8, warmup=5,
-                      lr=5e-3, min_lr=5e-4))
+    tr = Trainer(
+        tiny(shakespeare, out, dtype=dtype, steps=STEPS, seq_len=8, warmup=5, lr=5e-3, min_lr=5e-4)
+    )
     history = tr.run()
     return np.array([r["loss"] for r in history]), history
 
@@ -269,7 +291,7 @@ def test_low_precision_tracks_fp32_loss_curve(shakespeare, tmp_path, fp32_curve,
     summation orders, yet stay far below the drop: a 2-byte run that lost its master copy, or
     its loss scale, drifts away from fp32 by much more."""
     losses, history = _curve(shakespeare, tmp_path, dtype)
-    assert fp32_curve[0] - fp32_curve[-5:].mean() > 2.0          # the run really learns
+    assert fp32_curve[0] - fp32_curve[-5:].mean() > 2.0  # the run really learns
     diff = np.abs(losses - fp32_curve)
     assert diff.mean() < 0.02, diff.mean()
     assert diff.max() < 0.1, diff.max()
@@ -292,7 +314,7 @@ EXPECTED_BYTES = {
 def test_bytes_per_parameter_by_consumer(dtype):
     config = GPT2Config.from_preset("gpt2-tiny")
     gc.collect()
-    gc.disable()                  # no unrelated collection in the middle of the measurement
+    gc.disable()  # no unrelated collection in the middle of the measurement
     try:
         before = dict(TRACKER.current)
         model = GPT2(config, seed=0)
@@ -325,10 +347,13 @@ def test_bytes_per_parameter_by_consumer(dtype):
 
 # ----------------------------------------------------------------------------- checkpoints
 
-@pytest.mark.parametrize("saved_in, loaded_in", [("bf16", "fp32"), ("fp16", "bf16"),
-                                                 ("fp32", "bf16")])
-def test_checkpoint_changes_dtype_through_the_fp32_master(shakespeare, tmp_path, saved_in,
-                                                          loaded_in):
+
+@pytest.mark.parametrize(
+    "saved_in, loaded_in", [("bf16", "fp32"), ("fp16", "bf16"), ("fp32", "bf16")]
+)
+def test_checkpoint_changes_dtype_through_the_fp32_master(
+    shakespeare, tmp_path, saved_in, loaded_in
+):
     tr = Trainer(tiny(shakespeare, tmp_path, dtype=saved_in))
     tr.run()
     master = tr.optimizer.master_state()
@@ -337,7 +362,7 @@ def test_checkpoint_changes_dtype_through_the_fp32_master(shakespeare, tmp_path,
     assert set(saved) == set(master)
     for k in master:
         assert saved[k].dtype == np.float32
-        np.testing.assert_array_equal(saved[k], master[k], err_msg=k)   # the master, not the copy
+        np.testing.assert_array_equal(saved[k], master[k], err_msg=k)  # the master, not the copy
     if saved_in != "fp32":
         low = dtypes.as_dtype(saved_in)
         rounded = {k: v.astype(low).astype(np.float32) for k, v in master.items()}
@@ -351,7 +376,7 @@ def test_checkpoint_changes_dtype_through_the_fp32_master(shakespeare, tmp_path,
     assert resumed.step == 3 and resumed.optimizer.step_count == 3
     want = dtypes.as_dtype(loaded_in)
     for k, w in resumed.optimizer.master_state().items():
-        np.testing.assert_array_equal(w, saved[k], err_msg=k)            # exact fp32 master
+        np.testing.assert_array_equal(w, saved[k], err_msg=k)  # exact fp32 master
     for k, w in resumed.model.state_dict().items():
         assert w.dtype == want
         np.testing.assert_array_equal(w, saved[k].astype(want), err_msg=k)
@@ -359,7 +384,7 @@ def test_checkpoint_changes_dtype_through_the_fp32_master(shakespeare, tmp_path,
     saved_arrays, _ = tr.optimizer.state_dict()
     for k in saved_arrays:
         np.testing.assert_array_equal(arrays[k], saved_arrays[k], err_msg=k)
-    history = resumed.run()                                               # and it trains on
+    history = resumed.run()  # and it trains on
     assert [r["step"] for r in history] == [4, 5]
     assert all(np.isfinite(r["loss"]) for r in history)
 

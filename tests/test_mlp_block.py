@@ -2,6 +2,7 @@
 the lab counts them, its roofline (bound, time, fraction) from made-up peaks, the check against
 float64, the verdicts of the lab's predictions from given times, and its bad-input errors.
 No timing is asserted."""
+
 import importlib.util
 import os
 
@@ -9,10 +10,19 @@ import pytest
 
 from training import roofline
 
-_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                       "mlp_block.py")
-PEAKS = roofline.Peaks(device="cpu", machine="test machine", matmul={"fp32": 1e11},
-                       copy_bw=1e10, read_bw=5e9, exp_rate=1e9, launch_s=5e-8, how={})
+_SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "mlp_block.py"
+)
+PEAKS = roofline.Peaks(
+    device="cpu",
+    machine="test machine",
+    matmul={"fp32": 1e11},
+    copy_bw=1e10,
+    read_bw=5e9,
+    exp_rate=1e9,
+    launch_s=5e-8,
+    how={},
+)
 M, C, H = 3, 8, 32
 
 
@@ -34,7 +44,7 @@ def test_every_row_counts_the_lab_bytes_and_flops(mlp, rows):
     assert list(rows) == list(mlp.BLOCK + mlp.FUSED)
     f = 4  # fp32 bytes
     expected = {  # (bytes: everything read + everything written, FLOPs, exps)
-        "layernorm": (f * (2 * M * C + 2 * C + 2 * M), 8 * M * C, 0),   # + mean, rstd per row
+        "layernorm": (f * (2 * M * C + 2 * C + 2 * M), 8 * M * C, 0),  # + mean, rstd per row
         "matmul fc": (f * (M * C + C * H + M * H), 2 * M * C * H, 0),
         "bias fc": (f * (2 * M * H + H), M * H, 0),
         "gelu": (f * 2 * M * H, 8 * M * H, M * H),
@@ -77,17 +87,21 @@ def _results(mlp, seconds):
     c, h = mlp.C, mlp.HIDDEN
     out = {}
     for m, times in seconds.items():
-        counts = {"layernorm": (8 * m * c + 8 * c + 8 * m, 8 * m * c, 0),
-                  "matmul fc": (4 * (m * c + c * h + m * h), 2 * m * c * h, 0),
-                  "bias fc": (4 * (2 * m * h + h), m * h, 0),
-                  "gelu": (8 * m * h, 8 * m * h, m * h),
-                  "matmul proj": (4 * (m * h + h * c + m * c), 2 * m * c * h, 0),
-                  "bias proj": (4 * (2 * m * c + c), m * c, 0),
-                  "residual": (12 * m * c, m * c, 0),
-                  "matmul fc+b": (4 * (m * c + c * h + h + m * h), 2 * m * c * h + m * h, 0),
-                  "bias+gelu": (8 * m * h, 8 * m * h, m * h)}
-        rows = [mlp.row_of(name, "k", (m,), flops, nbytes, exps, times[name], FAST, "fp32", 0.0)
-                for name, (nbytes, flops, exps) in counts.items()]
+        counts = {
+            "layernorm": (8 * m * c + 8 * c + 8 * m, 8 * m * c, 0),
+            "matmul fc": (4 * (m * c + c * h + m * h), 2 * m * c * h, 0),
+            "bias fc": (4 * (2 * m * h + h), m * h, 0),
+            "gelu": (8 * m * h, 8 * m * h, m * h),
+            "matmul proj": (4 * (m * h + h * c + m * c), 2 * m * c * h, 0),
+            "bias proj": (4 * (2 * m * c + c), m * c, 0),
+            "residual": (12 * m * c, m * c, 0),
+            "matmul fc+b": (4 * (m * c + c * h + h + m * h), 2 * m * c * h + m * h, 0),
+            "bias+gelu": (8 * m * h, 8 * m * h, m * h),
+        }
+        rows = [
+            mlp.row_of(name, "k", (m,), flops, nbytes, exps, times[name], FAST, "fp32", 0.0)
+            for name, (nbytes, flops, exps) in counts.items()
+        ]
         total = sum(r["seconds"] for r in rows if r["row"] in mlp.BLOCK)
         for r in rows:
             r["share"] = r["seconds"] / total if r["row"] in mlp.BLOCK else None
@@ -98,13 +112,23 @@ def _results(mlp, seconds):
 def test_the_predictions_verdicts_follow_the_numbers(mlp):
     # M = 512 as the lab predicts it: matmuls 2 x 0.6 s of ~1.2 s (a naive kernel, 4 GFLOP/s,
     # 4% of 100), elementwise at 90 of 100 GB/s, fused bias+GELU half of bias then GELU
-    big = {"layernorm": 1e-3, "matmul fc": 0.6, "matmul proj": 0.6, "matmul fc+b": 0.6,
-           "bias fc": 12.6e6 / 9e10, "gelu": 12.6e6 / 9e10, "bias proj": 3.1e6 / 9e10,
-           "residual": 4.7e6 / 9e10}
+    big = {
+        "layernorm": 1e-3,
+        "matmul fc": 0.6,
+        "matmul proj": 0.6,
+        "matmul fc+b": 0.6,
+        "bias fc": 12.6e6 / 9e10,
+        "gelu": 12.6e6 / 9e10,
+        "bias proj": 3.1e6 / 9e10,
+        "residual": 4.7e6 / 9e10,
+    }
     big["bias+gelu"] = (big["bias fc"] + big["gelu"]) / 2
     # M = 1: every elementwise op 3 µs (8x or more its bytes' time), proj 4x fc
-    one = {name: 3e-6 for name in big} | {"matmul fc": 1e-3, "matmul fc+b": 1e-3,
-                                           "matmul proj": 4e-3}
+    one = {name: 3e-6 for name in big} | {
+        "matmul fc": 1e-3,
+        "matmul fc+b": 1e-3,
+        "matmul proj": 4e-3,
+    }
     preds = mlp.predictions(_results(mlp, {512: big, 1: one}), FAST)
     assert [p[0][:3] for p in preds] == ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)"]
     assert all(held for _, _, held in preds), preds
@@ -125,10 +149,16 @@ def test_predictions_need_their_sizes(mlp):
     assert only_64 == []
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--sizes", "1,x"], "whole numbers"), (["--sizes", "0"], "positive"),
-    (["--repeats", "0"], "positive"), (["--dtype", "fp8"], "unknown --dtype"),
-    (["--device", "tpu"], "unknown device")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sizes", "1,x"], "whole numbers"),
+        (["--sizes", "0"], "positive"),
+        (["--repeats", "0"], "positive"),
+        (["--dtype", "fp8"], "unknown --dtype"),
+        (["--device", "tpu"], "unknown device"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(mlp, argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         mlp.parse_args(argv)

@@ -3,6 +3,7 @@ communicator that checks each call against NCCL's rules (counts, dtypes, the in-
 reduceScatter's recvbuff = sendbuff + rank·count, allGather's sendbuff = recvbuff + rank·count)
 and plays the other ranks, so that the results can be checked too. It cannot show that NCCL
 itself runs: that needs GPUs (scripts/gpu_check.sh's nccl part, one rank)."""
+
 import ctypes
 import types
 
@@ -44,12 +45,12 @@ class FakeNccl:
 
     def allGather(self, send, recv, count, dtype, stream):
         itemsize = np.dtype(TYPES[dtype]).itemsize
-        assert send == recv + self.rank * count * itemsize              # NCCL's in-place form
+        assert send == recv + self.rank * count * itemsize  # NCCL's in-place form
         self.calls.append(("allGather", count))
         full = self._view(recv, count * self.size, dtype)
         for r in range(self.size):
             if r != self.rank:
-                full[r * count:(r + 1) * count] = -r
+                full[r * count : (r + 1) * count] = -r
 
     def abort(self):
         self.calls.append(("abort",))
@@ -62,8 +63,7 @@ def engine(rank, size):
     comm.nccl = types.SimpleNamespace(NCCL_SUM=SUM)
     comm._types = {dtypes.float32: 1, dtypes.float16: 2, dtypes.bfloat16: 3, dtypes.float64: 4}
     stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
-    comm.cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        get_current_stream=lambda: stream))
+    comm.cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
     return comm
 
 
@@ -85,8 +85,13 @@ def test_collectives_pass_nccls_in_place_forms(rank, dtype):
     comm.all_gather(weights, what="weights")
     expect = np.concatenate([np.full(n // R, 7 if r == rank else -r) for r in range(R)])
     np.testing.assert_array_equal(weights.astype(np.float32), expect)
-    assert comm.nccl_comm.calls == [("allReduce", n), ("reduceScatter", n // R),
-                                    ("allGather", n // R)]
-    assert [c.sent for c in comm._records] == [2 * (R - 1) / R * n * dt.itemsize,
-                                               (R - 1) / R * n * dt.itemsize,
-                                               (R - 1) / R * n * dt.itemsize]
+    assert comm.nccl_comm.calls == [
+        ("allReduce", n),
+        ("reduceScatter", n // R),
+        ("allGather", n // R),
+    ]
+    assert [c.sent for c in comm._records] == [
+        2 * (R - 1) / R * n * dt.itemsize,
+        (R - 1) / R * n * dt.itemsize,
+        (R - 1) / R * n * dt.itemsize,
+    ]

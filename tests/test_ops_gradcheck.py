@@ -6,6 +6,7 @@ Analytic gradients come from .backward(G) with a random upstream G; numeric ones
 input element by +-1e-6 (see gradcheck.py). Shapes are tiny on purpose: each input element
 costs two forward passes.
 """
+
 import math
 
 import numpy as np
@@ -30,17 +31,26 @@ def positive(rng, *shape):
 
 # ---------------------------------------------------------------- elementwise arithmetic
 
-BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
-          "mul": lambda a, b: a * b, "div": lambda a, b: a / b}
+BINARY = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+}
 
 
 @pytest.mark.parametrize("op", sorted(BINARY))
-@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)),         # same shape
-                                    ((4, 1, 3), (5, 1)),      # both sides broadcast
-                                    ((2, 3), (3,)),           # leading dim added to b
-                                    ((1, 3), (2, 1)),
-                                    ((2, 3), ())],            # 0-d tensor operand
-                         ids=["same", "4x1x3+5x1", "row", "outer", "0d"])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((3, 4), (3, 4)),  # same shape
+        ((4, 1, 3), (5, 1)),  # both sides broadcast
+        ((2, 3), (3,)),  # leading dim added to b
+        ((1, 3), (2, 1)),
+        ((2, 3), ()),
+    ],  # 0-d tensor operand
+    ids=["same", "4x1x3+5x1", "row", "outer", "0d"],
+)
 def test_binary_broadcasting(rng, op, shapes):
     a, b = randn(rng, *shapes[0]), positive(rng, *shapes[1])
     leaves = gradcheck(BINARY[op], a, b)
@@ -80,8 +90,15 @@ def test_scalar_operands_forward_without_grad(rng):
     """The forward values of scalar arithmetic (these do not touch the tape)."""
     a = positive(rng, 2, 3)
     x = Tensor(a)
-    for got, want in [(2 - x, 2 - a), (2 / x, 2 / a), (x * 3, a * 3), (x / 2, a / 2),
-                      (2 + x, 2 + a), (x - 2, a - 2), (-x, -a)]:
+    for got, want in [
+        (2 - x, 2 - a),
+        (2 / x, 2 / a),
+        (x * 3, a * 3),
+        (x / 2, a / 2),
+        (2 + x, 2 + a),
+        (x - 2, a - 2),
+        (-x, -a),
+    ]:
         assert got.dtype == np.float64 and not got.requires_grad
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-15)
 
@@ -118,15 +135,24 @@ def test_constant_array_operand_gets_no_gradient(rng):
 
 
 def test_product_and_quotient_chain(rng):
-    gradcheck(lambda a, b, c: (a * b - c) / (b * b + c * c), randn(rng, 3, 2), randn(rng, 3, 2),
-              positive(rng, 3, 2))
+    gradcheck(
+        lambda a, b, c: (a * b - c) / (b * b + c * c),
+        randn(rng, 3, 2),
+        randn(rng, 3, 2),
+        positive(rng, 3, 2),
+    )
 
 
 # ---------------------------------------------------------------- reductions
 
-AXES = [pytest.param(None, False, id="all"), pytest.param(None, True, id="all-keep"),
-        pytest.param(0, False, id="0"), pytest.param(-1, True, id="-1-keep"),
-        pytest.param((0, 2), False, id="(0,2)"), pytest.param((1, -1), True, id="(1,-1)-keep")]
+AXES = [
+    pytest.param(None, False, id="all"),
+    pytest.param(None, True, id="all-keep"),
+    pytest.param(0, False, id="0"),
+    pytest.param(-1, True, id="-1-keep"),
+    pytest.param((0, 2), False, id="(0,2)"),
+    pytest.param((1, -1), True, id="(1,-1)-keep"),
+]
 
 
 @pytest.mark.parametrize("axis, keepdims", AXES)
@@ -152,18 +178,23 @@ def test_mean(rng, axis, keepdims):
 
 # ---------------------------------------------------------------- views
 
-@pytest.mark.parametrize("fn, shape", [
-    pytest.param(lambda x: x.reshape(4, 6), (4, 6), id="reshape"),
-    pytest.param(lambda x: x.reshape((6, -1)), (6, 4), id="reshape-tuple"),
-    pytest.param(lambda x: x.view(-1), (24,), id="view"),
-    pytest.param(lambda x: x.transpose(), (2, 4, 3), id="transpose"),
-    pytest.param(lambda x: x.transpose(0, 2), (4, 3, 2), id="transpose-0-2"),
-    pytest.param(lambda x: x.T, (2, 4, 3), id="T"),
-    pytest.param(lambda x: x.permute(2, 0, 1), (4, 2, 3), id="permute"),
-    pytest.param(lambda x: x.permute((-1, 1, 0)), (4, 3, 2), id="permute-neg"),
-    pytest.param(lambda x: x.transpose(1, 2).reshape(2, 12), (2, 12),
-                 id="transpose-then-reshape"),
-])
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        pytest.param(lambda x: x.reshape(4, 6), (4, 6), id="reshape"),
+        pytest.param(lambda x: x.reshape((6, -1)), (6, 4), id="reshape-tuple"),
+        pytest.param(lambda x: x.view(-1), (24,), id="view"),
+        pytest.param(lambda x: x.transpose(), (2, 4, 3), id="transpose"),
+        pytest.param(lambda x: x.transpose(0, 2), (4, 3, 2), id="transpose-0-2"),
+        pytest.param(lambda x: x.T, (2, 4, 3), id="T"),
+        pytest.param(lambda x: x.permute(2, 0, 1), (4, 2, 3), id="permute"),
+        pytest.param(lambda x: x.permute((-1, 1, 0)), (4, 3, 2), id="permute-neg"),
+        pytest.param(
+            lambda x: x.transpose(1, 2).reshape(2, 12), (2, 12), id="transpose-then-reshape"
+        ),
+    ],
+)
 def test_view_ops(rng, fn, shape):
     leaves = gradcheck(fn, randn(rng, 2, 3, 4))
     assert fn(leaves[0]).shape == shape
@@ -181,19 +212,22 @@ def test_view_values(rng):
     np.testing.assert_array_equal(x.permute(-1, 1, 0).numpy(), a.transpose(2, 1, 0))
 
 
-@pytest.mark.parametrize("index", [
-    pytest.param((slice(None), slice(1, 3)), id="[:,1:3]"),
-    pytest.param((slice(None, None, 2),), id="[::2]"),
-    pytest.param((slice(None, None, -1), slice(None), slice(1, None, 2)), id="[::-1,:,1::2]"),
-    pytest.param(1, id="[1]"),
-    pytest.param((0, -1), id="[0,-1]"),
-    pytest.param((slice(None), -2, slice(0, 3)), id="[:,-2,0:3]"),
-    pytest.param((None,), id="[None]"),
-    pytest.param((slice(None), None, 1), id="[:,None,1]"),
-    pytest.param((Ellipsis, 2), id="[...,2]"),
-    pytest.param((0, Ellipsis, None), id="[0,...,None]"),
-    pytest.param((Ellipsis, slice(1, None), None), id="[...,1:,None]"),
-])
+@pytest.mark.parametrize(
+    "index",
+    [
+        pytest.param((slice(None), slice(1, 3)), id="[:,1:3]"),
+        pytest.param((slice(None, None, 2),), id="[::2]"),
+        pytest.param((slice(None, None, -1), slice(None), slice(1, None, 2)), id="[::-1,:,1::2]"),
+        pytest.param(1, id="[1]"),
+        pytest.param((0, -1), id="[0,-1]"),
+        pytest.param((slice(None), -2, slice(0, 3)), id="[:,-2,0:3]"),
+        pytest.param((None,), id="[None]"),
+        pytest.param((slice(None), None, 1), id="[:,None,1]"),
+        pytest.param((Ellipsis, 2), id="[...,2]"),
+        pytest.param((0, Ellipsis, None), id="[0,...,None]"),
+        pytest.param((Ellipsis, slice(1, None), None), id="[...,1:,None]"),
+    ],
+)
 def test_getitem(rng, index):
     a = randn(rng, 2, 3, 4)
     leaves = gradcheck(lambda x: x[index], a)
@@ -205,9 +239,11 @@ def test_getitem_same_element_twice_accumulates(rng):
     gradcheck(lambda x: x[1] * x[1:2] + x[:, 0:1], a)
 
 
-@pytest.mark.parametrize("split_size, dim, sizes", [(2, -1, [2, 2, 1]), ([1, 3, 1], 1, [1, 3, 1]),
-                                                   (1, 0, [1, 1])],
-                         ids=["2-last-with-remainder", "sizes-dim1", "1-dim0"])
+@pytest.mark.parametrize(
+    "split_size, dim, sizes",
+    [(2, -1, [2, 2, 1]), ([1, 3, 1], 1, [1, 3, 1]), (1, 0, [1, 1])],
+    ids=["2-last-with-remainder", "sizes-dim1", "1-dim0"],
+)
 def test_split_all_parts(rng, split_size, dim, sizes):
     a = randn(rng, 2, 5)
     leaves = gradcheck(lambda x: ops.split(x, split_size, dim), a)
@@ -228,8 +264,9 @@ def test_split_unused_parts_get_zero_gradient(rng):
 def test_cat(rng, dim):
     a, b, c = randn(rng, 2, 3), randn(rng, 2, 3), randn(rng, 2, 3)
     leaves = gradcheck(lambda x, y, z: ops.cat([x, y, z], dim=dim), a, b, c)
-    np.testing.assert_array_equal(ops.cat(leaves, dim=dim).numpy(),
-                                  np.concatenate([a, b, c], axis=dim))
+    np.testing.assert_array_equal(
+        ops.cat(leaves, dim=dim).numpy(), np.concatenate([a, b, c], axis=dim)
+    )
 
 
 def test_cat_with_constant_part(rng):
@@ -244,11 +281,12 @@ def test_split_then_cat_roundtrip(rng):
 
 # ---------------------------------------------------------------- matmul and linear
 
-@pytest.mark.parametrize("sa, sb", [((3, 4), (4, 5)),
-                                    ((2, 3, 4, 5), (2, 3, 5, 6)),
-                                    ((2, 4, 5), (5, 6)),
-                                    ((4, 5), (2, 5, 6))],
-                         ids=["2d", "batched-4d", "batched@2d", "2d@batched"])
+
+@pytest.mark.parametrize(
+    "sa, sb",
+    [((3, 4), (4, 5)), ((2, 3, 4, 5), (2, 3, 5, 6)), ((2, 4, 5), (5, 6)), ((4, 5), (2, 5, 6))],
+    ids=["2d", "batched-4d", "batched@2d", "2d@batched"],
+)
 def test_matmul(rng, sa, sb):
     a, b = randn(rng, *sa), randn(rng, *sb)
     leaves = gradcheck(lambda x, y: x @ y, a, b)
@@ -256,8 +294,11 @@ def test_matmul(rng, sa, sb):
     np.testing.assert_allclose(out.numpy(), np.matmul(a, b), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("sa, sb", [((4, 3), (5, 4)), ((2, 5, 4), (6, 5)), ((5, 4), (2, 6, 5))],
-                         ids=["2d", "batched@2d", "2d@batched"])
+@pytest.mark.parametrize(
+    "sa, sb",
+    [((4, 3), (5, 4)), ((2, 5, 4), (6, 5)), ((5, 4), (2, 6, 5))],
+    ids=["2d", "batched@2d", "2d@batched"],
+)
 def test_matmul_non_contiguous_inputs(rng, sa, sb):
     """Transposed views (not copies) as the leaves' buffers."""
     a, b = randn(rng, *sa).swapaxes(-1, -2), randn(rng, *sb).swapaxes(-1, -2)
@@ -295,7 +336,7 @@ def test_linear_transposed_weight(rng, bias):
 
 
 def test_linear_non_contiguous_input(rng):
-    x = randn(rng, 2, 4, 3).swapaxes(1, 2)          # (2, 3, 4), not contiguous
+    x = randn(rng, 2, 4, 3).swapaxes(1, 2)  # (2, 3, 4), not contiguous
     assert not x.flags.c_contiguous
     gradcheck(lambda t, w, b: ops.linear(t, w, b), x, randn(rng, 4, 5), randn(rng, 5))
 
@@ -308,6 +349,7 @@ def test_linear_constant_weight(rng):
 
 
 # ---------------------------------------------------------------- GPT-2's layers
+
 
 def test_embedding_repeated_ids(rng):
     ids = np.array([[1, 2, 1], [4, 1, 0]])
@@ -328,7 +370,7 @@ def test_embedding_ids_as_tensor(rng):
 
 
 def _gelu_ref(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def test_gelu(rng):
@@ -350,8 +392,9 @@ def _layer_norm_ref(x, w, b, eps=1e-5):
 def test_layer_norm(rng):
     x, w, b = randn(rng, 2, 3, 5), 1 + 0.5 * randn(rng, 5), randn(rng, 5)
     leaves = gradcheck(lambda *t: ops.layer_norm(*t), x, w, b)
-    np.testing.assert_allclose(ops.layer_norm(*leaves).numpy(), _layer_norm_ref(x, w, b),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        ops.layer_norm(*leaves).numpy(), _layer_norm_ref(x, w, b), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_layer_norm_non_contiguous_and_eps(rng):
@@ -379,8 +422,7 @@ def test_attention(rng, Tq, Tk):
     q, k, v = randn(rng, B, H, Tq, D), randn(rng, B, H, Tk, D), randn(rng, B, H, Tk, D)
     leaves = gradcheck(ops.scaled_dot_product_attention, q, k, v)
     out = ops.scaled_dot_product_attention(*leaves)
-    np.testing.assert_allclose(out.numpy(), _causal_attention_ref(q, k, v), rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(out.numpy(), _causal_attention_ref(q, k, v), rtol=1e-10, atol=1e-12)
 
 
 def test_attention_first_query_sees_only_first_key(rng):
@@ -402,7 +444,7 @@ def test_attention_gpt2_layout(rng):
 
     qkv = randn(rng, B, T, 3 * C)
     leaves = gradcheck(block, qkv)
-    q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, T, H, D).swapaxes(1, 2) for i in range(3))
+    q, k, v = (qkv[..., i * C : (i + 1) * C].reshape(B, T, H, D).swapaxes(1, 2) for i in range(3))
     ref = _causal_attention_ref(q, k, v).swapaxes(1, 2).reshape(B, T, C)
     np.testing.assert_allclose(block(leaves[0]).numpy(), ref, rtol=1e-10, atol=1e-12)
 
@@ -433,8 +475,9 @@ def test_cross_entropy_many_rows(rng):
     targets = rng.integers(0, 3, 19)
     targets[[0, 7, 8, 18]] = -1
     leaves = gradcheck(lambda x: ops.cross_entropy(x, targets), logits)
-    np.testing.assert_allclose(ops.cross_entropy(leaves[0], targets).item(),
-                               _ce_ref(logits, targets), rtol=1e-12)
+    np.testing.assert_allclose(
+        ops.cross_entropy(leaves[0], targets).item(), _ce_ref(logits, targets), rtol=1e-12
+    )
     assert np.all(leaves[0].grad.numpy()[[0, 7, 8, 18]] == 0)
 
 
@@ -460,7 +503,7 @@ def test_cross_entropy_over_the_first_n_classes(rng):
     """Rows of 7 columns, 5 classes (a padded vocabulary): the loss is the plain log-softmax
     over the 5, and the finite differences agree that the 2 padding columns get no gradient."""
     logits, targets = randn(rng, 4, 7), np.array([4, -1, 0, 2])
-    logits[:, 5:] += 30.0     # padding columns that would dominate the softmax if counted
+    logits[:, 5:] += 30.0  # padding columns that would dominate the softmax if counted
     leaves = gradcheck(lambda x: ops.cross_entropy(x, targets, n_classes=5), logits)
     loss = ops.cross_entropy(leaves[0], targets, n_classes=5)
     np.testing.assert_allclose(loss.item(), _ce_ref(logits[:, :5], targets), rtol=1e-12)
@@ -476,7 +519,7 @@ def test_cross_entropy_n_classes_must_fit_the_rows(rng, n_classes):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_cross_entropy_large_logits_stable(rng, dtype):
     logits = (1e4 * randn(rng, 4, 6)).astype(dtype)
-    logits[0] = 1e4           # a row of equal huge logits: loss log(6)
+    logits[0] = 1e4  # a row of equal huge logits: loss log(6)
     targets = np.array([2, 0, 5, -1])
     x = Tensor(logits, requires_grad=True)
     loss = ops.cross_entropy(x, targets)
@@ -486,8 +529,9 @@ def test_cross_entropy_large_logits_stable(rng, dtype):
     g = x.grad.numpy()
     assert np.all(np.isfinite(g)) and np.all(np.abs(g) <= 1.0)
     with tg.no_grad():  # the forward-only kernel agrees
-        np.testing.assert_allclose(ops.cross_entropy(Tensor(logits), targets).item(),
-                                   loss.item(), rtol=1e-6)
+        np.testing.assert_allclose(
+            ops.cross_entropy(Tensor(logits), targets).item(), loss.item(), rtol=1e-6
+        )
 
 
 def test_dropout_p0_is_identity_without_record(rng):
@@ -532,6 +576,7 @@ def test_dropout_bad_p():
 
 # ---------------------------------------------------------------- cast
 
+
 @pytest.mark.parametrize("to", ["fp16", "bf16"])
 def test_cast_fp32_to_half_and_back(rng, to):
     a = randn(rng, 3, 4).astype(np.float32)
@@ -542,8 +587,7 @@ def test_cast_fp32_to_half_and_back(rng, to):
     g = randn(rng, 3, 4)
     h.backward(g)
     assert x.grad.dtype == np.float32  # the gradient has the input's dtype
-    np.testing.assert_array_equal(x.grad.numpy(),
-                                  g.astype(dtypes.as_dtype(to)).astype(np.float32))
+    np.testing.assert_array_equal(x.grad.numpy(), g.astype(dtypes.as_dtype(to)).astype(np.float32))
     # and up again: a half leaf's gradient is half
     y = Tensor(a.astype(dtypes.as_dtype(to)), requires_grad=True)
     f = y.float()
@@ -575,6 +619,7 @@ def test_cast_gradcheck_fp64_roundtrip(rng):
 
 # ---------------------------------------------------------------- the checker itself
 
+
 class _WrongScale(Function):
     """y = 3 x with a deliberately wrong backward (2 g)."""
 
@@ -594,28 +639,37 @@ def test_gradcheck_catches_a_wrong_gradient(rng):
 
 # ---------------------------------------------------------------- a small composite
 
+
 def test_mlp_block_composite(rng):
     """ln -> linear -> gelu -> linear -> residual, as in a GPT-2 block."""
+
     def block(x, lw, lb, w1, b1, w2):
         h = ops.gelu(ops.linear(ops.layer_norm(x, lw, lb), w1, b1))
         return x + ops.linear(h, w2)
 
-    gradcheck(block, randn(rng, 2, 2, 3), 1 + 0.1 * randn(rng, 3), randn(rng, 3),
-              randn(rng, 3, 4), randn(rng, 4), randn(rng, 4, 3))
+    gradcheck(
+        block,
+        randn(rng, 2, 2, 3),
+        1 + 0.1 * randn(rng, 3),
+        randn(rng, 3),
+        randn(rng, 3, 4),
+        randn(rng, 4),
+        randn(rng, 4, 3),
+    )
 
 
 def test_view_never_copies_and_reshape_does(rng):
     """PyTorch's rule: view() raises where only a copy could give the shape; reshape() copies
     there (one counted contiguous launch); both are views where the strides allow one."""
     x = Tensor(randn(rng, 2, 3, 4))
-    t = x.transpose(1, 2)                                    # (2, 4, 3), not contiguous
+    t = x.transpose(1, 2)  # (2, 4, 3), not contiguous
     with pytest.raises(RuntimeError, match="use reshape"):
         t.view(2, 12)
     with Profiler() as prof:
         flat = t.reshape(2, 12)
     assert [launch.name for launch in prof.launches] == ["contiguous"]
     np.testing.assert_array_equal(flat.numpy(), x.numpy().swapaxes(1, 2).reshape(2, 12))
-    column = x[:, :, 1:3]                                    # a column slice: splittable
+    column = x[:, :, 1:3]  # a column slice: splittable
     with Profiler() as prof:
         split = column.view(2, 3, 2, 1)
     assert prof.launches == [] and np.shares_memory(split.data, x.data)

@@ -4,6 +4,7 @@ The reference is PyTorch's AdamW (decoupled weight decay, bias-corrected moments
 after the square root of the corrected second moment), with weight decay on the 2-D
 parameters only and the gradients scaled by min(1, max_norm / (norm + 1e-6)) first.
 """
+
 import math
 
 import numpy as np
@@ -14,18 +15,20 @@ from optim import AdamW, clip_grad_norm_, cosine_with_warmup
 
 # ----------------------------------------------------------------------------- helpers
 
-SHAPES = {                  # given out of order on purpose: AdamW packs the 2-D ones first
+SHAPES = {  # given out of order on purpose: AdamW packs the 2-D ones first
     "bias": (3,),
     "w": (4, 3),
     "ln_gain": (5,),
     "emb": (6, 2),
-    "conv": (2, 2, 3),      # 3-D counts as a weight: decayed
+    "conv": (2, 2, 3),  # 3-D counts as a weight: decayed
 }
 
 
 def make_params(rng):
-    return {name: Parameter(rng.normal(0, 0.5, shape).astype(np.float32))
-            for name, shape in SHAPES.items()}
+    return {
+        name: Parameter(rng.normal(0, 0.5, shape).astype(np.float32))
+        for name, shape in SHAPES.items()
+    }
 
 
 def set_grads(params, grads):
@@ -33,8 +36,9 @@ def set_grads(params, grads):
         p.grad.data[...] = grads[name]
 
 
-def reference_adamw(init, grad_steps, lrs, betas, eps, wd, clip, decay_all=False,
-                    eps_before_correction=False):
+def reference_adamw(
+    init, grad_steps, lrs, betas, eps, wd, clip, decay_all=False, eps_before_correction=False
+):
     """float64 AdamW: -> (params, m, v, norms) after every step in grad_steps.
     The two flags give common wrong variants, to show the comparison can tell them apart."""
     p = {k: v.astype(np.float64) for k, v in init.items()}
@@ -53,10 +57,10 @@ def reference_adamw(init, grad_steps, lrs, betas, eps, wd, clip, decay_all=False
                 p[k] = p[k] * (1 - lr * wd)
             m[k] = b1 * m[k] + (1 - b1) * gk
             v[k] = b2 * v[k] + (1 - b2) * gk * gk
-            mhat = m[k] / (1 - b1 ** t)
-            vhat = v[k] / (1 - b2 ** t)
-            if eps_before_correction:       # Adam paper's "eps hat" form
-                p[k] = p[k] - lr * mhat / ((np.sqrt(v[k]) + eps) / math.sqrt(1 - b2 ** t))
+            mhat = m[k] / (1 - b1**t)
+            vhat = v[k] / (1 - b2**t)
+            if eps_before_correction:  # Adam paper's "eps hat" form
+                p[k] = p[k] - lr * mhat / ((np.sqrt(v[k]) + eps) / math.sqrt(1 - b2**t))
             else:
                 p[k] = p[k] - lr * mhat / (np.sqrt(vhat) + eps)
     return p, m, v, norms
@@ -67,12 +71,14 @@ def grad_schedule(rng):
     ~2e-3 (where eps = 1e-3 is comparable to sqrt(v)), ~0.6 (unclipped)."""
     steps = []
     for scale in (4.0, 4e-4, 0.12):
-        steps.append({k: (rng.normal(0, 1, s) * scale).astype(np.float32)
-                      for k, s in SHAPES.items()})
+        steps.append(
+            {k: (rng.normal(0, 1, s) * scale).astype(np.float32) for k, s in SHAPES.items()}
+        )
     return steps
 
 
 # ----------------------------------------------------------------------------- AdamW
+
 
 @pytest.mark.parametrize("clip", [0.0, 1.0], ids=["no-clip", "clip-1.0"])
 def test_adamw_matches_reference(rng, clip):
@@ -159,11 +165,12 @@ def test_adamw_views_share_the_flat_buffers(rng):
     params = make_params(rng)
     opt = AdamW(params)
     for p in params.values():
-        assert np.shares_memory(p.data, opt.master)       # fp32: the master is the weights
+        assert np.shares_memory(p.data, opt.master)  # fp32: the master is the weights
         assert np.shares_memory(p.grad.data, opt.grad)
     assert opt.working is None
     assert opt.master.dtype == np.float32 and opt.master.size == sum(
-        p.numel() for p in params.values())
+        p.numel() for p in params.values()
+    )
 
 
 def test_adamw_state_roundtrip_continues_identically(rng):
@@ -216,6 +223,7 @@ def test_adamw_rejects_no_parameters():
 
 # ----------------------------------------------------------------------------- clipping
 
+
 def test_clip_grad_norm_scales_to_max_norm(rng):
     ps = [Parameter(np.zeros(s, np.float32)) for s in [(3, 4), (7,), (2, 2)]]
     grads = [rng.normal(0, 3, p.shape).astype(np.float32) for p in ps]
@@ -226,7 +234,7 @@ def test_clip_grad_norm_scales_to_max_norm(rng):
     assert norm == pytest.approx(total, rel=1e-6)
     after = math.sqrt(sum(float((p.grad.numpy().astype(np.float64) ** 2).sum()) for p in ps))
     assert after == pytest.approx(1.0, rel=1e-5)
-    for p, g in zip(ps, grads):       # same direction: every gradient scaled by one factor
+    for p, g in zip(ps, grads):  # same direction: every gradient scaled by one factor
         np.testing.assert_allclose(p.grad.numpy(), g * (1.0 / (total + 1e-6)), rtol=1e-5)
 
 
@@ -235,7 +243,7 @@ def test_clip_grad_norm_below_threshold_is_untouched(rng):
     grads = [rng.normal(0, 0.01, p.shape).astype(np.float32) for p in ps]
     for p, g in zip(ps, grads):
         p.grad = type(p)(g.copy())
-    ps.append(Parameter(np.zeros(3, np.float32)))       # no gradient: skipped
+    ps.append(Parameter(np.zeros(3, np.float32)))  # no gradient: skipped
     norm = clip_grad_norm_(ps, 1.0)
     assert norm < 1.0
     for p, g in zip(ps, grads):
@@ -246,7 +254,7 @@ def test_clip_grad_norm_takes_what_pytorch_users_pass(rng):
     """torch.nn.utils.clip_grad_norm_'s calling forms: one tensor, or a generator such as
     model.parameters()."""
     one = Parameter(np.zeros(4, np.float32))
-    one.grad = type(one)(np.full(4, 2.0, np.float32))         # norm 4
+    one.grad = type(one)(np.full(4, 2.0, np.float32))  # norm 4
     assert clip_grad_norm_(one, 1.0) == pytest.approx(4.0)
     np.testing.assert_allclose(one.grad.numpy(), 0.5 / (1 + 2.5e-7), rtol=1e-6)
     ps = [Parameter(np.zeros(3, np.float32)) for _ in range(2)]
@@ -277,20 +285,21 @@ def test_adamw_fused_clip_equals_clip_then_step(rng):
 
 # ----------------------------------------------------------------------------- schedule
 
+
 def test_schedule_warmup_is_a_linear_rise_to_max():
     lrs = [cosine_with_warmup(s, 1.0, 0.1, 10, 100) for s in range(10)]
     np.testing.assert_allclose(lrs, [(s + 1) / 10 for s in range(10)], rtol=1e-12)
-    assert np.allclose(np.diff(lrs), 0.1)          # constant slope
-    assert lrs[-1] == pytest.approx(1.0)            # reaches max_lr at the end of warmup
+    assert np.allclose(np.diff(lrs), 0.1)  # constant slope
+    assert lrs[-1] == pytest.approx(1.0)  # reaches max_lr at the end of warmup
     assert cosine_with_warmup(10, 1.0, 0.1, 10, 100) == pytest.approx(1.0)
 
 
 def test_schedule_cosine_to_min_then_flat():
     max_lr, min_lr, warmup, total = 6e-4, 6e-5, 10, 110
     decay = [cosine_with_warmup(s, max_lr, min_lr, warmup, total) for s in range(warmup, total + 1)]
-    assert all(a >= b for a, b in zip(decay, decay[1:]))           # non-increasing
+    assert all(a >= b for a, b in zip(decay, decay[1:]))  # non-increasing
     assert decay[0] == pytest.approx(max_lr)
-    assert decay[50] == pytest.approx((max_lr + min_lr) / 2)         # halfway: the midpoint
+    assert decay[50] == pytest.approx((max_lr + min_lr) / 2)  # halfway: the midpoint
     assert decay[25] == pytest.approx(min_lr + (max_lr - min_lr) * (1 + math.cos(math.pi / 4)) / 2)
     assert decay[-1] == pytest.approx(min_lr)
     # cosine: slow at both ends, fastest in the middle
@@ -298,8 +307,9 @@ def test_schedule_cosine_to_min_then_flat():
     assert drops[0] < drops[50] and drops[-1] < drops[50]
     for s in (total, total + 1, 10 * total):
         assert cosine_with_warmup(s, max_lr, min_lr, warmup, total) == min_lr
-    after_warmup = [cosine_with_warmup(s, max_lr, min_lr, warmup, total)
-                    for s in range(warmup, 2 * total)]
+    after_warmup = [
+        cosine_with_warmup(s, max_lr, min_lr, warmup, total) for s in range(warmup, 2 * total)
+    ]
     assert min(after_warmup) == min_lr and max(after_warmup) <= max_lr * (1 + 1e-12)
 
 

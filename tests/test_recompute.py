@@ -3,6 +3,7 @@ its input and re-runs its forward inside the backward. The same kernels run on t
 so training is bitwise the one without it; the tape, the tracker and the profiler show what
 moved: C elements saved per token per layer, the blocks' forward FLOPs once more, labelled as
 forward math run in the backward phase."""
+
 import gc
 
 import numpy as np
@@ -67,23 +68,29 @@ def test_a_block_saves_only_its_input():
     prof, records, activations, unowned, model = step(True)
     c = model.config
     blocks = [r for r in records if measure.layer_of(r["scope"]).startswith("transformer.h.")]
-    assert [(r["op"], r["scope"]) for r in blocks] == \
-        [("checkpoint", f"transformer.h.{i}") for i in range(c.n_layer)]
+    assert [(r["op"], r["scope"]) for r in blocks] == [
+        ("checkpoint", f"transformer.h.{i}") for i in range(c.n_layer)
+    ]
     assert [r["saved_bytes"] / (B * T) for r in blocks] == [c.n_embd * 4] * c.n_layer
     assert activations == sum(r["saved_bytes"] for r in records)
     # each checkpoint record owns its whole backward (the recomputed forward's records report
     # to it), so the tape still adds up to the profiler
     assert sum(r["fwd_flops"] for r in records) == prof.by_phase()["forward"]["flops"]
-    assert sum(r["bwd_flops"] for r in records) + unowned["backward"].flops == \
-        prof.by_phase()["backward"]["flops"]
+    assert (
+        sum(r["bwd_flops"] for r in records) + unowned["backward"].flops
+        == prof.by_phase()["backward"]["flops"]
+    )
 
 
 def test_recomputed_forward_is_forward_math_in_the_backward_phase():
     """The step's forward math grows by exactly the blocks' forward (the block GEMMs: 2N + 4N
     + 2N instead of 2N + 4N); the backward math and the forward phase are unchanged."""
     plain, recomputed = step(False), step(True)
-    blocks_forward = sum(r["fwd_flops"] for r in plain[1]
-                         if measure.layer_of(r["scope"]).startswith("transformer.h."))
+    blocks_forward = sum(
+        r["fwd_flops"]
+        for r in plain[1]
+        if measure.layer_of(r["scope"]).startswith("transformer.h.")
+    )
     by_math = [p[0].by_phase(by="math") for p in (plain, recomputed)]
     by_phase = [p[0].by_phase() for p in (plain, recomputed)]
     assert by_math[1]["forward"]["flops"] == by_math[0]["forward"]["flops"] + blocks_forward
@@ -112,8 +119,7 @@ def test_the_inner_tape_lives_only_during_its_blocks_backward():
     loss.backward()
     TRACKER.stop_recording()
     inputs = sum(r.saved_bytes for r in records if r.seq <= last)  # embeddings' ids, x per block
-    assert TRACKER.peak["activations"] - before == \
-        inputs + plain_block - B * T * SMALL.n_embd * 4
+    assert TRACKER.peak["activations"] - before == inputs + plain_block - B * T * SMALL.n_embd * 4
     assert TRACKER.current["activations"] == before
     assert [r.seq for r in TAPE.records(since=start)] == [r.seq for r in records]
     # every record on the loss's path is freed (the logits' view is not on it)
@@ -141,6 +147,7 @@ def test_checkpoint_of_any_function():
 
     def fn(x, b):
         return F.dropout(F.gelu(x @ w) + b, 0.5)
+
     grads = []
     for wrap in (False, True):
         w.grad = x.grad = None

@@ -1,6 +1,7 @@
 """training/roofline.py: the bound each launch gets, the census's roofline columns (sums,
 fractions, order), the exps kernels.launch counts, the peaks' cache, and the picture. No
 timing is asserted: the peaks here are made up, and the one measurement runs on tiny sizes."""
+
 import json
 
 import numpy as np
@@ -12,10 +13,22 @@ from tinygrad_like.profiler import Launch, Profiler, format_census
 from training import roofline
 
 # 100 GFLOP/s, 10 GB/s copy (5 read), 1 G exps/s, 1 µs launches: round numbers to check by hand
-PEAKS = roofline.Peaks(device="cpu", machine="test machine", matmul={"fp32": 1e11},
-                       copy_bw=1e10, read_bw=5e9, exp_rate=1e9, launch_s=1e-6,
-                       how={"matmul_fp32": "made up", "copy": "made up", "read": "made up",
-                            "exp": "made up", "launch": "made up"})
+PEAKS = roofline.Peaks(
+    device="cpu",
+    machine="test machine",
+    matmul={"fp32": 1e11},
+    copy_bw=1e10,
+    read_bw=5e9,
+    exp_rate=1e9,
+    launch_s=1e-6,
+    how={
+        "matmul_fp32": "made up",
+        "copy": "made up",
+        "read": "made up",
+        "exp": "made up",
+        "launch": "made up",
+    },
+)
 
 
 class Clock:
@@ -38,43 +51,45 @@ def test_bound_is_the_largest_of_the_four_times():
     # launch: 12 bytes take 1.2 ns, the floor 1 µs
     assert roofline.bound(1, 12, 0, PEAKS) == ("launch", pytest.approx(1e-6))
     times = roofline.roofline_times(2e9, 3e8, 4e8, PEAKS)
-    assert times == pytest.approx({"compute": 0.02, "memory": 0.03, "exp": 0.4,
-                                   "launch": 1e-6})
+    assert times == pytest.approx({"compute": 0.02, "memory": 0.03, "exp": 0.4, "launch": 1e-6})
 
 
 def test_a_peak_per_dtype_and_no_exp_bound_without_an_exp_rate():
-    gpu = roofline.Peaks(**{**vars(PEAKS), "matmul": {"fp32": 1e11, "bf16": 1e12},
-                            "exp_rate": 0.0})
-    assert gpu.flops("bf16") == 1e12 and gpu.flops("fp16") == 1e11   # fp32's when none
+    gpu = roofline.Peaks(**{**vars(PEAKS), "matmul": {"fp32": 1e11, "bf16": 1e12}, "exp_rate": 0.0})
+    assert gpu.flops("bf16") == 1e12 and gpu.flops("fp16") == 1e11  # fp32's when none
     assert roofline.bound(1e12, 1e6, 1e12, gpu, "bf16") == ("compute", pytest.approx(1.0))
     assert roofline.roofline_times(0, 0, 1e12, gpu)["exp"] == 0.0
 
 
 def _profiler(launches):
     prof = Profiler()
-    prof.launches = [Launch(name, "forward", flops, nbytes, "cpu", Clock(s), exps=exps)
-                     for name, flops, nbytes, exps, s in launches]
+    prof.launches = [
+        Launch(name, "forward", flops, nbytes, "cpu", Clock(s), exps=exps)
+        for name, flops, nbytes, exps, s in launches
+    ]
     return prof
 
 
 def test_census_sums_the_roof_of_each_launch_and_sorts_by_time_lost():
-    prof = _profiler([
-        ("matmul", 1e9, 1e6, 0, 0.02),      # compute roof 10 ms
-        ("matmul", 1e6, 1e7, 0, 0.002),     # memory roof 1 ms
-        ("gelu_fwd", 8e6, 8e6, 1e6, 0.004),  # exp 1 ms over memory 0.8 ms
-        ("add", 1e2, 1.2e3, 0, 0.0),        # untimed: launch roof 1 µs over 0.12 µs
-    ])
+    prof = _profiler(
+        [
+            ("matmul", 1e9, 1e6, 0, 0.02),  # compute roof 10 ms
+            ("matmul", 1e6, 1e7, 0, 0.002),  # memory roof 1 ms
+            ("gelu_fwd", 8e6, 8e6, 1e6, 0.004),  # exp 1 ms over memory 0.8 ms
+            ("add", 1e2, 1.2e3, 0, 0.0),  # untimed: launch roof 1 µs over 0.12 µs
+        ]
+    )
     rows = {r["kernel"]: r for r in roofline.census(prof, PEAKS)}
     mm, gelu, add = rows["matmul"], rows["gelu_fwd"], rows["add"]
     assert mm["calls"] == 2 and mm["roofline_s"] == pytest.approx(0.011)
-    assert mm["bound"] == "compute"                 # the bound holding most of the roof
+    assert mm["bound"] == "compute"  # the bound holding most of the roof
     assert mm["fraction"] == pytest.approx(0.011 / 0.022)
     assert mm["lost_s"] == pytest.approx(0.011)
     assert gelu["bound"] == "exp" and gelu["exps"] == 1e6
     assert gelu["fraction"] == pytest.approx(0.25) and gelu["lost_s"] == pytest.approx(0.003)
     assert add["bound"] == "launch" and add["fraction"] is None
     order = [r["kernel"] for r in roofline.census(prof, PEAKS)]
-    assert order == ["matmul", "gelu_fwd", "add"]   # most time lost first
+    assert order == ["matmul", "gelu_fwd", "add"]  # most time lost first
     assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0)
 
 
@@ -86,7 +101,7 @@ def test_format_census_adds_the_roofline_columns_only_when_the_rows_have_them():
     assert roofed[1].split()[-7:] == ["bound", "roof", "ms", "of", "roof", "lost", "ms"]
     matmul = roofed[2].split()
     assert matmul[0] == "matmul" and matmul[-4:] == ["compute", "10.000", "50%", "10.00"]
-    assert roofed[3].split()[-3:] == ["0.001", "-", "-0.00"]   # untimed: no fraction
+    assert roofed[3].split()[-3:] == ["0.001", "-", "-0.00"]  # untimed: no fraction
 
 
 def test_launch_counts_the_exps_of_each_kernel(rng):
@@ -105,8 +120,8 @@ def test_launch_counts_the_exps_of_each_kernel(rng):
         launch("add", x, x)
     exps = [la.exps for la in prof.launches]
     flash = prof.launches[5]
-    assert exps[:5] == [15, 15, 28, 28, 32]        # elements, elements, V = 7 of each row
-    assert exps[5] == flash.flops // (4 * 4 + 5)   # one per computed score
+    assert exps[:5] == [15, 15, 28, 28, 32]  # elements, elements, V = 7 of each row
+    assert exps[5] == flash.flops // (4 * 4 + 5)  # one per computed score
     assert exps[6] == 0
     assert sum(r["exps"] for r in prof.census()) == sum(exps)
     assert set(kernels.EXPS) <= set(kernels.KERNELS)
@@ -118,7 +133,7 @@ def test_peaks_are_measured_once_per_machine_then_read_from_the_cache(tmp_path, 
     calls = []
     monkeypatch.setattr(roofline, "measure", lambda device: calls.append(device) or PEAKS)
     assert roofline.peaks("cpu") == PEAKS and calls == ["cpu"]
-    assert roofline.peaks("cpu") == PEAKS and calls == ["cpu"]       # from the file
+    assert roofline.peaks("cpu") == PEAKS and calls == ["cpu"]  # from the file
     path = roofline.cache_path("cpu")
     assert path.parent == tmp_path / "tinygrad_like"
     assert json.loads(path.read_text())["copy_bw"] == 1e10
@@ -126,11 +141,11 @@ def test_peaks_are_measured_once_per_machine_then_read_from_the_cache(tmp_path, 
     roofline.peaks("cpu")
     assert calls == ["cpu", "cpu"]
     monkeypatch.setenv(roofline.REMEASURE, "0")
-    path.write_text("{not json")                                      # cut short: measure again
+    path.write_text("{not json")  # cut short: measure again
     roofline.peaks("cpu")
     assert calls == ["cpu"] * 3
     monkeypatch.setattr(roofline, "cpu_name", lambda: "another CPU")
-    assert roofline.cache_path("cpu") != path                         # another machine's file
+    assert roofline.cache_path("cpu") != path  # another machine's file
 
 
 def test_measuring_the_cpu_gives_every_peak_and_says_how(monkeypatch):
@@ -145,14 +160,26 @@ def test_measuring_the_cpu_gives_every_peak_and_says_how(monkeypatch):
         assert np.isfinite(value) and value > 0
     assert peaks.bandwidth == max(peaks.copy_bw, peaks.read_bw)
     text = peaks.describe()
-    for phrase in ("fp32 matmul", "streaming copy", "streaming read", "exp", "launch floor",
-                   "thread", roofline.cpu_name()):
+    for phrase in (
+        "fp32 matmul",
+        "streaming copy",
+        "streaming read",
+        "exp",
+        "launch floor",
+        "thread",
+        roofline.cpu_name(),
+    ):
         assert phrase in text
 
 
 def test_plot_draws_a_png(tmp_path):
-    prof = _profiler([("matmul", 1e9, 1e6, 0, 0.02), ("gelu_fwd", 8e6, 8e6, 1e6, 0.004),
-                      ("copy", 0, 1e6, 0, 0.001)])
+    prof = _profiler(
+        [
+            ("matmul", 1e9, 1e6, 0, 0.02),
+            ("gelu_fwd", 8e6, 8e6, 1e6, 0.004),
+            ("copy", 0, 1e6, 0, 0.001),
+        ]
+    )
     rows = roofline.census(prof, PEAKS)
     path = roofline.plot([("step", rows)], PEAKS, str(tmp_path / "r.png"))
     with open(path, "rb") as f:

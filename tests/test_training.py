@@ -1,6 +1,7 @@
 """The training loop end to end on the gpt2-tiny preset and the Shakespeare default: the loss
 falls, resume is bit-identical, a save killed mid-way leaves a loadable checkpoint, the
 command line turns bad input into one line on stderr, and a non-finite loss stops the run."""
+
 import json
 import math
 import os
@@ -26,9 +27,21 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 def tiny(data_dir, out, **overrides):
     """A fast run: gpt2-tiny, 2 x 16 tokens a step, no evaluation unless asked."""
-    cfg = dict(model="gpt2-tiny", data_dir=data_dir, batch_size=2, seq_len=16, steps=10,
-               lr=5e-3, min_lr=5e-4, warmup=2, eval_every=0, eval_iters=2, out=str(out),
-               quiet=True, seed=1337)
+    cfg = dict(
+        model="gpt2-tiny",
+        data_dir=data_dir,
+        batch_size=2,
+        seq_len=16,
+        steps=10,
+        lr=5e-3,
+        min_lr=5e-4,
+        warmup=2,
+        eval_every=0,
+        eval_iters=2,
+        out=str(out),
+        quiet=True,
+        seed=1337,
+    )
     cfg.update(overrides)
     return RunConfig(**cfg)
 
@@ -49,18 +62,31 @@ class Killed(BaseException):
 
 # ----------------------------------------------------------------------------- it learns
 
+
 def test_short_run_lowers_val_loss(shakespeare, tmp_path):
     steps = 40
-    tr = Trainer(tiny(shakespeare, tmp_path, batch_size=4, seq_len=16, steps=steps, lr=1e-2,
-                      min_lr=1e-3, warmup=5, eval_every=steps, eval_iters=4))
+    tr = Trainer(
+        tiny(
+            shakespeare,
+            tmp_path,
+            batch_size=4,
+            seq_len=16,
+            steps=steps,
+            lr=1e-2,
+            min_lr=1e-3,
+            warmup=5,
+            eval_every=steps,
+            eval_iters=4,
+        )
+    )
     initial = tr.evaluate()
-    assert initial == pytest.approx(math.log(50257), abs=0.3)    # untrained: ~uniform
+    assert initial == pytest.approx(math.log(50257), abs=0.3)  # untrained: ~uniform
     history = tr.run()
     assert [r["step"] for r in history] == list(range(1, steps + 1))
     final = history[-1]["val_loss"]
     # measured: 10.8 -> ~7.5 in 40 steps; a clear margin, far from noise
     assert final < initial - 1.5, (initial, final)
-    assert final == tr.evaluate()          # evaluation uses fixed batches: deterministic
+    assert final == tr.evaluate()  # evaluation uses fixed batches: deterministic
     # the loop follows the schedule, and the metrics file holds the same rows
     for r in history:
         assert r["lr"] == cosine_with_warmup(r["step"] - 1, 1e-2, 1e-3, 5, steps)
@@ -71,6 +97,7 @@ def test_short_run_lowers_val_loss(shakespeare, tmp_path):
 
 
 # ----------------------------------------------------------------------------- resume
+
 
 def test_resume_is_bit_identical(shakespeare, tmp_path, monkeypatch):
     """20 straight steps vs. the same run killed right after its step-10 checkpoint and
@@ -109,6 +136,7 @@ def test_resume_is_bit_identical(shakespeare, tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- padded vocabulary
 
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_adamw_keeps_padding_rows_zero_and_checkpoints_hold_v_rows(tmp_path, dtype):
     """wte is stored (Vp, C) = (64, 16) for V = 37. Its padding rows get zero gradients, so
@@ -131,12 +159,16 @@ def test_adamw_keeps_padding_rows_zero_and_checkpoints_hold_v_rows(tmp_path, dty
         assert np.all(rows[V:] == 0) and np.all(rows[:V] != 0)
     assert np.all(model.transformer.wte.weight.numpy()[V:] == 0)
 
-    path = checkpoint.save_checkpoint(str(tmp_path), model, opt.master_state(), opt.state_dict(),
-                                      {"step": 3})
+    path = checkpoint.save_checkpoint(
+        str(tmp_path), model, opt.master_state(), opt.state_dict(), {"step": 3}
+    )
     assert read_state(path)["transformer.wte.weight"].shape == (V, C)
     _, arrays = checkpoint.load_trainer_state(path)
-    assert arrays["m.transformer.wte.weight"].shape == arrays["v.transformer.wte.weight"].shape \
+    assert (
+        arrays["m.transformer.wte.weight"].shape
+        == arrays["v.transformer.wte.weight"].shape
         == (V, C)
+    )
     loaded = GPT2.from_pretrained(path)
     again = AdamW(loaded.named_parameters(), lr=1e-2, weight_decay=0.1, dtype=dtype)
     again.load_state_dict(arrays, opt.state_dict()[1])
@@ -145,6 +177,7 @@ def test_adamw_keeps_padding_rows_zero_and_checkpoints_hold_v_rows(tmp_path, dty
 
 
 # ----------------------------------------------------------------------------- crash safety
+
 
 def _kill_rename(monkeypatch, out, which):
     """Make the save's `which`-th rename under out (1-based, counted from now) raise Killed."""
@@ -183,10 +216,12 @@ def _run_killed_at_second_save(shakespeare, out, monkeypatch, kill):
     return saved
 
 
-@pytest.mark.parametrize("kill, expect_dir", [(1, "checkpoint"), (2, "checkpoint.old")],
-                         ids=["before-swap", "mid-swap"])
-def test_killed_save_keeps_previous_checkpoint(shakespeare, tmp_path, monkeypatch, kill,
-                                               expect_dir):
+@pytest.mark.parametrize(
+    "kill, expect_dir", [(1, "checkpoint"), (2, "checkpoint.old")], ids=["before-swap", "mid-swap"]
+)
+def test_killed_save_keeps_previous_checkpoint(
+    shakespeare, tmp_path, monkeypatch, kill, expect_dir
+):
     saved = _run_killed_at_second_save(shakespeare, tmp_path, monkeypatch, kill)
     ck = checkpoint.find_checkpoint(str(tmp_path))
     assert os.path.normpath(ck) == os.path.normpath(tmp_path / expect_dir)
@@ -204,7 +239,7 @@ def test_killed_save_keeps_previous_checkpoint(shakespeare, tmp_path, monkeypatc
         np.testing.assert_array_equal(w, saved[k], err_msg=k)
     tr.run()
     rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]     # replayed steps replace, not append
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # replayed steps replace, not append
     assert [r["loss"] for r in rows[2:]] == [r["loss"] for r in killed_rows[2:4]]
     ck = checkpoint.find_checkpoint(str(tmp_path))
     assert os.path.basename(ck) == "checkpoint" and ckpt_step(ck) == 4
@@ -220,16 +255,36 @@ def test_second_kill_after_mid_swap_kill_keeps_a_checkpoint(shakespeare, tmp_pat
     with pytest.raises(Killed):
         tr.run()
     monkeypatch.undo()
-    ck = checkpoint.find_checkpoint(str(tmp_path))      # raises today: nothing is left
+    ck = checkpoint.find_checkpoint(str(tmp_path))  # raises today: nothing is left
     assert ckpt_step(ck) in (2, 4)
 
 
 # ----------------------------------------------------------------------------- the CLI
 
+
 def cli_args(data_dir, out, *extra):
-    return ["--model", "gpt2-tiny", "--data-dir", data_dir, "--out", str(out), "--quiet",
-            "--device", "cpu", "--dtype", "fp32", "--steps", "2", "--batch-size", "2",
-            "--seq-len", "16", "--eval-every", "0", *extra]
+    return [
+        "--model",
+        "gpt2-tiny",
+        "--data-dir",
+        data_dir,
+        "--out",
+        str(out),
+        "--quiet",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-every",
+        "0",
+        *extra,
+    ]
 
 
 def run_cli(argv, capsys):
@@ -285,15 +340,15 @@ def test_cli_cuda_without_gpu_is_one_line_exit_2(shakespeare, tmp_path, capsys):
 def test_cli_seq_len_cannot_change_on_resume(shakespeare, tmp_path, capsys):
     """The saved data position counts batches of the saved shape: a one-line error."""
     Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
-    code, err = run_cli(cli_args(shakespeare, tmp_path, "--resume", str(tmp_path),
-                                 "--seq-len", "100"), capsys)
+    code, err = run_cli(
+        cli_args(shakespeare, tmp_path, "--resume", str(tmp_path), "--seq-len", "100"), capsys
+    )
     assert code == 2
     assert_one_line_error(err, "--seq-len 100 cannot change on resume", "saved with 16")
 
 
 def test_cli_resume_from_nothing_is_one_line_exit_2(shakespeare, tmp_path, capsys):
-    code, err = run_cli(cli_args(shakespeare, tmp_path, "--resume", str(tmp_path / "nope")),
-                        capsys)
+    code, err = run_cli(cli_args(shakespeare, tmp_path, "--resume", str(tmp_path / "nope")), capsys)
     assert code == 2
     assert_one_line_error(err, "nope")
 
@@ -303,7 +358,7 @@ def test_cli_missing_data_names_the_command(tmp_path, capsys):
     code, err = run_cli(cli_args(str(data), tmp_path / "out"), capsys)
     assert code == 2
     assert_one_line_error(err, "scripts/prepare_data.py", f"--out-dir {data}")
-    assert not data.exists()          # a non-default folder is never made behind your back
+    assert not data.exists()  # a non-default folder is never made behind your back
 
 
 def test_cli_trains_and_returns_the_trainer(shakespeare, tmp_path, capsys):
@@ -313,13 +368,23 @@ def test_cli_trains_and_returns_the_trainer(shakespeare, tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("extra, needle", [(["--model", "nope"], "nope"),
-                                           (["--batch-size", "0"], "--batch-size")],
-                         ids=["unknown-preset", "zero-batch"])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [(["--model", "nope"], "nope"), (["--batch-size", "0"], "--batch-size")],
+    ids=["unknown-preset", "zero-batch"],
+)
 def test_train_script_bad_input_subprocess(shakespeare, tmp_path, extra, needle):
-    proc = subprocess.run([sys.executable, os.path.join("examples", "train_gpt2.py"),
-                           *cli_args(shakespeare, tmp_path, *extra)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join("examples", "train_gpt2.py"),
+            *cli_args(shakespeare, tmp_path, *extra),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert_one_line_error(proc.stderr, needle)
     assert proc.stdout == ""
@@ -327,9 +392,11 @@ def test_train_script_bad_input_subprocess(shakespeare, tmp_path, extra, needle)
 
 # ----------------------------------------------------------------------------- non-finite loss
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")       # the overflow is the point
-def test_nan_loss_stops_with_exit_1_and_keeps_last_checkpoint(shakespeare, tmp_path, capsys,
-                                                               monkeypatch):
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow is the point
+def test_nan_loss_stops_with_exit_1_and_keeps_last_checkpoint(
+    shakespeare, tmp_path, capsys, monkeypatch
+):
     """A learning rate of 1e9 with no clipping blows the weights up: the loss is finite on
     step 1 and nan soon after. With a save every step, the checkpoint on disk must be the one
     written after the last finite step, byte for byte, and nothing may be saved after."""
@@ -345,28 +412,48 @@ def test_nan_loss_stops_with_exit_1_and_keeps_last_checkpoint(shakespeare, tmp_p
     monkeypatch.setattr(checkpoint, "save_checkpoint", save)
     # naive attention: its scores q·k^T overflow to inf and the loss turns nan; flash scales q
     # first and stays finite (a loss of ~1e19) at this learning rate
-    code, err = run_cli(cli_args(shakespeare, tmp_path, "--lr", "1e9", "--min-lr", "0",
-                                 "--warmup", "0", "--grad-clip", "0", "--weight-decay", "0",
-                                 "--steps", "6", "--save-every", "1", "--attention", "naive"),
-                        capsys)
+    code, err = run_cli(
+        cli_args(
+            shakespeare,
+            tmp_path,
+            "--lr",
+            "1e9",
+            "--min-lr",
+            "0",
+            "--warmup",
+            "0",
+            "--grad-clip",
+            "0",
+            "--weight-decay",
+            "0",
+            "--steps",
+            "6",
+            "--save-every",
+            "1",
+            "--attention",
+            "naive",
+        ),
+        capsys,
+    )
     assert code == 1
     assert_one_line_error(err, "loss is nan", f"checkpoint in {tmp_path}")
     good = read_metrics(tmp_path)
     assert 1 <= len(good) < 6 and all(math.isfinite(r["loss"]) for r in good)
-    assert [step for step, _ in writes] == list(range(1, len(good) + 1))   # no save after nan
+    assert [step for step, _ in writes] == list(range(1, len(good) + 1))  # no save after nan
     ck = checkpoint.find_checkpoint(str(tmp_path))
     assert os.path.basename(ck) == "checkpoint" and ckpt_step(ck) == len(good)
     assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == writes[-1][1]
     assert all(np.isfinite(a).all() for a in read_state(ck).values())
-    tr = Trainer(tiny(shakespeare, tmp_path, steps=6, resume=str(tmp_path)))   # still loads
+    tr = Trainer(tiny(shakespeare, tmp_path, steps=6, resume=str(tmp_path)))  # still loads
     assert tr.step == len(good)
 
 
 # ----------------------------------------------------------------------------- grad accumulation
 
+
 def test_grad_accum_averages_micro_batches(shakespeare, tmp_path):
     tr = Trainer(tiny(shakespeare, tmp_path, steps=2, grad_accum=2))
-    probe = Trainer(tiny(shakespeare, tmp_path / "probe", steps=2))     # same weights, batches
+    probe = Trainer(tiny(shakespeare, tmp_path / "probe", steps=2))  # same weights, batches
     expected = np.mean([probe.model(*probe.train_data.next_batch())[1].item() for _ in range(2)])
     loss, _, _, skipped = tr.train_step()
     assert not skipped
@@ -375,6 +462,7 @@ def test_grad_accum_averages_micro_batches(shakespeare, tmp_path):
 
 # ----------------------------------------------------------------------------- reliability
 
+
 def test_resume_takes_the_saved_config_and_reports_overrides(shakespeare, tmp_path, capsys):
     main(cli_args(shakespeare, tmp_path, "--lr", "2e-3", "--min-lr", "1e-4"))
     capsys.readouterr()
@@ -382,8 +470,10 @@ def test_resume_takes_the_saved_config_and_reports_overrides(shakespeare, tmp_pa
     assert tr.cfg.model == "gpt2-tiny" and tr.cfg.seq_len == 16 and tr.cfg.min_lr == 1e-4
     assert tr.cfg.out == str(tmp_path) and tr.cfg.lr == 1e-3 and tr.step == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith("warning: --steps 3 differs from the saved run's 2: the cosine "
-                             "schedule changes from step 2 on")
+    assert err[0].startswith(
+        "warning: --steps 3 differs from the saved run's 2: the cosine "
+        "schedule changes from step 2 on"
+    )
     assert err[1:] == ["note: --lr 0.001 overrides the saved 0.002"]
 
 
@@ -398,8 +488,11 @@ def test_fresh_run_into_a_run_folder_is_refused_unless_overwrite(shakespeare, tm
     Trainer(tiny(shakespeare, tmp_path, steps=2)).run()
     code, err = run_cli(cli_args(shakespeare, tmp_path), capsys)
     assert code == 2
-    assert_one_line_error(err, f"{tmp_path}/ already holds a run at step 2: --resume "
-                          f"{tmp_path} to continue, or --out elsewhere, or --overwrite")
+    assert_one_line_error(
+        err,
+        f"{tmp_path}/ already holds a run at step 2: --resume "
+        f"{tmp_path} to continue, or --out elsewhere, or --overwrite",
+    )
     tr = main(cli_args(shakespeare, tmp_path, "--overwrite", "--steps", "1"))
     assert tr.step == 1 and ckpt_step(checkpoint.find_checkpoint(str(tmp_path))) == 1
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
@@ -424,9 +517,10 @@ def test_out_that_is_a_file_is_one_line_exit_2(shakespeare, tmp_path, capsys):
 
 def test_metrics_are_cut_back_to_the_checkpoint_and_strict_json(tmp_path):
     from training.loop import _trim_metrics, strict_json
+
     path = tmp_path / "metrics.jsonl"
     rows = [strict_json({"step": i, "loss": float("nan") if i == 2 else 1.0}) for i in (1, 2, 3)]
-    path.write_text("\n".join(rows) + '\n{"step": 4, "lo')     # a kill mid-line
+    path.write_text("\n".join(rows) + '\n{"step": 4, "lo')  # a kill mid-line
     _trim_metrics(str(path), 2)
     assert path.read_text() == rows[0] + "\n" + rows[1] + "\n"
     assert json.loads(rows[1]) == {"step": 2, "loss": None}
@@ -438,18 +532,23 @@ def test_non_finite_weights_are_never_saved(shakespeare, tmp_path):
     tr.run()
     before = (tmp_path / "checkpoint" / "model.safetensors").read_bytes()
     tr.optimizer.master[3] = np.nan
-    with pytest.raises(FloatingPointError, match=r"weights hold nan or inf at step 1 .*not "
-                       r"saved; the step-1 checkpoint in .* is kept"):
+    with pytest.raises(
+        FloatingPointError,
+        match=r"weights hold nan or inf at step 1 .*not "
+        r"saved; the step-1 checkpoint in .* is kept",
+    ):
         tr.save()
     assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == before
     assert not (tmp_path / "checkpoint.new").exists()
 
 
-def test_disk_full_while_saving_keeps_the_previous_checkpoint(shakespeare, tmp_path, capsys,
-                                                              monkeypatch):
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(
+    shakespeare, tmp_path, capsys, monkeypatch
+):
     import errno
 
     from tinygrad_like import files
+
     Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
     real = files.atomic_write
 
@@ -461,23 +560,44 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(shakespeare, tmp_p
     monkeypatch.setattr(checkpoint, "atomic_write", full)
     code, err = run_cli(["--resume", str(tmp_path), "--quiet", "--no-report"], capsys)
     assert code == 2 and ckpt_step(checkpoint.find_checkpoint(str(tmp_path))) == 1
-    assert_one_line_error(err, "disk full: the step-1 checkpoint needs about", "MB",
-                          "nothing partial is left, the step-1 checkpoint")
+    assert_one_line_error(
+        err,
+        "disk full: the step-1 checkpoint needs about",
+        "MB",
+        "nothing partial is left, the step-1 checkpoint",
+    )
     assert not (tmp_path / "checkpoint.new").exists()
 
 
-@pytest.mark.parametrize("max_skipped, why", [(3, "fp16 skipped 3 steps in a row"),
-                                              (0, "below 2^-24")])
-def test_fp16_that_never_recovers_stops_with_exit_1(shakespeare, tmp_path, capsys, monkeypatch,
-                                                     max_skipped, why):
+@pytest.mark.parametrize(
+    "max_skipped, why", [(3, "fp16 skipped 3 steps in a row"), (0, "below 2^-24")]
+)
+def test_fp16_that_never_recovers_stops_with_exit_1(
+    shakespeare, tmp_path, capsys, monkeypatch, max_skipped, why
+):
     """Every step overflows: with --max-skipped 3 the third skip stops the run; with 0 the
     scale halves from 2^16 until it falls under 2^-24 (41 skips). The checkpoint stays."""
     Trainer(tiny(shakespeare, tmp_path, steps=1, dtype="fp16")).run()
     before = (tmp_path / "checkpoint" / "model.safetensors").read_bytes()
-    monkeypatch.setattr(Trainer, "train_step", lambda self: (float("inf"), 1e-3, 0.0, True)
-                        if self.scaler.update(True) is None else None)
-    code, err = run_cli(["--resume", str(tmp_path), "--quiet", "--steps", "100",
-                         "--max-skipped", str(max_skipped), "--save-every", "1"], capsys)
+    monkeypatch.setattr(
+        Trainer,
+        "train_step",
+        lambda self: (float("inf"), 1e-3, 0.0, True) if self.scaler.update(True) is None else None,
+    )
+    code, err = run_cli(
+        [
+            "--resume",
+            str(tmp_path),
+            "--quiet",
+            "--steps",
+            "100",
+            "--max-skipped",
+            str(max_skipped),
+            "--save-every",
+            "1",
+        ],
+        capsys,
+    )
     assert code == 1
     assert why in err and "the step-1 checkpoint" in err and "is kept" in err
     assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == before

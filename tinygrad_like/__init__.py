@@ -1,9 +1,18 @@
 """tinygrad_like: a small tape-based autograd for GPT-2 where every FLOP and byte is counted."""
+
 from . import dtypes
 from .autograd import TAPE, enable_grad, is_grad_enabled, no_grad
 from .backend import default_device
 from .ops import manual_seed
 from .tensor import Tensor
 
-__all__ = ["Tensor", "no_grad", "enable_grad", "is_grad_enabled", "TAPE", "dtypes",
-           "default_device", "manual_seed"]
+__all__ = [
+    "Tensor",
+    "no_grad",
+    "enable_grad",
+    "is_grad_enabled",
+    "TAPE",
+    "dtypes",
+    "default_device",
+    "manual_seed",
+]

@@ -9,6 +9,7 @@ each record's saved arrays as soon as its backward has run.
 The tape holds records weakly: a record lives as long as a tensor it produced (or a record
 downstream of it) is alive, so a forward pass that nobody calls backward on frees itself.
 """
+
 import contextlib
 import itertools
 import weakref
@@ -86,10 +87,11 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **kwargs):
         needs_grad = _grad_enabled[-1] and any(
-            isinstance(x, Tensor) and x.requires_grad for x in inputs)
+            isinstance(x, Tensor) and x.requires_grad for x in inputs
+        )
         args = [x.data if isinstance(x, Tensor) else x for x in inputs]
         ctx = Context()
-        if not needs_grad:                      # inference: no record, no counting
+        if not needs_grad:  # inference: no record, no counting
             out = cls.forward(ctx, *args, **kwargs)
             return tuple(map(Tensor, out)) if isinstance(out, tuple) else Tensor(out)
         record = Record(cls, inputs)
@@ -149,7 +151,8 @@ class Record:
             raise RuntimeError(
                 f"backward() through a freed tape: the saved tensors of '{self.op}' were "
                 "released by an earlier backward(). Run the forward pass again before calling "
-                "backward() a second time.")
+                "backward() a second time."
+            )
         self._in_backward = True
         _running.append(self)
         try:
@@ -167,12 +170,18 @@ class Record:
             self.freed = True
 
     def as_dict(self):
-        return {"seq": self.seq, "op": self.op, "scope": self.scope,
-                "inputs": [[list(s), str(d)] for s, d in self.inputs],
-                "outputs": [[list(s), str(d)] for s, d in self.outputs],
-                "fwd_flops": self.fwd_flops, "bwd_flops": self.bwd_flops,
-                "fwd_launches": self.fwd_launches, "bwd_launches": self.bwd_launches,
-                "saved_bytes": self.saved_bytes}
+        return {
+            "seq": self.seq,
+            "op": self.op,
+            "scope": self.scope,
+            "inputs": [[list(s), str(d)] for s, d in self.inputs],
+            "outputs": [[list(s), str(d)] for s, d in self.outputs],
+            "fwd_flops": self.fwd_flops,
+            "bwd_flops": self.bwd_flops,
+            "fwd_launches": self.fwd_launches,
+            "bwd_launches": self.bwd_launches,
+            "saved_bytes": self.saved_bytes,
+        }
 
 
 _SEQ = itertools.count()
@@ -224,8 +233,10 @@ def backward(tensor, grad):
             if all(g is None for g in outs):  # on the path but no gradient reached it
                 record.free()
                 continue
-            outs = [g if g is not None else _zeros(shape, dtype, like=grad)
-                    for g, (shape, dtype) in zip(outs, record.outputs)]
+            outs = [
+                g if g is not None else _zeros(shape, dtype, like=grad)
+                for g, (shape, dtype) in zip(outs, record.outputs)
+            ]
             for edge, g in zip(record.edges, record.run_backward(outs)):
                 if edge is None or g is None:
                     continue
@@ -264,6 +275,7 @@ def _accumulate_leaf(t, g):
 
 # ---------------------------------------------------------------- activation recomputation
 
+
 def checkpoint(fn, *inputs):
     """fn(*inputs) -> a Tensor, recomputed instead of stored (torch.utils.checkpoint): the tape
     gets one "checkpoint" record that saves only the inputs (Tensors), and its backward re-runs
@@ -279,6 +291,7 @@ class Checkpoint(Function):
     @staticmethod
     def forward(ctx, *arrays, fn, needs):
         from . import ops  # the dropout generator; ops imports this module
+
         ctx.fn, ctx.needs, ctx.scope = fn, needs, _scope[-1]
         ctx.rng = ops.get_rng_state()  # rewound in the backward: the same dropout masks
         ctx.save_for_backward(*arrays)
@@ -288,6 +301,7 @@ class Checkpoint(Function):
     @staticmethod
     def backward(ctx, g):
         from . import ops
+
         leaves = [Tensor(a, requires_grad=r) for a, r in zip(ctx.saved, ctx.needs)]
         rng = ops.get_rng_state()
         ops.set_rng_state(ctx.rng)

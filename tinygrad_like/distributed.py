@@ -20,6 +20,7 @@ so the figure is arithmetic on the buffers that were passed, whichever algorithm
 picked underneath (Open MPI on one machine may copy through shared memory instead of a ring);
 bytes sent / seconds is the achieved bus bandwidth.
 """
+
 import contextlib
 import ctypes
 import os
@@ -33,17 +34,21 @@ from . import dtypes
 
 # environment variables an MPI launcher sets in every process it starts
 _LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-RING_FACTOR = {"all_reduce": lambda R: 2 * (R - 1) / R, "reduce_scatter": lambda R: (R - 1) / R,
-               "all_gather": lambda R: (R - 1) / R, "broadcast": lambda R: 1.0 if R > 1 else 0.0}
+RING_FACTOR = {
+    "all_reduce": lambda R: 2 * (R - 1) / R,
+    "reduce_scatter": lambda R: (R - 1) / R,
+    "all_gather": lambda R: (R - 1) / R,
+    "broadcast": lambda R: 1.0 if R > 1 else 0.0,
+}
 
 
 @dataclass
 class Collective:
-    name: str          # all_reduce, reduce_scatter, all_gather or broadcast
-    what: str          # the caller's label: "gradients", "weights", "norm²", "loss"
-    nbytes: int        # the buffer's size (reduce_scatter: the input; all_gather: the output)
-    sent: float        # bytes this rank sends (RING_FACTOR · nbytes)
-    seconds: float     # wall time of the call, the device synchronized before and after
+    name: str  # all_reduce, reduce_scatter, all_gather or broadcast
+    what: str  # the caller's label: "gradients", "weights", "norm²", "loss"
+    nbytes: int  # the buffer's size (reduce_scatter: the input; all_gather: the output)
+    sent: float  # bytes this rank sends (RING_FACTOR · nbytes)
+    seconds: float  # wall time of the call, the device synchronized before and after
 
 
 def sent_bytes(name, nbytes, world):
@@ -53,11 +58,12 @@ def sent_bytes(name, nbytes, world):
 class Communicator:
     """A world of one process: the single-process run. Subclasses replace the underscored
     engine calls; the public ones count."""
+
     engine = "none"
 
     def __init__(self, rank=0, size=1):
         self.rank, self.size = rank, size
-        self._records = None    # a list while someone is recording
+        self._records = None  # a list while someone is recording
 
     # ---- the collectives (in place unless an out buffer is given)
     def all_reduce(self, buf, what=""):
@@ -141,10 +147,12 @@ class MPICommunicator(Communicator):
     """CPU ranks over MPI. MPI has no bf16 type and Open MPI no fp16 sum, so 2-byte floats
     travel as 16-bit words and are summed by a user-defined operation in their own dtype
     (rounded once per addition, as NCCL does)."""
+
     engine = "mpi"
 
     def __init__(self, comm=None):
         from mpi4py import MPI
+
         self.MPI = MPI
         self.comm = comm or MPI.COMM_WORLD
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
@@ -161,19 +169,22 @@ class MPICommunicator(Communicator):
         if dt.itemsize != 2:
             return self.MPI.SUM
         if dt not in self._ops:
+
             def add(inbuf, inoutbuf, datatype):
                 acc = np.frombuffer(inoutbuf, dt)
                 acc += np.frombuffer(inbuf, dt)
+
             self._ops[dt] = self.MPI.Op.Create(add, commute=True)
         return self._ops[dt]
 
     def _all_reduce(self, buf):
         self.comm.Allreduce(self.MPI.IN_PLACE, self._message(buf), op=self._sum(buf.dtype))
 
-    def _reduce_scatter(self, buf):   # MPI's in-place form leaves the sum in the first chunk
-        self.comm.Reduce_scatter_block(self.MPI.IN_PLACE, self._message(buf),
-                                       op=self._sum(buf.dtype))
-        return buf[:buf.size // self.size]
+    def _reduce_scatter(self, buf):  # MPI's in-place form leaves the sum in the first chunk
+        self.comm.Reduce_scatter_block(
+            self.MPI.IN_PLACE, self._message(buf), op=self._sum(buf.dtype)
+        )
+        return buf[: buf.size // self.size]
 
     def _all_gather(self, buf):
         self.comm.Allgather(self.MPI.IN_PLACE, self._message(buf))
@@ -190,26 +201,32 @@ class MPICommunicator(Communicator):
     def abort(self, code):
         sys.stdout.flush()
         sys.stderr.flush()
-        self.comm.Abort(code)   # mpirun stops every rank, within seconds
+        self.comm.Abort(code)  # mpirun stops every rank, within seconds
 
 
 class NCCLCommunicator(MPICommunicator):
     """GPU ranks: device buffers over NCCL on the current CuPy stream, everything on the host
     (losses, start-up checks) over the MPI world that launched the processes."""
+
     engine = "nccl"
 
     def __init__(self):
         super().__init__()
         import cupy
+
         nccl = _import_nccl()
         self.cupy, self.nccl = cupy, nccl
         uid = nccl.get_unique_id() if self.rank == 0 else None
         self.nccl_comm = nccl.NcclCommunicator(self.size, self.comm.bcast(uid, root=0), self.rank)
-        self._types = {dtypes.float32: nccl.NCCL_FLOAT32, dtypes.float16: nccl.NCCL_FLOAT16,
-                       dtypes.bfloat16: nccl.NCCL_BFLOAT16, dtypes.float64: nccl.NCCL_FLOAT64}
+        self._types = {
+            dtypes.float32: nccl.NCCL_FLOAT32,
+            dtypes.float16: nccl.NCCL_FLOAT16,
+            dtypes.bfloat16: nccl.NCCL_BFLOAT16,
+            dtypes.float64: nccl.NCCL_FLOAT64,
+        }
 
     def _on_device(self, buf):
-        return hasattr(buf.data, "ptr")   # CuPy's MemoryPointer; NumPy's .data is a memoryview
+        return hasattr(buf.data, "ptr")  # CuPy's MemoryPointer; NumPy's .data is a memoryview
 
     def _stream(self):
         return self.cupy.cuda.get_current_stream().ptr
@@ -217,28 +234,39 @@ class NCCLCommunicator(MPICommunicator):
     def _all_reduce(self, buf):
         if not self._on_device(buf):
             return super()._all_reduce(buf)
-        self.nccl_comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype],
-                                 self.nccl.NCCL_SUM, self._stream())
+        self.nccl_comm.allReduce(
+            buf.data.ptr,
+            buf.data.ptr,
+            buf.size,
+            self._types[buf.dtype],
+            self.nccl.NCCL_SUM,
+            self._stream(),
+        )
 
-    def _reduce_scatter(self, buf):   # NCCL's in-place form: the sum lands in our own chunk
+    def _reduce_scatter(self, buf):  # NCCL's in-place form: the sum lands in our own chunk
         n = buf.size // self.size
-        own = buf[self.rank * n:(self.rank + 1) * n]
-        self.nccl_comm.reduceScatter(buf.data.ptr, own.data.ptr, n, self._types[buf.dtype],
-                                     self.nccl.NCCL_SUM, self._stream())
+        own = buf[self.rank * n : (self.rank + 1) * n]
+        self.nccl_comm.reduceScatter(
+            buf.data.ptr,
+            own.data.ptr,
+            n,
+            self._types[buf.dtype],
+            self.nccl.NCCL_SUM,
+            self._stream(),
+        )
         return own
 
     def _all_gather(self, buf):
         if not self._on_device(buf):
             return super()._all_gather(buf)
-        n = buf.size // self.size              # NCCL's in-place form: send from our own chunk
+        n = buf.size // self.size  # NCCL's in-place form: send from our own chunk
         own = buf.data.ptr + self.rank * n * buf.itemsize
         self.nccl_comm.allGather(own, buf.data.ptr, n, self._types[buf.dtype], self._stream())
 
     def _broadcast(self, buf, root):
         if not self._on_device(buf):
             return super()._broadcast(buf, root)
-        self.nccl_comm.bcast(buf.data.ptr, buf.size, self._types[buf.dtype], root,
-                             self._stream())
+        self.nccl_comm.bcast(buf.data.ptr, buf.size, self._types[buf.dtype], root, self._stream())
 
     def _synchronize(self, buf):
         if self._on_device(buf):
@@ -254,18 +282,22 @@ def _import_nccl():
     none (CuPy looks for it by name only)."""
     try:
         from cupy.cuda import nccl
+
         nccl.get_version()
         return nccl
     except Exception:
         pass
     try:
         import nvidia.nccl
+
         lib = os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2")
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     except (ImportError, OSError):
-        raise RuntimeError("NCCL is not installed: pip install nvidia-nccl-cu13 (GPU ranks "
-                           "communicate through it)") from None
+        raise RuntimeError(
+            "NCCL is not installed: pip install nvidia-nccl-cu13 (GPU ranks communicate through it)"
+        ) from None
     from cupy.cuda import nccl
+
     return nccl
 
 
@@ -298,10 +330,12 @@ def init_world(device):
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        raise RuntimeError("started by mpirun but mpi4py is not installed: pip install -e "
-                           "'.[dist]'") from None
+        raise RuntimeError(
+            "started by mpirun but mpi4py is not installed: pip install -e '.[dist]'"
+        ) from None
     if device == "cuda":
         import cupy
-        cupy.cuda.Device(local_rank()).use()   # before the backend allocates anything
+
+        cupy.cuda.Device(local_rank()).use()  # before the backend allocates anything
         return NCCLCommunicator()
     return MPICommunicator()

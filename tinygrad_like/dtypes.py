@@ -4,6 +4,7 @@ fp32 is the reference. fp16 (5 exponent bits, max 65,504) needs loss scaling; bf
 8 exponent bits and only 8 bits of mantissa, so it needs no scaling but does need an fp32
 master copy of the weights (ml_dtypes provides the bfloat16 type NumPy and CuPy both accept).
 """
+
 import ml_dtypes
 import numpy as np
 

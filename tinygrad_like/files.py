@@ -1,4 +1,5 @@
 """Writing files so that a crash never leaves half of one (token files, checkpoints)."""
+
 import os
 import uuid
 

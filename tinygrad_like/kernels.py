@@ -11,6 +11,7 @@ directly on a backend. Host-to-device and device-to-host copies are among them: 
 to another device, loading weights) and to_numpy (.numpy(), reading a loss or a gradient norm
 back), and so are the min/max reads of the embedding id check (cpu.check_ids).
 """
+
 import time
 
 from . import backend, profiler
@@ -20,17 +21,37 @@ from .memory import TRACKER
 # with the same signature (tests/test_backend_contract.py checks it, and that launch is only
 # ever asked for these names).
 KERNELS = (
-    "matmul", "matmul_nt", "matmul_tn",                          # GEMMs, with batch dims
-    "add", "sub", "mul", "div", "neg",                           # elementwise arithmetic
-    "gelu_fwd", "gelu_bwd", "dropout_fwd",                       # activations
-    "contiguous", "cast", "copy", "fill", "concat", "index_bwd",  # data movement
-    "sum",                                                       # reduction over any axes
-    "layernorm_fwd", "layernorm_bwd",                            # row kernels
-    "softmax_causal_fwd", "softmax_causal_bwd",
-    "flash_attention_fwd", "flash_attention_bwd",                # attention in blocks
-    "cross_entropy_fwd", "cross_entropy_bwd", "cross_entropy_fwd_bwd",
-    "embedding_fwd", "embedding_bwd",                            # gather and scatter-add
-    "grad_norm_sq", "adamw_step",                                # optimizer
+    "matmul",
+    "matmul_nt",
+    "matmul_tn",  # GEMMs, with batch dims
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",  # elementwise arithmetic
+    "gelu_fwd",
+    "gelu_bwd",
+    "dropout_fwd",  # activations
+    "contiguous",
+    "cast",
+    "copy",
+    "fill",
+    "concat",
+    "index_bwd",  # data movement
+    "sum",  # reduction over any axes
+    "layernorm_fwd",
+    "layernorm_bwd",  # row kernels
+    "softmax_causal_fwd",
+    "softmax_causal_bwd",
+    "flash_attention_fwd",
+    "flash_attention_bwd",  # attention in blocks
+    "cross_entropy_fwd",
+    "cross_entropy_bwd",
+    "cross_entropy_fwd_bwd",
+    "embedding_fwd",
+    "embedding_bwd",  # gather and scatter-add
+    "grad_norm_sq",
+    "adamw_step",  # optimizer
 )
 # The rest of a backend: host-side functions, called directly and not counted.
 HOST = ("supported_dtypes", "asarray", "to_numpy", "empty", "synchronize", "start_timer")
@@ -84,8 +105,9 @@ FLOPS = {
     "cross_entropy_fwd": lambda r, logits, *a, n_classes=None: 4 * logits[:, :n_classes].size,
     "cross_entropy_bwd": lambda r, logits, *a, n_classes=None: 4 * logits[:, :n_classes].size,
     # max, subtract, exp, sum, scale: the backward's subtract and exp are the forward's
-    "cross_entropy_fwd_bwd": lambda r, logits, *a, n_classes=None, out=None:
-        5 * logits[:, :n_classes].size,
+    "cross_entropy_fwd_bwd": lambda r, logits, *a, n_classes=None, out=None: (
+        5 * logits[:, :n_classes].size
+    ),
     "embedding_bwd": _per_element(1),
     "grad_norm_sq": _per_element(2),
     "adamw_step": _per_element(12),
@@ -96,15 +118,16 @@ FLOPS = {
 # (training/roofline.py divides them by the measured exp rate). One per element or score that
 # the kernel exponentiates; a log or sqrt per row is left out (a row holds hundreds of elements).
 EXPS = {
-    "gelu_fwd": _per_element(1),                 # one tanh per element
-    "gelu_bwd": _per_element(1),                 # the same tanh, recomputed
-    "softmax_causal_fwd": _per_element(1),       # one exp per score, masked ones included
-    "flash_attention_fwd": lambda r, q, k, *a: _flash_scores(q, k),   # one per computed score
-    "flash_attention_bwd": lambda r, q, k, *a: _flash_scores(q, k),   # P recomputed from lse
+    "gelu_fwd": _per_element(1),  # one tanh per element
+    "gelu_bwd": _per_element(1),  # the same tanh, recomputed
+    "softmax_causal_fwd": _per_element(1),  # one exp per score, masked ones included
+    "flash_attention_fwd": lambda r, q, k, *a: _flash_scores(q, k),  # one per computed score
+    "flash_attention_bwd": lambda r, q, k, *a: _flash_scores(q, k),  # P recomputed from lse
     "cross_entropy_fwd": lambda r, logits, *a, n_classes=None: logits[:, :n_classes].size,
     "cross_entropy_bwd": lambda r, logits, *a, n_classes=None: logits[:, :n_classes].size,
-    "cross_entropy_fwd_bwd": lambda r, logits, *a, n_classes=None, out=None:  # one for both
-        logits[:, :n_classes].size,
+    "cross_entropy_fwd_bwd": lambda r, logits, *a, n_classes=None, out=None: (  # one for both
+        logits[:, :n_classes].size
+    ),
 }
 
 
@@ -112,7 +135,7 @@ EXPS = {
 # read once and every new output written once; these entries correct the kernels that write
 # into an argument (in place) or read only part of one.
 WRITES_ARGS = {"copy": (0,), "fill": (0,), "adamw_step": (0, 2, 3, 4)}  # master, m, v, working
-SKIPS_READING = {"copy": (0,), "fill": (0,), "embedding_fwd": (0,)}      # overwritten / gathered
+SKIPS_READING = {"copy": (0,), "fill": (0,), "embedding_fwd": (0,)}  # overwritten / gathered
 
 
 def _bytes(name, args, kwargs, outs):
@@ -128,7 +151,7 @@ def _bytes(name, args, kwargs, outs):
     if name == "embedding_fwd":  # a gather reads only the rows it copies
         nbytes += sum(a.nbytes for a in _arrays(outs))
     if name.startswith("cross_entropy"):  # the logits' padding columns (past n_classes): unread
-        nbytes -= args[0].nbytes - args[0][:, :kwargs.get("n_classes")].nbytes
+        nbytes -= args[0].nbytes - args[0][:, : kwargs.get("n_classes")].nbytes
     return nbytes
 
 
@@ -165,7 +188,7 @@ class sink_to:
 def launch(name, *args, **kwargs):
     be = backend.of(args[0] if hasattr(args[0], "shape") else _first_array(args))
     if not (_sinks or profiler.active() or TRACKER.track_temporaries):
-        return getattr(be, name)(*args, **kwargs)   # nobody is counting: just run it
+        return getattr(be, name)(*args, **kwargs)  # nobody is counting: just run it
     timing = profiler.timing_wanted()
     timer = be.start_timer() if timing else None
     t_host = time.perf_counter()
@@ -180,8 +203,18 @@ def launch(name, *args, **kwargs):
     if _sinks:
         _sinks[-1].add(flops, nbytes)
     for prof in profiler.active():
-        prof.launches.append(profiler.Launch(name, profiler.current_phase(), flops, nbytes,
-                                             be.name, timer, t_host - prof.t0, exps=exps))
+        prof.launches.append(
+            profiler.Launch(
+                name,
+                profiler.current_phase(),
+                flops,
+                nbytes,
+                be.name,
+                timer,
+                t_host - prof.t0,
+                exps=exps,
+            )
+        )
     if TRACKER.track_temporaries:
         inputs = {id(a) for a in _arrays(args)} | {id(a) for a in _arrays(kwargs.values())}
         for a in _arrays(outs):

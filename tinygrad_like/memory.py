@@ -8,6 +8,7 @@ A buffer is identified by its root array (views share their base's memory, so a 
 QKV output saved three times counts once). A buffer's death is seen through a weakref
 finalizer, so the numbers follow the real lifetimes Python gives the arrays.
 """
+
 import time
 import weakref
 
@@ -39,7 +40,7 @@ class MemoryTracker:
         self.current = dict.fromkeys(TAGS, 0)
         self.peak = dict.fromkeys(TAGS, 0)
         self.peak_total = 0
-        self.events = None          # list of (seconds, tag, delta bytes) while recording
+        self.events = None  # list of (seconds, tag, delta bytes) while recording
         self.track_temporaries = False
         self._t0 = 0.0
 
@@ -150,8 +151,17 @@ def counter_events(events, pid=1, tid=0, name="memory (bytes)"):
     """Chrome trace counter ("C") events: bytes per tag after every birth and death, which
     Perfetto and chrome://tracing draw as one stacked chart."""
     times, series = timeline(events)
-    return [{"name": name, "ph": "C", "ts": t * 1e6, "pid": pid, "tid": tid,
-             "args": {tag: series[tag][i] for tag in TAGS}} for i, t in enumerate(times)]
+    return [
+        {
+            "name": name,
+            "ph": "C",
+            "ts": t * 1e6,
+            "pid": pid,
+            "tid": tid,
+            "args": {tag: series[tag][i] for tag in TAGS},
+        }
+        for i, t in enumerate(times)
+    ]
 
 
 # ---- the hook point for the real allocator: on CUDA, CuPy's pool seen through a memory hook
@@ -162,6 +172,7 @@ def pool_watcher(device):
     if device != "cuda":
         return None
     from . import backend
+
     watcher = getattr(backend.get("cuda"), "PoolWatcher", None)
     return watcher() if watcher is not None else None
 

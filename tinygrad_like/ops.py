@@ -9,6 +9,7 @@ D = C / H, V vocabulary, N = B * T rows.
 Over 500 lines on purpose: it is the whole list of differentiable ops, each forward beside its
 backward (tinygrad's mlops.py), so that one file answers "what can the tape record".
 """
+
 import math
 
 import numpy as np
@@ -32,8 +33,9 @@ def _unbroadcast(g, shape, dtype):
     """Sum a gradient back down to the shape of a broadcast input (and to its dtype)."""
     if tuple(g.shape) != tuple(shape):
         lead = g.ndim - len(shape)
-        axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
-                                          if n == 1 and g.shape[i + lead] != 1)
+        axes = tuple(range(lead)) + tuple(
+            i + lead for i, n in enumerate(shape) if n == 1 and g.shape[i + lead] != 1
+        )
         g = launch("sum", g, axis=axes, keepdims=True).reshape(shape)
     return _as(g, dtype)
 
@@ -44,6 +46,7 @@ def _meta(x):
 
 
 # ---------------------------------------------------------------- arithmetic
+
 
 class Add(Function):
     @staticmethod
@@ -65,8 +68,10 @@ class Sub(Function):
     @staticmethod
     def backward(ctx, g):
         ma, mb = ctx.metas
-        return (_unbroadcast(g, *ma) if ma else None,
-                _unbroadcast(launch("neg", g), *mb) if mb else None)
+        return (
+            _unbroadcast(g, *ma) if ma else None,
+            _unbroadcast(launch("neg", g), *mb) if mb else None,
+        )
 
 
 class Mul(Function):
@@ -80,8 +85,10 @@ class Mul(Function):
     def backward(ctx, g):
         a, b = ctx.saved
         ma, mb = ctx.metas
-        return (_unbroadcast(launch("mul", g, b), *ma) if ma else None,
-                _unbroadcast(launch("mul", g, a), *mb) if mb else None)
+        return (
+            _unbroadcast(launch("mul", g, b), *ma) if ma else None,
+            _unbroadcast(launch("mul", g, a), *mb) if mb else None,
+        )
 
 
 class Div(Function):
@@ -98,8 +105,9 @@ class Div(Function):
         da = _unbroadcast(launch("div", g, b), *ma) if ma else None
         db = None
         if mb:  # d(a/b)/db = -a / b^2
-            db = _unbroadcast(launch("neg", launch("div", launch("mul", g, a),
-                                                   launch("mul", b, b))), *mb)
+            db = _unbroadcast(
+                launch("neg", launch("div", launch("mul", g, a), launch("mul", b, b))), *mb
+            )
         return da, db
 
 
@@ -117,8 +125,11 @@ class Sum(Function):
     @staticmethod
     def forward(ctx, x, axis, keepdims):
         ctx.shape = x.shape
-        ctx.axis = tuple(range(x.ndim)) if axis is None else tuple(
-            a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+        ctx.axis = (
+            tuple(range(x.ndim))
+            if axis is None
+            else tuple(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+        )
         return launch("sum", x, axis=ctx.axis, keepdims=keepdims)
 
     @staticmethod
@@ -139,6 +150,7 @@ class Cast(Function):
 
 
 # ---------------------------------------------------------------- views (no kernels)
+
 
 def _can_view(x, shape):
     """Whether x (either backend) can take shape without a copy: always when contiguous, and
@@ -161,8 +173,10 @@ class Reshape(Function):
     @staticmethod
     def forward(ctx, x, shape, copy):
         if not (copy or _can_view(x, shape)):  # PyTorch's view never copies
-            raise RuntimeError(f"view{shape} of a tensor of shape {x.shape} with strides "
-                               f"{x.strides} is impossible without a copy: use reshape()")
+            raise RuntimeError(
+                f"view{shape} of a tensor of shape {x.shape} with strides "
+                f"{x.strides} is impossible without a copy: use reshape()"
+            )
         ctx.shape = x.shape
         return _reshape(x, shape)
 
@@ -218,6 +232,7 @@ class Concat(Function):
 
 # ---------------------------------------------------------------- GEMMs
 
+
 class MatMul(Function):
     """a (..., M, K) @ b (..., K, N) with equal batch dims, or either side 2-D."""
 
@@ -235,9 +250,9 @@ class MatMul(Function):
         if b.ndim == 2 and a.ndim > 2:
             g2, a2 = _reshape(g, (-1, g.shape[-1])), _reshape(a, (-1, a.shape[-1]))
             return launch("matmul_nt", g2, b).reshape(a.shape), launch("matmul_tn", a2, g2)
-        da = launch("matmul_nt", g, b)    # dA = dY B^T
-        db = launch("matmul_tn", a, g)    # dB = A^T dY
-        if a.ndim == 2 and b.ndim > 2:    # a was shared across the batch: sum its gradients
+        da = launch("matmul_nt", g, b)  # dA = dY B^T
+        db = launch("matmul_tn", a, g)  # dB = A^T dY
+        if a.ndim == 2 and b.ndim > 2:  # a was shared across the batch: sum its gradients
             da = launch("sum", da, axis=tuple(range(da.ndim - 2)))
         return da, db
 
@@ -249,38 +264,42 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias=None, transposed=False):
-        x2 = _reshape(x, (-1, x.shape[-1]))                      # (M, K), M = B*T
+        x2 = _reshape(x, (-1, x.shape[-1]))  # (M, K), M = B*T
         ctx.save_for_backward(x2, weight)
         ctx.x_shape, ctx.has_bias, ctx.transposed = x.shape, bias is not None, transposed
-        if transposed:                                           # (M, K) @ (N, K)^T
-            y = launch("matmul_nt", x2, weight) if bias is None else \
-                launch("add", launch("matmul_nt", x2, weight), bias)
-        else:                                                    # (M, K) @ (K, N) + b
+        if transposed:  # (M, K) @ (N, K)^T
+            y = (
+                launch("matmul_nt", x2, weight)
+                if bias is None
+                else launch("add", launch("matmul_nt", x2, weight), bias)
+            )
+        else:  # (M, K) @ (K, N) + b
             y = launch("matmul", x2, weight, bias=bias)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, g):
         x2, weight = ctx.saved
-        g2 = _reshape(g, (-1, g.shape[-1]))                      # (M, N)
+        g2 = _reshape(g, (-1, g.shape[-1]))  # (M, N)
         if ctx.transposed:
-            dx = launch("matmul", g2, weight)                    # (M, N) @ (N, K)
-            dweight = launch("matmul_tn", g2, x2)                # (M, N)^T @ (M, K) -> (N, K)
+            dx = launch("matmul", g2, weight)  # (M, N) @ (N, K)
+            dweight = launch("matmul_tn", g2, x2)  # (M, N)^T @ (M, K) -> (N, K)
         else:
-            dx = launch("matmul_nt", g2, weight)                 # (M, N) @ (K, N)^T
-            dweight = launch("matmul_tn", x2, g2)                # (M, K)^T @ (M, N) -> (K, N)
+            dx = launch("matmul_nt", g2, weight)  # (M, N) @ (K, N)^T
+            dweight = launch("matmul_tn", x2, g2)  # (M, K)^T @ (M, N) -> (K, N)
         dbias = launch("sum", g2, axis=0) if ctx.has_bias else None
         return dx.reshape(ctx.x_shape), dweight, dbias
 
 
 # ---------------------------------------------------------------- GPT-2's layers
 
+
 class Embedding(Function):
     @staticmethod
     def forward(ctx, weight, idx):
         ctx.save_for_backward(idx)
         ctx.num_embeddings = weight.shape[0]
-        return launch("embedding_fwd", weight, idx)              # (..., C)
+        return launch("embedding_fwd", weight, idx)  # (..., C)
 
     @staticmethod
     def backward(ctx, g):
@@ -304,7 +323,7 @@ class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         y, mean, rstd = launch("layernorm_fwd", x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, mean, rstd)              # mean, rstd: (...,) fp32
+        ctx.save_for_backward(x, weight, mean, rstd)  # mean, rstd: (...,) fp32
         return y
 
     @staticmethod
@@ -321,20 +340,20 @@ class Attention(Function):
     @staticmethod
     def forward(ctx, q, k, v):
         scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = launch("matmul_nt", q, k)                       # (B, H, Tq, Tk)
+        scores = launch("matmul_nt", q, k)  # (B, H, Tq, Tk)
         probs = launch("softmax_causal_fwd", scores, scale)
         ctx.save_for_backward(q, k, v, probs)
         ctx.scale = scale
-        return launch("matmul", probs, v)                        # (B, H, Tq, D)
+        return launch("matmul", probs, v)  # (B, H, Tq, D)
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, probs = ctx.saved
-        dprobs = launch("matmul_nt", g, v)                       # (B, H, Tq, Tk)
-        dv = launch("matmul_tn", probs, g)                       # (B, H, Tk, D)
+        dprobs = launch("matmul_nt", g, v)  # (B, H, Tq, Tk)
+        dv = launch("matmul_tn", probs, g)  # (B, H, Tk, D)
         dscores = launch("softmax_causal_bwd", probs, dprobs, ctx.scale)
-        dq = launch("matmul", dscores, k)                        # (B, H, Tq, D)
-        dk = launch("matmul_tn", dscores, q)                     # (B, H, Tk, D)
+        dq = launch("matmul", dscores, k)  # (B, H, Tq, D)
+        dk = launch("matmul_tn", dscores, q)  # (B, H, Tk, D)
         return dq, dk, dv
 
 
@@ -374,9 +393,8 @@ class CrossEntropy(Function):
     @staticmethod
     def backward(ctx, g):
         logits, lse, targets = ctx.saved
-        dloss = launch("mul", g, 1.0 / ctx.count)                # (,) fp32, stays on the device
-        dlogits = launch("cross_entropy_bwd", logits, lse, targets, dloss,
-                         n_classes=ctx.n_classes)
+        dloss = launch("mul", g, 1.0 / ctx.count)  # (,) fp32, stays on the device
+        dlogits = launch("cross_entropy_bwd", logits, lse, targets, dloss, n_classes=ctx.n_classes)
         return dlogits, None, None, None
 
 
@@ -402,8 +420,8 @@ def _block_grads(x, weight, rows, dlogits, dx, dw):
     """One block's share of the head's gradients from its dlogits (rows, Vp): writes the block's
     rows of dX (N, C) = dlogits wte and returns dW (Vp, C) += dlogits^T x[rows], summed in the
     compute dtype (the first block's, dw None, starts the sum)."""
-    launch("copy", dx[rows], launch("matmul", dlogits, weight))          # (rows, C)
-    dw_rows = launch("matmul_tn", dlogits, x[rows])                      # (Vp, C)
+    launch("copy", dx[rows], launch("matmul", dlogits, weight))  # (rows, C)
+    dw_rows = launch("matmul_tn", dlogits, x[rows])  # (Vp, C)
     if dw is None:
         return _as(dw_rows, dtypes.compute_dtype(dw_rows.dtype))
     return launch("add", dw, dw_rows, out=dw)
@@ -415,9 +433,10 @@ def _precomputed_block(x, weight, rows, targets, unit, n_classes, dx, dw):
     loss needs no lse), then its dX rows and dW share. Its own function so that the block's
     (rows, Vp) buffer is freed before the next block's logits exist."""
     acc = dtypes.compute_dtype(x.dtype)
-    logits = _as(launch("matmul_nt", x[rows], weight), acc)              # (rows, Vp)
-    losses, dlogits = launch("cross_entropy_fwd_bwd", logits, targets[rows], unit,
-                             n_classes=n_classes, out=logits)
+    logits = _as(launch("matmul_nt", x[rows], weight), acc)  # (rows, Vp)
+    losses, dlogits = launch(
+        "cross_entropy_fwd_bwd", logits, targets[rows], unit, n_classes=n_classes, out=logits
+    )
     with profiler.math("backward"):
         return losses, _block_grads(x, weight, rows, dlogits, dx, dw)
 
@@ -427,9 +446,10 @@ def _recomputed_block(x, weight, rows, lse, targets, dloss, n_classes, dx, dw):
     math), their dlogits from the saved lse (N,) with dloss folded in before rounding, then its
     dX rows and dW share."""
     with profiler.math("forward"):
-        logits = launch("matmul_nt", x[rows], weight)                    # (rows, Vp)
-    dlogits = launch("cross_entropy_bwd", logits, lse[rows], targets[rows], dloss,
-                     n_classes=n_classes)
+        logits = launch("matmul_nt", x[rows], weight)  # (rows, Vp)
+    dlogits = launch(
+        "cross_entropy_bwd", logits, lse[rows], targets[rows], dloss, n_classes=n_classes
+    )
     return _block_grads(x, weight, rows, dlogits, dx, dw)
 
 
@@ -467,9 +487,8 @@ class LinearCrossEntropy(Function):
             if precompute:
                 loss, dw = _precomputed_block(x, weight, rows, targets, unit, n_classes, dx, dw)
             else:
-                logits = launch("matmul_nt", x[rows], weight)             # (rows, Vp)
-                loss, lse = launch("cross_entropy_fwd", logits, targets[rows],
-                                   n_classes=n_classes)
+                logits = launch("matmul_nt", x[rows], weight)  # (rows, Vp)
+                loss, lse = launch("cross_entropy_fwd", logits, targets[rows], n_classes=n_classes)
                 lses.append(lse)
             losses.append(loss)
         if precompute:
@@ -481,11 +500,13 @@ class LinearCrossEntropy(Function):
     @staticmethod
     def backward(ctx, g):
         if ctx.design == "precompute":  # scale by the upstream gradient (in place: the
-            dx, dw = (_as(launch("mul", grad, g, out=grad), dtype)  # record frees them next),
-                      for grad, dtype in zip(ctx.saved, ctx.dtypes))  # then round once
+            dx, dw = (
+                _as(launch("mul", grad, g, out=grad), dtype)  # record frees them next),
+                for grad, dtype in zip(ctx.saved, ctx.dtypes)
+            )  # then round once
             return dx, dw, None, None, None, None
         x, weight, lse, targets = ctx.saved
-        dloss = launch("mul", g, 1.0 / ctx.count)                # (,) fp32, stays on the device
+        dloss = launch("mul", g, 1.0 / ctx.count)  # (,) fp32, stays on the device
         dx, dw = backend.of(x).empty(x.shape, x.dtype), None
         for rows in _row_blocks(x.shape[0]):
             dw = _recomputed_block(x, weight, rows, lse, targets, dloss, ctx.n_classes, dx, dw)
@@ -506,6 +527,7 @@ class Dropout(Function):
 
 # ---------------------------------------------------------------- the functional API
 
+
 def _operand(x, like):
     """Tensors and Python scalars pass through; other array-likes become constant Tensors."""
     if isinstance(x, np.generic):  # a NumPy scalar acts like the Python number it holds
@@ -520,15 +542,40 @@ def _binary(fn, a, b):
     return fn.apply(_operand(a, like), _operand(b, like))
 
 
-def add(a, b): return _binary(Add, a, b)
-def sub(a, b): return _binary(Sub, a, b)
-def mul(a, b): return _binary(Mul, a, b)
-def div(a, b): return _binary(Div, a, b)
-def neg(x): return Neg.apply(x)
-def cast(x, dtype): return Cast.apply(x, dtypes.as_dtype(dtype))
-def reshape(x, shape): return Reshape.apply(x, shape, True)
-def view(x, shape): return Reshape.apply(x, shape, False)
-def permute(x, dims): return Permute.apply(x, tuple(d % x.ndim for d in dims))
+def add(a, b):
+    return _binary(Add, a, b)
+
+
+def sub(a, b):
+    return _binary(Sub, a, b)
+
+
+def mul(a, b):
+    return _binary(Mul, a, b)
+
+
+def div(a, b):
+    return _binary(Div, a, b)
+
+
+def neg(x):
+    return Neg.apply(x)
+
+
+def cast(x, dtype):
+    return Cast.apply(x, dtypes.as_dtype(dtype))
+
+
+def reshape(x, shape):
+    return Reshape.apply(x, shape, True)
+
+
+def view(x, shape):
+    return Reshape.apply(x, shape, False)
+
+
+def permute(x, dims):
+    return Permute.apply(x, tuple(d % x.ndim for d in dims))
 
 
 def sum(x, axis=None, keepdims=False):
@@ -550,16 +597,21 @@ def transpose(x, dim0=-2, dim1=-1):
 def getitem(x, index):
     items = index if isinstance(index, tuple) else (index,)
     if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items):
-        raise TypeError(f"indexing with {index!r}: only ints, slices, None and ... are "
-                        "supported (views); use embedding() to gather rows by id")
+        raise TypeError(
+            f"indexing with {index!r}: only ints, slices, None and ... are "
+            "supported (views); use embedding() to gather rows by id"
+        )
     return GetItem.apply(x, index)
 
 
 def split(x, split_size, dim=-1):
     """Like torch.split: chunks of split_size (an int) or of the listed sizes along dim."""
     n = x.shape[dim]
-    sizes = [split_size] * (n // split_size) + ([n % split_size] if n % split_size else []) \
-        if isinstance(split_size, int) else list(split_size)
+    sizes = (
+        [split_size] * (n // split_size) + ([n % split_size] if n % split_size else [])
+        if isinstance(split_size, int)
+        else list(split_size)
+    )
     if np.sum(sizes) != n:
         raise ValueError(f"split: sizes {sizes} do not add up to dimension {dim} of size {n}")
     return Split.apply(x, sizes, dim % x.ndim)
@@ -573,11 +625,15 @@ def matmul(a, b):
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"matmul: {a.shape} @ {b.shape}: both operands need at least 2 dims")
     if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul: {a.shape} @ {b.shape}: inner dimensions "
-                         f"{a.shape[-1]} and {b.shape[-2]} differ")
+        raise ValueError(
+            f"matmul: {a.shape} @ {b.shape}: inner dimensions "
+            f"{a.shape[-1]} and {b.shape[-2]} differ"
+        )
     if a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
-        raise ValueError(f"matmul: {a.shape} @ {b.shape}: batch dimensions "
-                         f"{a.shape[:-2]} and {b.shape[:-2]} differ (no batch broadcasting)")
+        raise ValueError(
+            f"matmul: {a.shape} @ {b.shape}: batch dimensions "
+            f"{a.shape[:-2]} and {b.shape[:-2]} differ (no batch broadcasting)"
+        )
     return MatMul.apply(a, b)
 
 
@@ -586,9 +642,11 @@ def linear(x, weight, bias=None, transposed=False):
     transposed=True the weight is (out, in), as PyTorch's nn.Linear and the tied LM head."""
     k = weight.shape[1] if transposed else weight.shape[0]
     if x.shape[-1] != k:
-        raise ValueError(f"linear: input {x.shape} @ weight {weight.shape}"
-                         f"{'^T' if transposed else ''}: inner dimensions {x.shape[-1]} and "
-                         f"{k} differ")
+        raise ValueError(
+            f"linear: input {x.shape} @ weight {weight.shape}"
+            f"{'^T' if transposed else ''}: inner dimensions {x.shape[-1]} and "
+            f"{k} differ"
+        )
     return Linear.apply(x, weight, bias, transposed)
 
 
@@ -615,8 +673,9 @@ def gelu(x):
 
 def layer_norm(x, weight, bias, eps=1e-5):
     if x.shape[-1] != weight.shape[0]:
-        raise ValueError(f"layer_norm: input {x.shape} has {x.shape[-1]} features, "
-                         f"weight has {weight.shape[0]}")
+        raise ValueError(
+            f"layer_norm: input {x.shape} has {x.shape[-1]} features, weight has {weight.shape[0]}"
+        )
     return LayerNorm.apply(x, weight, bias, eps)
 
 
@@ -624,8 +683,10 @@ def scaled_dot_product_attention(q, k, v, flash=False):
     """Causal attention over (B, H, T, D) tensors (the only kind GPT-2 uses). flash=True runs
     it in blocks (FlashAttention), saving one number per query instead of the probabilities."""
     if q.shape[-1] != k.shape[-1] or k.shape != v.shape or k.shape[-2] < q.shape[-2]:
-        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}: need equal head "
-                         "dims, k and v of one shape, and at least as many keys as queries")
+        raise ValueError(
+            f"attention: q {q.shape}, k {k.shape}, v {v.shape}: need equal head "
+            "dims, k and v of one shape, and at least as many keys as queries"
+        )
     return (FlashAttention if flash else Attention).apply(q, k, v)
 
 
@@ -654,13 +715,13 @@ def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
     classes are the first n_classes columns (default all Vp); the rest are padding, given no
     probability (the padded LM head, see GPT2Config.padded_vocab_size)."""
     N, Vp = logits.shape
-    t, count, V = _class_targets("cross_entropy", f"logits {logits.shape}", targets, N, Vp,
-                                 n_classes, ignore_index, logits)
+    t, count, V = _class_targets(
+        "cross_entropy", f"logits {logits.shape}", targets, N, Vp, n_classes, ignore_index, logits
+    )
     return CrossEntropy.apply(logits, t, count, V)
 
 
-def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None,
-                         design=HEAD_DESIGN):
+def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, design=HEAD_DESIGN):
     """cross_entropy(linear(x, weight, transposed=True), targets, ignore_index, n_classes) as
     one record that never holds the logits of the whole batch: x (N, C), weight (Vp, C) (the
     tied LM head's wte), targets (N,). design: one of HEAD_DESIGNS (see LinearCrossEntropy).
@@ -672,10 +733,20 @@ def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None,
     if design not in HEAD_DESIGNS:
         raise ValueError(f"unknown design {design!r}: use one of {', '.join(HEAD_DESIGNS)}")
     if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"linear_cross_entropy: input {x.shape} @ weight {weight.shape}^T: "
-                         "need x (N, C) and weight (Vp, C)")
-    t, count, V = _class_targets("linear_cross_entropy", f"input {x.shape}", targets,
-                                 x.shape[0], weight.shape[0], n_classes, ignore_index, x)
+        raise ValueError(
+            f"linear_cross_entropy: input {x.shape} @ weight {weight.shape}^T: "
+            "need x (N, C) and weight (Vp, C)"
+        )
+    t, count, V = _class_targets(
+        "linear_cross_entropy",
+        f"input {x.shape}",
+        targets,
+        x.shape[0],
+        weight.shape[0],
+        n_classes,
+        ignore_index,
+        x,
+    )
     if not (is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         design = "recompute"  # its forward is the loss alone
     return LinearCrossEntropy.apply(x, weight, t, count, V, design)

@@ -13,6 +13,7 @@ activation recomputation (autograd.checkpoint) redo forward work in the backward
 "forward"). by_phase(by="math") sums
 the launches by the second label.
 """
+
 import contextlib
 import time
 from collections import defaultdict
@@ -22,9 +23,9 @@ from . import backend
 
 PHASES = ("forward", "backward", "optimizer", "other")
 GEMMS = ("matmul", "matmul_nt", "matmul_tn")  # the kernels that hold the 2N / 4N of the model
-_phase = ["forward"]       # a stack; the top is the current phase
-_math = [None]             # a stack; the top, when set, is the math label of launches now
-_active = []               # the profilers recording now
+_phase = ["forward"]  # a stack; the top is the current phase
+_math = [None]  # a stack; the top, when set, is the math label of launches now
+_active = []  # the profilers recording now
 
 
 @dataclass
@@ -34,10 +35,10 @@ class Launch:
     flops: int
     bytes: int
     device: str
-    timer: object = None     # backend timer with .seconds(), when timing is on
-    start: float = 0.0       # host seconds since the profiler started (for the trace)
-    math: str = None         # the phase whose work this is (see the module's docstring)
-    exps: int = 0            # exp / tanh evaluations (kernels.EXPS): a CPU bound of their own
+    timer: object = None  # backend timer with .seconds(), when timing is on
+    start: float = 0.0  # host seconds since the profiler started (for the trace)
+    math: str = None  # the phase whose work this is (see the module's docstring)
+    exps: int = 0  # exp / tanh evaluations (kernels.EXPS): a CPU bound of their own
 
     def __post_init__(self):  # made by kernels.launch as the kernel runs: read the label now
         if self.math is None:
@@ -120,8 +121,7 @@ class Profiler:
 
     def census(self):
         """One row per kernel name, most time (or FLOPs when untimed) first."""
-        rows = defaultdict(lambda: {"calls": 0, "flops": 0, "bytes": 0, "exps": 0,
-                                    "seconds": 0.0})
+        rows = defaultdict(lambda: {"calls": 0, "flops": 0, "bytes": 0, "exps": 0, "seconds": 0.0})
         for launch in self.launches:
             r = rows[launch.name]
             r["calls"] += 1
@@ -133,10 +133,15 @@ class Profiler:
         table = []
         for name, r in rows.items():
             s = r["seconds"]
-            table.append({"kernel": name, **r,
-                          "GB/s": r["bytes"] / s / 1e9 if s else 0.0,
-                          "GFLOP/s": r["flops"] / s / 1e9 if s else 0.0,
-                          "share": s / total})
+            table.append(
+                {
+                    "kernel": name,
+                    **r,
+                    "GB/s": r["bytes"] / s / 1e9 if s else 0.0,
+                    "GFLOP/s": r["flops"] / s / 1e9 if s else 0.0,
+                    "share": s / total,
+                }
+            )
         table.sort(key=lambda r: (r["seconds"], r["flops"]), reverse=True)
         return table
 
@@ -154,13 +159,23 @@ class Profiler:
 
     def chrome_trace_events(self, pid=1):
         """One complete ("X") event per kernel on a track (tid) per phase, times in µs."""
-        events = [{"name": "thread_name", "ph": "M", "ts": 0, "pid": pid, "tid": i,
-                   "args": {"name": p}} for i, p in enumerate(PHASES)]
+        events = [
+            {"name": "thread_name", "ph": "M", "ts": 0, "pid": pid, "tid": i, "args": {"name": p}}
+            for i, p in enumerate(PHASES)
+        ]
         for k in self.launches:
-            events.append({"name": k.name, "ph": "X", "pid": pid, "tid": PHASES.index(k.phase),
-                           "ts": k.start * 1e6, "dur": max(k.seconds * 1e6, 0.01),
-                           "cat": k.phase, "args": {"flops": k.flops, "bytes": k.bytes,
-                                                            "math": k.math}})
+            events.append(
+                {
+                    "name": k.name,
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": PHASES.index(k.phase),
+                    "ts": k.start * 1e6,
+                    "dur": max(k.seconds * 1e6, 0.01),
+                    "cat": k.phase,
+                    "args": {"flops": k.flops, "bytes": k.bytes, "math": k.math},
+                }
+            )
         return events
 
 
@@ -169,17 +184,25 @@ def format_census(rows, title="op census"):
     "bound", "roofline_s", "fraction", "lost_s") get four more columns: the bound, the roofline
     time, the fraction of it reached and the time lost to it (measured - roofline)."""
     roof = bool(rows) and "bound" in rows[0]
-    head = (f"{'kernel':<24}{'calls':>7}{'MB':>10}{'GFLOP':>10}{'ms':>10}{'GB/s':>9}"
-            f"{'GFLOP/s':>10}{'share':>8}")
-    lines = [title, head + (f"{'bound':>9}{'roof ms':>10}{'of roof':>9}{'lost ms':>10}"
-                            if roof else "")]
+    head = (
+        f"{'kernel':<24}{'calls':>7}{'MB':>10}{'GFLOP':>10}{'ms':>10}{'GB/s':>9}"
+        f"{'GFLOP/s':>10}{'share':>8}"
+    )
+    lines = [
+        title,
+        head + (f"{'bound':>9}{'roof ms':>10}{'of roof':>9}{'lost ms':>10}" if roof else ""),
+    ]
     for r in rows:
-        line = (f"{r['kernel']:<24}{r['calls']:>7}{r['bytes'] / 1e6:>10.1f}"
-                f"{r['flops'] / 1e9:>10.3f}{r['seconds'] * 1e3:>10.2f}{r['GB/s']:>9.1f}"
-                f"{r['GFLOP/s']:>10.1f}{r['share'] * 100:>7.1f}%")
+        line = (
+            f"{r['kernel']:<24}{r['calls']:>7}{r['bytes'] / 1e6:>10.1f}"
+            f"{r['flops'] / 1e9:>10.3f}{r['seconds'] * 1e3:>10.2f}{r['GB/s']:>9.1f}"
+            f"{r['GFLOP/s']:>10.1f}{r['share'] * 100:>7.1f}%"
+        )
         if roof:
             fraction = "-" if r["fraction"] is None else f"{r['fraction']:.0%}"
-            line += (f"{r['bound']:>9}{r['roofline_s'] * 1e3:>10.3f}{fraction:>9}"
-                     f"{r['lost_s'] * 1e3:>10.2f}")
+            line += (
+                f"{r['bound']:>9}{r['roofline_s'] * 1e3:>10.3f}{fraction:>9}"
+                f"{r['lost_s'] * 1e3:>10.2f}"
+            )
         lines.append(line)
     return "\n".join(lines)

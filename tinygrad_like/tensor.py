@@ -3,6 +3,7 @@
 Operators and methods are thin: each calls one differentiable op from ops.py, which launches
 kernels and, with grad enabled, appends a record to the tape.
 """
+
 import numpy as np
 
 from . import autograd, backend, dtypes
@@ -11,15 +12,16 @@ from . import autograd, backend, dtypes
 class Tensor:
     def __init__(self, data, requires_grad=False, dtype=None, device=None):
         if dtype is None and device is None and not requires_grad and isinstance(data, np.ndarray):
-            self.data, self.requires_grad, self.grad = data, False, None   # the common case
+            self.data, self.requires_grad, self.grad = data, False, None  # the common case
             self._record, self._out_index = None, 0
             return
         if isinstance(data, Tensor):
             data = data.data
         be = backend.get(device) if device is not None else None
         if be is None:
-            is_array = (hasattr(data, "__array_interface__")
-                        or hasattr(data, "__cuda_array_interface__"))
+            is_array = hasattr(data, "__array_interface__") or hasattr(
+                data, "__cuda_array_interface__"
+            )
             be = backend.of(data) if is_array else backend.get(backend.default_device())
         if dtype is None and not hasattr(data, "dtype"):
             # Python lists and scalars: floats become fp32 and ints int64, as in PyTorch
@@ -29,11 +31,13 @@ class Tensor:
             data = be.asarray(backend.of(data).to_numpy(data))
         self.data = data if dtype is None else be.asarray(data, dtype=dtypes.as_dtype(dtype))
         if requires_grad and not dtypes.is_float(self.data.dtype):
-            raise TypeError(f"only floating-point tensors can require gradients, got "
-                            f"{self.data.dtype}: cast first, e.g. Tensor(x, dtype='fp32')")
+            raise TypeError(
+                f"only floating-point tensors can require gradients, got "
+                f"{self.data.dtype}: cast first, e.g. Tensor(x, dtype='fp32')"
+            )
         self.requires_grad = requires_grad
         self.grad = None
-        self._record = None      # the tape record that produced this tensor (None: a leaf)
+        self._record = None  # the tape record that produced this tensor (None: a leaf)
         self._out_index = 0
 
     # ---- facts
@@ -65,8 +69,10 @@ class Tensor:
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return (f"Tensor(shape={self.shape}, dtype={dtypes.name(self.dtype)}, "
-                f"device={self.device}{grad})")
+        return (
+            f"Tensor(shape={self.shape}, dtype={dtypes.name(self.dtype)}, "
+            f"device={self.device}{grad})"
+        )
 
     def numpy(self) -> np.ndarray:
         return backend.of(self.data).to_numpy(self.data)
@@ -84,29 +90,39 @@ class Tensor:
     def backward(self, grad=None):
         """Accumulate d(self)/d(leaf) into every leaf's .grad, walking the tape in reverse."""
         if not self.requires_grad:
-            raise RuntimeError("backward() on a tensor that does not require grad: no input "
-                               "of the computation had requires_grad=True (or it ran under "
-                               "no_grad())")
+            raise RuntimeError(
+                "backward() on a tensor that does not require grad: no input "
+                "of the computation had requires_grad=True (or it ran under "
+                "no_grad())"
+            )
         if grad is None:
             if self.numel() != 1:
-                raise RuntimeError(f"backward() on a non-scalar tensor of shape {self.shape} "
-                                   "needs a gradient: call .backward(grad) with an array of "
-                                   "that shape, or reduce to a scalar first (e.g. .sum())")
+                raise RuntimeError(
+                    f"backward() on a non-scalar tensor of shape {self.shape} "
+                    "needs a gradient: call .backward(grad) with an array of "
+                    "that shape, or reduce to a scalar first (e.g. .sum())"
+                )
             grad = backend.of(self.data).asarray(np.ones(self.shape, dtype=self.dtype))
         else:
-            grad = (grad.data if isinstance(grad, Tensor)
-                    else backend.of(self.data).asarray(grad, dtype=self.dtype))
+            grad = (
+                grad.data
+                if isinstance(grad, Tensor)
+                else backend.of(self.data).asarray(grad, dtype=self.dtype)
+            )
             if tuple(grad.shape) != self.shape:
-                raise ValueError(f"backward(grad): grad has shape {tuple(grad.shape)} but the "
-                                 f"tensor has shape {self.shape}")
+                raise ValueError(
+                    f"backward(grad): grad has shape {tuple(grad.shape)} but the "
+                    f"tensor has shape {self.shape}"
+                )
         autograd.backward(self, grad)
 
     # ---- conversions
     def to(self, dtype=None, device=None):
         out = self
         if device is not None and device != self.device:
-            out = Tensor(backend.get(device).asarray(self.numpy()),
-                         requires_grad=self.requires_grad)
+            out = Tensor(
+                backend.get(device).asarray(self.numpy()), requires_grad=self.requires_grad
+            )
         if dtype is not None and dtypes.as_dtype(dtype) != out.dtype:
             out = ops.cast(out, dtypes.as_dtype(dtype))
         return out
@@ -121,25 +137,59 @@ class Tensor:
         return self.to(dtypes.bfloat16)
 
     # ---- arithmetic (broadcasting like NumPy)
-    def __add__(self, other): return ops.add(self, other)
-    def __radd__(self, other): return ops.add(self, other)
-    def __sub__(self, other): return ops.sub(self, other)
-    def __rsub__(self, other): return ops.sub(other, self)
-    def __mul__(self, other): return ops.mul(self, other)
-    def __rmul__(self, other): return ops.mul(self, other)
-    def __truediv__(self, other): return ops.div(self, other)
-    def __rtruediv__(self, other): return ops.div(other, self)
-    def __neg__(self): return ops.neg(self)
-    def __matmul__(self, other): return ops.matmul(self, other)
-    def __getitem__(self, index): return ops.getitem(self, index)
+    def __add__(self, other):
+        return ops.add(self, other)
 
-    def sum(self, axis=None, keepdims=False): return ops.sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return ops.mean(self, axis, keepdims)
-    def reshape(self, *shape): return ops.reshape(self, _shape_arg(shape))
-    def view(self, *shape): return ops.view(self, _shape_arg(shape))
-    def transpose(self, dim0=-2, dim1=-1): return ops.transpose(self, dim0, dim1)
-    def permute(self, *dims): return ops.permute(self, _shape_arg(dims))
-    def split(self, split_size, dim=-1): return ops.split(self, split_size, dim)
+    def __radd__(self, other):
+        return ops.add(self, other)
+
+    def __sub__(self, other):
+        return ops.sub(self, other)
+
+    def __rsub__(self, other):
+        return ops.sub(other, self)
+
+    def __mul__(self, other):
+        return ops.mul(self, other)
+
+    def __rmul__(self, other):
+        return ops.mul(self, other)
+
+    def __truediv__(self, other):
+        return ops.div(self, other)
+
+    def __rtruediv__(self, other):
+        return ops.div(other, self)
+
+    def __neg__(self):
+        return ops.neg(self)
+
+    def __matmul__(self, other):
+        return ops.matmul(self, other)
+
+    def __getitem__(self, index):
+        return ops.getitem(self, index)
+
+    def sum(self, axis=None, keepdims=False):
+        return ops.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return ops.mean(self, axis, keepdims)
+
+    def reshape(self, *shape):
+        return ops.reshape(self, _shape_arg(shape))
+
+    def view(self, *shape):
+        return ops.view(self, _shape_arg(shape))
+
+    def transpose(self, dim0=-2, dim1=-1):
+        return ops.transpose(self, dim0, dim1)
+
+    def permute(self, *dims):
+        return ops.permute(self, _shape_arg(dims))
+
+    def split(self, split_size, dim=-1):
+        return ops.split(self, split_size, dim)
 
     @property
     def T(self):

@@ -1,6 +1,7 @@
 """What every command-line program of the project shares: one bad-input convention (one line
 `error: ...` on stderr, exit code 2) and one argument set for the model, dtype, device, batch
 and sequence length, so train_gpt2.py and the scripts check them the same way."""
+
 import argparse
 import contextlib
 import sys
@@ -45,23 +46,31 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
     """--model, --batch-size, --seq-len, --dtype, --device with these defaults."""
-    p.add_argument("--model", default=model, help=f"preset: {', '.join(PRESETS)} "
-                   f"(default {model})")
-    p.add_argument("--batch-size", type=int, default=batch_size,
-                   help=f"sequences per batch (default {batch_size})")
-    p.add_argument("--seq-len", type=int, default=seq_len,
-                   help=f"tokens per sequence (default {seq_len})")
+    p.add_argument("--model", default=model, help=f"preset: {', '.join(PRESETS)} (default {model})")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=batch_size,
+        help=f"sequences per batch (default {batch_size})",
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=seq_len, help=f"tokens per sequence (default {seq_len})"
+    )
     p.add_argument("--dtype", default="fp32", help=f"{', '.join(dtypes.TRAINING)} (default fp32)")
-    p.add_argument("--device", help=f"{' or '.join(backend.DEVICES)} "
-                   "(default: cuda when a GPU is usable)")
+    p.add_argument(
+        "--device", help=f"{' or '.join(backend.DEVICES)} (default: cuda when a GPU is usable)"
+    )
 
 
 def add_option_args(p):
     """--attention, --lm-head, --recompute: the model's execution options (nn/gpt2.py)."""
     p.add_argument("--attention", default="flash", help=f"{' or '.join(ATTENTION)} (default flash)")
     p.add_argument("--lm-head", default="fused", help=f"{' or '.join(LM_HEAD)} (default fused)")
-    p.add_argument("--recompute", action="store_true",
-                   help="blocks save only their input and redo their forward in the backward")
+    p.add_argument(
+        "--recompute",
+        action="store_true",
+        help="blocks save only their input and redo their forward in the backward",
+    )
 
 
 def options_from_args(args):
@@ -80,8 +89,12 @@ def add_step_args(p, model):
 
 
 def add_data_arg(p):
-    p.add_argument("--data", metavar="BIN", help="draw the batch from this token file "
-                   "(e.g. data/shakespeare/val.bin); default random ids")
+    p.add_argument(
+        "--data",
+        metavar="BIN",
+        help="draw the batch from this token file "
+        "(e.g. data/shakespeare/val.bin); default random ids",
+    )
 
 
 def batch_from_args(args, vocab_size):
@@ -94,8 +107,9 @@ def batch_from_args(args, vocab_size):
 def check_model_args(args, model_from_checkpoint=False):
     """Validate add_model_args' values (raises ValueError) and resolve args.device."""
     if args.batch_size <= 0 or args.seq_len <= 0:
-        raise ValueError(f"--batch-size and --seq-len must be positive, got {args.batch_size} "
-                         f"and {args.seq_len}")
+        raise ValueError(
+            f"--batch-size and --seq-len must be positive, got {args.batch_size} and {args.seq_len}"
+        )
     check_dtype(args.dtype)
     args.device = backend.check_device(args.device or backend.default_device())
     if not model_from_checkpoint:

@@ -16,6 +16,7 @@ The sha256 sums let a load refuse a corrupted checkpoint instead of training on 
 byte inside the weights still parses, so only a checksum can tell. trainer_state.json's own sum
 covers its other keys (it cannot hold the sum of the text it is part of).
 """
+
 import errno
 import fcntl
 import hashlib
@@ -38,10 +39,12 @@ class CheckpointError(ValueError):
 
 # ---------------------------------------------------------------- saving
 
+
 def save_checkpoint(out, model, master, optimizer_state, trainer_state):
     """Write master (AdamW.master_state()) and optimizer_state (AdamW.state_dict()) with
     trainer_state as out/checkpoint, replacing the one there only once all of it is on disk."""
     from safetensors.numpy import save
+
     final = os.path.join(out, "checkpoint")
     staging = os.path.join(out, "checkpoint.new")
     arrays, scalars = optimizer_state
@@ -51,8 +54,9 @@ def save_checkpoint(out, model, master, optimizer_state, trainer_state):
         model.save_pretrained(staging, state=master)
         atomic_write(os.path.join(staging, OPTIMIZER), save(arrays))
         state = dict(trainer_state, optimizer=scalars)
-        state["sha256"] = {f: _file_sha256(os.path.join(staging, f))
-                           for f in (CONFIG, WEIGHTS, OPTIMIZER)}
+        state["sha256"] = {
+            f: _file_sha256(os.path.join(staging, f)) for f in (CONFIG, WEIGHTS, OPTIMIZER)
+        }
         state["sha256"][STATE] = _state_sha256(state)
         atomic_write(os.path.join(staging, STATE), json.dumps(state, indent=1).encode())
     except OSError as e:
@@ -76,15 +80,18 @@ def _check_finite(out, step, groups):
     for what, group in groups.items():
         for name, array in group.items():
             if not np.isfinite(array).all():
-                raise FloatingPointError(f"{what} hold nan or inf at step {step} ({name}): not "
-                                         f"saved; {on_disk(out)}")
+                raise FloatingPointError(
+                    f"{what} hold nan or inf at step {step} ({name}): not saved; {on_disk(out)}"
+                )
 
 
 def _save_failed(out, step, e, need):
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         free = shutil.disk_usage(out).free
-        what = (f"disk full: the step-{step} checkpoint needs about {need / 1e6:,.1f} MB in "
-                f"{out} ({free / 1e6:,.1f} MB free)")
+        what = (
+            f"disk full: the step-{step} checkpoint needs about {need / 1e6:,.1f} MB in "
+            f"{out} ({free / 1e6:,.1f} MB free)"
+        )
     else:
         what = f"could not write the step-{step} checkpoint in {out}: {e.strerror or e}"
     return f"{what}; nothing partial is left, {on_disk(out)}"
@@ -102,6 +109,7 @@ def on_disk(out):
 
 # ---------------------------------------------------------------- loading
 
+
 def find_checkpoint(path):
     """A directory that holds config.json + model.safetensors: path itself, its checkpoint/,
     or (after a save interrupted mid-swap) its checkpoint.old/."""
@@ -116,10 +124,13 @@ def load_trainer_state(ckpt, arrays=True):
     or an error naming the file that is missing or corrupt."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
+
     missing = [f for f in (STATE, OPTIMIZER) if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
-        raise FileNotFoundError(f"{ckpt} has model weights but no {' or '.join(missing)}: it can "
-                                "start a fine-tune (--init-from) but cannot be resumed")
+        raise FileNotFoundError(
+            f"{ckpt} has model weights but no {' or '.join(missing)}: it can "
+            "start a fine-tune (--init-from) but cannot be resumed"
+        )
     state = read_trainer_state(ckpt)
     if not arrays:
         return state, None
@@ -128,8 +139,9 @@ def load_trainer_state(ckpt, arrays=True):
     try:
         return state, load_file(path)
     except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: cannot be read ({e}); the file is truncated or "
-                              "corrupt") from None
+        raise CheckpointError(
+            f"{path}: cannot be read ({e}); the file is truncated or corrupt"
+        ) from None
 
 
 def read_trainer_state(ckpt):
@@ -144,8 +156,7 @@ def read_trainer_state(ckpt):
         raise CheckpointError(f"{path}: has no step: not a trainer state")
     sums = state.get("sha256")
     if sums is not None and (not isinstance(sums, dict) or sums.get(STATE) != _state_sha256(state)):
-        raise CheckpointError(f"{path}: its content does not match its sha256: the file is "
-                              "corrupt")
+        raise CheckpointError(f"{path}: its content does not match its sha256: the file is corrupt")
     return state
 
 
@@ -158,8 +169,10 @@ def verify(ckpt, state=None):
         state = read_trainer_state(ckpt)
     for name, expected in (state.get("sha256") or {}).items():
         if name != STATE and _file_sha256(os.path.join(ckpt, name)) != expected:
-            raise CheckpointError(f"{os.path.join(ckpt, name)}: its sha256 does not match the "
-                                  f"one saved in {STATE}: the file is corrupt")
+            raise CheckpointError(
+                f"{os.path.join(ckpt, name)}: its sha256 does not match the "
+                f"one saved in {STATE}: the file is corrupt"
+            )
 
 
 def _file_sha256(path):
@@ -180,6 +193,7 @@ def _state_sha256(state):
 
 
 # ---------------------------------------------------------------- the run folder
+
 
 def checkpoint_step(out):
     """The step of the run saved in folder out, or None when it holds no checkpoint."""
@@ -206,8 +220,9 @@ def lock_run_folder(out):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise CheckpointError(f"{out} is in use by another run ({holder}): wait for it to "
-                              "finish or use another --out") from None
+        raise CheckpointError(
+            f"{out} is in use by another run ({holder}): wait for it to finish or use another --out"
+        ) from None
     f.truncate(0)
     f.write(f"pid {os.getpid()}\n")
     f.flush()

@@ -1,6 +1,7 @@
 """Command line of examples/train_gpt2.py: one flag per RunConfig field, its help the field's
 comment. Bad input is one line on stderr and exit code 2 (training/args.py). Under
 `mpirun -n R` every rank runs this same command: data-parallel training (training/loop.py)."""
+
 import contextlib
 import dataclasses
 import inspect
@@ -21,8 +22,17 @@ from .loop import Mismatch, RunConfig, Trainer
 
 # with no arguments: RunConfig's defaults (a small model that shows the loss falling in about
 # 5 minutes on 2 CPU cores), or GPT-2 124M at its full context when a GPU is there
-GPU_DEFAULTS = dict(model="gpt2", batch_size=16, seq_len=1024, steps=2000, lr=6e-4,
-                    min_lr=6e-5, warmup=100, dtype="bf16", eval_every=250)
+GPU_DEFAULTS = dict(
+    model="gpt2",
+    batch_size=16,
+    seq_len=1024,
+    steps=2000,
+    lr=6e-4,
+    min_lr=6e-5,
+    warmup=100,
+    dtype="bf16",
+    eval_every=250,
+)
 # what a resumed run cannot change: the model and where it came from, and the batch shape and
 # seed that the saved data position counts in (the global batch: --batch-size x ranks)
 FIXED_ON_RESUME = ("model", "init_from", "batch_size", "seq_len", "seed")
@@ -36,15 +46,22 @@ def _comments():
 
 
 def parser():
-    p = ArgumentParser(description="Train GPT-2 on the Shakespeare default (or any prepared "
-                       ".bin data) with the tinygrad_like autograd.")
+    p = ArgumentParser(
+        description="Train GPT-2 on the Shakespeare default (or any prepared "
+        ".bin data) with the tinygrad_like autograd."
+    )
     comments = _comments()
     for f in dataclasses.fields(RunConfig):
         name, text = flag(f.name), comments[f.name]
         if f.type is bool:  # on/off switches: --quiet turns one on, --no-save one off
             on = not f.default
-            p.add_argument(name if on else "--no-" + name[2:], dest=f.name, default=None,
-                           action="store_true" if on else "store_false", help=text)
+            p.add_argument(
+                name if on else "--no-" + name[2:],
+                dest=f.name,
+                default=None,
+                action="store_true" if on else "store_false",
+                help=text,
+            )
             continue
         if f.default is not None:
             gpu = GPU_DEFAULTS.get(f.name)
@@ -66,7 +83,7 @@ def resolve(argv=None):
     defaults, notes = (GPU_DEFAULTS if device == "cuda" else {}), []
     if "resume" in given:
         saved, folder = saved_run(given["resume"])
-        saved["batch_size"] = per_rank_batch(saved, given, folder)   # on this many ranks
+        saved["batch_size"] = per_rank_batch(saved, given, folder)  # on this many ranks
         defaults = {k: v for k, v in saved.items() if k not in NOT_RESTORED}
         notes = resume_overrides(saved, given, folder)
         given.setdefault("out", folder)
@@ -93,14 +110,18 @@ def per_rank_batch(saved, given, folder):
     world = distributed.launched_rank_and_size()[1]
     total = saved["batch_size"] * saved.pop("world_size")
     if total % world:
-        raise ValueError(f"the run in {folder} trains a global batch of {total} sequences "
-                         f"(--batch-size x ranks), which {world} ranks cannot share equally: "
-                         f"resume on a number of ranks that divides {total}")
+        raise ValueError(
+            f"the run in {folder} trains a global batch of {total} sequences "
+            f"(--batch-size x ranks), which {world} ranks cannot share equally: "
+            f"resume on a number of ranks that divides {total}"
+        )
     batch = given.get("batch_size", total // world)
     if batch * world != total:
-        raise ValueError(f"--batch-size {batch} on {world} rank(s) is a global batch of "
-                         f"{batch * world}; the run in {folder} trains {total}: use "
-                         f"--batch-size {total // world} (or leave it out)")
+        raise ValueError(
+            f"--batch-size {batch} on {world} rank(s) is a global batch of "
+            f"{batch * world}; the run in {folder} trains {total}: use "
+            f"--batch-size {total // world} (or leave it out)"
+        )
     return batch
 
 
@@ -112,12 +133,15 @@ def resume_overrides(saved, given, folder):
         if name in NOT_RESTORED or name not in saved or value == saved[name]:
             continue
         if name in FIXED_ON_RESUME:
-            raise ValueError(f"{flag(name)} {value} cannot change on resume: the run in "
-                             f"{folder} was saved with {saved[name]} (start a new run with "
-                             "--out elsewhere to change it)")
+            raise ValueError(
+                f"{flag(name)} {value} cannot change on resume: the run in "
+                f"{folder} was saved with {saved[name]} (start a new run with "
+                "--out elsewhere to change it)"
+            )
         if name != "steps":
-            notes.append(f"note: {flag(name)} {_show(value)} overrides the saved "
-                         f"{_show(saved[name])}")
+            notes.append(
+                f"note: {flag(name)} {_show(value)} overrides the saved {_show(saved[name])}"
+            )
     return notes
 
 
@@ -134,27 +158,31 @@ def validate(cfg):
             raise ValueError(f"{flag(name)} must be >= 0, got {getattr(cfg, name)}")
     for f in dataclasses.fields(RunConfig):  # nan passes every comparison below
         if f.type is float and not math.isfinite(getattr(cfg, f.name)):
-            raise ValueError(f"{flag(f.name)} must be a finite number, got "
-                             f"{getattr(cfg, f.name)}")
+            raise ValueError(f"{flag(f.name)} must be a finite number, got {getattr(cfg, f.name)}")
     if cfg.zero not in (0, 1, 2):
-        raise ValueError(f"--zero must be 0 (DDP), 1 (AdamW's state sharded) or 2 (and the "
-                         f"gradients), got {cfg.zero}")
+        raise ValueError(
+            f"--zero must be 0 (DDP), 1 (AdamW's state sharded) or 2 (and the "
+            f"gradients), got {cfg.zero}"
+        )
     if cfg.lr <= 0:
         raise ValueError(f"--lr must be positive, got {cfg.lr}")
     for name in ("min_lr", "weight_decay", "grad_clip"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{flag(name)} must be >= 0, got {getattr(cfg, name)}")
     if cfg.min_lr > cfg.lr:
-        raise ValueError(f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the schedule decays "
-                         "from --lr down to --min-lr")
+        raise ValueError(
+            f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the schedule decays "
+            "from --lr down to --min-lr"
+        )
     config = GPT2Config.from_preset(cfg.model)
     check_dtype(cfg.dtype)
     check_options(cfg.attention, cfg.lm_head, cfg.recompute)
     backend.check_device(cfg.device)
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:
-        raise ValueError(f"device {cfg.device} cannot train in {cfg.dtype}: it supports "
-                         f"{', '.join(supported)}")
+        raise ValueError(
+            f"device {cfg.device} cannot train in {cfg.dtype}: it supports {', '.join(supported)}"
+        )
     if not (cfg.init_from or cfg.resume):  # else the checkpoint's context (Trainer checks it)
         config.check_context(cfg.seq_len, "--seq-len")
 
@@ -165,9 +193,11 @@ def ensure_data(cfg):
     if have:
         return
     if os.path.normpath(cfg.data_dir) != os.path.normpath(DEFAULT_DATA_DIR):
-        raise FileNotFoundError(f"no train.bin/val.bin in {cfg.data_dir}: make them with "
-                                f"python scripts/prepare_data.py --out-dir {cfg.data_dir} "
-                                "--input YOUR_TEXT_FILES")
+        raise FileNotFoundError(
+            f"no train.bin/val.bin in {cfg.data_dir}: make them with "
+            f"python scripts/prepare_data.py --out-dir {cfg.data_dir} "
+            "--input YOUR_TEXT_FILES"
+        )
     prepare(cfg.data_dir)
 
 
@@ -207,8 +237,7 @@ def rank_errors(comm):
             if isinstance(e, BAD_INPUT):
                 fail(e)
             raise
-        if code == 1 and not isinstance(e, SystemExit):   # a bug: where it is
+        if code == 1 and not isinstance(e, SystemExit):  # a bug: where it is
             traceback.print_exc()
-        print(f"error: rank {comm.rank} of {comm.size}: {type(e).__name__}: {e}",
-              file=sys.stderr)
+        print(f"error: rank {comm.rank} of {comm.size}: {type(e).__name__}: {e}", file=sys.stderr)
         comm.abort(code if isinstance(code, int) else 1)

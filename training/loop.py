@@ -1,5 +1,6 @@
 """The training loop behind examples/train_gpt2.py: data, model, AdamW, loss scaling,
 evaluation, sampling, metrics and checkpoints."""
+
 import hashlib
 import json
 import math
@@ -35,36 +36,37 @@ from .step import train_on
 class RunConfig:
     """Every setting of a run. The defaults are the no-argument CPU run (gpt2-mini on the
     Shakespeare default, about 5 minutes on 2 cores); training/cli.py overrides them on a GPU."""
-    model: str = "gpt2-mini"          # a preset of nn/gpt2.py (PRESETS) for a fresh model
-    init_from: str = None             # fine-tune from this checkpoint or Hugging Face directory
+
+    model: str = "gpt2-mini"  # a preset of nn/gpt2.py (PRESETS) for a fresh model
+    init_from: str = None  # fine-tune from this checkpoint or Hugging Face directory
     data_dir: str = DEFAULT_DATA_DIR  # folder with train.bin and val.bin (training/data.py)
-    batch_size: int = 8               # sequences per micro-batch (B)
-    seq_len: int = 128                # tokens per sequence (T), at most the model's context
-    grad_accum: int = 1               # micro-batches per optimizer step
-    steps: int = 550                  # optimizer steps in the whole run
-    lr: float = 2e-3                  # peak learning rate, reached after the warmup
-    min_lr: float = 2e-4              # the cosine schedule's floor at the last step
-    warmup: int = 20                  # steps of linear warmup from 0 to lr
-    weight_decay: float = 0.1         # AdamW's decoupled decay, on the 2-D weights only
-    grad_clip: float = 1.0            # clip the global gradient norm to this (0 = off)
-    dtype: str = "fp32"               # working weights and gradients: fp32, fp16 or bf16
-    attention: str = "flash"          # flash (one log-sum-exp per row) or naive (T x T saved)
-    lm_head: str = "fused"            # fused (row blocks, no logits kept) or plain (B·T x Vp)
-    recompute: bool = False           # blocks save only their input and redo their forward
-    zero: int = 0                     # under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads
-    device: str = "cpu"               # cpu or cuda
-    eval_every: int = 50              # steps between validation losses (0 = never)
-    eval_iters: int = 10              # validation batches per evaluation
-    sample_every: int = 0             # steps between printed samples (0 = never)
-    out: str = "out"                  # run folder: metrics.jsonl, checkpoint/, loss.png
-    save_every: int = 0               # steps between checkpoints (0 = only at the end)
-    resume: str = None                # continue the run saved in this folder, with its settings
-    overwrite: bool = False           # start afresh in an --out that already holds a run
-    max_skipped: int = 50             # fp16: stop after this many skipped steps in a row (0 = off)
-    seed: int = 1337                  # initial weights, batch order and dropout
-    quiet: bool = False               # no progress bar, messages or report
-    save: bool = True                 # write checkpoints (off for speed tests: 1.5 GB for gpt2)
-    report: bool = True               # print the accounting report after training
+    batch_size: int = 8  # sequences per micro-batch (B)
+    seq_len: int = 128  # tokens per sequence (T), at most the model's context
+    grad_accum: int = 1  # micro-batches per optimizer step
+    steps: int = 550  # optimizer steps in the whole run
+    lr: float = 2e-3  # peak learning rate, reached after the warmup
+    min_lr: float = 2e-4  # the cosine schedule's floor at the last step
+    warmup: int = 20  # steps of linear warmup from 0 to lr
+    weight_decay: float = 0.1  # AdamW's decoupled decay, on the 2-D weights only
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
+    dtype: str = "fp32"  # working weights and gradients: fp32, fp16 or bf16
+    attention: str = "flash"  # flash (one log-sum-exp per row) or naive (T x T saved)
+    lm_head: str = "fused"  # fused (row blocks, no logits kept) or plain (B·T x Vp)
+    recompute: bool = False  # blocks save only their input and redo their forward
+    zero: int = 0  # under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads
+    device: str = "cpu"  # cpu or cuda
+    eval_every: int = 50  # steps between validation losses (0 = never)
+    eval_iters: int = 10  # validation batches per evaluation
+    sample_every: int = 0  # steps between printed samples (0 = never)
+    out: str = "out"  # run folder: metrics.jsonl, checkpoint/, loss.png
+    save_every: int = 0  # steps between checkpoints (0 = only at the end)
+    resume: str = None  # continue the run saved in this folder, with its settings
+    overwrite: bool = False  # start afresh in an --out that already holds a run
+    max_skipped: int = 50  # fp16: stop after this many skipped steps in a row (0 = off)
+    seed: int = 1337  # initial weights, batch order and dropout
+    quiet: bool = False  # no progress bar, messages or report
+    save: bool = True  # write checkpoints (off for speed tests: 1.5 GB for gpt2)
+    report: bool = True  # print the accounting report after training
 
 
 class Trainer:
@@ -79,21 +81,33 @@ class Trainer:
         self.dtype = dtypes.as_dtype(cfg.dtype)
         self.options = dict(attention=cfg.attention, lm_head=cfg.lm_head, recompute=cfg.recompute)
         self.resume_state = None
-        self.resumed_from = None         # the checkpoint folder a resumed run was loaded from
+        self.resumed_from = None  # the checkpoint folder a resumed run was loaded from
         self.model = self._build_model()
         self.model.config.check_context(cfg.seq_len, "--seq-len")
         vocab, shard = self.model.config.vocab_size, dict(rank=self.comm.rank, world=self.comm.size)
-        self.train_data = DataLoader(os.path.join(cfg.data_dir, "train.bin"), cfg.batch_size,
-                                     cfg.seq_len, seed=cfg.seed, vocab_size=vocab, **shard)
+        self.train_data = DataLoader(
+            os.path.join(cfg.data_dir, "train.bin"),
+            cfg.batch_size,
+            cfg.seq_len,
+            seed=cfg.seed,
+            vocab_size=vocab,
+            **shard,
+        )
         self.val_path = os.path.join(cfg.data_dir, "val.bin")
         # checked now (ids, length, format), not at the first evaluation dozens of steps in
         DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
         self._check_same_on_every_rank()
-        self.optimizer = AdamW(self.model.named_parameters(), lr=cfg.lr,
-                               weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-                               dtype=self.dtype, comm=self.comm, zero=cfg.zero)
+        self.optimizer = AdamW(
+            self.model.named_parameters(),
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            grad_clip=cfg.grad_clip,
+            dtype=self.dtype,
+            comm=self.comm,
+            zero=cfg.zero,
+        )
         self.scaler = LossScaler() if self.dtype == dtypes.float16 else None
-        self.step_collectives = []       # the collectives of the last step (the report's)
+        self.step_collectives = []  # the collectives of the last step (the report's)
         self.step = 0
         F.manual_seed(cfg.seed)
         if self.resume_state is not None:
@@ -106,16 +120,17 @@ class Trainer:
         cfg = self.cfg
         source = cfg.resume or cfg.init_from
         if source is None:
-            return GPT2(GPT2Config.from_preset(cfg.model), seed=cfg.seed, device=self.device,
-                        **self.options)
+            return GPT2(
+                GPT2Config.from_preset(cfg.model), seed=cfg.seed, device=self.device, **self.options
+            )
         ckpt = checkpoint.find_checkpoint(source)
-        if cfg.resume:                                 # verifies every file's sha256 first
+        if cfg.resume:  # verifies every file's sha256 first
             self.resume_state = checkpoint.load_trainer_state(ckpt)
             self.resumed_from = ckpt
         else:
             checkpoint.verify(ckpt)
         model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device, **self.options)
-        model.load_state_dict(read_state(ckpt))        # fp32 master: any --dtype can follow
+        model.load_state_dict(read_state(ckpt))  # fp32 master: any --dtype can follow
         return model
 
     def _check_same_on_every_rank(self):
@@ -123,17 +138,21 @@ class Trainer:
         data file on one of them (distributed.Mismatch, raised on every rank)."""
         if self.comm.size == 1:
             return
-        mine = {**{flag(k): v for k, v in vars(self.cfg).items()},
-                "the model": repr(self.model.config),
-                "train.bin": _file_fingerprint(self.train_data.path),
-                "val.bin": _file_fingerprint(self.val_path)}
-        ranks = self.comm.all_gather_object(mine)   # the same list on every rank
+        mine = {
+            **{flag(k): v for k, v in vars(self.cfg).items()},
+            "the model": repr(self.model.config),
+            "train.bin": _file_fingerprint(self.train_data.path),
+            "val.bin": _file_fingerprint(self.val_path),
+        }
+        ranks = self.comm.all_gather_object(mine)  # the same list on every rank
         for rank, theirs in enumerate(ranks[1:], 1):
             for key, value in ranks[0].items():
                 if theirs.get(key) != value:
-                    raise Mismatch(f"rank {rank} runs with {key} {theirs.get(key)} where rank 0 "
-                                   f"has {value}: every rank must run the same command on the "
-                                   "same files")
+                    raise Mismatch(
+                        f"rank {rank} runs with {key} {theirs.get(key)} where rank 0 "
+                        f"has {value}: every rank must run the same command on the "
+                        "same files"
+                    )
 
     def _restore(self, state, optimizer_arrays):
         self.optimizer.load_state_dict(optimizer_arrays, state["optimizer"])
@@ -144,10 +163,12 @@ class Trainer:
         F.set_rng_state(state["dropout_rng"])
         saved_steps = (state.get("run_config") or {}).get("steps", self.cfg.steps)
         if saved_steps != self.cfg.steps:  # the schedule is a function of the total
-            print(f"warning: --steps {self.cfg.steps} differs from the saved run's {saved_steps}: "
-                  f"the cosine schedule changes from step {self.step} on (lr "
-                  f"{self._lr(self.step, saved_steps):.3g} -> {self._lr(self.step):.3g})",
-                  file=sys.stderr)
+            print(
+                f"warning: --steps {self.cfg.steps} differs from the saved run's {saved_steps}: "
+                f"the cosine schedule changes from step {self.step} on (lr "
+                f"{self._lr(self.step, saved_steps):.3g} -> {self._lr(self.step):.3g})",
+                file=sys.stderr,
+            )
 
     def _lr(self, step, steps=None):
         cfg = self.cfg
@@ -170,31 +191,42 @@ class Trainer:
         parallel: split as training is (each rank its rows of the global batch), the means
         averaged over the ranks."""
         self.model.eval()
-        loader = DataLoader(self.val_path, self.cfg.batch_size, self.cfg.seq_len, seed=0,
-                            rank=self.comm.rank, world=self.comm.size)
+        loader = DataLoader(
+            self.val_path,
+            self.cfg.batch_size,
+            self.cfg.seq_len,
+            seed=0,
+            rank=self.comm.rank,
+            world=self.comm.size,
+        )
         losses = [self.model(*loader.next_batch())[1].item() for _ in range(self.cfg.eval_iters)]
         self.model.train()
         return self.comm.sum_scalar(float(np.mean(losses)), what="val loss") / self.comm.size
 
     def sample(self, prompt="\n", tokens=48):
         tok = get_tokenizer()
-        ids = self.model.generate(np.array([tok.encode(prompt)]), tokens, temperature=0.8,
-                                  top_k=200, seed=self.cfg.seed)
+        ids = self.model.generate(
+            np.array([tok.encode(prompt)]), tokens, temperature=0.8, top_k=200, seed=self.cfg.seed
+        )
         return tok.decode(ids[0].tolist())
 
     def save(self):
         """Every rank takes part (ZeRO gathers the shards); rank 0 writes one checkpoint,
         whatever the number of ranks, while the others wait."""
         cfg = self.cfg
-        state = {"step": self.step, "data": self.train_data.state_dict(),
-                 "scaler": self.scaler.state_dict() if self.scaler else None,
-                 "dropout_rng": F.get_rng_state(), "run_config": vars(cfg),
-                 "dtype": cfg.dtype, "world_size": self.comm.size}
+        state = {
+            "step": self.step,
+            "data": self.train_data.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "dropout_rng": F.get_rng_state(),
+            "run_config": vars(cfg),
+            "dtype": cfg.dtype,
+            "world_size": self.comm.size,
+        }
         master, optimizer_state = self.optimizer.master_state(), self.optimizer.state_dict()
         path = None
         if self.rank0:
-            path = checkpoint.save_checkpoint(cfg.out, self.model, master, optimizer_state,
-                                              state)
+            path = checkpoint.save_checkpoint(cfg.out, self.model, master, optimizer_state, state)
         self.comm.barrier()
         return path
 
@@ -204,10 +236,15 @@ class Trainer:
         persistent = {tag: TRACKER.current[tag] for tag in PERSISTENT}
         opt = self.optimizer
         return report.state_memory_table(
-            persistent, self.model.num_parameters(), dtypes.name(self.dtype),
-            "measured from the buffers allocated for this run", zero=opt.zero,
-            ranks=self.comm.all_gather_object(persistent), elements=opt.numel,
-            padding=opt.padding)
+            persistent,
+            self.model.num_parameters(),
+            dtypes.name(self.dtype),
+            "measured from the buffers allocated for this run",
+            zero=opt.zero,
+            ranks=self.comm.all_gather_object(persistent),
+            elements=opt.numel,
+            padding=opt.padding,
+        )
 
     # ---- the run folder
     def _claim_out(self):
@@ -219,13 +256,16 @@ class Trainer:
         try:
             held = checkpoint.checkpoint_step(cfg.out)
             out = os.path.realpath(cfg.out)
-            ours = self.resumed_from and out in (os.path.realpath(self.resumed_from),
-                                                 os.path.dirname(os.path.realpath(self.resumed_from)))
+            ours = self.resumed_from and out in (
+                os.path.realpath(self.resumed_from),
+                os.path.dirname(os.path.realpath(self.resumed_from)),
+            )
             if held is not None and not ours:
                 if not cfg.overwrite:
                     raise checkpoint.CheckpointError(
                         f"{cfg.out}/ already holds a run at step {held}: --resume {cfg.out} to "
-                        "continue, or --out elsewhere, or --overwrite")
+                        "continue, or --out elsewhere, or --overwrite"
+                    )
                 for name in ("checkpoint", "checkpoint.old", "checkpoint.new"):
                     shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
             _trim_metrics(os.path.join(cfg.out, "metrics.jsonl"), self.step)
@@ -245,12 +285,16 @@ class Trainer:
         elif not skipped:
             return
         elif scaler.scale < MIN_SCALE:
-            why = (f"the fp16 loss scale fell to {scaler.scale:.3g}, below 2^-24, at step "
-                   f"{self.step}: the overflows do not come from the scale")
+            why = (
+                f"the fp16 loss scale fell to {scaler.scale:.3g}, below 2^-24, at step "
+                f"{self.step}: the overflows do not come from the scale"
+            )
             fix = "lower --lr, or train in bf16 or fp32"
         elif cfg.max_skipped and scaler.skips_in_a_row >= cfg.max_skipped:
-            why = (f"fp16 skipped {scaler.skips_in_a_row} steps in a row for inf/nan gradients "
-                   f"at step {self.step} (loss scale {scaler.scale:.3g})")
+            why = (
+                f"fp16 skipped {scaler.skips_in_a_row} steps in a row for inf/nan gradients "
+                f"at step {self.step} (loss scale {scaler.scale:.3g})"
+            )
             fix = "lower --lr, raise --max-skipped, or train in bf16"
         else:
             return
@@ -264,13 +308,17 @@ class Trainer:
         lock = self._claim_out() if self.rank0 else None
         memory = self.memory_table()
         peak, peak_name = mfu.device_peak(self.device, dtypes.name(self.dtype))
-        say(f"model {cfg.resume or cfg.init_from or cfg.model}: "
+        say(
+            f"model {cfg.resume or cfg.init_from or cfg.model}: "
             f"{self.model.num_parameters():,} parameters, device {self.device}, dtype {cfg.dtype}"
-            + (f"; {R} ranks ({self.comm.engine}), ZeRO-{cfg.zero}" if R > 1 else ""))
+            + (f"; {R} ranks ({self.comm.engine}), ZeRO-{cfg.zero}" if R > 1 else "")
+        )
         say(memory)
-        say(f"MFU divides 6N + 12LCT = {self.flops_per_token / 1e6:.1f} MFLOP/token by the "
-            f"{peak_name}" + (f" (per rank, x {R})" if R > 1 else ""))
-        tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * R   # the global batch
+        say(
+            f"MFU divides 6N + 12LCT = {self.flops_per_token / 1e6:.1f} MFLOP/token by the "
+            f"{peak_name}" + (f" (per rank, x {R})" if R > 1 else "")
+        )
+        tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * R  # the global batch
         metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a") if self.rank0 else None
         bar = tqdm(total=cfg.steps, initial=self.step, disable=quiet, dynamic_ncols=True)
         history, save_due = [], False
@@ -283,13 +331,23 @@ class Trainer:
                 self._stop_if_diverged(loss, skipped)
                 self.step += 1
                 tps = tokens_per_step / dt
-                row = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": norm,
-                       "tokens_per_s": tps, "ms": dt * 1e3,
-                       "mfu": tps * self.flops_per_token / (peak * R),
-                       "world_size": R, "zero": cfg.zero}
+                row = {
+                    "step": self.step,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": norm,
+                    "tokens_per_s": tps,
+                    "ms": dt * 1e3,
+                    "mfu": tps * self.flops_per_token / (peak * R),
+                    "world_size": R,
+                    "zero": cfg.zero,
+                }
                 if self.scaler is not None:
-                    row.update(loss_scale=self.scaler.scale, skipped=skipped,
-                               skipped_total=self.scaler.skipped_steps)
+                    row.update(
+                        loss_scale=self.scaler.scale,
+                        skipped=skipped,
+                        skipped_total=self.scaler.skipped_steps,
+                    )
                 if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                     row["val_loss"] = self.evaluate()
                     say(f"step {self.step}: train loss {loss:.4f}, val loss {row['val_loss']:.4f}")
@@ -317,7 +375,7 @@ class Trainer:
                 lock.close()
         if not self.rank0:
             return history
-        if self.comm.engine != "none":   # the last step's collectives, predicted and measured
+        if self.comm.engine != "none":  # the last step's collectives, predicted and measured
             predicted = report.predicted_collectives(self.optimizer.numel, cfg.dtype, cfg.zero, R)
             say(report.communication_table(self.step_collectives, predicted, R))
         say(f"metrics: {plot_metrics(cfg.out)} (python scripts/plot_metrics.py {cfg.out})")
@@ -344,8 +402,10 @@ def _file_fingerprint(path, edge=1 << 20):
 def strict_json(row):
     """One metrics line as strict JSON: a non-finite value (an fp16 overflow's loss) is null,
     which every JSON reader accepts, where NaN and Infinity are not JSON at all."""
-    clean = {k: (float(v) if math.isfinite(v) else None)
-             if isinstance(v, (float, np.floating)) else v for k, v in row.items()}
+    clean = {
+        k: (float(v) if math.isfinite(v) else None) if isinstance(v, (float, np.floating)) else v
+        for k, v in row.items()
+    }
     return json.dumps(clean, allow_nan=False)
 
 

@@ -2,6 +2,7 @@
 the benchmarks read. The step is training/step.py's, the one the trainer runs; around it the
 profiler sees every launch, the memory tracker every buffer, and a watch between the forward
 and its backward reads the tape the forward appended."""
+
 import gc
 import re
 import time
@@ -26,6 +27,7 @@ def random_batch(vocab_size, batch_size, seq_len, seed=0):
 
 
 # ---------------------------------------------------------------- watching one step
+
 
 class Unowned:
     """Launches no tape record owns in one phase (in a backward, the gradients summed across a
@@ -80,34 +82,37 @@ def forward_backward(model, x, y, scaler=None):
 
 # ---------------------------------------------------------------- the measurement
 
+
 @dataclass
 class Measurement:
     """What the report prints as measured: one training step and one decode step."""
+
     config: object
-    options: dict           # the model's execution options (attention, lm_head, recompute)
+    options: dict  # the model's execution options (attention, lm_head, recompute)
     dtype: str
     device: str
     batch_size: int
     seq_len: int
     n_params: int
-    parameters: dict        # parameter name -> elements, as the model holds them
-    persistent: dict        # tracker tag -> bytes the model and AdamW allocated
-    tape: list              # the profiled forward's records as dicts
-    activation_bytes: int   # counted by the tracker during that forward
-    peak_bytes: int         # the tracker's peak over a step (persistent + everything it held)
-    unowned: dict           # phase -> that step's launches outside any record (Unowned)
-    step: Profiler          # the profiled training step
+    parameters: dict  # parameter name -> elements, as the model holds them
+    persistent: dict  # tracker tag -> bytes the model and AdamW allocated
+    tape: list  # the profiled forward's records as dicts
+    activation_bytes: int  # counted by the tracker during that forward
+    peak_bytes: int  # the tracker's peak over a step (persistent + everything it held)
+    unowned: dict  # phase -> that step's launches outside any record (Unowned)
+    step: Profiler  # the profiled training step
     step_seconds: float
-    skipped: bool           # the fp16 loss scaler skipped the profiled step (overflow)
-    decode: Profiler        # one M = 1 decode step with a KV cache
+    skipped: bool  # the fp16 loss scaler skipped the profiled step (overflow)
+    decode: Profiler  # one M = 1 decode step with a KV cache
     decode_seconds: float
     prompt_len: int
-    peak: float             # FLOP/s the MFU divides by
+    peak: float  # FLOP/s the MFU divides by
     peak_name: str
 
 
-def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=None,
-            warmup=1, **options):
+def measure(
+    config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=None, warmup=1, **options
+):
     """Build a model (with the execution options: attention, lm_head, recompute) and AdamW for
     config, run `warmup` untimed steps (CUDA compiles kernels on first use), then one profiled
     training step and one profiled decode step.
@@ -124,6 +129,7 @@ def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=
 
     def train_step(watch=None):
         return step.train_on(model, optimizer, [(x, y)], scaler, watch=watch)
+
     for _ in range(warmup):
         train_step()
     peak_bytes = _step_peak(train_step, sum(persistent.values()))
@@ -135,10 +141,29 @@ def measure(config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=
     decode, decode_seconds, prompt_len = _decode_step(model, x)
     peak, peak_name = mfu.device_peak(device, dtype)
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
-    return Measurement(config, options, dtype, device, x.shape[0], x.shape[1],
-                       model.num_parameters(), parameters, persistent, tape, activations,
-                       peak_bytes, unowned, prof, step_seconds, skipped, decode,
-                       decode_seconds, prompt_len, peak, peak_name)
+    return Measurement(
+        config,
+        options,
+        dtype,
+        device,
+        x.shape[0],
+        x.shape[1],
+        model.num_parameters(),
+        parameters,
+        persistent,
+        tape,
+        activations,
+        peak_bytes,
+        unowned,
+        prof,
+        step_seconds,
+        skipped,
+        decode,
+        decode_seconds,
+        prompt_len,
+        peak,
+        peak_name,
+    )
 
 
 def _step_peak(train_step, persistent_bytes):
@@ -157,7 +182,7 @@ def _step_peak(train_step, persistent_bytes):
 def _decode_step(model, x):
     """Fill a KV cache with a prompt (the batch's first row), then profile one more token:
     the M = 1 step of generation. -> (profiler, seconds, prompt length)."""
-    prompt = x[:1, :min(x.shape[1], model.config.n_positions - 1)]
+    prompt = x[:1, : min(x.shape[1], model.config.n_positions - 1)]
     model.eval()
     with no_grad():
         cache = KVCache(model.config, 1, prompt.shape[1] + 1, model.transformer.wte.weight)
@@ -170,6 +195,7 @@ def _decode_step(model, x):
 
 
 # ---------------------------------------------------------------- the tape, grouped
+
 
 def layer_of(scope):
     """transformer.h.3.mlp.c_fc -> transformer.h.3; a scope outside the blocks is its own
@@ -195,5 +221,8 @@ def group(records, key):
 
 def block_layers(records):
     """The per-block layer names present in the records (transformer.h.0, ...)."""
-    return [name for name in group(records, lambda r: layer_of(r["scope"]))
-            if re.search(r"\.h\.\d+$", name)]
+    return [
+        name
+        for name in group(records, lambda r: layer_of(r["scope"]))
+        if re.search(r"\.h\.\d+$", name)
+    ]

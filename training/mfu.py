@@ -6,6 +6,7 @@ attention's own matmuls (QK^T and probs V) cost 4 C T forward and 8 C T backward
 layer, counting the masked half of the T x T scores as computed (that is what the kernels do).
 The other public convention, 6N + 6 L C T, assumes the masked half is skipped.
 """
+
 import time
 
 import numpy as np
@@ -41,7 +42,7 @@ def measure_cpu_matmul_peak(n=1024, repeats=5):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     out = np.empty((n, n), np.float32)
-    return 2 * n ** 3 / best_seconds(lambda: np.matmul(a, b, out=out), repeats)
+    return 2 * n**3 / best_seconds(lambda: np.matmul(a, b, out=out), repeats)
 
 
 def device_peak(device, dtype_name):

@@ -1,5 +1,6 @@
 """The picture of a run: train and validation loss, learning rate, tokens/s and (fp16) the loss
 scale over the steps, drawn from the run's metrics.jsonl into a PNG."""
+
 import json
 import os
 
@@ -35,6 +36,7 @@ def plot_metrics(run_dir, out=None):
     """Draw <run_dir>/metrics.jsonl into out (default <run_dir>/loss.png). -> the PNG's path.
     A panel is drawn only for the metrics the run has (panels_for)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -51,8 +53,13 @@ def plot_metrics(run_dir, out=None):
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if points:
                 steps, values = zip(*points)
-                ax.plot(steps, values, label=label, marker="o" if key == "val_loss" else None,
-                        markersize=3)
+                ax.plot(
+                    steps,
+                    values,
+                    label=label,
+                    marker="o" if key == "val_loss" else None,
+                    markersize=3,
+                )
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_yscale("log" if log else "linear")

@@ -14,6 +14,7 @@ The measurement builds its own model and AdamW (a twin of the trained one), so i
 a trainer's weights, optimizer state or data position; the twin costs 16 bytes per parameter
 while it lives.
 """
+
 import re
 
 import tinygrad_like.ops as F
@@ -44,58 +45,69 @@ SAVES = {
 }
 ACTIVATION_CONVENTION = {  # per layer, per token, under each option
     "naive": "ln_1 input C + fp32 mean, rstd; c_attn input C; q, k, v 3C; attention "
-             "probabilities H·T; c_proj input C; ln_2 input C + fp32 mean, rstd; c_fc input C; "
-             "GELU input 4C; mlp.c_proj input 4C. Residual adds, splits and views save nothing. "
-             "Total (16·C + H·T) elements + 16 bytes.",
+    "probabilities H·T; c_proj input C; ln_2 input C + fp32 mean, rstd; c_fc input C; "
+    "GELU input 4C; mlp.c_proj input 4C. Residual adds, splits and views save nothing. "
+    "Total (16·C + H·T) elements + 16 bytes.",
     "flash": "as naive, but attention saves q, k, v and its output (4C) and an fp32 log-sum-exp "
-             "per head instead of the H·T probabilities: 17·C elements + 4·H + 16 bytes, no "
-             "term that grows with T.",
+    "per head instead of the H·T probabilities: 17·C elements + 4·H + 16 bytes, no "
+    "term that grows with T.",
     "recompute": "each block saves only its input, C elements; the rest of a block's "
-                 "activations live only while that block's backward re-runs its forward.",
+    "activations live only while that block's backward re-runs its forward.",
 }
 HEAD_CONVENTION = {  # what the LM head and the loss save, per token
     "plain": "the head's input C, the logits Vp (B·T x Vp, the largest tensor of the step), "
-             "an fp32 log-sum-exp and the int64 target",
+    "an fp32 log-sum-exp and the int64 target",
     "fused": "the precompute design: the head's gradients formed in the forward, dX in fp32 (4·C "
-             "per token) and dW in fp32 (4·Vp·C for the whole batch); no logits",
+    "per token) and dW in fp32 (4·Vp·C for the whole batch); no logits",
 }
 
 
 # ---------------------------------------------------------------- predictions (config only)
 
+
 def parameter_pieces(config):
     """[(key, piece, shape, parameters)]: the rows of ACCOUNTING.md's table for this config."""
     V, P, L, C = config.vocab_size, config.n_positions, config.n_layer, config.n_embd
-    block = [("qkv", "per block: QKV projection", f"{C:,} x {3 * C:,} + {3 * C:,}",
-              3 * C * C + 3 * C),
-             ("attn_out", "per block: attention output", f"{C:,} x {C:,} + {C:,}", C * C + C),
-             ("mlp_up", "per block: MLP up", f"{C:,} x {4 * C:,} + {4 * C:,}", 4 * C * C + 4 * C),
-             ("mlp_down", "per block: MLP down", f"{4 * C:,} x {C:,} + {C:,}", 4 * C * C + C),
-             ("block_ln", "per block: two layernorms", f"4 x {C:,}", 4 * C)]
+    block = [
+        ("qkv", "per block: QKV projection", f"{C:,} x {3 * C:,} + {3 * C:,}", 3 * C * C + 3 * C),
+        ("attn_out", "per block: attention output", f"{C:,} x {C:,} + {C:,}", C * C + C),
+        ("mlp_up", "per block: MLP up", f"{C:,} x {4 * C:,} + {4 * C:,}", 4 * C * C + 4 * C),
+        ("mlp_down", "per block: MLP down", f"{4 * C:,} x {C:,} + {C:,}", 4 * C * C + C),
+        ("block_ln", "per block: two layernorms", f"4 x {C:,}", 4 * C),
+    ]
     per_block = sum(row[3] for row in block)
-    rows = [("wte", "token embedding (tied with the LM head)", f"{V:,} x {C:,}", V * C),
-            ("wpe", "position embedding", f"{P:,} x {C:,}", P * C),
-            *block,
-            ("blocks", f"{L} blocks", f"{L} x {per_block:,}", L * per_block),
-            ("ln_f", "final layernorm", f"2 x {C:,}", 2 * C)]
+    rows = [
+        ("wte", "token embedding (tied with the LM head)", f"{V:,} x {C:,}", V * C),
+        ("wpe", "position embedding", f"{P:,} x {C:,}", P * C),
+        *block,
+        ("blocks", f"{L} blocks", f"{L} x {per_block:,}", L * per_block),
+        ("ln_f", "final layernorm", f"2 x {C:,}", 2 * C),
+    ]
     total = V * C + P * C + L * per_block + 2 * C
     return rows + [("total", "total", "", total)]
 
 
 # which parameter names each piece counts in a built model (per-block pieces: block 0)
 _PIECE_NAMES = {
-    "wte": r"transformer\.wte\.", "wpe": r"transformer\.wpe\.",
-    "qkv": r"transformer\.h\.0\.attn\.c_attn\.", "attn_out": r"transformer\.h\.0\.attn\.c_proj\.",
-    "mlp_up": r"transformer\.h\.0\.mlp\.c_fc\.", "mlp_down": r"transformer\.h\.0\.mlp\.c_proj\.",
-    "block_ln": r"transformer\.h\.0\.ln_[12]\.", "blocks": r"transformer\.h\.",
-    "ln_f": r"transformer\.ln_f\.", "total": r"",
+    "wte": r"transformer\.wte\.",
+    "wpe": r"transformer\.wpe\.",
+    "qkv": r"transformer\.h\.0\.attn\.c_attn\.",
+    "attn_out": r"transformer\.h\.0\.attn\.c_proj\.",
+    "mlp_up": r"transformer\.h\.0\.mlp\.c_fc\.",
+    "mlp_down": r"transformer\.h\.0\.mlp\.c_proj\.",
+    "block_ln": r"transformer\.h\.0\.ln_[12]\.",
+    "blocks": r"transformer\.h\.",
+    "ln_f": r"transformer\.ln_f\.",
+    "total": r"",
 }
 
 
 def count_pieces(parameters):
     """piece key -> parameters counted in the model's own tensors ({name: elements})."""
-    return {key: sum(n for name, n in parameters.items() if re.match(pattern, name))
-            for key, pattern in _PIECE_NAMES.items()}
+    return {
+        key: sum(n for name, n in parameters.items() if re.match(pattern, name))
+        for key, pattern in _PIECE_NAMES.items()
+    }
 
 
 def attention_flops_per_token(config, seq_len):
@@ -112,8 +124,8 @@ def gemm_flops(config, batch_size, seq_len):
     V, L, C, H = config.padded_vocab_size, config.n_layer, config.n_embd, config.n_head
     B, T = batch_size, seq_len
     M = B * T
-    linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]   # c_attn, c_proj, c_fc, mlp.c_proj
-    attention = 2 * (2 * B * H * T * T * (C // H))           # scores and probs·V
+    linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # c_attn, c_proj, c_fc, mlp.c_proj
+    attention = 2 * (2 * B * H * T * T * (C // H))  # scores and probs·V
     gemm = L * (sum(2 * M * k * n for k, n in linears) + attention) + 2 * M * C * V
     bias = L * M * sum(n for _, n in linears)
     return gemm, bias
@@ -126,9 +138,13 @@ def predicted_state_bytes(dtype, zero=0, world=1):
     the ranks, ZeRO-2 the gradients too (16; 2 + 2 + 12/R; 2 + (2 + 12)/R)."""
     size = dtypes.as_dtype(dtype).itemsize
     optimizer = 1 / world if zero >= 1 else 1
-    return {"weights": size, "gradients": size / world if zero == 2 else size,
-            "master": (4 if size < 4 else 0) * optimizer, "adam_m": 4 * optimizer,
-            "adam_v": 4 * optimizer}
+    return {
+        "weights": size,
+        "gradients": size / world if zero == 2 else size,
+        "master": (4 if size < 4 else 0) * optimizer,
+        "adam_m": 4 * optimizer,
+        "adam_v": 4 * optimizer,
+    }
 
 
 def predicted_collectives(numel, dtype, zero, world, micro_batches=1):
@@ -149,7 +165,7 @@ def predicted_activation_bytes(config, seq_len, dtype, attention="naive", recomp
     size, C, H = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.n_head
     if recompute:
         return C * size
-    stats = 2 * 2 * 4                                  # two layernorms' fp32 mean and rstd
+    stats = 2 * 2 * 4  # two layernorms' fp32 mean and rstd
     if attention == "flash":
         return 17 * C * size + 4 * H + stats
     return (16 * C + H * seq_len) * size + stats
@@ -163,21 +179,23 @@ def predicted_head_bytes(config, tokens, dtype, lm_head="plain"):
     return 4 * tokens * C + 4 * Vp * C
 
 
-def predicted_saved_bytes(config, batch_size, seq_len, dtype, attention="naive",
-                          lm_head="plain", recompute=False):
+def predicted_saved_bytes(
+    config, batch_size, seq_len, dtype, attention="naive", lm_head="plain", recompute=False
+):
     """Everything the tape holds at the end of a forward: the blocks, the head and loss, ln_f's
     input and stats, and the embeddings' int64 ids (wte's per token, wpe's per position)."""
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
-    blocks = config.n_layer * predicted_activation_bytes(config, seq_len, dtype, attention,
-                                                         recompute)
+    blocks = config.n_layer * predicted_activation_bytes(
+        config, seq_len, dtype, attention, recompute
+    )
     ln_f = config.n_embd * size + 2 * 4
     ids = 8 * (tokens + seq_len)
-    return (tokens * (blocks + ln_f) + ids
-            + predicted_head_bytes(config, tokens, dtype, lm_head))
+    return tokens * (blocks + ln_f) + ids + predicted_head_bytes(config, tokens, dtype, lm_head)
 
 
-def predicted_peak_bytes(config, batch_size, seq_len, dtype, attention="naive",
-                         lm_head="plain", recompute=False):
+def predicted_peak_bytes(
+    config, batch_size, seq_len, dtype, attention="naive", lm_head="plain", recompute=False
+):
     """The tracker's peak over a step, from its three parts: the persistent state (16 bytes per
     stored element), everything saved, and the largest transient. The transient is the plain
     loss's dlogits (as large as the logits, alive beside them), or the fused head's one block
@@ -188,13 +206,12 @@ def predicted_peak_bytes(config, batch_size, seq_len, dtype, attention="naive",
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
     stored = config.padding_cost()["elements"] + _stored_parameters(config)
     state = stored * sum(predicted_state_bytes(dtype).values())
-    saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, attention, lm_head,
-                                  recompute)
+    saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, attention, lm_head, recompute)
     Vp = config.padded_vocab_size
     if lm_head == "plain":
         transient = tokens * Vp * size
     else:
-        rows = min(tokens, F.HEAD_BLOCK_ROWS)   # the first block's dW starts the sum in place
+        rows = min(tokens, F.HEAD_BLOCK_ROWS)  # the first block's dW starts the sum in place
         logits, dw = rows * Vp * 4, 4 * Vp * config.n_embd
         cast = rows * Vp * size if size < 4 else 0
         transient = logits + (max(dw, cast) if tokens > rows else max(0, cast - dw))
@@ -208,14 +225,17 @@ def _stored_parameters(config):
     return parameter_pieces(config)[-1][3]
 
 
-OPTION_GRID = [(a, h, r) for a in ("naive", "flash") for h in ("plain", "fused")
-               for r in (False, True)]
+OPTION_GRID = [
+    (a, h, r) for a in ("naive", "flash") for h in ("plain", "fused") for r in (False, True)
+]
 
 
 def largest_batch(config, seq_len, dtype, budget_bytes, **options):
     """The largest batch at seq_len whose predicted peak fits the budget (0 if none)."""
+
     def fits(b):
         return predicted_peak_bytes(config, b, seq_len, dtype, **options) <= budget_bytes
+
     lo, hi = 0, 1
     while fits(hi) and hi < 1 << 20:
         lo, hi = hi, hi * 2
@@ -231,53 +251,81 @@ def for_trainer(trainer):
     step first, so the twin's buffers are in place before the step that is timed."""
     cfg = trainer.cfg
     batch = DataLoader(trainer.val_path, cfg.batch_size, cfg.seq_len, seed=0).next_batch()
-    return format_report(measure(trainer.model.config, cfg.dtype, trainer.device,
-                                 batch=batch, warmup=1, **trainer.options))
+    return format_report(
+        measure(
+            trainer.model.config,
+            cfg.dtype,
+            trainer.device,
+            batch=batch,
+            warmup=1,
+            **trainer.options,
+        )
+    )
 
 
 def default_budget_bytes(device):
     """The memory a run may use: the GPU's, or 8 GB on a CPU."""
     if device == "cuda":
         return backend.get("cuda").xp.cuda.Device().mem_info[1]
-    return 8 * 10 ** 9
+    return 8 * 10**9
 
 
 def format_report(m: Measurement, budget_bytes=None) -> str:
     c = m.config
-    head = (f"== accounting: L={c.n_layer}, C={c.n_embd}, H={c.n_head}, V={c.vocab_size:,}, "
-            f"context {c.n_positions:,}; {m.dtype} on {m.device}; one training step at "
-            f"B={m.batch_size}, T={m.seq_len} ({m.batch_size * m.seq_len:,} tokens) ==")
+    head = (
+        f"== accounting: L={c.n_layer}, C={c.n_embd}, H={c.n_head}, V={c.vocab_size:,}, "
+        f"context {c.n_positions:,}; {m.dtype} on {m.device}; one training step at "
+        f"B={m.batch_size}, T={m.seq_len} ({m.batch_size * m.seq_len:,} tokens) =="
+    )
     if m.skipped:
         head += "\n(the fp16 loss scaler skipped the profiled step for an overflow)"
     budget_bytes = budget_bytes or default_budget_bytes(m.device)
-    peaks = roofline.peaks(m.device)    # measured once per machine, then cached
-    sections = [_parameters(m), _flops(m), _state_memory(m), _activations(m),
-                _memory_trades(m, budget_bytes), _launches(m), "-- " + peaks.describe(),
-                format_census(roofline.census(m.step, peaks, m.dtype),
-                              title=f"-- op census: one training step, M = B·T = "
-                              f"{m.batch_size * m.seq_len:,}, by time lost to the roofline"),
-                format_census(roofline.census(m.decode, peaks, m.dtype),
-                              title=f"-- op census: one decode step, M = 1 (KV cache of "
-                              f"{m.prompt_len} positions, no_grad), by time lost to the "
-                              "roofline")]
+    peaks = roofline.peaks(m.device)  # measured once per machine, then cached
+    sections = [
+        _parameters(m),
+        _flops(m),
+        _state_memory(m),
+        _activations(m),
+        _memory_trades(m, budget_bytes),
+        _launches(m),
+        "-- " + peaks.describe(),
+        format_census(
+            roofline.census(m.step, peaks, m.dtype),
+            title=f"-- op census: one training step, M = B·T = "
+            f"{m.batch_size * m.seq_len:,}, by time lost to the roofline",
+        ),
+        format_census(
+            roofline.census(m.decode, peaks, m.dtype),
+            title=f"-- op census: one decode step, M = 1 (KV cache of "
+            f"{m.prompt_len} positions, no_grad), by time lost to the "
+            "roofline",
+        ),
+    ]
     return "\n\n".join([head] + sections)
 
 
 def _parameters(m):
     measured = count_pieces(m.parameters)
-    rows = [(piece, shape, f"{n:,}", f"{measured[key]:,}", "yes" if measured[key] == n else "NO")
-            for key, piece, shape, n in parameter_pieces(m.config)]
+    rows = [
+        (piece, shape, f"{n:,}", f"{measured[key]:,}", "yes" if measured[key] == n else "NO")
+        for key, piece, shape, n in parameter_pieces(m.config)
+    ]
     total, c = m.n_params, m.config
     pad = c.padding_cost()
-    return "\n".join([
-        "-- parameters N: predicted from the config, measured in the model's tensors",
-        table(("piece", "shape", "predicted", "measured", "equal"), rows, "llrrr"),
-        f"  fp32 weights: {total * 4:,} bytes ({total * 4 / 1e6:,.0f} MB)",
-        wrap(f"wte is stored {c.padded_vocab_size:,} x {c.n_embd:,} (the vocabulary padded to a "
-             f"multiple of 64 for aligned LM-head GEMMs): {pad['elements']:,} zero elements "
-             f"that are not parameters, yet cost 16 bytes each in the training state "
-             f"({16 * pad['elements']:,} bytes) and {pad['forward_flops_per_token']:,} + "
-             f"{pad['backward_flops_per_token']:,} GEMM FLOPs per token (forward + backward)")])
+    return "\n".join(
+        [
+            "-- parameters N: predicted from the config, measured in the model's tensors",
+            table(("piece", "shape", "predicted", "measured", "equal"), rows, "llrrr"),
+            f"  fp32 weights: {total * 4:,} bytes ({total * 4 / 1e6:,.0f} MB)",
+            wrap(
+                f"wte is stored {c.padded_vocab_size:,} x {c.n_embd:,} (the vocabulary padded to a "
+                f"multiple of 64 for aligned LM-head GEMMs): {pad['elements']:,} zero elements "
+                f"that are not parameters, yet cost 16 bytes each in the training state "
+                f"({16 * pad['elements']:,} bytes) and {pad['forward_flops_per_token']:,} + "
+                f"{pad['backward_flops_per_token']:,} GEMM FLOPs per token (forward + backward)"
+            ),
+        ]
+    )
 
 
 def _flops(m):
@@ -291,36 +339,58 @@ def _flops(m):
         return f"{flops_per_token / n:.4f}"
 
     # per token: the two conventions, then the GEMMs counted exactly from the shapes
-    predicted = {"forward": (2 * n + computed, 2 * n + skipped, (gemm + bias) / tokens),
-                 "backward": (4 * n + 2 * computed, 4 * n + 2 * skipped, 2 * gemm / tokens),
-                 "step": (6 * n + 3 * computed, 6 * n + 3 * skipped, (3 * gemm + bias) / tokens)}
+    predicted = {
+        "forward": (2 * n + computed, 2 * n + skipped, (gemm + bias) / tokens),
+        "backward": (4 * n + 2 * computed, 4 * n + 2 * skipped, 2 * gemm / tokens),
+        "step": (6 * n + 3 * computed, 6 * n + 3 * skipped, (3 * gemm + bias) / tokens),
+    }
     rows = []
     for phase in ("forward", "backward", "optimizer", "step"):
         phases = PHASES if phase == "step" else (phase,)
         got = sum(all_[p]["flops"] for p in phases)
         got_gemm = sum(gemms[p]["flops"] for p in phases)
         pred = [multiple(f) for f in predicted[phase]] if phase in predicted else ["-"] * 3
-        rows.append((phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens),
-                     f"{got / 1e9:,.3f}"))
+        rows.append(
+            (phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens), f"{got / 1e9:,.3f}")
+        )
     step_flops = mfu.training_flops_per_token(c, m.seq_len, n) * tokens
-    return "\n".join([
-        f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
-        wrap("printed convention: attention's masked half is computed, as our kernels do: "
-             "2N + 4·L·C·T forward, 4N + 8·L·C·T backward, 6N + 12·L·C·T per step. 'masked "
-             "skipped' is the other public convention (6N + 6·L·C·T). 'GEMMs from shapes' is "
-             "exact: Σ 2·M·K·N over the linears, the LM head and attention's two GEMMs, plus "
-             "M·N per fused bias, forward; backward is twice the GEMMs (bias gradients are "
-             "sum kernels, not GEMMs). 'measured all' adds layernorm, GELU, softmax, adds, "
-             "casts and the optimizer."),
-        table(("phase", "6N+12LCT", "masked skipped", "GEMMs from shapes", "measured GEMMs",
-               "measured all", "GFLOP"), rows),
-        wrap(f"the optimizer updates N parameters once per step, so its share per token falls "
-             f"as the batch grows ({tokens:,} tokens here)"),
-        _ran_in_versus_math(m),
-        wrap(f"achieved: {m.step_seconds:.3f} s per step (profiled), "
-             f"{tokens / m.step_seconds:,.0f} tokens/s, "
-             f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
-             "(6N + 12·L·C·T per token)")])
+    return "\n".join(
+        [
+            f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
+            wrap(
+                "printed convention: attention's masked half is computed, as our kernels do: "
+                "2N + 4·L·C·T forward, 4N + 8·L·C·T backward, 6N + 12·L·C·T per step. 'masked "
+                "skipped' is the other public convention (6N + 6·L·C·T). 'GEMMs from shapes' is "
+                "exact: Σ 2·M·K·N over the linears, the LM head and attention's two GEMMs, plus "
+                "M·N per fused bias, forward; backward is twice the GEMMs (bias gradients are "
+                "sum kernels, not GEMMs). 'measured all' adds layernorm, GELU, softmax, adds, "
+                "casts and the optimizer."
+            ),
+            table(
+                (
+                    "phase",
+                    "6N+12LCT",
+                    "masked skipped",
+                    "GEMMs from shapes",
+                    "measured GEMMs",
+                    "measured all",
+                    "GFLOP",
+                ),
+                rows,
+            ),
+            wrap(
+                f"the optimizer updates N parameters once per step, so its share per token falls "
+                f"as the batch grows ({tokens:,} tokens here)"
+            ),
+            _ran_in_versus_math(m),
+            wrap(
+                f"achieved: {m.step_seconds:.3f} s per step (profiled), "
+                f"{tokens / m.step_seconds:,.0f} tokens/s, "
+                f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
+                "(6N + 12·L·C·T per token)"
+            ),
+        ]
+    )
 
 
 def _ran_in_versus_math(m):
@@ -330,22 +400,30 @@ def _ran_in_versus_math(m):
     formed again in the backward)."""
     tokens, n = m.batch_size * m.seq_len, m.n_params
     sums = [m.step.by_phase(kernels, by) for kernels in (None, GEMMS) for by in ("phase", "math")]
-    rows = [(phase, *(f"{s[phase]['flops'] / tokens / n:.4f}" for s in sums))
-            for phase in ("forward", "backward")]
-    return "\n".join([
-        f"  FLOPs per token / N, by the phase a kernel ran in and the phase whose math it is "
-        f"(LM head {_head(_options(m))}, recompute {'on' if _options(m)['recompute'] else 'off'}):",
-        table(("phase", "all: ran in", "all: math of", "GEMMs: ran in", "GEMMs: math of"), rows,
-              indent="    ")])
+    rows = [
+        (phase, *(f"{s[phase]['flops'] / tokens / n:.4f}" for s in sums))
+        for phase in ("forward", "backward")
+    ]
+    return "\n".join(
+        [
+            "  FLOPs per token / N, by the phase a kernel ran in and the phase whose math it is "
+            f"(LM head {_head(_options(m))}, recompute {_on_off(_options(m)['recompute'])}):",
+            table(
+                ("phase", "all: ran in", "all: math of", "GEMMs: ran in", "GEMMs: math of"),
+                rows,
+                indent="    ",
+            ),
+        ]
+    )
 
 
 def _state_memory(m):
-    return state_memory_table(m.persistent, m.n_params, m.dtype,
-                              "measured: the buffers the model and AdamW allocated")
+    return state_memory_table(
+        m.persistent, m.n_params, m.dtype, "measured: the buffers the model and AdamW allocated"
+    )
 
 
-def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, elements=None,
-                       padding=0):
+def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, elements=None, padding=0):
     """Bytes per parameter by consumer, predicted beside measured: persistent is tracker tag ->
     bytes, n the parameter count, source says where the bytes were measured, elements the
     length of AdamW's flat buffers (the padded vocabulary's rows included). Data parallel:
@@ -354,30 +432,53 @@ def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, element
     ranks = ranks or [persistent]
     R = len(ranks)
     pred = predicted_state_bytes(dtype, zero, R)
-    names = {"weights": f"weights ({dtype})", "gradients": f"gradients ({dtype})",
-             "master": "master (fp32)", "adam_m": "adam m (fp32)", "adam_v": "adam v (fp32)"}
-    rows = [(names[tag], f"{pred[tag]:g}", f"{persistent[tag]:,}", f"{persistent[tag] / n:.2f}")
-            for tag in PERSISTENT]
+    names = {
+        "weights": f"weights ({dtype})",
+        "gradients": f"gradients ({dtype})",
+        "master": "master (fp32)",
+        "adam_m": "adam m (fp32)",
+        "adam_v": "adam v (fp32)",
+    }
+    rows = [
+        (names[tag], f"{pred[tag]:g}", f"{persistent[tag]:,}", f"{persistent[tag] / n:.2f}")
+        for tag in PERSISTENT
+    ]
     total = sum(persistent[tag] for tag in PERSISTENT)
     rows.append(("total", f"{sum(pred.values()):g}", f"{total:,}", f"{total / n:.2f}"))
-    lines = [f"-- persistent training memory, bytes per parameter ({source})",
-             table(("consumer", "predicted", "measured bytes", "measured/param"), rows)]
+    lines = [
+        f"-- persistent training memory, bytes per parameter ({source})",
+        table(("consumer", "predicted", "measured bytes", "measured/param"), rows),
+    ]
     if R > 1:
         totals = [sum(r[tag] for tag in PERSISTENT) for r in ranks]
-        same = "the same on every rank" if len(set(totals)) == 1 else \
-            "per rank: " + ", ".join(f"{t:,}" for t in totals)
-        lines.append(f"  per rank of {R}, ZeRO-{zero}: measured {same}; the flat buffers are "
-                     f"padded by {padding:,} elements to {R} equal shards")
+        same = (
+            "the same on every rank"
+            if len(set(totals)) == 1
+            else "per rank: " + ", ".join(f"{t:,}" for t in totals)
+        )
+        lines.append(
+            f"  per rank of {R}, ZeRO-{zero}: measured {same}; the flat buffers are "
+            f"padded by {padding:,} elements to {R} equal shards"
+        )
     if elements is not None and elements > n:
-        lines.append(f"  measured/param divides by N; the flat buffers hold {elements - n:,} "
-                     f"elements more ({(elements - n) / n:.2%}: the padded vocabulary's zero "
-                     "rows" + (", the shards' padding)" if padding else ")"))
+        lines.append(
+            f"  measured/param divides by N; the flat buffers hold {elements - n:,} "
+            f"elements more ({(elements - n) / n:.2%}: the padded vocabulary's zero "
+            "rows" + (", the shards' padding)" if padding else ")")
+        )
         if zero == 2:
-            lines.append("  ZeRO-2: the step also holds a full-size gradient buffer from its first "
-                         "backward to the reduce-scatter (in the step's peak, not kept)")
-    lines.append(f"  {total / 1e9:.2f} GB for N = {n:,}" + (
-        "; 14 bytes/param if gradients were freed inside the step (ours stay allocated)"
-        if R == 1 else ""))
+            lines.append(
+                "  ZeRO-2: the step also holds a full-size gradient buffer from its first "
+                "backward to the reduce-scatter (in the step's peak, not kept)"
+            )
+    lines.append(
+        f"  {total / 1e9:.2f} GB for N = {n:,}"
+        + (
+            "; 14 bytes/param if gradients were freed inside the step (ours stay allocated)"
+            if R == 1
+            else ""
+        )
+    )
     return "\n".join(lines)
 
 
@@ -396,22 +497,54 @@ def communication_table(collectives, predicted, world):
     for name, what, nbytes in predicted:
         calls, buf, sent, seconds = ran.get((name, what), (0, 0, 0.0, 0.0))
         expect = sent_bytes(name, nbytes, world)
-        rows.append((f"{name} {what}", f"{nbytes:,}", f"{expect:,.0f}", f"{sent:,.0f}",
-                     f"{seconds * 1e3:.2f}", f"{sent / seconds / 1e9:.2f}" if seconds else "-"))
+        rows.append(
+            (
+                f"{name} {what}",
+                f"{nbytes:,}",
+                f"{expect:,.0f}",
+                f"{sent:,.0f}",
+                f"{seconds * 1e3:.2f}",
+                f"{sent / seconds / 1e9:.2f}" if seconds else "-",
+            )
+        )
         total = [total[0] + expect, total[1] + sent, total[2] + seconds]
     unexpected = sorted(set(ran) - {(n, w) for n, w, _ in predicted})
-    rows.append(("total", "", f"{total[0]:,.0f}", f"{total[1]:,.0f}", f"{total[2] * 1e3:.2f}",
-                 f"{total[1] / total[2] / 1e9:.2f}" if total[2] else "-"))
-    return "\n".join([
-        f"-- communication per step, bytes each rank sends (R = {world}; ring: all-reduce "
-        "2(R-1)/R x buffer, reduce-scatter and all-gather (R-1)/R)",
-        table(("collective", "buffer bytes", "predicted sent", "measured sent", "ms",
-               "busbw GB/s"), rows)]
-        + ([f"  also ran, not predicted: {unexpected}"] if unexpected else []))
+    rows.append(
+        (
+            "total",
+            "",
+            f"{total[0]:,.0f}",
+            f"{total[1]:,.0f}",
+            f"{total[2] * 1e3:.2f}",
+            f"{total[1] / total[2] / 1e9:.2f}" if total[2] else "-",
+        )
+    )
+    return "\n".join(
+        [
+            f"-- communication per step, bytes each rank sends (R = {world}; ring: all-reduce "
+            "2(R-1)/R x buffer, reduce-scatter and all-gather (R-1)/R)",
+            table(
+                (
+                    "collective",
+                    "buffer bytes",
+                    "predicted sent",
+                    "measured sent",
+                    "ms",
+                    "busbw GB/s",
+                ),
+                rows,
+            ),
+        ]
+        + ([f"  also ran, not predicted: {unexpected}"] if unexpected else [])
+    )
 
 
 def _options(m):
     return {"attention": "naive", "lm_head": "plain", "recompute": False, **m.options}
+
+
+def _on_off(flag):
+    return "on" if flag else "off"
 
 
 def _head(opts):
@@ -423,37 +556,53 @@ def _activations(m):
     c, tokens, opts = m.config, m.batch_size * m.seq_len, _options(m)
     layers = block_layers(m.tape)
     first = [r for r in m.tape if layer_of(r["scope"]) == layers[0] and r["saved_bytes"]]
-    rows = [(r["scope"][len(layers[0]) + 1:] or "(block)", r["op"],
-             _bytes_per_token(r["saved_bytes"], tokens), SAVES.get(r["op"], "")) for r in first]
+    rows = [
+        (
+            r["scope"][len(layers[0]) + 1 :] or "(block)",
+            r["op"],
+            _bytes_per_token(r["saved_bytes"], tokens),
+            SAVES.get(r["op"], ""),
+        )
+        for r in first
+    ]
     per_layer = group(m.tape, lambda r: layer_of(r["scope"]))
     block_bytes = [per_layer[name]["saved_bytes"] for name in layers]
-    outside = [(name, _bytes_per_token(g["saved_bytes"], tokens))
-               for name, g in per_layer.items() if name not in layers and g["saved_bytes"]]
+    outside = [
+        (name, _bytes_per_token(g["saved_bytes"], tokens))
+        for name, g in per_layer.items()
+        if name not in layers and g["saved_bytes"]
+    ]
     head = sum(g["saved_bytes"] for name, g in per_layer.items() if name in ("lm_head", "loss"))
     tape_total = sum(r["saved_bytes"] for r in m.tape)
-    predicted = predicted_activation_bytes(c, m.seq_len, m.dtype, opts["attention"],
-                                           opts["recompute"])
+    predicted = predicted_activation_bytes(
+        c, m.seq_len, m.dtype, opts["attention"], opts["recompute"]
+    )
     head_predicted = predicted_head_bytes(c, tokens, m.dtype, opts["lm_head"])
     saved_predicted = predicted_saved_bytes(c, m.batch_size, m.seq_len, m.dtype, **opts)
     convention = ACTIVATION_CONVENTION["recompute" if opts["recompute"] else opts["attention"]]
-    return "\n".join([
-        f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}; "
-        f"attention {opts['attention']}, LM head {_head(opts)}, recompute "
-        f"{'on' if opts['recompute'] else 'off'}), from the tape",
-        wrap("convention per layer per token: " + convention),
-        f"  what {layers[0]} saves, per record (the first record to save a buffer is charged):",
-        table(("record", "op", "bytes/token", "what"), rows, "llrl", indent="    "),
-        f"  per token per layer: predicted {predicted:,}, measured "
-        f"{sum(block_bytes) / tokens / len(layers):,.0f} "
-        f"(mean of {len(layers)} layers; all equal: "
-        f"{'yes' if len(set(block_bytes)) == 1 else 'NO'})",
-        "  outside the blocks, bytes per token:",
-        table(("layer", "bytes/token"), outside, indent="    "),
-        wrap(f"the LM head and the loss save {head / tokens:,.1f} bytes per token, predicted "
-             f"{head_predicted / tokens:,.1f}: {HEAD_CONVENTION[opts['lm_head']]}"),
-        f"  total saved: {tape_total:,} bytes by the tape's records (predicted "
-        f"{saved_predicted:,}), {m.activation_bytes:,} counted by the tracker "
-        f"({'equal' if tape_total == m.activation_bytes else 'DIFFERENT'})"])
+    return "\n".join(
+        [
+            f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}; "
+            f"attention {opts['attention']}, LM head {_head(opts)}, recompute "
+            f"{'on' if opts['recompute'] else 'off'}), from the tape",
+            wrap("convention per layer per token: " + convention),
+            f"  what {layers[0]} saves, per record (the first record to save a buffer is charged):",
+            table(("record", "op", "bytes/token", "what"), rows, "llrl", indent="    "),
+            f"  per token per layer: predicted {predicted:,}, measured "
+            f"{sum(block_bytes) / tokens / len(layers):,.0f} "
+            f"(mean of {len(layers)} layers; all equal: "
+            f"{'yes' if len(set(block_bytes)) == 1 else 'NO'})",
+            "  outside the blocks, bytes per token:",
+            table(("layer", "bytes/token"), outside, indent="    "),
+            wrap(
+                f"the LM head and the loss save {head / tokens:,.1f} bytes per token, predicted "
+                f"{head_predicted / tokens:,.1f}: {HEAD_CONVENTION[opts['lm_head']]}"
+            ),
+            f"  total saved: {tape_total:,} bytes by the tape's records (predicted "
+            f"{saved_predicted:,}), {m.activation_bytes:,} counted by the tracker "
+            f"({'equal' if tape_total == m.activation_bytes else 'DIFFERENT'})",
+        ]
+    )
 
 
 def _memory_trades(m, budget_bytes):
@@ -464,20 +613,42 @@ def _memory_trades(m, budget_bytes):
     rows = []
     for a, h, r in OPTION_GRID:
         peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, a, h, r)
-        batch = largest_batch(c, m.seq_len, m.dtype, budget_bytes, attention=a, lm_head=h,
-                              recompute=r)
-        rows.append((a, h, "on" if r else "off",
-                     f"{predicted_activation_bytes(c, m.seq_len, m.dtype, a, r):,}",
-                     f"{peak / 1e6:,.1f}", f"{batch:,}"))
-    return "\n".join([
-        "-- peak memory of the step (the tracker, temporaries included) and the three trades",
-        f"  measured peak {m.peak_bytes:,} bytes ({m.peak_bytes / 1e6:,.1f} MB); predicted "
-        f"{predicted:,} ({predicted / 1e6:,.1f} MB: the persistent state, everything saved, "
-        f"and the largest transient), {m.peak_bytes / predicted:.3f}x",
-        f"  largest batch at T = {m.seq_len:,} in a budget of {budget_bytes / 1e9:,.1f} GB "
-        f"({m.dtype}), from the predicted peak:",
-        table(("attention", "LM head", "recompute", "saved bytes/token/layer",
-               f"peak MB at B={m.batch_size}", "largest B"), rows, "lllrrr", indent="    ")])
+        batch = largest_batch(
+            c, m.seq_len, m.dtype, budget_bytes, attention=a, lm_head=h, recompute=r
+        )
+        rows.append(
+            (
+                a,
+                h,
+                "on" if r else "off",
+                f"{predicted_activation_bytes(c, m.seq_len, m.dtype, a, r):,}",
+                f"{peak / 1e6:,.1f}",
+                f"{batch:,}",
+            )
+        )
+    return "\n".join(
+        [
+            "-- peak memory of the step (the tracker, temporaries included) and the three trades",
+            f"  measured peak {m.peak_bytes:,} bytes ({m.peak_bytes / 1e6:,.1f} MB); predicted "
+            f"{predicted:,} ({predicted / 1e6:,.1f} MB: the persistent state, everything saved, "
+            f"and the largest transient), {m.peak_bytes / predicted:.3f}x",
+            f"  largest batch at T = {m.seq_len:,} in a budget of {budget_bytes / 1e9:,.1f} GB "
+            f"({m.dtype}), from the predicted peak:",
+            table(
+                (
+                    "attention",
+                    "LM head",
+                    "recompute",
+                    "saved bytes/token/layer",
+                    f"peak MB at B={m.batch_size}",
+                    "largest B",
+                ),
+                rows,
+                "lllrrr",
+                indent="    ",
+            ),
+        ]
+    )
 
 
 def _bytes_per_token(nbytes, tokens):
@@ -489,18 +660,26 @@ def _launches(m):
     phases = m.step.by_phase()
     layers = block_layers(m.tape)
     layer = group(m.tape, lambda r: layer_of(r["scope"]))[layers[0]]
-    rows = [("training step: forward", phases["forward"]["launches"], layer["fwd_launches"], ""),
-            ("training step: backward", phases["backward"]["launches"], layer["bwd_launches"],
-             f"{m.unowned['backward'].launches} outside any record (gradient sums, adds "
-             "into .grad)"),
-            ("training step: optimizer", phases["optimizer"]["launches"], "", "")]
+    rows = [
+        ("training step: forward", phases["forward"]["launches"], layer["fwd_launches"], ""),
+        (
+            "training step: backward",
+            phases["backward"]["launches"],
+            layer["bwd_launches"],
+            f"{m.unowned['backward'].launches} outside any record (gradient sums, adds into .grad)",
+        ),
+        ("training step: optimizer", phases["optimizer"]["launches"], "", ""),
+    ]
     total = sum(p["launches"] for p in phases.values())
     rows.append(("training step: total", total, "", ""))
     decode = len(m.decode.launches)
     rows.append(("decode step (M = 1)", decode, "", f"{m.decode_seconds * 1e3:.1f} ms measured"))
-    return "\n".join([
-        f"-- kernel launches (per layer: {layers[0]}, from the tape)",
-        table(("where", "launches", "per layer", "note"), rows, "lrrl"),
-        f"  at ~{LAUNCH_COST_S * 1e6:.0f} µs each (eager, GPU) the launches alone cost "
-        f"{total * LAUNCH_COST_S * 1e3:.1f} ms per training step and "
-        f"{decode * LAUNCH_COST_S * 1e3:.1f} ms per decode step"])
+    return "\n".join(
+        [
+            f"-- kernel launches (per layer: {layers[0]}, from the tape)",
+            table(("where", "launches", "per layer", "note"), rows, "lrrl"),
+            f"  at ~{LAUNCH_COST_S * 1e6:.0f} µs each (eager, GPU) the launches alone cost "
+            f"{total * LAUNCH_COST_S * 1e3:.1f} ms per training step and "
+            f"{decode * LAUNCH_COST_S * 1e3:.1f} ms per decode step",
+        ]
+    )

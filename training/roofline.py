@@ -49,6 +49,7 @@ census() does this per launch and sums by kernel, so a kernel of many shapes (th
 step's GEMMs, tiny and large) gets the sum of each launch's roof; the row's bound is the one
 that holds most of that sum.
 """
+
 import dataclasses
 import datetime
 import hashlib
@@ -67,27 +68,27 @@ from . import mfu
 from .tables import table
 
 BOUNDS = ("compute", "memory", "exp", "launch")
-METHOD = 2                    # bumped whenever a measurement changes: older caches are not read
+METHOD = 2  # bumped whenever a measurement changes: older caches are not read
 REMEASURE = "TG_REMEASURE_PEAKS"
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-TRIES = 3                     # each peak is the best of this many timed runs
-STREAM_BYTES = {"cpu": 256 << 20, "cuda": 1 << 30}   # per buffer of the copy and read tests
-GPU_GEMM = 8192               # n of the GPU's n^3 GEMM test
-EXP_BLOCK, EXP_REPS = 1 << 16, 100   # 64K float32 per thread (L2-resident), 100 passes each
-LAUNCHES = 2000               # back-to-back tiny launches of the launch test
+TRIES = 3  # each peak is the best of this many timed runs
+STREAM_BYTES = {"cpu": 256 << 20, "cuda": 1 << 30}  # per buffer of the copy and read tests
+GPU_GEMM = 8192  # n of the GPU's n^3 GEMM test
+EXP_BLOCK, EXP_REPS = 1 << 16, 100  # 64K float32 per thread (L2-resident), 100 passes each
+LAUNCHES = 2000  # back-to-back tiny launches of the launch test
 
 
 @dataclasses.dataclass
 class Peaks:
     device: str
-    machine: str         # the machine in words (CPU, cores, NumPy and BLAS, GPU)
-    matmul: dict         # dtype name -> GEMM FLOP/s
-    copy_bw: float       # bytes/s of a streaming copy (read + write)
-    read_bw: float       # bytes/s of a streaming read
-    exp_rate: float      # exps/s the bound uses (0: exp is not a bound on this device)
-    launch_s: float      # seconds of the cheapest kernel call
-    how: dict            # peak -> how it was measured, in words
-    when: str = ""       # when it was measured (UTC)
+    machine: str  # the machine in words (CPU, cores, NumPy and BLAS, GPU)
+    matmul: dict  # dtype name -> GEMM FLOP/s
+    copy_bw: float  # bytes/s of a streaming copy (read + write)
+    read_bw: float  # bytes/s of a streaming read
+    exp_rate: float  # exps/s the bound uses (0: exp is not a bound on this device)
+    launch_s: float  # seconds of the cheapest kernel call
+    how: dict  # peak -> how it was measured, in words
+    when: str = ""  # when it was measured (UTC)
 
     @property
     def bandwidth(self):
@@ -98,24 +99,36 @@ class Peaks:
         return self.matmul.get(dtype, self.matmul["fp32"])
 
     def describe(self):
-        rows = [(f"{name} matmul", f"{rate / 1e9:,.0f} GFLOP/s", self.how[f"matmul_{name}"])
-                for name, rate in self.matmul.items()]
-        rows += [("streaming copy", f"{self.copy_bw / 1e9:.1f} GB/s", self.how["copy"]),
-                 ("streaming read", f"{self.read_bw / 1e9:.1f} GB/s", self.how["read"]),
-                 ("exp", f"{self.exp_rate / 1e9:.2f} G/s" if self.exp_rate else "-",
-                  self.how["exp"]),
-                 ("launch floor", f"{self.launch_s * 1e6:.2f} us", self.how["launch"])]
-        return "\n".join([f"machine peaks: {self.machine} (measured {self.when}; cached, "
-                          f"{REMEASURE}=1 measures again)", table(("peak", "value", "how"),
-                                                                   rows, "lrl")])
+        rows = [
+            (f"{name} matmul", f"{rate / 1e9:,.0f} GFLOP/s", self.how[f"matmul_{name}"])
+            for name, rate in self.matmul.items()
+        ]
+        rows += [
+            ("streaming copy", f"{self.copy_bw / 1e9:.1f} GB/s", self.how["copy"]),
+            ("streaming read", f"{self.read_bw / 1e9:.1f} GB/s", self.how["read"]),
+            ("exp", f"{self.exp_rate / 1e9:.2f} G/s" if self.exp_rate else "-", self.how["exp"]),
+            ("launch floor", f"{self.launch_s * 1e6:.2f} us", self.how["launch"]),
+        ]
+        return "\n".join(
+            [
+                f"machine peaks: {self.machine} (measured {self.when}; cached, "
+                f"{REMEASURE}=1 measures again)",
+                table(("peak", "value", "how"), rows, "lrl"),
+            ]
+        )
 
 
 # ---------------------------------------------------------------- bounds
 
+
 def roofline_times(flops, nbytes, exps, peaks, dtype="fp32"):
     """-> {bound: the seconds that peak alone allows} for one launch."""
-    return {"compute": flops / peaks.flops(dtype), "memory": nbytes / peaks.bandwidth,
-            "exp": exps / peaks.exp_rate if peaks.exp_rate else 0.0, "launch": peaks.launch_s}
+    return {
+        "compute": flops / peaks.flops(dtype),
+        "memory": nbytes / peaks.bandwidth,
+        "exp": exps / peaks.exp_rate if peaks.exp_rate else 0.0,
+        "launch": peaks.launch_s,
+    }
 
 
 def bound(flops, nbytes, exps, peaks, dtype="fp32"):
@@ -144,6 +157,7 @@ def census(prof, peaks, dtype="fp32"):
 
 # ---------------------------------------------------------------- the picture
 
+
 def plot(series, peaks, path, dtype="fp32", title="roofline"):
     """The classic roofline picture into a PNG: each kernel of each census (series: [(label,
     census() rows)]) a point at (FLOPs per byte, achieved FLOP/s), its area its share of the
@@ -152,32 +166,61 @@ def plot(series, peaks, path, dtype="fp32", title="roofline"):
     bar. Kernels with no FLOPs (copies, gathers) or no time have no place on log axes and are
     left out (the legend counts them); names label the kernels of 1% of their step or more."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     peak, bw = peaks.flops(dtype), peaks.bandwidth
-    drawn = [[r for r in rows if r["flops"] > 0 and r["bytes"] > 0 and r["seconds"] > 0]
-             for _, rows in series]
+    drawn = [
+        [r for r in rows if r["flops"] > 0 and r["bytes"] > 0 and r["seconds"] > 0]
+        for _, rows in series
+    ]
     intensities = [r["flops"] / r["bytes"] for rows in drawn for r in rows] or [peak / bw]
-    x = np.logspace(math.log10(min(intensities) / 3),
-                    math.log10(max(max(intensities), peak / bw) * 10), 200)
+    x = np.logspace(
+        math.log10(min(intensities) / 3), math.log10(max(max(intensities), peak / bw) * 10), 200
+    )
     fig, ax = plt.subplots(figsize=(9, 6))
-    ax.plot(x, np.minimum(peak, bw * x), "k-", lw=1.5,
-            label=f"roofs: {bw / 1e9:.1f} GB/s, {dtype} matmul {peak / 1e9:,.0f} GFLOP/s")
+    ax.plot(
+        x,
+        np.minimum(peak, bw * x),
+        "k-",
+        lw=1.5,
+        label=f"roofs: {bw / 1e9:.1f} GB/s, {dtype} matmul {peak / 1e9:,.0f} GFLOP/s",
+    )
     for (label, rows), kept, color in zip(series, drawn, ("tab:blue", "tab:orange")):
         xs = [r["flops"] / r["bytes"] for r in kept]
         ys = [r["flops"] / r["seconds"] for r in kept]
-        ax.scatter(xs, ys, s=[20 + 2000 * r["share"] for r in kept], color=color, alpha=0.6,
-                   label=f"{label} ({len(rows) - len(kept)} kernels without FLOPs not drawn)")
+        ax.scatter(
+            xs,
+            ys,
+            s=[20 + 2000 * r["share"] for r in kept],
+            color=color,
+            alpha=0.6,
+            label=f"{label} ({len(rows) - len(kept)} kernels without FLOPs not drawn)",
+        )
         for r, xi, yi in zip(kept, xs, ys):
             if r["share"] >= 0.01:
-                ax.annotate(f"{r['kernel']} ({r['bound']})", (xi, yi), fontsize=7,
-                            textcoords="offset points", xytext=(5, -3))
+                ax.annotate(
+                    f"{r['kernel']} ({r['bound']})",
+                    (xi, yi),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(5, -3),
+                )
             if r["bound"] == "exp" and r["exps"]:
-                ax.hlines(r["flops"] / r["exps"] * peaks.exp_rate, xi / 2, xi * 2, colors=color,
-                          linestyles="dotted")
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte)",
-           ylabel="achieved FLOP/s")
+                ax.hlines(
+                    r["flops"] / r["exps"] * peaks.exp_rate,
+                    xi / 2,
+                    xi * 2,
+                    colors=color,
+                    linestyles="dotted",
+                )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (FLOPs per byte)",
+        ylabel="achieved FLOP/s",
+    )
     ax.set_title(f"{title}\n{peaks.machine}", fontsize=9)
     ax.legend(fontsize=8, loc="upper left", markerscale=0.4)
     ax.grid(True, which="both", alpha=0.2)
@@ -189,6 +232,7 @@ def plot(series, peaks, path, dtype="fp32", title="roofline"):
 
 # ---------------------------------------------------------------- peaks: cached
 
+
 def usable_cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
@@ -197,10 +241,15 @@ def fingerprint(device):
     """What decides the peaks: a change in any of these is another machine (and METHOD,
     another measurement)."""
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-    out = {"cpu": cpu_name(), "cores": usable_cores(), "numpy": np.__version__,
-           "blas": f"{blas.get('name')} {blas.get('version')}",
-           "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ}, "device": device,
-           "method": METHOD}
+    out = {
+        "cpu": cpu_name(),
+        "cores": usable_cores(),
+        "numpy": np.__version__,
+        "blas": f"{blas.get('name')} {blas.get('version')}",
+        "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+        "device": device,
+        "method": METHOD,
+    }
     if device == "cuda":
         out["gpu"] = backend.get("cuda").device_name()
     return out
@@ -211,14 +260,17 @@ def cpu_name():
     Xeon(R) Processor") and AVX-512 when the CPU has it."""
     try:
         with open("/proc/cpuinfo") as f:
-            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines()
-                        if ":" in line)
+            info = dict(
+                line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line
+            )
     except OSError:
         return platform.processor() or platform.machine()
     info = {k.strip(): v.strip() for k, v in info.items()}
     avx512 = ", AVX-512" if "avx512f" in info.get("flags", "").split() else ""
-    return (f"{info.get('model name', platform.machine())} (family {info.get('cpu family')} "
-            f"model {info.get('model')}{avx512})")
+    return (
+        f"{info.get('model name', platform.machine())} (family {info.get('cpu family')} "
+        f"model {info.get('model')}{avx512})"
+    )
 
 
 def cache_path(device):
@@ -236,17 +288,18 @@ def peaks(device="cpu", remeasure=None):
     if not remeasure and path.is_file():
         try:
             return Peaks(**json.loads(path.read_text()))
-        except (ValueError, TypeError):   # a cache of another version, or cut short
+        except (ValueError, TypeError):  # a cache of another version, or cut short
             pass
     measured = measure(device)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(dataclasses.asdict(measured), indent=1))
-    tmp.replace(path)                    # whole or not at all, should two runs race
+    tmp.replace(path)  # whole or not at all, should two runs race
     return measured
 
 
 # ---------------------------------------------------------------- peaks: measured
+
 
 def measure(device="cpu"):
     fp = fingerprint(device)
@@ -274,8 +327,13 @@ def _best(be, fn, tries=TRIES):
 def _launch_floor(be, xp):
     """Seconds per call of the cheaper of the backend's add and copy on 1-element arrays."""
     one = xp.ones(1, dtype=np.float32)
-    return min(_best(be, lambda: [kernel(one, one) for _ in range(LAUNCHES)])
-               for kernel in (be.add, be.copy)) / LAUNCHES
+    return (
+        min(
+            _best(be, lambda: [kernel(one, one) for _ in range(LAUNCHES)])
+            for kernel in (be.add, be.copy)
+        )
+        / LAUNCHES
+    )
 
 
 def _measure_cpu(cores):
@@ -289,40 +347,52 @@ def _measure_cpu(cores):
     def exps(i):
         for _ in range(EXP_REPS):
             np.exp(blocks[i], out=outs[i])
+
     copy, read, exp = {}, {}, {}
     with ThreadPoolExecutor(cores) as pool:
-        for n in sorted({1, cores}):      # one thread, then one per core
+        for n in sorted({1, cores}):  # one thread, then one per core
             srcs, dsts = np.array_split(src, n), np.array_split(dst, n)
             copy[n] = 2 * src.nbytes / _best(be, lambda: list(pool.map(np.copyto, dsts, srcs)))
             read[n] = src.nbytes / _best(be, lambda: list(pool.map(np.max, srcs)))
             exp[n] = n * EXP_REPS * EXP_BLOCK / _best(be, lambda: list(pool.map(exps, range(n))))
 
     def per_threads(rates, unit, scale):
-        return ", ".join(f"{n} thread{'s' if n > 1 else ''} {r / scale:.2f} {unit}"
-                         for n, r in rates.items()) + "; the higher is the peak"
+        return (
+            ", ".join(
+                f"{n} thread{'s' if n > 1 else ''} {r / scale:.2f} {unit}" for n, r in rates.items()
+            )
+            + "; the higher is the peak"
+        )
+
     stream = f"{STREAM_BYTES['cpu'] >> 20} MB float32"
-    return {"matmul": {"fp32": matmul}, "copy_bw": max(copy.values()),
-            "read_bw": max(read.values()), "exp_rate": max(exp.values()),
-            "launch_s": _launch_floor(be, np),
-            "how": {"matmul_fp32": f"np.matmul 1024^3 fp32, best of {TRIES} x 5 (fp16/bf16 "
-                                   "GEMMs run in fp32 on the CPU backend)",
-                    "copy": f"np.copyto {stream}, read + write: "
-                            + per_threads(copy, "GB/s", 1e9),
-                    "read": f"np.max over {stream}: " + per_threads(read, "GB/s", 1e9),
-                    "exp": f"np.exp, {EXP_BLOCK >> 10}K float32 per thread in L2: "
-                           + per_threads(exp, "G/s", 1e9),
-                    "launch": f"cpu.add or cpu.copy (the cheaper) on 1-element arrays, mean "
-                              f"of {LAUNCHES} calls (Python + NumPy dispatch)"}}
+    return {
+        "matmul": {"fp32": matmul},
+        "copy_bw": max(copy.values()),
+        "read_bw": max(read.values()),
+        "exp_rate": max(exp.values()),
+        "launch_s": _launch_floor(be, np),
+        "how": {
+            "matmul_fp32": f"np.matmul 1024^3 fp32, best of {TRIES} x 5 (fp16/bf16 "
+            "GEMMs run in fp32 on the CPU backend)",
+            "copy": f"np.copyto {stream}, read + write: " + per_threads(copy, "GB/s", 1e9),
+            "read": f"np.max over {stream}: " + per_threads(read, "GB/s", 1e9),
+            "exp": f"np.exp, {EXP_BLOCK >> 10}K float32 per thread in L2: "
+            + per_threads(exp, "G/s", 1e9),
+            "launch": f"cpu.add or cpu.copy (the cheaper) on 1-element arrays, mean "
+            f"of {LAUNCHES} calls (Python + NumPy dispatch)",
+        },
+    }
 
 
 def _gpu_gemm_rate(be, cupy, dtype):
-    a = cupy.ones((GPU_GEMM, GPU_GEMM), dtype=dtype)   # the values do not change the speed
+    a = cupy.ones((GPU_GEMM, GPU_GEMM), dtype=dtype)  # the values do not change the speed
     out = cupy.empty_like(a)
-    return 2 * GPU_GEMM ** 3 / _best(be, lambda: cupy.matmul(a, a, out=out))
+    return 2 * GPU_GEMM**3 / _best(be, lambda: cupy.matmul(a, a, out=out))
 
 
 def _measure_cuda():
     import cupy
+
     be = backend.get("cuda")
     matmul = {name: _gpu_gemm_rate(be, cupy, dtypes.BY_NAME[name]) for name in ("fp32", "fp16")}
     matmul["bf16"] = matmul["fp16"]
@@ -332,12 +402,20 @@ def _measure_cuda():
     read = src.nbytes / _best(be, lambda: src.max())
     stream = f"{STREAM_BYTES['cuda'] >> 20} MB float32, CUDA events, best of {TRIES}"
     gemm = f"cupy.matmul (cuBLAS) {GPU_GEMM}^3, CUDA events, best of {TRIES}"
-    return {"matmul": matmul, "copy_bw": copy, "read_bw": read, "exp_rate": 0.0,
-            "launch_s": _launch_floor(be, cupy),
-            "how": {"matmul_fp32": gemm, "matmul_fp16": gemm,
-                    "matmul_bf16": "fp16's rate (same tensor-core rate; CuPy has no bf16 GEMM)",
-                    "copy": f"cupy.copyto {stream}, read + write",
-                    "read": f"cupy max over {stream}",
-                    "exp": "not a bound on a GPU (special function units outrun memory)",
-                    "launch": f"cuda.add or cuda.copy (the cheaper) on 1-element arrays, "
-                              f"mean of {LAUNCHES} back-to-back launches (CUDA events)"}}
+    return {
+        "matmul": matmul,
+        "copy_bw": copy,
+        "read_bw": read,
+        "exp_rate": 0.0,
+        "launch_s": _launch_floor(be, cupy),
+        "how": {
+            "matmul_fp32": gemm,
+            "matmul_fp16": gemm,
+            "matmul_bf16": "fp16's rate (same tensor-core rate; CuPy has no bf16 GEMM)",
+            "copy": f"cupy.copyto {stream}, read + write",
+            "read": f"cupy max over {stream}",
+            "exp": "not a bound on a GPU (special function units outrun memory)",
+            "launch": f"cuda.add or cuda.copy (the cheaper) on 1-element arrays, "
+            f"mean of {LAUNCHES} back-to-back launches (CUDA events)",
+        },
+    }

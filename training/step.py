@@ -6,7 +6,7 @@ def forward_backward(model, x, y, scaler=None, micro_batches=1, watch=None):
     (over every rank: the gradients are then summed across ranks) and times the fp16 loss
     scale. watch() runs between the two (the accounting reads the tape there). -> the
     micro-batch's loss (a float, unscaled, divided as the gradients are)."""
-    loss = model(x, y)[1]                   # the (B, T, V) logits die right here
+    loss = model(x, y)[1]  # the (B, T, V) logits die right here
     loss = loss / micro_batches if micro_batches > 1 else loss
     scaled = scaler.scale_loss(loss) if scaler else loss
     if watch is not None:

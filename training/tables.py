@@ -1,4 +1,5 @@
 """Plain-text tables for the reports, the census and the benchmarks: one formatter for all."""
+
 import textwrap
 
 
@@ -9,9 +10,12 @@ def table(headers, rows, align=None, indent="  "):
     cells = [list(headers)] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
-        indent + "  ".join(c.ljust(w) if a == "l" else c.rjust(w)
-                           for c, w, a in zip(row, widths, align)).rstrip()
-        for row in cells)
+        indent
+        + "  ".join(
+            c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)
+        ).rstrip()
+        for row in cells
+    )
 
 
 def wrap(text, indent="  "):

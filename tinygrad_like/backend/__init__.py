@@ -4,6 +4,7 @@ for or auto-detected, so the package never needs it.
 
 TG_DEVICE=cpu|cuda picks the default; without it the default is cuda when CuPy sees a GPU.
 """
+
 import os
 from functools import lru_cache
 
@@ -16,6 +17,7 @@ DEVICES = ("cpu", "cuda")
 def cuda_available() -> bool:
     try:
         import cupy
+
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # no CuPy, no driver, or no device: all mean "no CUDA here"
         return False
@@ -33,9 +35,11 @@ def check_device(device: str) -> str:
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
     if device == "cuda" and not cuda_available():
-        raise RuntimeError("device 'cuda' asked for but no GPU is usable: install the extra "
-                           "with pip install -e '.[cuda]' on a machine with an NVIDIA GPU, "
-                           "or use --device cpu / TG_DEVICE=cpu")
+        raise RuntimeError(
+            "device 'cuda' asked for but no GPU is usable: install the extra "
+            "with pip install -e '.[cuda]' on a machine with an NVIDIA GPU, "
+            "or use --device cpu / TG_DEVICE=cpu"
+        )
     return device
 
 
@@ -45,6 +49,7 @@ def get(device: str):
         return cpu
     check_device(device)
     from . import cuda
+
     return cuda
 
 

@@ -11,6 +11,7 @@ Rules every backend follows (the CUDA backend in cuda.py matches these names and
 Over 500 lines on purpose: it is the whole kernel contract (kernels.KERNELS) in one file, in the
 same order as cuda.py, so that the reference and the CUDA glue read side by side.
 """
+
 import ctypes
 import ctypes.util
 import math
@@ -42,7 +43,7 @@ def keep_freed_memory():
     if libc is None or not hasattr(libc, "mallopt"):
         return False
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-    return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
+    return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 keep_freed_memory()
@@ -54,6 +55,7 @@ def supported_dtypes():
 
 
 # ---------------------------------------------------------------- arrays and timing
+
 
 def asarray(data, dtype=None):
     return np.asarray(data, dtype=dtype)
@@ -111,9 +113,13 @@ def _round(a, dtype, out=None):
 # that their many passes hit the core's cache, not memory. The split depends only on the sizes
 # and the core count, so results are deterministic.
 # the cores this process may run on (one under mpirun's binding of a rank per core)
-_THREADS = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1, 8))
-_CHUNK = 1 << 17            # elements per chunk: with a few fp32 temporaries, fits in L2
+_THREADS = max(
+    1,
+    min(
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8
+    ),
+)
+_CHUNK = 1 << 17  # elements per chunk: with a few fp32 temporaries, fits in L2
 _pool = None
 
 
@@ -129,6 +135,7 @@ def _in_parallel(n, body, per_row=1, chunk_rows=None, blocks=None):
     def block(start, stop):
         for lo in range(start, stop, chunk_rows):
             body(lo, min(lo + chunk_rows, stop))
+
     if blocks == 1:
         block(0, n)
         return
@@ -162,7 +169,7 @@ def _find_openblas():
 
 
 _OPENBLAS = _find_openblas()
-_BLAS_THREADS = _OPENBLAS[1:] if _OPENBLAS else None     # (get, set) of its thread count
+_BLAS_THREADS = _OPENBLAS[1:] if _OPENBLAS else None  # (get, set) of its thread count
 
 
 def _blas_workers_sleep_when_idle():
@@ -190,7 +197,7 @@ def _blas_workers_sleep_when_idle():
     try:
         read_env()
     finally:
-        del os.environ["OPENBLAS_THREAD_TIMEOUT"]     # children start with OpenBLAS's default
+        del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # children start with OpenBLAS's default
     stop_workers()
     return True
 
@@ -250,8 +257,8 @@ class _one_blas_thread:
 # and at K = 128 its kernel makes ~136 GFLOP/s a core even in cache (152 at K = 1024), so x
 # wte^T tops out near 75% of the peak (220 GFLOP/s alone, ~200 in the step).
 
-_GEMM_SPLIT = 1 << 22      # multiply-adds (batch*M*K*N) from which a GEMM uses all the cores
-_LONG_K = 2                # K >= _LONG_K * max(M, N): a long K, cut in two halves
+_GEMM_SPLIT = 1 << 22  # multiply-adds (batch*M*K*N) from which a GEMM uses all the cores
+_LONG_K = 2  # K >= _LONG_K * max(M, N): a long K, cut in two halves
 _BLAS_QUIET = _blas_workers_sleep_when_idle()
 
 
@@ -265,7 +272,7 @@ def _gemm(a, b, bias=None):
     if big and K >= _LONG_K * max(M, N):
         c = _gemm_k_halves(a, b)
     elif _BLAS_QUIET:
-        c = np.matmul(a, b)        # OpenBLAS threads it (below its own threshold it does not)
+        c = np.matmul(a, b)  # OpenBLAS threads it (below its own threshold it does not)
     else:
         c = _gemm_split(a, b, big)
     if bias is not None:
@@ -282,6 +289,7 @@ def _gemm_k_halves(a, b):
     def half(lo, hi):
         for i in range(lo, hi):
             parts[i] = np.matmul(a[..., halves[i]], b[..., halves[i], :])
+
     with _one_blas_thread():
         _in_parallel(2, half, chunk_rows=1, blocks=min(2, _THREADS))
     return np.add(parts[0], parts[1], out=parts[0])
@@ -291,14 +299,16 @@ def _gemm_split(a, b, big):
     """a @ b split across the cores (when big) along the longer of M and N, each part one
     single-threaded BLAS call that writes its slice of C."""
     M, N = a.shape[-2], b.shape[-1]
-    c = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (M, N),
-                 dtype=np.result_type(a, b))
+    c = np.empty(
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (M, N), dtype=np.result_type(a, b)
+    )
 
     def columns(lo, hi):
         np.matmul(a, b[..., lo:hi], out=c[..., lo:hi])
 
     def rows(lo, hi):
         np.matmul(a[..., lo:hi, :], b, out=c[..., lo:hi, :])
+
     n, part = (N, columns) if N > M else (M, rows)
     with _one_blas_thread():
         _in_parallel(n, part, chunk_rows=n, blocks=_THREADS if big else 1)
@@ -322,16 +332,21 @@ def matmul_tn(a, b):
 
 # ---------------------------------------------------------------- elementwise
 
+
 def _splits(a, b, out, dtype):
     """Whether a (op) b runs in flat blocks: a large C-contiguous a of the result dtype, b of
     its shape (C-contiguous) or one value, out None or C-contiguous of a's shape."""
-    if not (isinstance(a, np.ndarray) and a.dtype == dtype and a.size >= 2 * _CHUNK
-            and a.flags.c_contiguous):
+    if not (
+        isinstance(a, np.ndarray)
+        and a.dtype == dtype
+        and a.size >= 2 * _CHUNK
+        and a.flags.c_contiguous
+    ):
         return False
     if out is not None and not (out.shape == a.shape and out.flags.c_contiguous):
         return False
     if not isinstance(b, np.ndarray):
-        return True                                            # a Python scalar
+        return True  # a Python scalar
     return (b.size == 1 and b.ndim <= a.ndim) or (b.shape == a.shape and b.flags.c_contiguous)
 
 
@@ -339,6 +354,7 @@ def _binary(ufunc):
     """a (op) b with NumPy broadcasting; either side may be a Python scalar. A large a with a b
     of its shape or one value (the residual adds, dW summed over the LM head's row blocks,
     gradients scaled in place) runs in flat blocks, one per core."""
+
     def kernel(a, b, out=None):
         dtype = np.result_type(*[x.dtype for x in (a, b) if isinstance(x, np.ndarray)])
         if dtype in (dtypes.float16, dtypes.bfloat16):
@@ -347,11 +363,13 @@ def _binary(ufunc):
             return np.asarray(ufunc(a, b, out=out))  # asarray: 0-d results stay arrays
         out = np.empty(a.shape, dtype) if out is None else out
         fa, fo = a.reshape(-1), out.reshape(-1)
-        fb = b.reshape(-1) if isinstance(b, np.ndarray) else b    # (n,), (1,) or a scalar
+        fb = b.reshape(-1) if isinstance(b, np.ndarray) else b  # (n,), (1,) or a scalar
         one = not isinstance(b, np.ndarray) or b.size == 1
-        _in_parallel(fa.size, lambda lo, hi: ufunc(fa[lo:hi], fb if one else fb[lo:hi],
-                                                   out=fo[lo:hi]))
+        _in_parallel(
+            fa.size, lambda lo, hi: ufunc(fa[lo:hi], fb if one else fb[lo:hi], out=fo[lo:hi])
+        )
         return out
+
     kernel.__name__ = ufunc.__name__
     return kernel
 
@@ -445,12 +463,14 @@ def _into(out, a, b, ufunc):
 
 def gelu_fwd(x):
     """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+
     def body(out, x):
         xf = _f32(x)
         t = _gelu_tanh(xf)
         t += 1.0
         t *= xf
         _into(out, t, 0.5, np.multiply)
+
     return _elementwise(x, body=body)
 
 
@@ -458,11 +478,12 @@ def gelu_bwd(x, dy):
     """dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)).
     18 passes over each chunk, 3 temporaries: x^2 is computed once for t and inner, and its
     buffer then holds 1 - t^2 (the same operations as computing each on its own)."""
+
     def body(out, x, dy):
         xf = _f32(x)
         x2 = xf * xf
         t = _gelu_tanh(xf, x2)
-        inner = x2 * (3 * 0.044715)        # 0.5 x sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+        inner = x2 * (3 * 0.044715)  # 0.5 x sqrt(2/pi) (1 + 3 * 0.044715 x^2)
         inner += 1.0
         inner *= xf
         inner *= 0.5 * _GELU_C
@@ -473,6 +494,7 @@ def gelu_bwd(x, dy):
         t *= 0.5
         t += inner
         _into(out, t, _f32(dy), np.multiply)
+
     return _elementwise(x, dy, body=body)
 
 
@@ -505,7 +527,7 @@ def _long_rows(a, *tiled):
     j the largest count of rows that divides r and fits the tiles."""
     r, C = a.shape
     j = math.gcd(r, tiled[0].shape[0] // C) if r else 1
-    return (a.reshape(r // j, j * C),) + tuple(t[:j * C] for t in tiled)
+    return (a.reshape(r // j, j * C),) + tuple(t[: j * C] for t in tiled)
 
 
 def layernorm_fwd(x, weight, bias, eps=1e-5):
@@ -525,7 +547,7 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
         xr = xs[lo:hi]
         mu = np.einsum("rc->r", xr, dtype=stat)
         mu /= C
-        xc = np.subtract(xr, mu[:, None], dtype=stat)    # (r, C), a private buffer
+        xc = np.subtract(xr, mu[:, None], dtype=stat)  # (r, C), a private buffer
         var = np.einsum("rc,rc->r", xc, xc)
         var /= C
         var += eps
@@ -539,6 +561,7 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
         else:
             xl += bl
             y[lo:hi] = xc
+
     # half the default chunk: x's rows, xc and y's rows then stay in L2 (512 rows at C = 128)
     _in_parallel(xs.shape[0], rows, per_row=C, chunk_rows=max(1, _CHUNK // 2 // C))
     return y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
@@ -565,19 +588,20 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
         xhat *= rstds[lo:hi]
         partials[lo] = (np.einsum("rc,rc->c", dyf, xhat), dyf.sum(axis=0))
         dl, wl = _long_rows(dyf, wt)
-        g = np.multiply(dl, wl).reshape(dyf.shape)                 # dy w
+        g = np.multiply(dl, wl).reshape(dyf.shape)  # dy w
         mean_g = np.einsum("rc->r", g)[:, None]
         mean_g /= C
         mean_gx = np.einsum("rc,rc->r", g, xhat)[:, None]
         mean_gx /= C
         xhat *= mean_gx
         g -= mean_g
-        g -= xhat                                                  # g - mean(g) - xhat mean(g xhat)
+        g -= xhat  # g - mean(g) - xhat mean(g xhat)
         if dx.dtype == stat:
             np.multiply(g, rstds[lo:hi], out=dx[lo:hi])
         else:
             g *= rstds[lo:hi]
             dx[lo:hi] = g
+
     # half the default chunk, as layernorm_fwd: the rows and both temporaries stay in L2
     _in_parallel(xs.shape[0], rows, per_row=C, chunk_rows=max(1, _CHUNK // 2 // C))
     zero_rows = [(np.zeros(C), np.zeros(C))]  # no rows: dweight = dbias = zeros (C,)
@@ -610,13 +634,14 @@ def softmax_causal_fwd(scores, scale):
     probs = np.empty(ss.shape, dtype=scores.dtype)
 
     def heads(lo, hi):
-        s = ss[lo:hi].astype(acc)                         # a private copy, worked in place
+        s = ss[lo:hi].astype(acc)  # a private copy, worked in place
         s *= acc.type(scale)
         s += mask
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
         probs[lo:hi] = s
+
     _in_parallel(ss.shape[0], heads, per_row=Tq * Tk)
     return probs.reshape(scores.shape)
 
@@ -634,6 +659,7 @@ def softmax_causal_bwd(probs, dprobs, scale):
         ds *= p
         ds *= scale
         dscores[lo:hi] = ds
+
     _in_parallel(ps.shape[0], heads, per_row=Tq * Tk)
     return dscores.reshape(probs.shape)
 
@@ -655,8 +681,8 @@ def softmax_causal_bwd(probs, dprobs, scale):
 # the max alone took 40% of the forward: 0.12 ms for 16 heads' 64 x 64 block, 0.034 ms this
 # way). The matmuls that need s itself take sT.swapaxes, which BLAS reads at no cost. BLAS runs
 # single-threaded here (_one_blas_thread): the heads are split across the cores instead.
-FLASH_BQ = 64     # queries per block (kernels.py counts FLOPs by it; attention.cu's tiles too)
-FLASH_BK = 64     # keys per block
+FLASH_BQ = 64  # queries per block (kernels.py counts FLOPs by it; attention.cu's tiles too)
+FLASH_BK = 64  # keys per block
 _CAUSAL_MASKS_T = {}
 
 
@@ -665,7 +691,7 @@ def _flash_pair(Tq, Tk, i0, i1, j0, dtype):
     sees (the block cut at its last query's position) and the pair's additive mask, transposed
     as the scores are: (j1 - j0, bq), -inf where a key comes after a query (a view of a cached
     transpose of the naive softmax's mask), or None when every query sees every key."""
-    first = Tk - Tq + i0                                  # position of the block's first query
+    first = Tk - Tq + i0  # position of the block's first query
     j1 = min(j0 + FLASH_BK, first + i1 - i0)
     if j1 - 1 <= first:
         return j1, None
@@ -709,24 +735,24 @@ def flash_attention_fwd(q, k, v, scale):
     B, H, Tq, D = q.shape
     Tk = k.shape[-2]
     acc = dtypes.compute_dtype(q.dtype)
-    qT = _heads_t(q, acc.type(scale))                                # (B, H, D, Tq), scaled
-    ks, vs = _f32(k), _f32(v)                                         # (B, H, Tk, D)
+    qT = _heads_t(q, acc.type(scale))  # (B, H, D, Tq), scaled
+    ks, vs = _f32(k), _f32(v)  # (B, H, Tk, D)
     out = np.empty(q.shape, dtype=q.dtype)
     lse = np.empty(q.shape[:-1], dtype=acc)
 
     def heads(h0, h1):
         for i0 in range(0, Tq, FLASH_BQ):
             i1 = min(i0 + FLASH_BQ, Tq)
-            qTi = qT[:, h0:h1, :, i0:i1]                               # (B, H', D, bq)
-            for j0 in range(0, Tk - Tq + i1, FLASH_BK):              # no key after the block
+            qTi = qT[:, h0:h1, :, i0:i1]  # (B, H', D, bq)
+            for j0 in range(0, Tk - Tq + i1, FLASH_BK):  # no key after the block
                 j1, maskT = _flash_pair(Tq, Tk, i0, i1, j0, acc)
-                sT = np.matmul(ks[:, h0:h1, j0:j1], qTi)               # (B, H', n, bq) = s^T
+                sT = np.matmul(ks[:, h0:h1, j0:j1], qTi)  # (B, H', n, bq) = s^T
                 if maskT is not None:
                     sT += maskT
                 if j0 == 0:
-                    m = sT.max(axis=-2, keepdims=True)                 # (B, H', 1, bq)
+                    m = sT.max(axis=-2, keepdims=True)  # (B, H', 1, bq)
                     sT -= m
-                    np.exp(sT, out=sT)                                 # p^T, unnormalized
+                    np.exp(sT, out=sT)  # p^T, unnormalized
                     lsum = sT.sum(axis=-2, keepdims=True)
                     o = np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])  # (B, H', bq, D)
                     continue
@@ -736,7 +762,7 @@ def flash_attention_fwd(q, k, v, scale):
                 alpha = np.exp(m - m_new)
                 lsum *= alpha
                 lsum += sT.sum(axis=-2, keepdims=True)
-                o *= alpha.swapaxes(-1, -2)                            # (B, H', bq, 1)
+                o *= alpha.swapaxes(-1, -2)  # (B, H', bq, 1)
                 o += np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])
                 m = m_new
             if out.dtype == acc:
@@ -745,6 +771,7 @@ def flash_attention_fwd(q, k, v, scale):
                 o /= lsum.swapaxes(-1, -2)
                 out[:, h0:h1, i0:i1] = o
             lse[:, h0:h1, i0:i1] = (m + np.log(lsum))[..., 0, :]
+
     _by_heads(H, heads, B * Tq * Tk)
     return out, lse
 
@@ -763,12 +790,12 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
     Tk = k.shape[-2]
     acc = dtypes.compute_dtype(q.dtype)
     scale = acc.type(scale)
-    ks, vs, dos = _f32(k), _f32(v), _f32(dout)                      # (B, H, T, D)
+    ks, vs, dos = _f32(k), _f32(v), _f32(dout)  # (B, H, T, D)
     Di = np.einsum("bhtd,bhtd->bht", dos, _f32(out), dtype=acc)[..., None, :]
-    lseT = lse.astype(acc, copy=False)[..., None, :]                # Di, lseT: (B, H, 1, Tq)
-    qT, doT = _heads_t(q, scale), _heads_t(dout)                    # (B, H, D, Tq)
-    qh = _f32(q) * scale                                            # (B, H, Tq, D)
-    dq = np.empty(q.shape, dtype=acc)         # set by key block 0 (every query sees key 0)
+    lseT = lse.astype(acc, copy=False)[..., None, :]  # Di, lseT: (B, H, 1, Tq)
+    qT, doT = _heads_t(q, scale), _heads_t(dout)  # (B, H, D, Tq)
+    qh = _f32(q) * scale  # (B, H, Tq, D)
+    dq = np.empty(q.shape, dtype=acc)  # set by key block 0 (every query sees key 0)
     dk, dv = np.empty(k.shape, dtype=acc), np.empty(v.shape, dtype=acc)
 
     def heads(h0, h1):
@@ -777,26 +804,26 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
         # head and pair). The queries are independent, so only dk and dv's sums change order.
         span = FLASH_BQ * max(1, _CHUNK // (B * (h1 - h0) * FLASH_BK * FLASH_BQ))
         for j0 in range(0, Tk, FLASH_BK):
-            kj, vj = ks[:, h0:h1, j0:j0 + FLASH_BK], vs[:, h0:h1, j0:j0 + FLASH_BK]
-            dkj, dvj = dk[:, h0:h1, j0:j0 + FLASH_BK], dv[:, h0:h1, j0:j0 + FLASH_BK]
-            first = max(0, j0 - (Tk - Tq)) // FLASH_BQ * FLASH_BQ      # the first query block
-            for i0 in range(first, Tq, span):                         # that sees key j0
+            kj, vj = ks[:, h0:h1, j0 : j0 + FLASH_BK], vs[:, h0:h1, j0 : j0 + FLASH_BK]
+            dkj, dvj = dk[:, h0:h1, j0 : j0 + FLASH_BK], dv[:, h0:h1, j0 : j0 + FLASH_BK]
+            first = max(0, j0 - (Tk - Tq)) // FLASH_BQ * FLASH_BQ  # the first query block
+            for i0 in range(first, Tq, span):  # that sees key j0
                 i1 = min(i0 + span, Tq)
                 j1, maskT = _flash_pair(Tq, Tk, i0, i1, j0, acc)
-                n = j1 - j0                                            # the keys it sees
+                n = j1 - j0  # the keys it sees
                 pT = np.matmul(kj[..., :n, :], qT[:, h0:h1, :, i0:i1])  # (B, H', n, bq)
                 if maskT is not None:
                     pT += maskT
                 pT -= lseT[:, h0:h1, :, i0:i1]
-                np.exp(pT, out=pT)                                     # p^T
+                np.exp(pT, out=pT)  # p^T
                 dsT = np.matmul(vj[..., :n, :], doT[:, h0:h1, :, i0:i1])  # dp^T
                 dsT -= Di[:, h0:h1, :, i0:i1]
-                dsT *= pT                                              # ds^T
+                dsT *= pT  # ds^T
                 if j0 == 0:
                     np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :], out=dq[:, h0:h1, i0:i1])
                 else:
                     dq[:, h0:h1, i0:i1] += np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :])
-                doi, qi = dos[:, h0:h1, i0:i1], qh[:, h0:h1, i0:i1]    # qi carries the scale
+                doi, qi = dos[:, h0:h1, i0:i1], qh[:, h0:h1, i0:i1]  # qi carries the scale
                 if i0 == first:
                     np.matmul(pT, doi, out=dvj[..., :n, :])
                     np.matmul(dsT, qi, out=dkj[..., :n, :])
@@ -806,6 +833,7 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
                     dvj[..., :n, :] += np.matmul(pT, doi)
                     dkj[..., :n, :] += np.matmul(dsT, qi)
         dq[:, h0:h1] *= scale
+
     _by_heads(H, heads, B * Tq * Tk)
     return _round(dq, q.dtype), _round(dk, k.dtype), _round(dv, v.dtype)
 
@@ -837,8 +865,9 @@ def check_targets(targets, n_classes):
     if targets.size:
         lo, hi = int(targets.min()), int(targets.max())
         if lo < -1 or hi >= n_classes:
-            raise ValueError(f"target id {lo if lo < -1 else hi} out of range for vocab "
-                             f"{n_classes}")
+            raise ValueError(
+                f"target id {lo if lo < -1 else hi} out of range for vocab {n_classes}"
+            )
 
 
 def cross_entropy_fwd(logits, targets, n_classes=None):
@@ -860,6 +889,7 @@ def cross_entropy_fwd(logits, targets, n_classes=None):
         lse[lo:hi] = np.log(e.sum(axis=1)) + m
         picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
         losses[lo:hi] = np.where(t >= 0, lse[lo:hi] - picked, 0.0)
+
     _in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
     return losses, lse
 
@@ -878,13 +908,14 @@ def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
     def rows(lo, hi):
         t = targets[lo:hi]
         e = dlogits[lo:hi, :V] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32
-        np.exp(_minus_rowwise(logits[lo:hi, :V], lse[lo:hi], e), out=e)   # softmax, from the lse
+        np.exp(_minus_rowwise(logits[lo:hi, :V], lse[lo:hi], e), out=e)  # softmax, from the lse
         valid = t >= 0
         e *= (valid * d)[:, None]
-        e[np.flatnonzero(valid), t[valid]] -= d                      # minus the one-hot target
+        e[np.flatnonzero(valid), t[valid]] -= d  # minus the one-hot target
         if logits.dtype != acc:
             dlogits[lo:hi, :V] = e
-        dlogits[lo:hi, V:] = 0                                       # no gradient to padding
+        dlogits[lo:hi, V:] = 0  # no gradient to padding
+
     _in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
     return dlogits
 
@@ -912,22 +943,24 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
     def rows(lo, hi):
         x, t = logits[lo:hi, :V], targets[lo:hi]
         valid = t >= 0
-        m = x.max(axis=1).astype(acc)                                # both read x before
+        m = x.max(axis=1).astype(acc)  # both read x before
         picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
         e = dlogits[lo:hi, :V] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32
-        np.exp(_minus_rowwise(x, m, e), out=e)       # e (rows, V) overwrites it; the one exp
+        np.exp(_minus_rowwise(x, m, e), out=e)  # e (rows, V) overwrites it; the one exp
         s = e.sum(axis=1)
         losses[lo:hi] = np.where(valid, np.log(s) + m - picked, 0.0)
-        e *= (valid * d / s)[:, None]                                 # softmax * dloss
-        e[np.flatnonzero(valid), t[valid]] -= d                      # minus the one-hot target
+        e *= (valid * d / s)[:, None]  # softmax * dloss
+        e[np.flatnonzero(valid), t[valid]] -= d  # minus the one-hot target
         if logits.dtype != acc:
             dlogits[lo:hi, :V] = e
-        dlogits[lo:hi, V:] = 0                                       # no gradient to padding
+        dlogits[lo:hi, V:] = 0  # no gradient to padding
+
     _in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
     return losses, dlogits
 
 
 # ---------------------------------------------------------------- embedding
+
 
 def check_ids(idx, num_embeddings):
     """Raise ValueError unless every id is in [0, num_embeddings) (ops.embedding's message for
@@ -966,7 +999,7 @@ def embedding_bwd(dout, idx, num_embeddings):
 
 # ---------------------------------------------------------------- optimizer
 
-_NORM_PART = 1 << 18     # elements per partial sum of grad_norm_sq (1 MB of fp32)
+_NORM_PART = 1 << 18  # elements per partial sum of grad_norm_sq (1 MB of fp32)
 
 
 def grad_norm_sq(grad):
@@ -981,15 +1014,32 @@ def grad_norm_sq(grad):
 
     def parts(p0, p1):
         for p in range(p0, p1):
-            part = g[p * _NORM_PART:(p + 1) * _NORM_PART]
+            part = g[p * _NORM_PART : (p + 1) * _NORM_PART]
             partials[p] = np.dot(part, part)
-    with _one_blas_thread():             # each dot on its own thread: no OpenBLAS split either
+
+    with _one_blas_thread():  # each dot on its own thread: no OpenBLAS split either
         _in_parallel(n_parts, parts, per_row=_NORM_PART)
     return np.array([np.sum(partials)], dtype=g.dtype)
 
 
-def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, weight_decay,
-               n_decay, step, inv_scale, max_norm):
+def adamw_step(
+    master,
+    grad,
+    m,
+    v,
+    working,
+    norm_sq,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    n_decay,
+    step,
+    inv_scale,
+    max_norm,
+):
     """One fused AdamW update over flat buffers, in place. Returns nothing.
 
     master, m, v: fp32 (N,). grad: (N,) in the working dtype, multiplied by the loss scale.
@@ -1006,9 +1056,10 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
         norm = np.sqrt(scaled_norm_sq) * inv_scale
         g_coef *= min(1.0, max_norm / (norm + 1e-6))
     # the bias corrections fold into two scalars: update = lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
-    bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+    bc1, bc2 = 1 - beta1**step, 1 - beta2**step
     acc = master.dtype.type
     decay, lr_c, v_c = acc(1 - lr * weight_decay), acc(lr / bc1), acc(1 / np.sqrt(bc2))
+
     # one cache-sized chunk at a time: every buffer is read and written once per step, with no
     # N-sized temporaries
     def chunk(lo, hi):
@@ -1016,13 +1067,13 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
         mc, vc, wc = m[lo:hi], v[lo:hi], master[lo:hi]
         mc *= beta1
         d = np.multiply(g, 1 - beta1)
-        mc += d                                   # m = b1 m + (1 - b1) g
+        mc += d  # m = b1 m + (1 - b1) g
         g *= g
         g *= 1 - beta2
         vc *= beta2
-        vc += g                                   # v = b2 v + (1 - b2) g^2
-        if weight_decay and lo < n_decay:         # decoupled decay, 2-D weights only
-            wc[:n_decay - lo] *= decay
+        vc += g  # v = b2 v + (1 - b2) g^2
+        if weight_decay and lo < n_decay:  # decoupled decay, 2-D weights only
+            wc[: n_decay - lo] *= decay
         np.sqrt(vc, out=d)
         d *= v_c
         d += eps
@@ -1031,5 +1082,5 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
         wc -= d
         if working is not None:
             working[lo:hi] = wc
-    _in_parallel(master.shape[0], chunk)
 
+    _in_parallel(master.shape[0], chunk)

@@ -18,6 +18,7 @@ order: the nvidia-cuda-runtime wheel, conda, $CUDA_PATH or $CUDA_HOME (newer cud
 releases also the system's toolkit). When neither variable is set, importing this module sets
 CUDA_PATH to the toolkit of the nvcc on PATH (_cuda_path_from_nvcc).
 """
+
 import math
 import os
 import re
@@ -37,12 +38,16 @@ name = "cuda"
 xp = cupy
 
 _KERNEL_DIR = Path(__file__).with_name("kernels")
-_CTYPES = {dtypes.float32: "float", dtypes.float16: "__half", dtypes.bfloat16: "__nv_bfloat16",
-           dtypes.float64: "double"}
+_CTYPES = {
+    dtypes.float32: "float",
+    dtypes.float16: "__half",
+    dtypes.bfloat16: "__nv_bfloat16",
+    dtypes.float64: "double",
+}
 _HALF = (dtypes.float16, dtypes.bfloat16)
 _TRAINING = tuple(dtypes.BY_NAME[n] for n in dtypes.TRAINING)  # dtypes with custom GEMMs/casts
 _NULL = np.uint64(0)  # a null pointer argument
-_BLOCK = 256          # threads per block of the flat and one-warp-per-row kernels
+_BLOCK = 256  # threads per block of the flat and one-warp-per-row kernels
 
 
 def supported_dtypes():
@@ -51,6 +56,7 @@ def supported_dtypes():
 
 
 # ---------------------------------------------------------------- arrays and timing
+
 
 def asarray(data, dtype=None):
     return cupy.asarray(data, dtype=dtype)
@@ -117,11 +123,15 @@ class PoolWatcher(MemoryHook):
         self.used -= self.live.pop(kw["mem_ptr"], 0)
 
     def report(self):
-        return {"used_bytes": self.used, "peak_used_bytes": self.peak,
-                "pool_total_bytes": self.pool.total_bytes()}
+        return {
+            "used_bytes": self.used,
+            "peak_used_bytes": self.peak,
+            "pool_total_bytes": self.pool.total_bytes(),
+        }
 
 
 # ---------------------------------------------------------------- loading the .cu files
+
 
 def kernel_source(filename):
     """A .cu file with common.cuh pasted over its #include line: one self-contained source, so
@@ -150,14 +160,19 @@ def _cuda_path_from_nvcc():
     if os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME") or nvcc is None:
         return None
     try:
-        dryrun = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull],
-                                capture_output=True, text=True, timeout=30).stderr
+        dryrun = subprocess.run(
+            [nvcc, "--dryrun", "-E", "-x", "cu", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stderr
     except (OSError, subprocess.SubprocessError):
         return None
     top = re.search(r"^#\$ TOP=(.+)$", dryrun, re.M)
     root = os.path.normpath(top.group(1).strip()) if top else None
-    if root is None or not all(os.path.isfile(os.path.join(root, "include", h))
-                               for h in ("cuda_fp16.h", "cuda_bf16.h")):
+    if root is None or not all(
+        os.path.isfile(os.path.join(root, "include", h)) for h in ("cuda_fp16.h", "cuda_bf16.h")
+    ):
         return None
     os.environ["CUDA_PATH"] = root
     return root
@@ -212,6 +227,7 @@ def _f32(x):
 
 # ---------------------------------------------------------------- GEMMs
 
+
 def _gemm_cupy(a, b, bias, ta, tb):
     """cuBLAS through cupy.matmul (fp32 compute for fp32/fp16/bf16): fp64, mixed dtypes, and
     everything when TG_MATMUL=cublas."""
@@ -239,8 +255,11 @@ def _gemm(a, b, bias, ta, tb):
     N, Kb = (b.shape[-2], b.shape[-1]) if tb else (b.shape[-1], b.shape[-2])
     if K != Kb:
         raise ValueError(f"GEMM shapes do not match: {a.shape} and {b.shape} (ta={ta}, tb={tb})")
-    if (os.environ.get("TG_MATMUL", "").lower() == "cublas" or a.dtype != b.dtype
-            or a.dtype not in _TRAINING):
+    if (
+        os.environ.get("TG_MATMUL", "").lower() == "cublas"
+        or a.dtype != b.dtype
+        or a.dtype not in _TRAINING
+    ):
         return _gemm_cupy(a, b, bias, ta, tb)
     if not ta and b.ndim == 2 and a.ndim > 2:  # X (..., K) @ W: one GEMM over all rows
         rows = math.prod(a.shape[:-1])  # not -1: that cannot be solved when K = 0
@@ -259,15 +278,32 @@ def _gemm(a, b, bias, ta, tb):
         c[...] = 0 if bias is None else bias
         return c
     vec = 16 // a.itemsize  # cp.async moves 16 bytes: contiguous dims and pointers must allow it
-    aligned = ((M if ta else K) % vec == 0 and (K if tb else N) % vec == 0
-               and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0)
+    aligned = (
+        (M if ta else K) % vec == 0
+        and (K if tb else N) % vec == 0
+        and a.data.ptr % 16 == 0
+        and b.data.ptr % 16 == 0
+    )
     if a.dtype == dtypes.float32:
         kernel = _kernel("gemm.cu", "gemm_f32", ta, tb, aligned)
     else:
         kernel = _kernel("gemm.cu", "gemm_tc", a.dtype, ta, tb, aligned)
-    kernel((_blocks(N, tile), _blocks(M, tile), nbatch), (256,),
-           (a, b, _NULL if bias is None else bias, c, np.int32(M), np.int32(N), np.int32(K),
-            np.int64(stride_a), np.int64(stride_b), np.int64(M * N)))
+    kernel(
+        (_blocks(N, tile), _blocks(M, tile), nbatch),
+        (256,),
+        (
+            a,
+            b,
+            _NULL if bias is None else bias,
+            c,
+            np.int32(M),
+            np.int32(N),
+            np.int32(K),
+            np.int64(stride_a),
+            np.int64(stride_b),
+            np.int64(M * N),
+        ),
+    )
     return c
 
 
@@ -288,22 +324,34 @@ def matmul_tn(a, b):
 
 # ---------------------------------------------------------------- elementwise
 
+
 def _binary(op, ufunc):
     """a (op) b with NumPy broadcasting; either side may be a Python scalar. Same shapes (or a
     scalar) run elementwise.cu's binary kernel; broadcasting and mixed dtypes run CuPy's ufunc,
     2-byte floats computed in fp32 and rounded once, as cpu.py does."""
+
     def kernel(a, b, out=None):
         arrays = [x for x in (a, b) if isinstance(x, cupy.ndarray)]
         dtype = np.result_type(*[x.dtype for x in arrays])
         shape = arrays[0].shape
-        plain = [x.dtype == dtype and x.shape == shape and x.flags.c_contiguous
-                 for x in arrays + ([] if out is None else [out])]
+        plain = [
+            x.dtype == dtype and x.shape == shape and x.flags.c_contiguous
+            for x in arrays + ([] if out is None else [out])
+        ]
         if dtype in _CTYPES and all(plain):
             y = cupy.empty(shape, dtype=dtype) if out is None else out
             ptrs = [x if isinstance(x, cupy.ndarray) else _NULL for x in (a, b)]
             scalars = [_acc(dtype)(0 if isinstance(x, cupy.ndarray) else x) for x in (a, b)]
-            _flat("elementwise.cu", "binary", (dtype, op), y.size, *ptrs, *scalars, y,
-                  np.int64(y.size))
+            _flat(
+                "elementwise.cu",
+                "binary",
+                (dtype, op),
+                y.size,
+                *ptrs,
+                *scalars,
+                y,
+                np.int64(y.size),
+            )
             return y
         if dtype in _HALF:
             y = ufunc(_f32(a), _f32(b))
@@ -312,6 +360,7 @@ def _binary(op, ufunc):
             out[...] = y
             return out
         return ufunc(a, b, out=out)
+
     return kernel
 
 
@@ -386,14 +435,26 @@ def dropout_fwd(x, p, seed):
     hash of (seed, element index): the same seed gives the same mask, but not NumPy's."""
     x = cupy.ascontiguousarray(x)
     y, mask = cupy.empty_like(x), cupy.empty_like(x)
-    key = np.uint64(np.random.default_rng(seed).integers(2 ** 63))  # any seed NumPy accepts
+    key = np.uint64(np.random.default_rng(seed).integers(2**63))  # any seed NumPy accepts
     scale = np.float32(1.0) / np.float32(1.0 - p)
-    _flat("elementwise.cu", "dropout_fwd", (x.dtype,), x.size, x, y, mask, np.int64(x.size),
-          np.float32(p), scale, key)
+    _flat(
+        "elementwise.cu",
+        "dropout_fwd",
+        (x.dtype,),
+        x.size,
+        x,
+        y,
+        mask,
+        np.int64(x.size),
+        np.float32(p),
+        scale,
+        key,
+    )
     return y, mask
 
 
 # ---------------------------------------------------------------- row reductions
+
 
 def _rows(x):
     """x contiguous, with the (rows, C) the row kernels view it as (either may be 0)."""
@@ -414,9 +475,21 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
     stat = dtypes.compute_dtype(x.dtype)
     y = cupy.empty_like(x)
     mean, rstd = cupy.empty(x.shape[:-1], dtype=stat), cupy.empty(x.shape[:-1], dtype=stat)
-    _per_row("rownorm.cu", "layernorm_fwd", x.dtype, rows, x, cupy.ascontiguousarray(weight),
-             cupy.ascontiguousarray(bias), y, mean, rstd, np.int32(rows), np.int32(C),
-             stat.type(eps))
+    _per_row(
+        "rownorm.cu",
+        "layernorm_fwd",
+        x.dtype,
+        rows,
+        x,
+        cupy.ascontiguousarray(weight),
+        cupy.ascontiguousarray(bias),
+        y,
+        mean,
+        rstd,
+        np.int32(rows),
+        np.int32(C),
+        stat.type(eps),
+    )
     return y, mean, rstd
 
 
@@ -431,17 +504,32 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     dx = cupy.empty_like(x)
     if dx.size == 0:  # no rows (or columns): nothing to sum, and a 0-block grid is invalid
         return dx, cupy.zeros(C, dtype=x.dtype), cupy.zeros(C, dtype=x.dtype)
-    _per_row("rownorm.cu", "layernorm_bwd_dx", x.dtype, rows, dy, x, weight, mean, rstd, dx,
-             np.int32(rows), np.int32(C))
+    _per_row(
+        "rownorm.cu",
+        "layernorm_bwd_dx",
+        x.dtype,
+        rows,
+        dy,
+        x,
+        weight,
+        mean,
+        rstd,
+        dx,
+        np.int32(rows),
+        np.int32(C),
+    )
     rows_per_block = max(1, _blocks(rows, 256))  # at most 256 chunks: the partials stay small
     nblocks = _blocks(rows, rows_per_block)
     partial = cupy.empty((nblocks, 2, C), dtype=stat)
     dweight, dbias = cupy.empty(C, dtype=x.dtype), cupy.empty(C, dtype=x.dtype)
     _kernel("rownorm.cu", "layernorm_bwd_partials", x.dtype)(
-        (nblocks,), (_BLOCK,), (dy, x, mean, rstd, partial, np.int32(rows), np.int32(C),
-                                np.int32(rows_per_block)))
+        (nblocks,),
+        (_BLOCK,),
+        (dy, x, mean, rstd, partial, np.int32(rows), np.int32(C), np.int32(rows_per_block)),
+    )
     _kernel("rownorm.cu", "layernorm_bwd_reduce", x.dtype)(
-        (_blocks(C),), (_BLOCK,), (partial, dweight, dbias, np.int32(nblocks), np.int32(C)))
+        (_blocks(C),), (_BLOCK,), (partial, dweight, dbias, np.int32(nblocks), np.int32(C))
+    )
     return dx, dweight, dbias
 
 
@@ -450,8 +538,18 @@ def softmax_causal_fwd(scores, scale):
     query i is position Tk - Tq + i (a KV-cache decode step when Tq < Tk)."""
     s, rows, Tk = _rows(scores)
     p = cupy.empty_like(s)
-    _per_row("softmax.cu", "softmax_causal_fwd", s.dtype, rows, s, p, np.int32(rows),
-             np.int32(s.shape[-2]), np.int32(Tk), _acc(s.dtype)(scale))
+    _per_row(
+        "softmax.cu",
+        "softmax_causal_fwd",
+        s.dtype,
+        rows,
+        s,
+        p,
+        np.int32(rows),
+        np.int32(s.shape[-2]),
+        np.int32(Tk),
+        _acc(s.dtype)(scale),
+    )
     return p
 
 
@@ -461,25 +559,44 @@ def softmax_causal_bwd(probs, dprobs, scale):
     p, rows, Tk = _rows(probs)
     dp = cupy.ascontiguousarray(dprobs)
     ds = cupy.empty_like(p)
-    _per_row("softmax.cu", "softmax_causal_bwd", p.dtype, rows, p, dp, ds, np.int32(rows),
-             np.int32(Tk), _acc(p.dtype)(scale))
+    _per_row(
+        "softmax.cu",
+        "softmax_causal_bwd",
+        p.dtype,
+        rows,
+        p,
+        dp,
+        ds,
+        np.int32(rows),
+        np.int32(Tk),
+        _acc(p.dtype)(scale),
+    )
     return ds
 
 
 # attention.cu's dynamic shared memory per block, in elements of the acc type: (D + 1)-pitched
 # tiles, (TILE + 1)-pitched score tiles, per-row vectors (see each kernel's comment). At D = 64
 # the backward's dk/dv kernel needs 134 KB in fp32 and 117 KB in fp64 (32-row tiles).
-_FLASH_SMEM = {"flash_attention_fwd": (3, 1, 3), "flash_attention_bwd_dq": (5, 2, 2),
-               "flash_attention_bwd_dkdv": (6, 2, 2)}
+_FLASH_SMEM = {
+    "flash_attention_fwd": (3, 1, 3),
+    "flash_attention_bwd_dq": (5, 2, 2),
+    "flash_attention_bwd_dkdv": (6, 2, 2),
+}
 _SMEM_OPTIN = 163 * 1024  # the most shared memory an sm_80 block may opt into (sm_90: 227 KB)
 
 
 def _attention_shapes(q, k, v):
     """-> B, H, Tq, Tk, D of q (B, H, Tq, D), k and v (B, H, Tk, D) with Tk >= Tq, else raise."""
-    if q.ndim != 4 or k.shape != v.shape or k.shape[:2] + k.shape[3:] != q.shape[:2] + q.shape[3:] \
-            or k.shape[2] < q.shape[2]:
-        raise ValueError(f"flash attention: q {q.shape}, k {k.shape}, v {v.shape}: need "
-                         "(B, H, Tq, D) and (B, H, Tk, D) with Tk >= Tq")
+    if (
+        q.ndim != 4
+        or k.shape != v.shape
+        or k.shape[:2] + k.shape[3:] != q.shape[:2] + q.shape[3:]
+        or k.shape[2] < q.shape[2]
+    ):
+        raise ValueError(
+            f"flash attention: q {q.shape}, k {k.shape}, v {v.shape}: need "
+            "(B, H, Tq, D) and (B, H, Tk, D) with Tk >= Tq"
+        )
     B, H, Tq, D = q.shape
     if B * H > 65535:  # grid y
         raise ValueError(f"flash attention: {B * H} heads is more than one grid holds (65535)")
@@ -489,15 +606,17 @@ def _attention_shapes(q, k, v):
 def _flash(kernel, dtype, n, BH, D, *args):
     """Launch an attention.cu kernel: one block per (tile of the n queries or keys, head)."""
     acc = dtypes.compute_dtype(dtype)
-    tile = 32 if acc.itemsize == 8 else 64            # attention.cu's tile<A>()
+    tile = 32 if acc.itemsize == 8 else 64  # attention.cu's tile<A>()
     wide, square, rows = _FLASH_SMEM[kernel]
     smem = (wide * tile * (D + 1) + square * tile * (tile + 1) + rows * tile) * acc.itemsize
     if smem > _SMEM_OPTIN:
-        raise ValueError(f"flash attention: head dim {D} needs {smem} bytes of shared memory "
-                         f"per block, more than the {_SMEM_OPTIN} an sm_80 block may use")
+        raise ValueError(
+            f"flash attention: head dim {D} needs {smem} bytes of shared memory "
+            f"per block, more than the {_SMEM_OPTIN} an sm_80 block may use"
+        )
     if n:
         fn = _kernel("attention.cu", kernel, dtype)
-        fn.max_dynamic_shared_size_bytes = smem       # above 48 KB a kernel must opt in
+        fn.max_dynamic_shared_size_bytes = smem  # above 48 KB a kernel must opt in
         fn((_blocks(n, tile), BH), (_BLOCK,), args, shared_mem=smem)
 
 
@@ -506,11 +625,25 @@ def flash_attention_fwd(q, k, v, scale):
     fp32 (fp64 for fp64), as cpu.flash_attention_fwd; one block per (query tile, head)."""
     _check_same_dtype(q, k, v)
     B, H, Tq, Tk, D = _attention_shapes(q, k, v)
-    q, k, v = (cupy.ascontiguousarray(a) for a in (q, k, v))   # GPT-2's are transposed views
+    q, k, v = (cupy.ascontiguousarray(a) for a in (q, k, v))  # GPT-2's are transposed views
     acc = dtypes.compute_dtype(q.dtype)
     out, lse = cupy.empty_like(q), cupy.empty((B, H, Tq), dtype=acc)
-    _flash("flash_attention_fwd", q.dtype, Tq, B * H, D, q, k, v, out, lse, np.int32(Tq),
-           np.int32(Tk), np.int32(D), acc.type(scale))
+    _flash(
+        "flash_attention_fwd",
+        q.dtype,
+        Tq,
+        B * H,
+        D,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        np.int32(Tq),
+        np.int32(Tk),
+        np.int32(D),
+        acc.type(scale),
+    )
     return out, lse
 
 
@@ -522,19 +655,31 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
     _check_same_dtype(q, k, v, out, dout)
     B, H, Tq, Tk, D = _attention_shapes(q, k, v)
     if out.shape != q.shape or dout.shape != q.shape or lse.shape != q.shape[:-1]:
-        raise ValueError(f"flash attention backward: out {out.shape}, dout {dout.shape} and "
-                         f"lse {lse.shape} must be q's {q.shape} and {q.shape[:-1]}")
+        raise ValueError(
+            f"flash attention backward: out {out.shape}, dout {dout.shape} and "
+            f"lse {lse.shape} must be q's {q.shape} and {q.shape[:-1]}"
+        )
     q, k, v, out, dout = (cupy.ascontiguousarray(a) for a in (q, k, v, out, dout))
     acc = dtypes.compute_dtype(q.dtype)
     lse = cupy.ascontiguousarray(lse, dtype=acc)
     Di = cupy.empty(lse.shape, dtype=acc)
     dq, dk, dv = cupy.empty_like(q), cupy.empty_like(k), cupy.empty_like(v)
     rows, sizes = B * H * Tq, (np.int32(Tq), np.int32(Tk), np.int32(D), acc.type(scale))
-    _per_row("attention.cu", "flash_attention_bwd_rowdot", q.dtype, rows, dout, out, Di,
-             np.int32(rows), np.int32(D))
+    _per_row(
+        "attention.cu",
+        "flash_attention_bwd_rowdot",
+        q.dtype,
+        rows,
+        dout,
+        out,
+        Di,
+        np.int32(rows),
+        np.int32(D),
+    )
     _flash("flash_attention_bwd_dq", q.dtype, Tq, B * H, D, q, k, v, dout, lse, Di, dq, *sizes)
-    _flash("flash_attention_bwd_dkdv", q.dtype, Tk, B * H, D, q, k, v, dout, lse, Di, dk, dv,
-           *sizes)
+    _flash(
+        "flash_attention_bwd_dkdv", q.dtype, Tk, B * H, D, q, k, v, dout, lse, Di, dk, dv, *sizes
+    )
     return dq, dk, dv
 
 
@@ -558,7 +703,8 @@ def cross_entropy_fwd(logits, targets, n_classes=None):
     losses, lse = cupy.empty(N, dtype=acc), cupy.empty(N, dtype=acc)
     if N:
         _kernel("softmax.cu", "cross_entropy_fwd", logits.dtype)(
-            (N,), (512,), (logits, targets, losses, lse, np.int32(V), np.int32(Vp)))
+            (N,), (512,), (logits, targets, losses, lse, np.int32(V), np.int32(Vp))
+        )
     return losses, lse
 
 
@@ -572,9 +718,18 @@ def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
     dlogits = cupy.empty_like(logits)
     if N:
         _kernel("softmax.cu", "cross_entropy_bwd", logits.dtype)(
-            (N,), (512,), (logits, cupy.ascontiguousarray(lse, dtype=acc), targets,
-                           cupy.ascontiguousarray(dloss, dtype=acc).reshape(1), dlogits,
-                           np.int32(V), np.int32(Vp)))
+            (N,),
+            (512,),
+            (
+                logits,
+                cupy.ascontiguousarray(lse, dtype=acc),
+                targets,
+                cupy.ascontiguousarray(dloss, dtype=acc).reshape(1),
+                dlogits,
+                np.int32(V),
+                np.int32(Vp),
+            ),
+        )
     return dlogits
 
 
@@ -584,20 +739,34 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
     itself, say), which must be a C-contiguous array of the logits' shape and dtype."""
     logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
     acc = dtypes.compute_dtype(logits.dtype)
-    if out is not None and not (out.shape == logits.shape and out.dtype == logits.dtype
-                                and out.flags.c_contiguous):
-        raise ValueError(f"cross_entropy_fwd_bwd: out {out.shape} {out.dtype} must be a "
-                         f"C-contiguous {logits.shape} {logits.dtype} array")
+    if out is not None and not (
+        out.shape == logits.shape and out.dtype == logits.dtype and out.flags.c_contiguous
+    ):
+        raise ValueError(
+            f"cross_entropy_fwd_bwd: out {out.shape} {out.dtype} must be a "
+            f"C-contiguous {logits.shape} {logits.dtype} array"
+        )
     losses = cupy.empty(N, dtype=acc)
     dlogits = cupy.empty_like(logits) if out is None else out
     if N:
         _kernel("softmax.cu", "cross_entropy_fwd_bwd", logits.dtype)(
-            (N,), (512,), (logits, targets, cupy.ascontiguousarray(dloss, dtype=acc).reshape(1),
-                           losses, dlogits, np.int32(V), np.int32(Vp)))
+            (N,),
+            (512,),
+            (
+                logits,
+                targets,
+                cupy.ascontiguousarray(dloss, dtype=acc).reshape(1),
+                losses,
+                dlogits,
+                np.int32(V),
+                np.int32(Vp),
+            ),
+        )
     return losses, dlogits
 
 
 # ---------------------------------------------------------------- embedding
+
 
 def embedding_fwd(weight, idx):
     """weight (V, C), idx (...) int in [0, V) -> (..., C): a gather. Ids out of range raise
@@ -609,7 +778,8 @@ def embedding_fwd(weight, idx):
     out = cupy.empty(idx.shape + weight.shape[1:], dtype=weight.dtype)
     if idx.size:
         _kernel("embedding.cu", "embedding_fwd", weight.dtype)(
-            (idx.size,), (_BLOCK,), (weight, idx, out, np.int32(weight.shape[1])))
+            (idx.size,), (_BLOCK,), (weight, idx, out, np.int32(weight.shape[1]))
+        )
     return out
 
 
@@ -626,11 +796,13 @@ def embedding_bwd(dout, idx, num_embeddings):
     dweight = cupy.zeros((num_embeddings, C), dtype=dout.dtype)
     if n:
         _kernel("embedding.cu", "embedding_bwd", dout.dtype)(
-            (n,), (_BLOCK,), (dout, keys, dweight, np.int32(n), np.int32(C)))
+            (n,), (_BLOCK,), (dout, keys, dweight, np.int32(n), np.int32(C))
+        )
     return dweight
 
 
 # ---------------------------------------------------------------- optimizer
+
 
 def grad_norm_sq(grad):
     """Sum of squares of a gradient buffer in fp32 (fp64 for fp64) -> device array (1,), in two
@@ -640,14 +812,32 @@ def grad_norm_sq(grad):
     nblocks = max(1, min(1024, _blocks(g.size)))
     partial, out = cupy.empty(nblocks, dtype=acc), cupy.empty(1, dtype=acc)
     _kernel("adamw.cu", "sum_partials", g.dtype, True)(
-        (nblocks,), (_BLOCK,), (g, partial, np.int64(g.size)))
+        (nblocks,), (_BLOCK,), (g, partial, np.int64(g.size))
+    )
     _kernel("adamw.cu", "sum_partials", acc, False)(
-        (1,), (1024,), (partial, out, np.int64(nblocks)))
+        (1,), (1024,), (partial, out, np.int64(nblocks))
+    )
     return out
 
 
-def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, weight_decay,
-               n_decay, step, inv_scale, max_norm):
+def adamw_step(
+    master,
+    grad,
+    m,
+    v,
+    working,
+    norm_sq,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    n_decay,
+    step,
+    inv_scale,
+    max_norm,
+):
     """One fused AdamW update over flat buffers, in place (see cpu.adamw_step). norm_sq stays on
     the device: the kernel skips the step when it is inf/nan and derives the clipping
     coefficient from it, so nothing here waits for the GPU."""
@@ -655,10 +845,29 @@ def adamw_step(master, grad, m, v, working, norm_sq, *, lr, beta1, beta2, eps, w
         if not a.flags.c_contiguous or a.size != master.size:
             raise ValueError("adamw_step updates flat contiguous buffers of one size in place")
     P = master.dtype.type  # every constant rounded once to the master's dtype, as cpu.py's acc
-    bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+    bc1, bc2 = 1 - beta1**step, 1 - beta2**step
     norm_sq = cupy.ascontiguousarray(norm_sq, dtype=dtypes.compute_dtype(grad.dtype))
-    _flat("adamw.cu", "adamw_step", (master.dtype, grad.dtype), master.size,
-          master, grad, m, v, _NULL if working is None else working, norm_sq,
-          np.int64(master.size), np.int64(n_decay), np.float64(inv_scale), np.float64(max_norm),
-          P(beta1), P(1 - beta1), P(beta2), P(1 - beta2), P(eps), P(1 - lr * weight_decay),
-          P(lr / bc1), P(1 / np.sqrt(bc2)))
+    _flat(
+        "adamw.cu",
+        "adamw_step",
+        (master.dtype, grad.dtype),
+        master.size,
+        master,
+        grad,
+        m,
+        v,
+        _NULL if working is None else working,
+        norm_sq,
+        np.int64(master.size),
+        np.int64(n_decay),
+        np.float64(inv_scale),
+        np.float64(max_norm),
+        P(beta1),
+        P(1 - beta1),
+        P(beta2),
+        P(1 - beta2),
+        P(eps),
+        P(1 - lr * weight_decay),
+        P(lr / bc1),
+        P(1 / np.sqrt(bc2)),
+    )
