@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Compile-check every CUDA kernel file without a GPU.
 #
-# 1. nvcc: each tinygrad_like/backend/kernels/*.cu for sm_80 and sm_90, with
+# 1. nvcc: each tinygrad_like/backend/cuda/*.cu for sm_80 and sm_90, with
 #    -DTG_CHECK_INSTANTIATE so the instance list at the bottom of each file makes nvcc compile
 #    every template variant the backend launches. Needs nvcc on PATH (or $NVCC).
-# 2. NVRTC (the compiler the backend really uses, through CuPy): each file exactly as cuda.py
+# 2. NVRTC (the compiler the backend really uses, through CuPy): each file exactly as cuda/runtime.py
 #    builds it (common.cuh pasted in, the same name expressions), for sm_80 and sm_90. Runs when
 #    Python can load CuPy's NVRTC binding; skipped with a note otherwise.
 #
 # Prints one line per file and check; exits non-zero if anything fails.
 set -u
 cd "$(dirname "$0")/.."
-KDIR=tinygrad_like/backend/kernels
+KDIR=tinygrad_like/backend/cuda
 NVCC=${NVCC:-nvcc}
 PYTHON=${PYTHON:-python}
 ARCHS="80 90"
@@ -52,7 +52,7 @@ except Exception as e:  # no CuPy, or no libnvrtc: nvcc's check above still stan
 
 include, archs = sys.argv[1], sys.argv[2:]
 failed = False
-for path in sorted(Path(cuda.__file__).with_name("kernels").glob("*.cu")):
+for path in sorted(Path(cuda.__file__).parent.glob("*.cu")):
     source = cuda.kernel_source(path.name)
     names = cuda.instances(source)
     for arch in archs:

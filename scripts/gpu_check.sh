@@ -18,10 +18,10 @@
 #   versions*       20  Python and the version of every package the project imports
 #   gpu*            20  nvidia-smi, nvcc, and CuPy sees the GPU
 #   headers*     3 x 10 a kernel including cuda_fp16.h and cuda_bf16.h compiles through CuPy and
-#                       runs: first as the backend finds the headers (cuda.py's docstring), then
+#                       runs: first as the backend finds the headers (cuda/runtime.py's docstring), then
 #                       with CUDA_PATH at the nvidia-cuda-runtime wheel, then at /usr/local/cuda;
 #                       the first that works is exported for the rest
-#   compile         30  every kernels/*.cu as cuda.py compiles it, in parallel (fills CuPy's cache)
+#   compile         30  every cuda/*.cu as the backend compiles it, in parallel (fills CuPy's cache)
 #   pytest-kernels  47  tests/test_cuda_kernels.py alone, TG_DEVICE=cuda
 #   pytest-rest     60  every other test, TG_DEVICE=cuda (pytest-xdist's 8 workers when there),
 #                       but the fault-injection suite (CPU processes killed and disks filled: it
@@ -218,13 +218,13 @@ from tinygrad_like.backend import cuda
 
 name = os.path.basename(sys.argv[1])
 t0 = time.perf_counter()
-cuda._module(name).compile()
+cuda.runtime.compiled_module(name).compile()
 print(f"ok   {name}: {len(cuda.instances(cuda.kernel_source(name)))} instances compiled in "
       f"{time.perf_counter() - t0:.1f} s")
 EOF
 
 compile_kernels() {  # NVRTC is single-threaded: one process per .cu file, all at once
-    printf '%s\n' tinygrad_like/backend/kernels/*.cu \
+    printf '%s\n' tinygrad_like/backend/cuda/*.cu \
         | timeout 30 xargs -P 8 -n 1 "$PY" -c "$COMPILE"
 }
 

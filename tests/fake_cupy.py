@@ -1,15 +1,15 @@
-"""A NumPy stand-in for the part of CuPy that backend/cuda.py uses: the one check of the CUDA glue
+"""A NumPy stand-in for the part of CuPy that backend/cuda/ uses: the one check of the CUDA glue
 (argument packing, launch shapes, the compile list) that runs without a GPU.
 
 Arrays are NumPy arrays of a subclass, `ndarray`, with CuPy's `.data.ptr`; the array functions
 delegate to NumPy and return that subclass. RawModule parses the CUDA source it is given (what
-cuda.kernel_source builds) for every `__global__` signature, and get_function("name<args>")
+cuda.runtime.kernel_source builds) for every `__global__` signature, and get_function("name<args>")
 instantiates one: template parameters substituted, acc_t<T> resolved from common.cuh's
 `Num<T>::acc` typedefs. Calling the kernel checks the launch as CuPy would pack it and the GPU
 would accept it, and records it in LAUNCHES; it computes nothing (outputs keep what they held).
 
-installed() puts the stand-in in sys.modules, imports a fresh tinygrad_like.backend.cuda over
-it, and restores sys.modules (and os.environ) afterwards.
+installed() puts the stand-in in sys.modules, imports a fresh tinygrad_like.backend.cuda package
+over it, and restores sys.modules (and os.environ) afterwards.
 """
 
 import contextlib
@@ -327,27 +327,33 @@ def _modules():
 
 
 _CUDA = "tinygrad_like.backend.cuda"
-_NAMES = ("cupy", "cupy.cuda", "cupy.cuda.memory_hook", _CUDA)
+_CUPY = ("cupy", "cupy.cuda", "cupy.cuda.memory_hook")
+
+
+def _ours(name):
+    """Whether a module is the stand-in's or imported over it (the CUDA backend's package)."""
+    return name in _CUPY or name == _CUDA or name.startswith(_CUDA + ".")
 
 
 @contextlib.contextmanager
 def installed():
-    """with installed() as cuda: backend/cuda.py imported over the stand-in. On exit sys.modules
+    """with installed() as cuda: backend/cuda/ imported over the stand-in. On exit sys.modules
     (real CuPy included), the backend package's `cuda` attribute and os.environ (importing
-    cuda.py may set CUDA_PATH) are as they were."""
+    cuda/runtime.py may set CUDA_PATH) are as they were."""
     from tinygrad_like import backend
 
     backend.cuda_available()  # cached now, from the real environment, never from the stand-in
-    saved = {n: sys.modules[n] for n in _NAMES if n in sys.modules}
+    saved = {n: m for n, m in sys.modules.items() if _ours(n)}
     saved_attr = backend.__dict__.get("cuda")
-    sys.modules.pop(_CUDA, None)
+    for n in saved:
+        del sys.modules[n]
     sys.modules.update(_modules())
     try:
         with mock.patch.dict(os.environ):
             yield importlib.import_module(_CUDA)
     finally:
-        for n in _NAMES:
-            sys.modules.pop(n, None)
+        for n in [n for n in sys.modules if _ours(n)]:
+            del sys.modules[n]
         sys.modules.update(saved)
         if saved_attr is None:
             backend.__dict__.pop("cuda", None)

@@ -1,35 +1,29 @@
-"""The backend contract: kernels.KERNELS (and kernels.HOST) is the list of functions every backend
-implements. Both backend/cpu.py and backend/cuda.py define each with the same signature, neither
-defines a public function outside the list unnoticed, every kernel the packages launch is in
-the list, and the launch tables only name listed kernels. cuda.py is imported over the NumPy
-stand-in for CuPy (tests/fake_cupy.py), so this runs without a GPU.
+"""The backend contract (backend/contract.py) holds: both backend/cpu and backend/cuda define
+every declared kernel in the module of its family, and every host function in runtime, with the
+stub's signature; no family module has a public function outside the contract unnoticed; every
+kernel the packages launch is declared and every declared kernel is launched; the CUDA backend
+imports nothing from the CPU backend. The CUDA package is imported over the NumPy stand-in for
+CuPy (tests/fake_cupy.py), so this runs without a GPU.
 """
 
 import ast
+import importlib
 import inspect
 from pathlib import Path
 
 import fake_cupy
 import pytest
 
-from tinygrad_like import dtypes, kernels
-from tinygrad_like.backend import cpu
+from tinygrad_like import dtypes
+from tinygrad_like.backend import contract, cpu
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKEND = ROOT / "tinygrad_like" / "backend"
 SOURCES = ("tinygrad_like", "nn", "optim", "training", "scripts", "examples")
-# Public functions a backend may have outside the contract, each for a reason of its own.
+FAMILIES = sorted({k.family for k in contract.KERNELS.values()})
+# Public functions a family module may have outside the contract, each for a reason of its own.
 EXTRAS = {
-    "cpu": {
-        "keep_freed_memory",  # malloc tuning, at import
-        "check_ids",
-        "check_targets",
-    },  # range checks both backends run on the host
-    "cuda": {
-        "device_name",
-        "PoolWatcher",  # the GPU's name (MFU); CuPy's pool, watched
-        "kernel_source",
-        "instances",
-    },  # the .cu loading (check_kernels.sh uses it)
+    ("cpu", "softmax"): {"future_mask"},  # the causal mask, shared with the flash kernels
 }
 
 
@@ -44,16 +38,30 @@ def _shape(fn):
     return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
-@pytest.mark.parametrize("name", kernels.KERNELS + kernels.HOST)
-def test_both_backends_define_it_with_one_signature(cuda, name):
+def _module(backend, where):
+    return importlib.import_module(f"{backend.__name__}.{where}")
+
+
+@pytest.mark.parametrize("name", list(contract.KERNELS))
+def test_both_backends_define_the_kernel_in_its_family_with_its_signature(cuda, name):
+    k = contract.KERNELS[name]
     for be in (cpu, cuda):
-        assert callable(getattr(be, name, None)), f"backend {be.name} has no {name}"
-    assert _shape(getattr(cpu, name)) == _shape(getattr(cuda, name)), name
+        fn = getattr(_module(be, k.family), name, None)
+        assert callable(fn), f"{be.__name__}.{k.family} has no {name}"
+        assert getattr(be, name) is fn
+        assert _shape(fn) == _shape(k.signature), f"{be.name}.{name}"
 
 
-def test_the_lists_have_no_repeats():
-    names = kernels.KERNELS + kernels.HOST
-    assert len(set(names)) == len(names)
+@pytest.mark.parametrize("name", list(contract.HOST))
+def test_both_backends_define_the_host_function_in_runtime(cuda, name):
+    for be in (cpu, cuda):
+        fn = getattr(_module(be, "runtime"), name)
+        assert getattr(be, name) is fn
+        assert _shape(fn) == _shape(contract.HOST[name]), f"{be.name}.{name}"
+
+
+def test_the_names_have_no_repeats():
+    assert not set(contract.KERNELS) & set(contract.HOST)
 
 
 def _public_functions(module):
@@ -65,11 +73,26 @@ def _public_functions(module):
     }
 
 
-def test_no_backend_has_a_kernel_outside_the_list(cuda):
-    """A kernel added to one backend only fails here (or, once listed, in the test above)."""
-    listed = set(kernels.KERNELS + kernels.HOST)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_family_module_has_a_kernel_outside_the_contract(cuda, family):
+    """A kernel added to one backend only fails here (or, once declared, in the tests above)."""
+    declared = {k.name for k in contract.KERNELS.values() if k.family == family}
     for be in (cpu, cuda):
-        assert _public_functions(be) - listed == EXTRAS[be.name], be.name
+        extra = _public_functions(_module(be, family)) - declared
+        assert extra == EXTRAS.get((be.name, family), set()), f"{be.name}.{family}"
+
+
+def test_each_cuda_family_has_its_cu_file():
+    for family in FAMILIES:
+        assert (BACKEND / "cuda" / f"{family}.cu").is_file(), family
+
+
+def test_the_cuda_backend_imports_nothing_of_the_cpu_backend():
+    for path in sorted((BACKEND / "cuda").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+                assert not any(n == "cpu" or n.endswith(".cpu") for n in names), path.name
 
 
 def _launches():
@@ -85,20 +108,27 @@ def _launches():
                 yield f"{path.relative_to(ROOT)}:{node.lineno}", first.value if literal else None
 
 
-def test_every_launched_kernel_is_listed():
+def test_every_launched_kernel_is_declared():
     found = list(_launches())
     assert len(found) > 50  # the scan sees ops.py, nn/ and optim/
     assert [site for site, name in found if name is None] == [], "launch names must be literals"
-    assert [(site, name) for site, name in found if name not in kernels.KERNELS] == []
+    assert [(site, name) for site, name in found if name not in contract.KERNELS] == []
 
 
-def test_every_listed_kernel_is_launched():
-    assert set(kernels.KERNELS) - {name for _, name in _launches()} == set()
+def test_every_declared_kernel_is_launched():
+    assert set(contract.KERNELS) - {name for _, name in _launches()} == set()
 
 
-def test_launch_tables_name_only_listed_kernels():
-    for table in (kernels.FLOPS, kernels.WRITES_ARGS, kernels.SKIPS_READING):
-        assert set(table) - set(kernels.KERNELS) == set()
+def test_a_missing_kernel_fails_at_import(tmp_path, monkeypatch):
+    """contract.implement names the module where a kernel that is not there belongs."""
+    pkg = tmp_path / "halfbackend"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for family in FAMILIES + ["runtime"]:
+        (pkg / f"{family}.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match="halfbackend.gemm has no matmul"):
+        contract.implement("halfbackend", {})
 
 
 def test_supported_dtypes_are_the_training_formats(cuda):

@@ -1,4 +1,4 @@
-"""The CPU backend's thread splits (cpu._in_parallel, cpu._gemm) change no result: a GEMM split
+"""The CPU backend's thread splits (runtime.in_parallel, the GEMMs' splits) change no result: a GEMM split
 across the cores matches one BLAS call, elementwise and row kernels split into blocks match
 the same kernel run as one block bit for bit, and the BLAS thread count is restored."""
 
@@ -10,6 +10,7 @@ import pytest
 
 from tinygrad_like import dtypes
 from tinygrad_like.backend import cpu
+from tinygrad_like.backend.cpu import gemm, runtime
 
 F32 = np.float32
 
@@ -42,9 +43,9 @@ def test_split_gemm_with_batch_dims_and_half_inputs(rng):
 
 
 def test_gemms_restore_the_blas_thread_count(rng):
-    if cpu._BLAS_THREADS is None:
+    if runtime.BLAS_THREADS is None:
         pytest.skip("no OpenBLAS found to ask")
-    get, set_ = cpu._BLAS_THREADS
+    get, set_ = runtime.BLAS_THREADS
     before = get()
     try:
         set_(2)
@@ -62,7 +63,7 @@ def test_long_k_gemm_is_the_sum_of_its_two_halves(rng):
     a = rng.standard_normal((64, 8192), dtype=F32)
     b = rng.standard_normal((16, 8192), dtype=F32)  # matmul_nt's layout, as wte
     h = 4096
-    with cpu._one_blas_thread():  # as each half runs: OpenBLAS's threaded kernel may round apart
+    with runtime.one_blas_thread():  # as each half runs: OpenBLAS's threaded kernel may round apart
         want = a[:, :h] @ b[:, :h].T + a[:, h:] @ b[:, h:].T
     np.testing.assert_array_equal(cpu.matmul_nt(a, b), want)
     np.testing.assert_array_equal(cpu.matmul(a, np.ascontiguousarray(b.T)), want)
@@ -71,7 +72,7 @@ def test_long_k_gemm_is_the_sum_of_its_two_halves(rng):
 def test_blas_workers_sleep_after_a_gemm(rng):
     """OpenBLAS's idle workers go to sleep right after a threaded GEMM instead of spinning for
     ~0.1 s on the cores the row kernels run on next."""
-    if not cpu._BLAS_QUIET or "OPENBLAS_THREAD_TIMEOUT" in os.environ or cpu._THREADS < 2:
+    if not runtime.BLAS_QUIET or "OPENBLAS_THREAD_TIMEOUT" in os.environ or runtime.THREADS < 2:
         pytest.skip("OpenBLAS's thread timeout is not ours to set here")
     a = rng.standard_normal((1024, 1024), dtype=F32)
     cpu.matmul(a, a)
@@ -82,7 +83,7 @@ def test_blas_workers_sleep_after_a_gemm(rng):
 
 def _kernels(rng):
     """Calls of the split kernels on inputs large enough to split, as (name, thunk)."""
-    x = rng.standard_normal((2 * cpu._CHUNK + 5,), dtype=F32)
+    x = rng.standard_normal((2 * runtime.CHUNK + 5,), dtype=F32)
     y = rng.standard_normal(x.shape, dtype=F32)
     logits = rng.standard_normal((24, 50304), dtype=F32)
     targets = rng.integers(-1, 50257, 24)
@@ -110,14 +111,15 @@ def _outputs(result):
 
 def test_blocks_match_one_block_bit_for_bit(monkeypatch):
     split = [(name, _outputs(fn())) for name, fn in _kernels(np.random.default_rng(1))]
-    monkeypatch.setattr(cpu, "_THREADS", 1)  # every kernel as one block
+    for module in (runtime, gemm):  # every kernel as one block
+        monkeypatch.setattr(module, "THREADS", 1)
     for (name, got), (_, fn) in zip(split, _kernels(np.random.default_rng(1))):
         for g, w in zip(got, _outputs(fn())):
             np.testing.assert_array_equal(g, w, err_msg=name)
 
 
 def test_in_place_split_add_writes_out(rng):
-    x = rng.standard_normal((3, cpu._CHUNK), dtype=F32)
+    x = rng.standard_normal((3, runtime.CHUNK), dtype=F32)
     y = rng.standard_normal(x.shape, dtype=F32)
     want = x + y
     out = cpu.add(x, y, out=x)

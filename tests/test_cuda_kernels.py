@@ -1,4 +1,5 @@
-"""The CUDA backend (backend/cuda.py and kernels/*.cu) against the CPU reference (cpu.py).
+"""The CUDA backend (backend/cuda/, its modules and .cu files) against the CPU reference
+(backend/cpu/).
 
 Every kernel runs on the same inputs on both devices, in every dtype, on ragged shapes (sizes
 that are not multiples of any tile or warp). Tolerances, per output dtype, relative to the
@@ -119,15 +120,15 @@ def test_gemm_with_k_zero(dtype):
         return
     for aligned in (False, True):
         kernel = (
-            cuda._kernel("gemm.cu", "gemm_f32", False, False, aligned)
+            cuda.runtime.compiled("gemm.cu", "gemm_f32", False, False, aligned)
             if dtype == F32
-            else cuda._kernel("gemm.cu", "gemm_tc", dtype, False, False, aligned)
+            else cuda.runtime.compiled("gemm.cu", "gemm_tc", dtype, False, False, aligned)
         )
         tile = 64 if dtype == F32 else 128
         operand = cupy.zeros(64, dtype)  # a valid address for A and B; with K = 0 none is read
         c = cupy.full((37, 133), 7, dtype)
         kernel(
-            (cuda._blocks(133, tile), cuda._blocks(37, tile), 1),
+            (cuda.runtime.blocks_for(133, tile), cuda.runtime.blocks_for(37, tile), 1),
             (256,),
             (
                 operand,

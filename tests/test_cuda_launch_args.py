@@ -1,6 +1,6 @@
-"""backend/cuda.py's kernel launches, checked without a GPU.
+"""backend/cuda/'s kernel launches, checked without a GPU.
 
-Every cuda.py function that launches a .cu kernel runs over the NumPy stand-in for CuPy
+Every CUDA backend function that launches a .cu kernel runs over the NumPy stand-in for CuPy
 (tests/fake_cupy.py) in every dtype it takes, on ragged, one-row, transposed (non-contiguous)
 and offset (a non-zero start) inputs. The stand-in checks each launch as CuPy would pack it:
 argument count and order, scalar types, pointer dtypes, null pointers, contiguity, grid and
@@ -12,24 +12,25 @@ that the stand-in refuses them.
 """
 
 import functools
+import sys
 from pathlib import Path
 
 import fake_cupy
 import numpy as np
 import pytest
 
-from tinygrad_like import dtypes, kernels
-from tinygrad_like.backend import cpu
+from tinygrad_like import dtypes
+from tinygrad_like.backend import contract, cpu
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 FLOATS = [F32, F16, BF16, F64]
 ids = dtypes.name
-# Run by CuPy itself in cuda.py (copies, fills, concatenation, sums, index gradients).
+# Run by CuPy itself in backend/cuda (copies, fills, concatenation, sums, index gradients).
 NO_CUSTOM_KERNEL = {"contiguous", "copy", "fill", "concat", "index_bwd", "sum"}
 # fp64 GEMMs and casts from fp64 go to cuBLAS / astype: no launch of ours (driver, dtype).
 CUPY_ONLY = {("gemms", F64), ("cast", F64)}
 LAYOUTS = ("contiguous", "transposed", "offset")
-KERNEL_DIR = Path(cpu.__file__).with_name("kernels")
+KERNEL_DIR = Path(cpu.__file__).parents[1] / "cuda"  # the .cu files
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +239,8 @@ def adamw(cuda, dtype):
 
 
 def test_every_launching_kernel_has_a_driver():
-    assert NO_CUSTOM_KERNEL <= set(kernels.KERNELS)
-    assert set(DRIVERS) == set(kernels.KERNELS) - NO_CUSTOM_KERNEL
+    assert NO_CUSTOM_KERNEL <= set(contract.KERNELS)
+    assert set(DRIVERS) == set(contract.KERNELS) - NO_CUSTOM_KERNEL
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
@@ -256,7 +257,7 @@ def test_launches_pack_their_arguments(cuda, launches, driver, dtype):
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=ids)
 def test_gemms_run_every_layout_aligned_and_not(cuda, launches, dtype):
     gemms(cuda, dtype)
-    kernel = "gemm_f32<" if dtype == F32 else f"gemm_tc<{cuda._CTYPES[dtype]},"
+    kernel = "gemm_f32<" if dtype == F32 else f"gemm_tc<{cuda.runtime.CTYPES[dtype]},"
     want = {
         f"{kernel}{ta},{tb},{aligned}>"
         for ta, tb in [("false", "false"), ("false", "true"), ("true", "false")]
@@ -377,13 +378,16 @@ def test_adamw_constants_are_rounded_once_to_the_master_dtype(cuda, launches, P,
 
 def _tamper(cuda, monkeypatch, change):
     """Make every launch pass change(args) instead of its arguments."""
-    real = cuda._kernel
+    real = cuda.runtime.compiled
 
     def tampered(*key):
         kernel = real(*key)
         return lambda grid, block, args: kernel(grid, block, change(args))
 
-    monkeypatch.setattr(cuda, "_kernel", tampered)
+    for module in list(sys.modules.values()):  # every module of the package that launches
+        if getattr(module, "__name__", "").startswith(cuda.__name__ + "."):
+            if getattr(module, "compiled", None) is real:
+                monkeypatch.setattr(module, "compiled", tampered)
 
 
 def test_a_widened_int_is_refused(cuda, monkeypatch):
@@ -411,14 +415,14 @@ def test_swapped_arguments_are_refused(cuda, monkeypatch):
 
 
 def test_bad_pointers_and_scalars_are_refused(cuda):
-    gelu = cuda._kernel("elementwise.cu", "gelu_fwd", F16)
+    gelu = cuda.runtime.compiled("elementwise.cu", "gelu_fwd", F16)
     x16, y16 = cuda.empty(300, F16), cuda.empty(300, F16)
     n = np.int64(300)
     gelu((2,), (256,), (x16, y16, n))  # the right packing passes
     bad = {
         "a float32 array for a __half": (cuda.empty(300, F32), y16, n),
         "non-contiguous": (cuda.empty(600, F16)[::2], y16, n),
-        "never tests it for null": (x16, cuda._NULL, n),
+        "never tests it for null": (x16, cuda.runtime.NULL, n),
         "ndarray for a __half": (np.empty(300, F16), y16, n),  # a host array
         "int for a long long": (x16, y16, 300),  # a Python int
         "float64 for a long long": (x16, y16, np.float64(300)),
@@ -427,12 +431,12 @@ def test_bad_pointers_and_scalars_are_refused(cuda):
     for message, args in bad.items():
         with pytest.raises(fake_cupy.LaunchError, match=message):
             gelu((2,), (256,), args)
-    binary = cuda._kernel("elementwise.cu", "binary", F32, 2)  # null a: the scalar sa
+    binary = cuda.runtime.compiled("elementwise.cu", "binary", F32, 2)  # null a: the scalar sa
     binary(
         (1,),
         (256,),
         (
-            cuda._NULL,
+            cuda.runtime.NULL,
             cuda.empty(5, F32),
             np.float32(2),
             np.float32(0),
@@ -445,7 +449,7 @@ def test_bad_pointers_and_scalars_are_refused(cuda):
             (1,),
             (256,),
             (
-                cuda._NULL,
+                cuda.runtime.NULL,
                 cuda.empty(5, F32),
                 np.float64(2),
                 np.float32(0),
@@ -469,14 +473,14 @@ def test_bad_pointers_and_scalars_are_refused(cuda):
     ],
 )
 def test_launch_shapes_beyond_the_limits_are_refused(cuda, grid, block):
-    gelu = cuda._kernel("elementwise.cu", "gelu_fwd", F32)
+    gelu = cuda.runtime.compiled("elementwise.cu", "gelu_fwd", F32)
     with pytest.raises(fake_cupy.LaunchError, match="grid|block"):
         gelu(grid, block, (cuda.empty(1, F32), cuda.empty(1, F32), np.int64(1)))
 
 
 def test_instances_outside_the_compile_list_are_refused(cuda):
     with pytest.raises(fake_cupy.LaunchError, match="not in name_expressions"):
-        cuda._kernel("gemm.cu", "gemm_tc", F64, False, False, True)  # no fp64 tensor cores
+        cuda.runtime.compiled("gemm.cu", "gemm_tc", F64, False, False, True)  # no fp64 tensor cores
     source = cuda.kernel_source("elementwise.cu")
     with pytest.raises(fake_cupy.LaunchError, match="does not fit"):
         fake_cupy.RawModule(code=source, name_expressions=["gelu_fwd<true>"])

@@ -15,8 +15,8 @@ from gradcheck import gradcheck
 
 import tinygrad_like as tg
 from nn import GPT2, GPT2Config
-from tinygrad_like import Tensor, dtypes, kernels, ops
-from tinygrad_like.backend import cpu
+from tinygrad_like import Tensor, dtypes, ops
+from tinygrad_like.backend import contract, cpu
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 # (B, H, Tq, Tk, D): T = 1; ragged against the 64-blocks; a decode step; a prompt after a cache
@@ -88,8 +88,8 @@ def test_the_output_has_the_input_dtype_and_lse_is_fp32(rng):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks of 2 queries and 3 keys, so that a few positions span many block pairs."""
-    monkeypatch.setattr(cpu, "FLASH_BQ", 2)
-    monkeypatch.setattr(cpu, "FLASH_BK", 3)
+    monkeypatch.setattr(contract, "FLASH_BQ", 2)
+    monkeypatch.setattr(contract, "FLASH_BK", 3)
 
 
 @pytest.mark.parametrize("Tq, Tk", [(5, 5), (3, 7), (1, 4)], ids=["Tq=Tk", "Tq<Tk", "decode"])
@@ -122,7 +122,7 @@ def test_flops_and_bytes_of_the_launches():
     B, H, T, D = 2, 2, 130, 8
     out, record = record_of(T, flash=True, B=B, H=H, D=D)
     scores = B * H * (64 * 64 + 64 * 128 + 2 * 130)
-    assert kernels._flash_scores(out.data, out.data) == scores
+    assert contract.flash_scores(out.data, out.data) == scores
     assert record.fwd_flops == (4 * D + 5) * scores and record.fwd_launches == 1
     qkv = B * H * T * D * 4
     assert record.fwd_bytes == 4 * qkv + B * H * T * 4  # reads q, k, v; writes out, lse

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from tinygrad_like import kernels
 from tinygrad_like.kernels import launch
 from tinygrad_like.profiler import Launch, Profiler, format_census
 from training import roofline
@@ -124,7 +123,6 @@ def test_launch_counts_the_exps_of_each_kernel(rng):
     assert exps[5] == flash.flops // (4 * 4 + 5)  # one per computed score
     assert exps[6] == 0
     assert sum(r["exps"] for r in prof.census()) == sum(exps)
-    assert set(kernels.EXPS) <= set(kernels.KERNELS)
 
 
 def test_peaks_are_measured_once_per_machine_then_read_from_the_cache(tmp_path, monkeypatch):

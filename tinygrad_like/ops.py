@@ -362,7 +362,7 @@ class FlashAttention(Function):
     (B, H, Tk, D), Tk >= Tq, as Attention. The (Tq, Tk) scores never exist beyond one block
     pair; the record saves q, k, v, the output and one log-sum-exp per query (B, H, Tq) fp32,
     from which the backward recomputes each block's probabilities: O(T·D) bytes per head, not
-    O(T²). The key blocks past each query block are skipped (FLOPs: kernels._flash_scores)."""
+    O(T²). The key blocks past each query block are skipped (FLOPs: contract.flash_scores)."""
 
     @staticmethod
     def forward(ctx, q, k, v):

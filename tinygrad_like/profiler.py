@@ -38,7 +38,7 @@ class Launch:
     timer: object = None  # backend timer with .seconds(), when timing is on
     start: float = 0.0  # host seconds since the profiler started (for the trace)
     math: str = None  # the phase whose work this is (see the module's docstring)
-    exps: int = 0  # exp / tanh evaluations (kernels.EXPS): a CPU bound of their own
+    exps: int = 0  # exp / tanh evaluations (backend/contract.py): a CPU bound of their own
 
     def __post_init__(self):  # made by kernels.launch as the kernel runs: read the label now
         if self.math is None:

@@ -1,6 +1,6 @@
-"""Device selection. Two backends implement one kernel interface: cpu.py (NumPy, the reference)
-and cuda.py (CuPy and the project's own .cu kernels). CuPy is imported only when CUDA is asked
-for or auto-detected, so the package never needs it.
+"""Device selection. Two backends implement one kernel contract (contract.py): cpu/ (NumPy, the
+reference) and cuda/ (CuPy and the project's own .cu kernels). CuPy is imported only when CUDA
+is asked for or auto-detected, so the package never needs it.
 
 TG_DEVICE=cpu|cuda picks the default; without it the default is cuda when CuPy sees a GPU.
 """

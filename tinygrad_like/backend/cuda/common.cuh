@@ -1,12 +1,12 @@
 // Pieces every kernel file shares: number conversions, math overloads, warp and block sums.
 //
-// cuda.py pastes this file in place of the `#include "common.cuh"` line before handing the
+// runtime.py pastes this file in place of the `#include "common.cuh"` line before handing the
 // source to NVRTC, so CuPy's compile cache sees (and keys on) the whole text; nvcc finds it
 // with -I (scripts/check_kernels.sh). Each .cu includes it once.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-// Num<T>: the compute type of a storage type and the two conversions. As in cpu.py (and
+// Num<T>: the compute type of a storage type and the two conversions. As in the CPU backend (and
 // dtypes.compute_dtype): fp16/bf16/fp32 compute in fp32, fp64 in fp64; a 2-byte result is
 // rounded once (round to nearest even) when stored.
 template <typename T> struct Num;

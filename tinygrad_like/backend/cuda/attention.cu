@@ -3,9 +3,9 @@
 // online softmax, the same causal rule (query i is at position Tk - Tq + i, so Tq < Tk serves a
 // KV-cache decode step), keys past a query tile's last query skipped, everything in acc_t<T>.
 //
-// Layout: q, dq, out, dout (BH, Tq, D) and k, v, dk, dv (BH, Tk, D), contiguous (cuda.py makes
+// Layout: q, dq, out, dout (BH, Tq, D) and k, v, dk, dv (BH, Tk, D), contiguous (attention.py makes
 // them so); lse and Di (BH, Tq) in acc_t<T>. One block of 256 threads per (tile, batch·head):
-// grid (tiles, BH). A tile is TILE<A> queries or keys: 64 in fp32 (cpu.FLASH_BQ), 32 in fp64 so
+// grid (tiles, BH). A tile is TILE<A> queries or keys: 64 in fp32 (contract.FLASH_BQ), 32 in fp64 so
 // that the shared memory of the backward's six D-wide tiles fits (D = 64: 134 KB fp32, 117 KB
 // fp64). Tiles live in dynamic shared memory in acc_t<T>, rows padded to D + 1 so that threads
 // walking a column of a tile hit different banks. Straightforward loops, no tensor cores: each
@@ -287,7 +287,7 @@ __global__ void flash_attention_bwd_dkdv(const T* q, const T* k, const T* v, con
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant cuda.py launches (see elementwise.cu).
+// Every variant attention.py launches (see elementwise.cu).
 void* tg_instances_attention[] = {
     (void*)&flash_attention_fwd<float>, (void*)&flash_attention_fwd<__half>,
     (void*)&flash_attention_fwd<__nv_bfloat16>, (void*)&flash_attention_fwd<double>,

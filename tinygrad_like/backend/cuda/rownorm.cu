@@ -3,7 +3,7 @@
 #include "common.cuh"
 
 // Forward. Launch: one warp per row, 8 rows per 256-thread block. x, y: (rows, C); weight,
-// bias: (C,); mean, rstd: (rows,). As cpu.py: mean = sum(x)/C, var = sum((x-mean)^2)/C (two
+// bias: (C,); mean, rstd: (rows,). As cpu/rownorm.py: mean = sum(x)/C, var = sum((x-mean)^2)/C (two
 // passes over the row), rstd = 1/sqrt(var + eps), y = (x - mean) * rstd * weight + bias.
 template <typename T>
 __global__ void layernorm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean,
@@ -99,7 +99,7 @@ __global__ void layernorm_bwd_reduce(const acc_t<T>* partial, T* dweight, T* dbi
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant cuda.py launches (see elementwise.cu).
+// Every variant rownorm.py launches (see elementwise.cu).
 void* tg_instances_rownorm[] = {
     (void*)&layernorm_fwd<float>, (void*)&layernorm_fwd<__half>,
     (void*)&layernorm_fwd<__nv_bfloat16>, (void*)&layernorm_fwd<double>,

@@ -1,0 +1,407 @@
+"""The backend contract: every kernel a backend provides, declared once.
+
+Each kernel is a stub below: its name, its signature and a docstring saying what it takes and
+returns, decorated with how a launch of it is counted. backend/cpu and backend/cuda define a
+function of the same name and signature in the module of its family (backend/cpu/gemm.py,
+backend/cuda/gemm.py beside gemm.cu, ...); tests/test_backend_contract.py holds them to it.
+kernels.launch counts every launch from these records, training/roofline.py bounds kernels by
+their exps, and the report names kernels by family.
+
+How a launch is counted (kernels.py):
+- flops(result, *args, **kwargs), from the shapes: a GEMM counts one multiply and one add per term
+  (2 M K N, plus M N for a fused bias); elementwise and row kernels count arithmetic per element
+  (exp, tanh and sqrt count as 1); data movement (gathers, casts, copies) counts 0 and only bytes.
+- exps(result, *args, **kwargs): exp / tanh evaluations, which on a CPU can bound a kernel of their
+  own (one per element or score exponentiated; a log or sqrt per row is left out).
+- bytes: every array argument read once and every new output written once, corrected by
+  `writes` (argument positions written in place), `skips` (argument positions not read) and
+  `reads` (bytes read, for a kernel that reads only part of an argument).
+
+Adding a kernel: its stub here, its CPU function, its CUDA function (and .cu code), its op.
+The HOST functions at the end are the rest of a backend: called directly, never counted.
+"""
+
+import builtins  # `sum` below is a kernel's stub
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Callable
+
+# The flash kernels' blocks of queries and of keys. FLOPs count the scores these blocks compute,
+# so both backends use them: backend/cpu/attention.py, and attention.cu's tile<float> (64).
+FLASH_BQ = 64
+FLASH_BK = 64
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    family: str  # the backend module (and .cu file) it lives in
+    signature: Callable  # the stub: parameters and docstring
+    flops: Callable = None  # (result, *args, **kwargs) -> FLOPs; None: 0
+    exps: Callable = None  # (result, *args, **kwargs) -> exp/tanh evaluations; None: 0
+    writes: tuple = ()  # argument positions written in place
+    skips: tuple = ()  # argument positions not read
+    reads: Callable = None  # (outs, *args, **kwargs) -> bytes read; None: from skips
+
+
+KERNELS = {}  # name -> Kernel, in declaration order (family by family)
+
+
+def kernel(family, **counting):
+    """Declare the stub below as a kernel of `family`, counted as `counting` says."""
+
+    def declare(stub):
+        KERNELS[stub.__name__] = Kernel(stub.__name__, family, stub, **counting)
+        return stub
+
+    return declare
+
+
+def _per_element(n, of=0):
+    """n per element of argument `of` (0 = the first input)."""
+    return lambda result, *args, **kw: n * args[of].size
+
+
+def _per_output(result, *args, **kw):
+    """One per output element (binary ops, whatever broadcast their inputs)."""
+    return result.size
+
+
+def flash_scores(q, k):
+    """Scores the flash kernels compute for q (B, H, Tq, D), k (B, H, Tk, D): each block of
+    FLASH_BQ queries against the keys up to its last query's position. The masked corner of
+    each diagonal block is computed and counted; the key blocks after a query block are skipped
+    and not counted."""
+    (B, H, Tq, _), Tk, bq = q.shape, k.shape[-2], FLASH_BQ
+    return (
+        B
+        * H
+        * builtins.sum(min(bq, Tq - i) * (Tk - Tq + min(i + bq, Tq)) for i in range(0, Tq, bq))
+    )
+
+
+def _classes(logits, n_classes):
+    """Elements of the logits' first n_classes columns: a padded vocabulary's columns past
+    n_classes are neither computed nor read."""
+    return logits[:, :n_classes].size
+
+
+def _logits_read(outs, logits, *rest, n_classes=None, out=None):
+    return logits[:, :n_classes].nbytes + builtins.sum(
+        a.nbytes for a in rest if hasattr(a, "nbytes")
+    )
+
+
+# ---------------------------------------------------------------- gemm
+# A linear layer Y = X W (W stored [in, out], as GPT-2's checkpoints) runs three GEMMs of the
+# same cost 2 M K N: forward X W (matmul), backward dX = dY W^T (matmul_nt) and dW = X^T dY
+# (matmul_tn). Each is C (M, N) = op(A) (M, K) op(B) (K, N), op a transpose of the operand's
+# last two axes where the name says t. Leading dimensions are batch dimensions (B, H).
+
+
+@kernel(
+    "gemm", flops=lambda r, a, b, bias=None: 2 * r.size * a.shape[-1] + (bias is not None) * r.size
+)
+def matmul(a, b, bias=None):
+    """(..., M, K) @ (..., K, N) [+ bias (N,)] -> (..., M, N)."""
+
+
+@kernel("gemm", flops=lambda r, a, b: 2 * r.size * a.shape[-1])
+def matmul_nt(a, b):
+    """(..., M, K) @ (..., N, K)^T -> (..., M, N)."""
+
+
+@kernel("gemm", flops=lambda r, a, b: 2 * r.size * a.shape[-2])
+def matmul_tn(a, b):
+    """(..., K, M)^T @ (..., K, N) -> (..., M, N)."""
+
+
+# ---------------------------------------------------------------- elementwise
+# Binary ops broadcast as NumPy does (either side may be a Python scalar); out, when given, is
+# written in place. Data movement counts bytes only.
+
+
+@kernel("elementwise", flops=_per_output)
+def add(a, b, out=None):
+    """a + b."""
+
+
+@kernel("elementwise", flops=_per_output)
+def sub(a, b, out=None):
+    """a - b."""
+
+
+@kernel("elementwise", flops=_per_output)
+def mul(a, b, out=None):
+    """a * b."""
+
+
+@kernel("elementwise", flops=_per_output)
+def div(a, b, out=None):
+    """a / b."""
+
+
+@kernel("elementwise", flops=_per_element(1))
+def neg(a):
+    """-a."""
+
+
+@kernel("elementwise", flops=_per_element(8), exps=_per_element(1))
+def gelu_fwd(x):
+    """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). One tanh per
+    element."""
+
+
+@kernel("elementwise", flops=_per_element(16), exps=_per_element(1))
+def gelu_bwd(x, dy):
+    """dx = dy GELU'(x), the forward's tanh recomputed."""
+
+
+@kernel("elementwise", flops=_per_element(2))
+def dropout_fwd(x, p, seed):
+    """Inverted dropout: -> (y, mask), mask in x's dtype holding 0 or 1/(1-p)."""
+
+
+@kernel("elementwise")
+def contiguous(a):
+    """A C-contiguous copy (reshaping a transposed view needs one; explicit so it counts)."""
+
+
+@kernel("elementwise")
+def cast(a, dtype):
+    """a in another dtype."""
+
+
+@kernel("elementwise", writes=(0,), skips=(0,))
+def copy(dst, src):
+    """dst[...] = src, in place (dst may be a view, e.g. a slice of a KV cache) -> dst."""
+
+
+@kernel("elementwise", writes=(0,), skips=(0,))
+def fill(dst, value):
+    """dst[...] = value, in place -> dst."""
+
+
+@kernel("elementwise")
+def concat(arrays, axis):
+    """The arrays joined along axis."""
+
+
+@kernel("elementwise")
+def index_bwd(dy, shape, index):
+    """Gradient of x[index] for a basic index (ints, slices, None, ...: no element hit twice):
+    zeros of x's shape with dy written at index."""
+
+
+@kernel("elementwise", flops=_per_element(1))
+def sum(a, axis=None, keepdims=False):
+    """Sum over axes, accumulated in fp32 (fp64 for fp64), result in a's dtype."""
+
+
+# ---------------------------------------------------------------- rownorm
+
+
+@kernel("rownorm", flops=_per_element(8))
+def layernorm_fwd(x, weight, bias, eps=1e-5):
+    """x (..., C) -> y (..., C), mean (...,) and rstd (...,) in fp32 (saved for backward)."""
+
+
+@kernel("rownorm", flops=_per_element(12, of=1))
+def layernorm_bwd(dy, x, weight, mean, rstd):
+    """-> dx (..., C), dweight (C,), dbias (C,)."""
+
+
+# ---------------------------------------------------------------- softmax
+# The naive attention's softmax, and cross-entropy over (N, Vp) logits whose columns past
+# V = n_classes are padding. Targets are int64, -1 = ignored (0 loss, 0 gradient).
+
+
+@kernel("softmax", flops=_per_element(5), exps=_per_element(1))
+def softmax_causal_fwd(scores, scale):
+    """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked.
+    Query i is position Tk - Tq + i, so Tq < Tk serves a KV-cache decode step. One exp per
+    score, masked ones included."""
+
+
+@kernel("softmax", flops=_per_element(4))
+def softmax_causal_bwd(probs, dprobs, scale):
+    """dscores = scale * probs * (dprobs - sum(dprobs * probs over keys))."""
+
+
+@kernel(
+    "softmax",
+    flops=lambda r, logits, *a, n_classes=None: 4 * _classes(logits, n_classes),
+    exps=lambda r, logits, *a, n_classes=None: _classes(logits, n_classes),
+    reads=_logits_read,
+)
+def cross_entropy_fwd(logits, targets, n_classes=None):
+    """logits (N, Vp), targets (N,) -> losses (N,) fp32 (0 if ignored), lse (N,) fp32: each
+    row's log-sum-exp, saved for backward."""
+
+
+@kernel(
+    "softmax",
+    flops=lambda r, logits, *a, n_classes=None: 4 * _classes(logits, n_classes),
+    exps=lambda r, logits, *a, n_classes=None: _classes(logits, n_classes),
+    reads=_logits_read,
+)
+def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
+    """dlogits (N, Vp) = dloss * (softmax(logits) - onehot(target)), 0 in the padding columns
+    and the ignored rows; dloss (1,) is the upstream gradient over the count of targets."""
+
+
+@kernel(
+    "softmax",  # max, subtract, exp, sum, scale: the backward's subtract and exp are the forward's
+    flops=lambda r, logits, *a, n_classes=None, out=None: 5 * _classes(logits, n_classes),
+    exps=lambda r, logits, *a, n_classes=None, out=None: _classes(logits, n_classes),
+    reads=_logits_read,
+)
+def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
+    """cross_entropy_fwd's losses and cross_entropy_bwd's dlogits in one pass -> (losses (N,)
+    fp32, dlogits (N, Vp)); dlogits are written into out when given (which may be logits)."""
+
+
+# ---------------------------------------------------------------- attention
+# Per computed score (flash_scores): forward QK^T and PV (2D + 2D) + 5 for the online softmax;
+# backward QK^T again, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (5 x 2D) + 4 for P and dS.
+
+
+@kernel(
+    "attention",
+    flops=lambda r, q, k, *a: (4 * q.shape[-1] + 5) * flash_scores(q, k),
+    exps=lambda r, q, k, *a: flash_scores(q, k),
+)
+def flash_attention_fwd(q, k, v, scale):
+    """q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq -> out (B, H, Tq, D) = softmax(scale q
+    k^T, future keys masked) v, and lse (B, H, Tq) fp32 (fp64 for fp64), saved for backward."""
+
+
+@kernel(
+    "attention",
+    flops=lambda r, q, k, *a: (10 * q.shape[-1] + 4) * flash_scores(q, k),
+    exps=lambda r, q, k, *a: flash_scores(q, k),  # P recomputed from lse
+)
+def flash_attention_bwd(q, k, v, out, lse, dout, scale):
+    """-> dq, dk, dv of flash_attention_fwd, from its inputs, its out and lse, and dout."""
+
+
+# ---------------------------------------------------------------- embedding
+
+
+@kernel("embedding", skips=(0,), reads=lambda outs, weight, idx: idx.nbytes + outs[0].nbytes)
+def embedding_fwd(weight, idx):
+    """weight (V, C), idx (...) int in [0, V) -> (..., C): a gather (reads only the rows it
+    copies)."""
+
+
+@kernel("embedding", flops=_per_element(1))
+def embedding_bwd(dout, idx, num_embeddings):
+    """dout (..., C) -> dweight (V, C), rows of repeated ids summed in a fixed order."""
+
+
+# ---------------------------------------------------------------- adamw
+
+
+@kernel("adamw", flops=_per_element(2))
+def grad_norm_sq(grad):
+    """Sum of squares of a flat gradient buffer in fp32 -> (1,); not finite on overflow."""
+
+
+@kernel("adamw", flops=_per_element(12), writes=(0, 2, 3, 4))  # master, m, v, working
+def adamw_step(
+    master,
+    grad,
+    m,
+    v,
+    working,
+    norm_sq,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    n_decay,
+    step,
+    inv_scale,
+    max_norm,
+):
+    """One fused AdamW update over flat buffers, in place; skipped when norm_sq is not finite."""
+
+
+# ---------------------------------------------------------------- host functions (not counted)
+
+HOST = {}  # name -> stub
+
+
+def host(stub):
+    HOST[stub.__name__] = stub
+    return stub
+
+
+@host
+def supported_dtypes():
+    """The dtype names the backend trains in."""
+
+
+@host
+def asarray(data, dtype=None):
+    """Host data (NumPy arrays, lists) as an array of this device: a host-to-device copy."""
+
+
+@host
+def to_numpy(a):
+    """An array of this device as a NumPy array: a device-to-host copy (waits for it)."""
+
+
+@host
+def empty(shape, dtype):
+    """An uninitialized array of this device."""
+
+
+@host
+def synchronize():
+    """Wait for every launch so far."""
+
+
+@host
+def start_timer():
+    """A timer started now, with .stop() and .seconds()."""
+
+
+def implement(package, namespace):
+    """Fill a backend package's namespace with its functions for the contract: each kernel from
+    the module of its family (package.gemm, ...), each host function from package.runtime. A
+    missing one fails here, at import, naming where it belongs."""
+    for name, where in [(k.name, k.family) for k in KERNELS.values()] + [
+        (n, "runtime") for n in HOST
+    ]:
+        module = import_module(f"{package}.{where}")
+        if not hasattr(module, name):
+            raise ImportError(f"{package}.{where} has no {name}, which the contract declares")
+        namespace[name] = getattr(module, name)
+
+
+# ---------------------------------------------------------------- checks both backends run
+
+
+def check_ids(idx, num_embeddings):
+    """Raise ValueError unless every id is in [0, num_embeddings): NumPy would wrap a negative id
+    around and raise IndexError for a large one, a CUDA kernel would read or write out of bounds.
+    On CuPy min and max are device reductions whose results int() reads back (a host sync)."""
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= num_embeddings:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} out of range for vocab {num_embeddings}")
+
+
+def check_targets(targets, n_classes):
+    """Raise ValueError unless every target is -1 (ignored) or in [0, n_classes): the kernels
+    index each row with it, past the row's end (CUDA) or, in a padded row, at a padding column."""
+    if targets.size:
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < -1 or hi >= n_classes:
+            raise ValueError(
+                f"target id {lo if lo < -1 else hi} out of range for vocab {n_classes}"
+            )

@@ -1,0 +1,17 @@
+"""The CPU backend: every kernel of the contract (backend/contract.py) as vectorized NumPy, the
+numerical reference the CUDA backend is tested against.
+
+One module per kernel family, named as the .cu files are and each beside its CUDA twin in
+reading order: gemm, elementwise, rownorm, softmax, attention, embedding, adamw; runtime holds
+what is not a kernel (the host functions, malloc's settings, the thread pool, the BLAS's
+threads). The package exposes exactly the contract's names, gathered by contract.implement.
+"""
+
+import numpy as np
+
+from .. import contract
+
+name = "cpu"
+xp = np  # the array module, for code that must allocate on this device
+
+contract.implement(__name__, globals())

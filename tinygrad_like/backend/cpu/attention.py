@@ -1,0 +1,181 @@
+"""Causal attention in blocks on the CPU (attention.cu's twin), FlashAttention-2 (Dao 2023):
+the scores of a (query block, key block) pair live only while that pair is worked on, so memory
+is O(T·D) per head, never the (Tq, Tk) matrix, and key blocks wholly after a query block are
+skipped. Each pair is a few batched matmuls over a range of the B*H heads at once. Query i is
+at position Tk - Tq + i, as in softmax_causal_fwd (Tq < Tk: a KV-cache decode step or a prompt
+after one). Blocks are contract.FLASH_BQ queries by contract.FLASH_BK keys, read at each call
+(the FLOP count follows them; a test shrinks them to make ragged blocks).
+
+Smaller blocks pay NumPy's per-call overhead more often; larger ones compute more of the masked
+half of each diagonal block. The scores of a pair are kept transposed, sT (heads, keys,
+queries) = k_j (q_i scale)^T, with q pre-transposed once per call: the softmax's max and sum
+over keys are then reductions over an outer axis, which NumPy vectorizes across the queries
+(a reduction over the last axis, 64 elements at a time, is many times slower). The matmuls that
+need s itself take sT.swapaxes, which BLAS reads at no cost. BLAS runs single-threaded here
+(one_blas_thread): the heads are split across the cores instead.
+"""
+
+import numpy as np
+
+from ... import dtypes
+from .. import contract
+from .runtime import CHUNK, f32, in_parallel, one_blas_thread, rounded
+from .softmax import future_mask
+
+_CAUSAL_MASKS_T = {}
+
+
+def _flash_pair(Tq, Tk, i0, i1, j0, dtype):
+    """For query block [i0, i1) and the key block starting at j0: the end j1 of the keys it
+    sees (the block cut at its last query's position) and the pair's additive mask, transposed
+    as the scores are: (j1 - j0, bq), -inf where a key comes after a query (a view of a cached
+    transpose of the naive softmax's mask), or None when every query sees every key."""
+    first = Tk - Tq + i0  # position of the block's first query
+    j1 = min(j0 + contract.FLASH_BK, first + i1 - i0)
+    if j1 - 1 <= first:
+        return j1, None
+    key = (Tq, Tk, dtype)
+    if key not in _CAUSAL_MASKS_T:
+        _CAUSAL_MASKS_T[key] = np.ascontiguousarray(future_mask(Tq, Tk, dtype).T)  # (Tk, Tq)
+    return j1, _CAUSAL_MASKS_T[key][j0:j1, i0:i1]
+
+
+def _heads_t(a, scale=None):
+    """a (B, H, T, D) (any strides) -> (B, H, D, T) contiguous in the compute dtype, times
+    scale if given."""
+    B, H, T, D = a.shape
+    out = np.empty((B, H, D, T), dtype=dtypes.compute_dtype(a.dtype))
+    if scale is None:
+        np.copyto(out, a.swapaxes(-1, -2))
+    else:
+        np.multiply(f32(a).swapaxes(-1, -2), scale, out=out)
+    return out
+
+
+def _by_heads(H, body, work):
+    """Run body(h0, h1) over head ranges, one per core when the work (scores per head) is large
+    enough, with BLAS on one thread. Heads are independent, so the split changes no result.
+    (q, k, v come in as strided views of the (B, T, 3C) projection, so the kernels index
+    (B, H', ...) ranges of them rather than reshape to B*H heads, which would copy.)"""
+    with one_blas_thread():
+        in_parallel(H, body, per_row=work, chunk_rows=H)
+
+
+def flash_attention_fwd(q, k, v, scale):
+    """q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq -> out (B, H, Tq, D) =
+    softmax(scale q k^T, future keys masked) v, and lse (B, H, Tq) fp32 (fp64 for fp64): the
+    log-sum-exp of each query's scaled scores, all that backward needs of the softmax.
+    Per query block, over its key blocks in order, the online softmax keeps m (running max),
+    lsum (running sum of exp(s - m)), both (B, H', 1, bq) over the heads [h0, h1), and o
+    (running sum of exp(s - m) v, (B, H', bq, D)); a block with a larger max rescales lsum and o by
+    exp(m_old - m_new). Key 0 is in the first block and every query sees it, so m is finite
+    from then on (no -inf minus -inf); that first block sets m, lsum and o directly (what the
+    update gives from m = -inf, lsum = o = 0, bit for bit)."""
+    B, H, Tq, D = q.shape
+    Tk = k.shape[-2]
+    acc = dtypes.compute_dtype(q.dtype)
+    qT = _heads_t(q, acc.type(scale))  # (B, H, D, Tq), scaled
+    ks, vs = f32(k), f32(v)  # (B, H, Tk, D)
+    out = np.empty(q.shape, dtype=q.dtype)
+    lse = np.empty(q.shape[:-1], dtype=acc)
+
+    bq, bk = contract.FLASH_BQ, contract.FLASH_BK
+
+    def heads(h0, h1):
+        for i0 in range(0, Tq, bq):
+            i1 = min(i0 + bq, Tq)
+            qTi = qT[:, h0:h1, :, i0:i1]  # (B, H', D, bq)
+            for j0 in range(0, Tk - Tq + i1, bk):  # no key after the block
+                j1, maskT = _flash_pair(Tq, Tk, i0, i1, j0, acc)
+                sT = np.matmul(ks[:, h0:h1, j0:j1], qTi)  # (B, H', n, bq) = s^T
+                if maskT is not None:
+                    sT += maskT
+                if j0 == 0:
+                    m = sT.max(axis=-2, keepdims=True)  # (B, H', 1, bq)
+                    sT -= m
+                    np.exp(sT, out=sT)  # p^T, unnormalized
+                    lsum = sT.sum(axis=-2, keepdims=True)
+                    o = np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])  # (B, H', bq, D)
+                    continue
+                m_new = np.maximum(m, sT.max(axis=-2, keepdims=True))
+                sT -= m_new
+                np.exp(sT, out=sT)
+                alpha = np.exp(m - m_new)
+                lsum *= alpha
+                lsum += sT.sum(axis=-2, keepdims=True)
+                o *= alpha.swapaxes(-1, -2)  # (B, H', bq, 1)
+                o += np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])
+                m = m_new
+            if out.dtype == acc:
+                np.divide(o, lsum.swapaxes(-1, -2), out=out[:, h0:h1, i0:i1])
+            else:
+                o /= lsum.swapaxes(-1, -2)
+                out[:, h0:h1, i0:i1] = o
+            lse[:, h0:h1, i0:i1] = (m + np.log(lsum))[..., 0, :]
+
+    _by_heads(H, heads, B * Tq * Tk)
+    return out, lse
+
+
+def flash_attention_bwd(q, k, v, out, lse, dout, scale):
+    """-> dq (B, H, Tq, D), dk and dv (B, H, Tk, D) of flash_attention_fwd, from its inputs, its
+    out and lse, and dout (B, H, Tq, D). FlashAttention-2's backward: with Di = rowsum(dout *
+    out) (B, H, Tq), each block pair's probabilities are recomputed as p = exp(s - lse), then
+    dv += p^T dout, dp = dout v^T, ds = p (dp - Di), dq += scale ds k, dk += scale ds^T q, over
+    the same block pairs as the forward. Key blocks are the outer loop, as in attention.cu: a
+    key block's dk, dv are complete after one sweep of its query blocks; dq is summed over
+    the key blocks in order. The first term of each sum is written, not added to zeros (the
+    same bits, one pass fewer). p and ds are kept
+    transposed, (B, H', keys, queries), as the forward's scores."""
+    B, H, Tq, D = q.shape
+    Tk = k.shape[-2]
+    acc = dtypes.compute_dtype(q.dtype)
+    scale = acc.type(scale)
+    ks, vs, dos = f32(k), f32(v), f32(dout)  # (B, H, T, D)
+    Di = np.einsum("bhtd,bhtd->bht", dos, f32(out), dtype=acc)[..., None, :]
+    lseT = lse.astype(acc, copy=False)[..., None, :]  # Di, lseT: (B, H, 1, Tq)
+    qT, doT = _heads_t(q, scale), _heads_t(dout)  # (B, H, D, Tq)
+    qh = f32(q) * scale  # (B, H, Tq, D)
+    dq = np.empty(q.shape, dtype=acc)  # set by key block 0 (every query sees key 0)
+    dk, dv = np.empty(k.shape, dtype=acc), np.empty(v.shape, dtype=acc)
+
+    bq, bk = contract.FLASH_BQ, contract.FLASH_BK
+
+    def heads(h0, h1):
+        # Query blocks are taken a few at a time (span queries), as many as keep p^T and ds^T
+        # (B, H', bk, span) near CHUNK elements: fewer, larger GEMMs (NumPy calls BLAS once per
+        # head and pair). The queries are independent, so only dk and dv's sums change order.
+        span = bq * max(1, CHUNK // (B * (h1 - h0) * bk * bq))
+        for j0 in range(0, Tk, bk):
+            kj, vj = ks[:, h0:h1, j0 : j0 + bk], vs[:, h0:h1, j0 : j0 + bk]
+            dkj, dvj = dk[:, h0:h1, j0 : j0 + bk], dv[:, h0:h1, j0 : j0 + bk]
+            first = max(0, j0 - (Tk - Tq)) // bq * bq  # the first query block
+            for i0 in range(first, Tq, span):  # that sees key j0
+                i1 = min(i0 + span, Tq)
+                j1, maskT = _flash_pair(Tq, Tk, i0, i1, j0, acc)
+                n = j1 - j0  # the keys it sees
+                pT = np.matmul(kj[..., :n, :], qT[:, h0:h1, :, i0:i1])  # (B, H', n, bq)
+                if maskT is not None:
+                    pT += maskT
+                pT -= lseT[:, h0:h1, :, i0:i1]
+                np.exp(pT, out=pT)  # p^T
+                dsT = np.matmul(vj[..., :n, :], doT[:, h0:h1, :, i0:i1])  # dp^T
+                dsT -= Di[:, h0:h1, :, i0:i1]
+                dsT *= pT  # ds^T
+                if j0 == 0:
+                    np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :], out=dq[:, h0:h1, i0:i1])
+                else:
+                    dq[:, h0:h1, i0:i1] += np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :])
+                doi, qi = dos[:, h0:h1, i0:i1], qh[:, h0:h1, i0:i1]  # qi carries the scale
+                if i0 == first:
+                    np.matmul(pT, doi, out=dvj[..., :n, :])
+                    np.matmul(dsT, qi, out=dkj[..., :n, :])
+                    dvj[..., n:, :] = 0
+                    dkj[..., n:, :] = 0
+                else:
+                    dvj[..., :n, :] += np.matmul(pT, doi)
+                    dkj[..., :n, :] += np.matmul(dsT, qi)
+        dq[:, h0:h1] *= scale
+
+    _by_heads(H, heads, B * Tq * Tk)
+    return rounded(dq, q.dtype), rounded(dk, k.dtype), rounded(dv, v.dtype)

@@ -1,0 +1,184 @@
+"""Elementwise kernels and data movement on the CPU (elementwise.cu's twin): binary arithmetic
+with NumPy's broadcasting, GELU, dropout, casts, copies, fills, concatenation, index gradients
+and sums. Large contiguous operands run in flat blocks, one per core (runtime.in_parallel).
+"""
+
+import math
+
+import numpy as np
+
+from ... import dtypes
+from .runtime import CHUNK, f32, in_parallel, rounded
+
+
+def _splits(a, b, out, dtype):
+    """Whether a (op) b runs in flat blocks: a large C-contiguous a of the result dtype, b of
+    its shape (C-contiguous) or one value, out None or C-contiguous of a's shape."""
+    if not (
+        isinstance(a, np.ndarray)
+        and a.dtype == dtype
+        and a.size >= 2 * CHUNK
+        and a.flags.c_contiguous
+    ):
+        return False
+    if out is not None and not (out.shape == a.shape and out.flags.c_contiguous):
+        return False
+    if not isinstance(b, np.ndarray):
+        return True  # a Python scalar
+    return (b.size == 1 and b.ndim <= a.ndim) or (b.shape == a.shape and b.flags.c_contiguous)
+
+
+def _binary(ufunc):
+    """a (op) b with NumPy broadcasting; either side may be a Python scalar. A large a with a b
+    of its shape or one value (the residual adds, dW summed over the LM head's row blocks,
+    gradients scaled in place) runs in flat blocks, one per core."""
+
+    def kernel(a, b, out=None):
+        dtype = np.result_type(*[x.dtype for x in (a, b) if isinstance(x, np.ndarray)])
+        if dtype in (dtypes.float16, dtypes.bfloat16):
+            return rounded(np.asarray(ufunc(f32(a), f32(b))), dtype, out)
+        if not _splits(a, b, out, dtype):
+            return np.asarray(ufunc(a, b, out=out))  # asarray: 0-d results stay arrays
+        out = np.empty(a.shape, dtype) if out is None else out
+        fa, fo = a.reshape(-1), out.reshape(-1)
+        fb = b.reshape(-1) if isinstance(b, np.ndarray) else b  # (n,), (1,) or a scalar
+        one = not isinstance(b, np.ndarray) or b.size == 1
+        in_parallel(
+            fa.size, lambda lo, hi: ufunc(fa[lo:hi], fb if one else fb[lo:hi], out=fo[lo:hi])
+        )
+        return out
+
+    kernel.__name__ = ufunc.__name__
+    return kernel
+
+
+add = _binary(np.add)
+sub = _binary(np.subtract)
+mul = _binary(np.multiply)
+div = _binary(np.divide)
+
+
+def neg(a):
+    return np.asarray(np.negative(a))
+
+
+def contiguous(a):
+    """A C-contiguous copy (reshaping a transposed view needs one; made explicit so it counts)."""
+    return np.ascontiguousarray(a)
+
+
+def cast(a, dtype):
+    return a.astype(dtype)
+
+
+def copy(dst, src):
+    """dst[...] = src (in place; dst may be a view, e.g. a slice of a KV cache)."""
+    dst[...] = src
+    return dst
+
+
+def fill(dst, value):
+    """dst[...] = value, in place. A contiguous dst (the flat gradient buffers) is filled in
+    blocks, one per core: one core's memset reaches only part of the machine's write
+    bandwidth."""
+    flat = dst.reshape(-1) if dst.flags.c_contiguous else None
+    if flat is None:
+        dst.fill(value)
+    else:
+        in_parallel(flat.shape[0], lambda lo, hi: flat[lo:hi].fill(value), chunk_rows=1 << 20)
+    return dst
+
+
+def concat(arrays, axis):
+    return np.concatenate(arrays, axis=axis)
+
+
+def index_bwd(dy, shape, index):
+    """Gradient of x[index] for a basic index (ints, slices, None, ...: ops.getitem allows only
+    these, so no element is hit twice): zeros of x's shape with dy written at index."""
+    dx = np.zeros(shape, dtype=dy.dtype)
+    dx[index] = dy
+    return dx
+
+
+def sum(a, axis=None, keepdims=False):
+    """Sum in fp32 (fp64 for fp64 inputs), result in a's dtype."""
+    total = np.sum(a, axis=axis, keepdims=keepdims, dtype=dtypes.compute_dtype(a.dtype))
+    return rounded(np.asarray(total), a.dtype)
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)  # a Python float: fp32 arrays stay fp32, fp64 stay exact
+
+
+def _gelu_tanh(xf, x2=None):
+    """t = tanh(sqrt(2/pi) (x + 0.044715 x^3)), in a fresh buffer (x*x*x, not x**3: NumPy's
+    float32 power is ~25x slower than two multiplies). x2: x*x when the caller has it."""
+    t = xf * xf if x2 is None else x2 * 0.044715
+    if x2 is None:
+        t *= 0.044715
+    t += 1.0
+    t *= xf
+    t *= _GELU_C
+    return np.tanh(t, out=t)
+
+
+def _elementwise(x, *others, body):
+    """Run body(out_block, x_block, *other_blocks) over flat blocks in parallel -> out."""
+    out = np.empty(x.shape, dtype=x.dtype)
+    flat = [a.reshape(-1) for a in (out, x) + others]
+    in_parallel(x.size, lambda lo, hi: body(*[a[lo:hi] for a in flat]))
+    return out
+
+
+def _into(out, a, b, ufunc):
+    """out[...] = ufunc(a, b), computed straight into out when out has a's dtype (one pass
+    fewer than a temporary and a copy), else rounded into it."""
+    if out.dtype == a.dtype:
+        ufunc(a, b, out=out)
+    else:
+        out[...] = ufunc(a, b, out=a)
+
+
+def gelu_fwd(x):
+    """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+
+    def body(out, x):
+        xf = f32(x)
+        t = _gelu_tanh(xf)
+        t += 1.0
+        t *= xf
+        _into(out, t, 0.5, np.multiply)
+
+    return _elementwise(x, body=body)
+
+
+def gelu_bwd(x, dy):
+    """dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)).
+    18 passes over each chunk, 3 temporaries: x^2 is computed once for t and inner, and its
+    buffer then holds 1 - t^2 (the same operations as computing each on its own)."""
+
+    def body(out, x, dy):
+        xf = f32(x)
+        x2 = xf * xf
+        t = _gelu_tanh(xf, x2)
+        inner = x2 * (3 * 0.044715)  # 0.5 x sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+        inner += 1.0
+        inner *= xf
+        inner *= 0.5 * _GELU_C
+        sech2 = np.multiply(t, t, out=x2)  # 1 - t^2
+        np.subtract(1.0, sech2, out=sech2)
+        inner *= sech2
+        t += 1.0
+        t *= 0.5
+        t += inner
+        _into(out, t, f32(dy), np.multiply)
+
+    return _elementwise(x, dy, body=body)
+
+
+def dropout_fwd(x, p, seed):
+    """Inverted dropout: keep with probability 1-p, scale kept values by 1/(1-p).
+    Returns (y, mask) with mask in x's dtype holding 0 or 1/(1-p)."""
+    keep = np.random.default_rng(seed).random(x.shape, dtype=np.float32) >= p
+    mask = (keep / np.float32(1.0 - p)).astype(x.dtype)
+    return mul(x, mask), mask

@@ -1,0 +1,218 @@
+"""What the CPU backend needs that is not a kernel: the host functions of the contract, the
+dtype helpers every kernel uses, malloc's settings, the thread pool the row and elementwise
+kernels split their rows over, and control of the BLAS's threads.
+
+Rules every CPU kernel follows (backend/cuda matches them):
+- Arrays in, arrays out; kernels never see Tensors or the tape.
+- 2-byte inputs (fp16, bf16) are computed in fp32 (f32) and rounded once on the way out
+  (rounded), which is what a tensor core or an fp32-accumulating CUDA kernel does. Reductions
+  accumulate in fp32 (in fp64 when the inputs are fp64, for gradient checks).
+- Outputs have the dtype of the main input unless the kernel says otherwise (statistics such as
+  layernorm's mean/rstd and per-token losses are fp32).
+"""
+
+import ctypes
+import ctypes.util
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ... import dtypes
+
+
+def keep_freed_memory():
+    """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the OS.
+
+    By default every array above 32 MB is mmapped on allocation and unmapped when freed, so the
+    next step's (B*T, V) logits fault in tens of thousands of fresh zeroed pages again. Keeping
+    freed memory in the heap makes a training step reuse the same pages, as CuPy's memory pool
+    does on the GPU. TG_CPU_KEEP_MEMORY=0 turns it off; other C libraries are left alone.
+    """
+    if os.environ.get("TG_CPU_KEEP_MEMORY", "1") == "0":
+        return False
+    path = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(path) if path else None
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+keep_freed_memory()
+
+
+def supported_dtypes():
+    """fp16 and bf16 are emulated: computed in fp32, stored and rounded in 2 bytes."""
+    return dtypes.TRAINING
+
+
+# ---------------------------------------------------------------- arrays and timing (HOST)
+
+
+def asarray(data, dtype=None):
+    return np.asarray(data, dtype=dtype)
+
+
+def to_numpy(a) -> np.ndarray:
+    return np.asarray(a)
+
+
+def empty(shape, dtype):
+    return np.empty(shape, dtype=dtype)
+
+
+def synchronize():
+    pass
+
+
+class _Timer:
+    """Host timer; the CUDA backend returns CUDA events with the same .seconds()."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.t1 = None
+
+    def stop(self):
+        self.t1 = time.perf_counter()
+        return self
+
+    def seconds(self):
+        return self.t1 - self.t0
+
+
+def start_timer():
+    return _Timer()
+
+
+def f32(a):
+    """2-byte floats as fp32 for computation (fp32, fp64 and Python scalars pass through)."""
+    half = getattr(a, "dtype", None) in (dtypes.float16, dtypes.bfloat16)
+    return a.astype(np.float32) if half else a
+
+
+def rounded(a, dtype, out=None):
+    """Round a computed result once to the output dtype (into out when given)."""
+    if out is not None:
+        out[...] = a
+        return out
+    return a if a.dtype == dtype else a.astype(dtype)
+
+
+# ---------------------------------------------------------------- threads
+# NumPy's elementwise loops run on one core (BLAS uses them all), and each NumPy call is one
+# pass over memory. So the row and elementwise kernels split their rows into one block per
+# core, run the blocks on a thread pool (NumPy releases the GIL inside its loops, so the blocks
+# run at the same time), and inside a block work through chunks small enough (~128K elements)
+# that their many passes hit the core's cache, not memory. The split depends only on the sizes
+# and the core count, so results are deterministic.
+# the cores this process may run on (one under mpirun's binding of a rank per core)
+THREADS = max(
+    1,
+    min(
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8
+    ),
+)
+CHUNK = 1 << 17  # elements per chunk: with a few fp32 temporaries, fits in L2
+_pool = None
+
+
+def in_parallel(n, body, per_row=1, chunk_rows=None, blocks=None):
+    """Call body(lo, hi) over [0, n) rows: one block per core (one block when the work is
+    small, or `blocks` blocks), each block in chunks of chunk_rows rows (default: about CHUNK
+    elements). This thread runs the first block itself: waking a sleeping core is not free, so
+    it wakes one fewer."""
+    global _pool
+    chunk_rows = chunk_rows or max(1, CHUNK // per_row)
+    blocks = blocks or max(1, min(THREADS, n * per_row // CHUNK, n))
+
+    def block(start, stop):
+        for lo in range(start, stop, chunk_rows):
+            body(lo, min(lo + chunk_rows, stop))
+
+    if blocks == 1:
+        block(0, n)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(THREADS - 1, thread_name_prefix="tg-cpu")
+    edges = [n * i // blocks for i in range(blocks + 1)]
+    jobs = [_pool.submit(block, lo, hi) for lo, hi in zip(edges[1:], edges[2:])]
+    block(edges[0], edges[1])
+    for job in jobs:
+        job.result()
+
+
+# ---------------------------------------------------------------- the BLAS's threads
+
+
+def _find_openblas():
+    """(library, get, set) of the OpenBLAS that NumPy loaded (NumPy's wheels bundle it as
+    scipy-openblas), get and set its thread count, or None (another BLAS, or no /proc to find
+    it in)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for prefix in ("scipy_openblas", "openblas"):
+            for suffix in ("64_", "_64_", ""):
+                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                if get is not None and set_ is not None:
+                    return lib, get, set_
+    return None
+
+
+OPENBLAS = _find_openblas()
+BLAS_THREADS = OPENBLAS[1:] if OPENBLAS else None  # (get, set) of its thread count
+
+
+def _blas_workers_sleep_when_idle():
+    """Make OpenBLAS's idle worker threads sleep at once instead of spinning; -> whether they
+    do (True also when the user set their timeout: their choice stands).
+
+    After a threaded call each worker spins for 2^28 TSC cycles (blas_server.c's
+    thread_timeout, a tenth of a second or so), and a row kernel's thread that lands on its
+    core meanwhile runs at about half speed. OPENBLAS_THREAD_TIMEOUT=4, the minimum (2^4
+    cycles), puts them to sleep right away (the next threaded call wakes them with a condition
+    variable). OpenBLAS reads that variable when it loads, before
+    this module can run, so it is set for a moment and re-read with the library's own
+    openblas_read_env, and the workers are stopped; the next threaded call starts them again
+    with the new timeout (exec_blas restarts a stopped pool, as after a fork)."""
+    if any(v in os.environ for v in ("OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT")):
+        return True
+    lib = OPENBLAS[0] if OPENBLAS else None
+    read_env = getattr(lib, "openblas_read_env", None)
+    stop_workers = getattr(lib, "blas_thread_shutdown_", None)
+    if read_env is None or stop_workers is None:
+        return False
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"
+    try:
+        read_env()
+    finally:
+        del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # children start with OpenBLAS's default
+    stop_workers()
+    return True
+
+
+class one_blas_thread:
+    """with one_blas_thread(): BLAS calls in the block run on the calling thread only.
+
+    For the kernels that split their work across the cores themselves, each part one
+    single-threaded BLAS call. The count is restored afterwards, so NumPy elsewhere (the MFU
+    peak measurement, say) keeps its default."""
+
+    def __enter__(self):
+        self.previous = BLAS_THREADS[0]() if BLAS_THREADS else None
+        if self.previous not in (None, 1):
+            BLAS_THREADS[1](1)
+
+    def __exit__(self, *exc):
+        if self.previous not in (None, 1):
+            BLAS_THREADS[1](self.previous)
+
+
+BLAS_QUIET = _blas_workers_sleep_when_idle()  # idle OpenBLAS workers sleep instead of spinning

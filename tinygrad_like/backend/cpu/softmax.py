@@ -1,0 +1,171 @@
+"""Softmaxes on the CPU (softmax.cu's twin): the naive attention's causal softmax over (Tq, Tk)
+scores, and cross-entropy over (N, Vp) logits (forward, backward, and both in one pass).
+"""
+
+import numpy as np
+
+from ... import dtypes
+from ..contract import check_targets
+from .runtime import f32, in_parallel
+
+_CAUSAL_MASKS = {}
+
+
+def future_mask(Tq, Tk, dtype):
+    """(Tq, Tk) additive mask: -inf where query i (the last Tq of Tk positions) would look at a
+    future key, 0 elsewhere. Adding it is one vectorized pass, unlike a boolean scatter."""
+    key = (Tq, Tk, dtype)
+    if key not in _CAUSAL_MASKS:
+        future = np.triu(np.ones((Tq, Tk), dtype=bool), k=Tk - Tq + 1)
+        _CAUSAL_MASKS[key] = np.where(future, -np.inf, 0.0).astype(dtype)
+    return _CAUSAL_MASKS[key]
+
+
+def softmax_causal_fwd(scores, scale):
+    """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked.
+    Query i is position Tk - Tq + i, so Tq < Tk serves a KV-cache decode step."""
+    Tq, Tk = scores.shape[-2:]
+    acc = dtypes.compute_dtype(scores.dtype)
+    mask = future_mask(Tq, Tk, acc)
+    ss = scores.reshape(-1, Tq, Tk)
+    probs = np.empty(ss.shape, dtype=scores.dtype)
+
+    def heads(lo, hi):
+        s = ss[lo:hi].astype(acc)  # a private copy, worked in place
+        s *= acc.type(scale)
+        s += mask
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        probs[lo:hi] = s
+
+    in_parallel(ss.shape[0], heads, per_row=Tq * Tk)
+    return probs.reshape(scores.shape)
+
+
+def softmax_causal_bwd(probs, dprobs, scale):
+    """dscores = scale * probs * (dprobs - sum(dprobs * probs over keys)); masked entries get 0
+    because their probs are 0."""
+    Tq, Tk = probs.shape[-2:]
+    ps, dps = probs.reshape(-1, Tq, Tk), dprobs.reshape(-1, Tq, Tk)
+    dscores = np.empty(ps.shape, dtype=probs.dtype)
+
+    def heads(lo, hi):
+        p, dp = f32(ps[lo:hi]), f32(dps[lo:hi])
+        ds = dp - np.sum(dp * p, axis=-1, keepdims=True)
+        ds *= p
+        ds *= scale
+        dscores[lo:hi] = ds
+
+    in_parallel(ps.shape[0], heads, per_row=Tq * Tk)
+    return dscores.reshape(probs.shape)
+
+
+# ---------------------------------------------------------------- cross-entropy
+# Cross-entropy is two kernels over the (N, V) logits. The forward reads them once for the
+# loss and the log-sum-exp; the backward reads them once more and writes dlogits with the
+# upstream gradient (loss scale included) folded in, so small fp16 gradients are scaled before
+# they are rounded. (Writing dlogits in the forward, llm.c style, would round them unscaled.)
+# A caller that knows dloss in the forward and keeps dlogits in fp32 (the fused LM head's
+# precompute design) runs cross_entropy_fwd_bwd instead: both in one pass, one exp per logit.
+# All work a few rows at a time: each chunk (about 1.6 MB of fp32 at V = 50,257) stays in
+# cache across the max, exp, sum and scale steps, so each pass touches memory once.
+_CE_ROWS = 8
+
+
+def _minus_rowwise(x, row_values, out):
+    """out = x - row_values[:, None] in fp32, reading x (any float dtype) once."""
+    if x.dtype == out.dtype:
+        return np.subtract(x, row_values[:, None], out=out)
+    out[...] = x
+    out -= row_values[:, None]
+    return out
+
+
+def cross_entropy_fwd(logits, targets, n_classes=None):
+    """logits (N, Vp), targets (N,) int with -1 = ignore -> (losses (N,) fp32, 0 if ignored;
+    lse (N,) fp32, the log-sum-exp of each row, saved for backward), over the first
+    V = n_classes columns (default all Vp; the columns past V are padding and are not read).
+    Stable for large logits: the row max is subtracted before exp."""
+    acc = dtypes.compute_dtype(logits.dtype)
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
+    check_targets(targets, V)
+    losses, lse = np.empty(N, dtype=acc), np.empty(N, dtype=acc)
+
+    def rows(lo, hi):
+        x, t = logits[lo:hi, :V], targets[lo:hi]
+        m = x.max(axis=1).astype(acc)
+        e = _minus_rowwise(x, m, np.empty(x.shape, acc))
+        np.exp(e, out=e)
+        lse[lo:hi] = np.log(e.sum(axis=1)) + m
+        picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
+        losses[lo:hi] = np.where(t >= 0, lse[lo:hi] - picked, 0.0)
+
+    in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
+    return losses, lse
+
+
+def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
+    """dlogits (N, Vp) = dloss * (softmax(logits) - onehot(target)) in the first V = n_classes
+    columns (default all Vp) and exactly 0 in the padding columns past V, zero rows for ignored
+    targets; dloss is a 1-element array (the upstream gradient over the count of targets)."""
+    acc = dtypes.compute_dtype(logits.dtype)
+    d = acc.type(np.asarray(dloss).reshape(-1)[0])
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
+    check_targets(targets, V)
+    dlogits = np.empty(logits.shape, dtype=logits.dtype)
+
+    def rows(lo, hi):
+        t = targets[lo:hi]
+        e = dlogits[lo:hi, :V] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32
+        np.exp(_minus_rowwise(logits[lo:hi, :V], lse[lo:hi], e), out=e)  # softmax, from the lse
+        valid = t >= 0
+        e *= (valid * d)[:, None]
+        e[np.flatnonzero(valid), t[valid]] -= d  # minus the one-hot target
+        if logits.dtype != acc:
+            dlogits[lo:hi, :V] = e
+        dlogits[lo:hi, V:] = 0  # no gradient to padding
+
+    in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
+    return dlogits
+
+
+def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
+    """cross_entropy_fwd's losses and cross_entropy_bwd's dlogits in one pass over each row:
+    logits (N, Vp), targets (N,) int with -1 = ignore, dloss a 1-element array -> (losses (N,)
+    fp32, dlogits (N, Vp) in the logits' dtype, 0 in the padding columns past V = n_classes).
+    One exp per logit: e = exp(logit - max) sums to the row's s, which gives the loss
+    (log s + max - logit[target], bitwise cross_entropy_fwd's), and e * dloss / s is the
+    softmax part of dlogits: in fp32 a few ulps from cross_entropy_bwd's exp(logit - lse) *
+    dloss, and closer to the exact value (logit - lse, rounded before its exp, is the larger
+    error: off by a median 4 ulps against 1-3, at most 34 against 21, on GPT-2 rows). No lse:
+    nobody needs it after. dlogits are written into out when given, which may be logits
+    itself (a chunk of rows is read before it is overwritten), so no second (N, Vp) array
+    exists. (softmax.cu's twin takes the exp twice: on a GPU bytes, not exps, bound it.)"""
+    acc = dtypes.compute_dtype(logits.dtype)
+    d = acc.type(np.asarray(dloss).reshape(-1)[0])
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
+    check_targets(targets, V)
+    losses = np.empty(N, dtype=acc)
+    dlogits = np.empty(logits.shape, dtype=logits.dtype) if out is None else out
+
+    def rows(lo, hi):
+        x, t = logits[lo:hi, :V], targets[lo:hi]
+        valid = t >= 0
+        m = x.max(axis=1).astype(acc)  # both read x before
+        picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
+        e = dlogits[lo:hi, :V] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32
+        np.exp(_minus_rowwise(x, m, e), out=e)  # e (rows, V) overwrites it; the one exp
+        s = e.sum(axis=1)
+        losses[lo:hi] = np.where(valid, np.log(s) + m - picked, 0.0)
+        e *= (valid * d / s)[:, None]  # softmax * dloss
+        e[np.flatnonzero(valid), t[valid]] -= d  # minus the one-hot target
+        if logits.dtype != acc:
+            dlogits[lo:hi, :V] = e
+        dlogits[lo:hi, V:] = 0  # no gradient to padding
+
+    in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
+    return losses, dlogits

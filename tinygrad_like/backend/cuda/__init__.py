@@ -1,0 +1,20 @@
+"""The CUDA backend: every kernel of the contract (backend/contract.py) on CuPy arrays, run by
+the project's own kernels in the .cu files beside their modules (compiled with NVRTC through
+cupy.RawModule), with CuPy itself where a custom kernel would add nothing.
+
+One module per kernel family, each beside its .cu file: gemm, elementwise, rownorm, softmax,
+attention, embedding, adamw; runtime holds what is not a kernel (the host functions, loading
+the .cu files, launch helpers, the memory pool's watcher). Nothing here imports the CPU
+backend. The package exposes the contract's names (contract.implement) and the runtime's
+device_name, PoolWatcher, kernel_source and instances.
+"""
+
+import cupy
+
+from .. import contract
+from .runtime import PoolWatcher, device_name, instances, kernel_source  # noqa: F401
+
+name = "cuda"
+xp = cupy  # the array module, for code that must allocate on this device
+
+contract.implement(__name__, globals())
