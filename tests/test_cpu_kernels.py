@@ -151,6 +151,42 @@ def test_layernorm_half_reduces_in_fp32(rng, dtype):
         np.testing.assert_allclose(up(got), want, rtol=EPS[dtype], atol=EPS[dtype] * 1e-2 * scale)
 
 
+def _rms_ref(x, w, eps=1e-6):
+    rstd = 1 / np.sqrt((x * x).mean(-1) + eps)
+    return x * rstd[..., None] * w, rstd
+
+
+@pytest.mark.parametrize("dtype", [F32, *HALF])
+def test_rmsnorm_reduces_in_fp32_against_float64(rng, dtype):
+    """Forward against the float64 formula; backward against the float64 gradient of it."""
+    x = rnd(rng, 3, 5, 48, scale=3).astype(dtype)
+    w = (1 + 0.1 * rnd(rng, 48)).astype(dtype)
+    y, rstd = cpu.rmsnorm_fwd(x, w)
+    assert y.dtype == dtype and rstd.dtype == F32 and rstd.shape == (3, 5)
+    x64, w64 = up(x).astype(np.float64), up(w).astype(np.float64)
+    ref_y, ref_rstd = _rms_ref(x64, w64)
+    tol = 1e-5 if dtype == F32 else EPS[dtype]  # fp32: a few ulps of a computed result
+    np.testing.assert_allclose(rstd, ref_rstd, rtol=1e-6)
+    np.testing.assert_allclose(up(y), ref_y, rtol=tol, atol=tol * 1e-2)
+    dy = rnd(rng, 3, 5, 48).astype(dtype)
+    dx, dw = cpu.rmsnorm_bwd(dy, x, w, rstd)
+    assert dx.dtype == dw.dtype == dtype and dw.shape == (48,)
+    xhat, g = x64 * ref_rstd[..., None], up(dy).astype(np.float64) * w64
+    ref_dx = ref_rstd[..., None] * (g - xhat * (g * xhat).mean(-1, keepdims=True))
+    ref_dw = (up(dy).astype(np.float64) * xhat).reshape(-1, 48).sum(0)
+    for got, want in [(dx, ref_dx), (dw, ref_dw)]:
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(up(got), want, rtol=tol, atol=tol * 1e-2 * scale)
+
+
+def test_rmsnorm_without_rows(rng):
+    x, w = np.zeros((0, 8), F32), rnd(rng, 8)
+    y, rstd = cpu.rmsnorm_fwd(x, w)
+    assert y.shape == (0, 8) and rstd.shape == (0,)
+    dx, dw = cpu.rmsnorm_bwd(x, x, w, rstd)
+    assert dx.shape == (0, 8) and np.array_equal(dw, np.zeros(8, F32))
+
+
 def test_layernorm_fp32_against_float64(rng):
     x, w, b = rnd(rng, 5, 16), rnd(rng, 16), rnd(rng, 16)
     y, mean, rstd = cpu.layernorm_fwd(x, w, b)

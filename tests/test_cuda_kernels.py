@@ -253,6 +253,20 @@ def test_layernorm(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_rmsnorm(dtype):
+    x = rand((3, 37, 100), dtype, scale=2.0, seed=1)
+    w, dy = rand(100, dtype, seed=2), rand((3, 37, 100), dtype, seed=4)
+    (y, rstd), (y_ref, rstd_ref) = both("rmsnorm_fwd", x, w)
+    close(y, y_ref)
+    close(rstd, rstd_ref)
+    (dx, dw), (dx_ref, dw_ref) = both("rmsnorm_bwd", dy, x, w, rstd_ref)
+    close(dx, dx_ref)
+    close(dw, dw_ref)
+    again = cuda.rmsnorm_bwd(dev(dy), dev(x), dev(w), dev(rstd_ref))[1]  # no atomics
+    np.testing.assert_array_equal(cuda.to_numpy(again), cuda.to_numpy(dw))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 def test_layernorm_without_rows(dtype):
     """Zero rows: no launch (a grid of 0 blocks is invalid); dweight, dbias zeros (C,) as cpu.py."""
     stat = dtypes.compute_dtype(dtype)

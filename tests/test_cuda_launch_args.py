@@ -143,6 +143,17 @@ def layernorm(cuda, dtype):
             cuda.layernorm_bwd(dy, x, w, mean, rstd)
 
 
+@drives("rmsnorm_fwd", "rmsnorm_bwd")
+def rmsnorm(cuda, dtype):
+    stat = dtypes.compute_dtype(dtype)
+    for shape in [(3, 37, 100), (1, 5), (2, 1500)]:
+        for layout in LAYOUTS:
+            x, dy = place(cuda, rand(shape, dtype), layout), place(cuda, rand(shape, dtype), layout)
+            w = place(cuda, rand(shape[-1], dtype), layout)
+            cuda.rmsnorm_fwd(x, w)
+            cuda.rmsnorm_bwd(dy, x, w, place(cuda, rand(shape[:-1], stat), layout))
+
+
 @drives("softmax_causal_fwd", "softmax_causal_bwd")
 def softmax(cuda, dtype):
     for shape in [(2, 3, 37, 37), (1, 1, 5, 70), (1, 1, 1, 33)]:  # full, KV-cache chunk, decode

@@ -397,6 +397,23 @@ def test_layer_norm(rng):
     )
 
 
+def test_rms_norm(rng):
+    x, w = randn(rng, 2, 3, 5), 1 + 0.5 * randn(rng, 5)
+    leaves = gradcheck(lambda *t: ops.rms_norm(*t), x, w)
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(ops.rms_norm(*leaves).numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+def test_rms_norm_non_contiguous_and_eps(rng):
+    x = randn(rng, 5, 3).T  # (3, 5) view
+    gradcheck(lambda t, w: ops.rms_norm(t, w, eps=1e-3), x, randn(rng, 5))
+
+
+def test_rms_norm_refuses_a_weight_of_another_size(rng):
+    with pytest.raises(ValueError, match=r"need a weight of \(5,\)"):
+        ops.rms_norm(Tensor(randn(rng, 2, 5)), Tensor(randn(rng, 4)))
+
+
 def test_layer_norm_non_contiguous_and_eps(rng):
     x = randn(rng, 5, 3).T  # (3, 5) view
     gradcheck(lambda t, w, b: ops.layer_norm(t, w, b, eps=1e-3), x, randn(rng, 5), randn(rng, 5))

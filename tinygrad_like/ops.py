@@ -331,6 +331,18 @@ class LayerNorm(Function):
         return launch("layernorm_bwd", g, *ctx.saved)
 
 
+class RMSNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, rstd = launch("rmsnorm_fwd", x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)  # rstd: (...,) fp32
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("rmsnorm_bwd", g, *ctx.saved)
+
+
 class Attention(Function):
     """Causal scaled-dot-product attention, fused into one tape record.
     q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq (Tk > Tq when decoding with a KV cache).
@@ -677,6 +689,17 @@ def layer_norm(x, weight, bias, eps=1e-5):
             f"layer_norm: input {x.shape} has {x.shape[-1]} features, weight has {weight.shape[0]}"
         )
     return LayerNorm.apply(x, weight, bias, eps)
+
+
+def rms_norm(x, weight, eps=1e-6):
+    """x / sqrt(mean(x^2 over the last axis) + eps) * weight: Llama's RMSNorm (PyTorch's
+    rms_norm over the last dim, with a weight)."""
+    if weight.ndim != 1 or x.shape[-1] != weight.shape[0]:
+        raise ValueError(
+            f"rms_norm: input {x.shape} has {x.shape[-1]} features, weight has shape "
+            f"{weight.shape}: need a weight of ({x.shape[-1]},)"
+        )
+    return RMSNorm.apply(x, weight, eps)
 
 
 def scaled_dot_product_attention(q, k, v, flash=False):

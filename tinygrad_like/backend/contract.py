@@ -211,6 +211,17 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     """-> dx (..., C), dweight (C,), dbias (C,)."""
 
 
+@kernel("rownorm", flops=_per_element(4))
+def rmsnorm_fwd(x, weight, eps=1e-6):
+    """x (..., C) -> y (..., C) = x rstd weight, and rstd (...,) fp32 = 1 / sqrt(mean(x^2) + eps)
+    (saved for backward). Llama's RMSNorm: no mean subtracted, no bias."""
+
+
+@kernel("rownorm", flops=_per_element(9, of=1))
+def rmsnorm_bwd(dy, x, weight, rstd):
+    """-> dx (..., C), dweight (C,)."""
+
+
 # ---------------------------------------------------------------- softmax
 # The naive attention's softmax, and cross-entropy over (N, Vp) logits whose columns past
 # V = n_classes are padding. Targets are int64, -1 = ignored (0 loss, 0 gradient).

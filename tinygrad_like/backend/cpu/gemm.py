@@ -11,7 +11,9 @@ holds a core). Without a way to put the workers to sleep (another BLAS, an OpenB
 those symbols) a GEMM is split along M or N by us at one BLAS thread, or the row kernels after
 it would share their cores with spinning workers.
 Every element of C is one BLAS dot product over K (OpenBLAS threads split M and N only), or the
-fixed sum of its two halves whatever the core count: results do not depend on the core count.
+fixed sum of its two halves whatever the core count. One BLAS thread count gives the same bits
+every time; on some CPUs (an AMD EPYC, for one) OpenBLAS's threaded kernels round apart from its
+one-thread kernels, so runs at different OPENBLAS_NUM_THREADS may differ in the last bits.
 """
 
 import math

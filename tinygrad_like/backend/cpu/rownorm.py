@@ -1,5 +1,5 @@
-"""Row normalizations on the CPU (rownorm.cu's twin): layernorm forward and backward, one block
-of rows per core, fp32 statistics per row.
+"""Row normalizations on the CPU (rownorm.cu's twin): layernorm and RMSNorm, forward and
+backward, one block of rows per core, fp32 statistics per row.
 """
 
 import math
@@ -106,8 +106,76 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
 
     # half the default chunk, as layernorm_fwd: the rows and both temporaries stay in L2
     in_parallel(xs.shape[0], rows, per_row=C, chunk_rows=max(1, CHUNK // 2 // C))
-    zero_rows = [(np.zeros(C), np.zeros(C))]  # no rows: dweight = dbias = zeros (C,)
-    blocks = [partials[k] for k in sorted(partials)] or zero_rows
-    dweight = np.sum([p[0] for p in blocks], axis=0)
-    dbias = np.sum([p[1] for p in blocks], axis=0)
+    dweight, dbias = _sum_blocks(partials, C, 2)
     return dx.reshape(x.shape), rounded(dweight, weight.dtype), rounded(dbias, weight.dtype)
+
+
+def _sum_blocks(partials, C, n):
+    """The n (C,) sums of the row blocks' partials {first row: (n partial sums)}, each added in
+    row order: the same result whatever the core count. No rows: n zeros."""
+    blocks = [partials[k] for k in sorted(partials)]
+    if not blocks:
+        return (np.zeros(C),) * n
+    return tuple(np.sum(parts, axis=0) for parts in zip(*blocks))
+
+
+def rmsnorm_fwd(x, weight, eps=1e-6):
+    """x (..., C) -> y (..., C), rstd (...,) fp32 (saved for backward)."""
+    C = x.shape[-1]
+    stat = dtypes.compute_dtype(x.dtype)
+    xs = x.reshape(-1, C)
+    y = np.empty(xs.shape, dtype=x.dtype)
+    rstd = np.empty(xs.shape[0], dtype=stat)
+    wt = _row_tiled(f32(weight), xs.shape[0])
+
+    def rows(lo, hi):
+        # the formula of rownorm.cu: rstd = 1 / sqrt(sum(x^2) / C + eps), y = (x rstd) w; three
+        # passes over a private fp32 copy of the chunk: sum of squares, * rstd, * w into y
+        xr = xs[lo:hi].astype(stat)
+        ms = np.einsum("rc,rc->r", xr, xr)
+        ms /= C
+        ms += eps
+        rs = np.divide(1.0, np.sqrt(ms, out=ms), out=ms)
+        rstd[lo:hi] = rs
+        xr *= rs[:, None]
+        xl, wl = _long_rows(xr, wt)
+        if y.dtype == stat:
+            np.multiply(xl, wl, out=y[lo:hi].reshape(xl.shape))
+        else:
+            xl *= wl
+            y[lo:hi] = xr
+
+    in_parallel(xs.shape[0], rows, per_row=C, chunk_rows=max(1, CHUNK // 2 // C))
+    return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
+
+
+def rmsnorm_bwd(dy, x, weight, rstd):
+    """-> dx (..., C), dweight (C,). With xhat = x rstd and g = dy * weight:
+    dx = rstd (g - xhat mean(g xhat)), dweight = sum(dy xhat), summed per row block, then over
+    the blocks in order."""
+    C = x.shape[-1]
+    dys, xs, rstds = dy.reshape(-1, C), x.reshape(-1, C), rstd.reshape(-1, 1)
+    dx = np.empty(xs.shape, dtype=x.dtype)
+    stat = dtypes.compute_dtype(x.dtype)
+    wt = _row_tiled(f32(weight), xs.shape[0])
+    partials = {}
+
+    def rows(lo, hi):
+        dyf = f32(dys[lo:hi])
+        xhat = np.multiply(xs[lo:hi], rstds[lo:hi], dtype=stat)
+        partials[lo] = (np.einsum("rc,rc->c", dyf, xhat),)
+        dl, wl = _long_rows(dyf, wt)
+        g = np.multiply(dl, wl).reshape(dyf.shape)  # dy w
+        mean_gx = np.einsum("rc,rc->r", g, xhat)[:, None]
+        mean_gx /= C
+        xhat *= mean_gx
+        g -= xhat  # g - xhat mean(g xhat)
+        if dx.dtype == stat:
+            np.multiply(g, rstds[lo:hi], out=dx[lo:hi])
+        else:
+            g *= rstds[lo:hi]
+            dx[lo:hi] = g
+
+    in_parallel(xs.shape[0], rows, per_row=C, chunk_rows=max(1, CHUNK // 2 // C))
+    (dweight,) = _sum_blocks(partials, C, 1)
+    return dx.reshape(x.shape), rounded(dweight, weight.dtype)

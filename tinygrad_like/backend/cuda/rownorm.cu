@@ -1,5 +1,5 @@
-// LayerNorm over the last axis: x is viewed as (rows, C). Statistics (mean, rstd) are kept in
-// acc_t<T> (fp32, or fp64 for fp64 inputs), as cpu.layernorm_fwd returns them.
+// LayerNorm and RMSNorm over the last axis: x is viewed as (rows, C). Statistics (mean, rstd)
+// are kept in acc_t<T> (fp32, or fp64 for fp64 inputs), as cpu/rownorm.py returns them.
 #include "common.cuh"
 
 // Forward. Launch: one warp per row, 8 rows per 256-thread block. x, y: (rows, C); weight,
@@ -98,6 +98,51 @@ __global__ void layernorm_bwd_reduce(const acc_t<T>* partial, T* dweight, T* dbi
     dbias[c] = from_acc<T>(db);
 }
 
+// RMSNorm forward. Launch: one warp per row, 8 rows per 256-thread block. x, y: (rows, C);
+// weight: (C,); rstd: (rows,). As cpu/rownorm.py: rstd = 1/sqrt(sum(x^2)/C + eps),
+// y = x * rstd * weight.
+template <typename T>
+__global__ void rmsnorm_fwd(const T* x, const T* weight, T* y, acc_t<T>* rstd, int rows, int C,
+                            acc_t<T> eps) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;  // whole warps leave together; no block-level sync below
+    const T* xr = x + (long long)row * C;
+    T* yr = y + (long long)row * C;
+
+    A sq = 0;
+    for (int c = lane; c < C; c += 32) {
+        const A v = to_acc(xr[c]);
+        sq += v * v;
+    }
+    const A rs = A(1) / tg_sqrt(warp_sum(sq) / A(C) + eps);
+    for (int c = lane; c < C; c += 32) yr[c] = from_acc<T>(to_acc(xr[c]) * rs * to_acc(weight[c]));
+    if (lane == 0) rstd[row] = rs;
+}
+
+// RMSNorm backward, dx part. Launch: one warp per row, 8 rows per 256-thread block. dy, x, dx:
+// (rows, C); weight: (C,); rstd: (rows,). With xhat = x rstd and g = dy weight, as
+// cpu/rownorm.py: dx = rstd (g - xhat mean(g xhat)). dweight is layernorm_bwd_partials' with a
+// zero mean (rownorm.py).
+template <typename T>
+__global__ void rmsnorm_bwd_dx(const T* dy, const T* x, const T* weight, const acc_t<T>* rstd,
+                               T* dx, int rows, int C) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long long off = (long long)row * C;
+    const A rs = rstd[row];
+
+    A sum_gx = 0;
+    for (int c = lane; c < C; c += 32)
+        sum_gx += to_acc(dy[off + c]) * to_acc(weight[c]) * (to_acc(x[off + c]) * rs);
+    const A mean_gx = warp_sum(sum_gx) / A(C);
+    for (int c = lane; c < C; c += 32) {
+        const A g = to_acc(dy[off + c]) * to_acc(weight[c]);
+        dx[off + c] = from_acc<T>((g - to_acc(x[off + c]) * rs * mean_gx) * rs);
+    }
+}
+
 #ifdef TG_CHECK_INSTANTIATE
 // Every variant rownorm.py launches (see elementwise.cu).
 void* tg_instances_rownorm[] = {
@@ -109,5 +154,9 @@ void* tg_instances_rownorm[] = {
     (void*)&layernorm_bwd_partials<__nv_bfloat16>, (void*)&layernorm_bwd_partials<double>,
     (void*)&layernorm_bwd_reduce<float>, (void*)&layernorm_bwd_reduce<__half>,
     (void*)&layernorm_bwd_reduce<__nv_bfloat16>, (void*)&layernorm_bwd_reduce<double>,
+    (void*)&rmsnorm_fwd<float>, (void*)&rmsnorm_fwd<__half>,
+    (void*)&rmsnorm_fwd<__nv_bfloat16>, (void*)&rmsnorm_fwd<double>,
+    (void*)&rmsnorm_bwd_dx<float>, (void*)&rmsnorm_bwd_dx<__half>,
+    (void*)&rmsnorm_bwd_dx<__nv_bfloat16>, (void*)&rmsnorm_bwd_dx<double>,
 };
 #endif
