@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import tinygrad_like as tg
-from nn import GPT2, PRESETS, GPT2Config, gpt2
+from nn import GPT2, PRESETS, GPT2Config, config
 from tinygrad_like import dtypes
+from training import mfu
 
 # a custom config small enough for float64 finite differences, with 2 heads and 2 layers
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=8, n_positions=8, vocab_size=11)
@@ -215,11 +216,22 @@ def test_gpt2_small_instantiated_has_124_439_808_parameters():
 )
 def test_formula_matches_model_for_small_configs(cfg):
     model = GPT2(cfg)
-    assert model.num_parameters() == formula_count(cfg)
+    assert model.num_parameters() == formula_count(cfg) == cfg.num_parameters()
     assert sum(p.unpadded_numel() for p in model.parameters()) == formula_count(cfg)
     # the storage holds the padding rows too
     pad = cfg.padded_vocab_size - cfg.vocab_size
     assert sum(p.numel() for p in model.parameters()) == formula_count(cfg) + pad * cfg.n_embd
+
+
+def test_config_flops_per_token_is_6n_plus_12lct_as_mfu_counts_it():
+    for name in ("gpt2-tiny", "gpt2-mini"):
+        cfg = GPT2Config.from_preset(name)
+        n = GPT2(cfg).num_parameters()
+        for T in (1, 64, cfg.n_positions):
+            assert cfg.flops_per_token(T) == mfu.training_flops_per_token(cfg, T, n)
+    gpt2 = GPT2Config.from_preset("gpt2")
+    assert gpt2.num_parameters() == 124_439_808
+    assert gpt2.flops_per_token(1024) == 6 * 124_439_808 + 12 * 12 * 768 * 1024
 
 
 # ---------------------------------------------------------------- names and shapes
@@ -404,7 +416,7 @@ def test_padded_vocab_size_is_the_next_multiple_of_64_and_not_a_config_field(V, 
 def unpadded(cfg, monkeypatch, seed=0):
     """The same model with wte stored (V, C): VOCAB_MULTIPLE = 1 turns the padding off."""
     with monkeypatch.context() as m:
-        m.setattr(gpt2, "VOCAB_MULTIPLE", 1)
+        m.setattr(config, "VOCAB_MULTIPLE", 1)
         model = GPT2(cfg, seed=seed)
     assert model.transformer.wte.weight.shape == (cfg.vocab_size, cfg.n_embd)
     return model

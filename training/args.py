@@ -6,7 +6,8 @@ import argparse
 import contextlib
 import sys
 
-from nn.gpt2 import ATTENTION, LM_HEAD, PRESETS, GPT2Config, check_options
+from nn import PRESETS, GPT2Config
+from nn.gpt2 import ATTENTION, LM_HEAD, check_options
 from tinygrad_like import backend, distributed, dtypes
 
 from .data import DataLoader
