@@ -2,6 +2,7 @@
 falls, resume is bit-identical, a save killed mid-way leaves a loadable checkpoint, the
 command line turns bad input into one line on stderr, and a non-finite loss stops the run."""
 
+import dataclasses
 import json
 import math
 import os
@@ -16,7 +17,7 @@ from nn.hf import read_state
 from optim import AdamW, cosine_with_warmup
 from tinygrad_like import backend
 from training import checkpoint
-from training.cli import main
+from training.cli import main, parser
 from training.loop import RunConfig, Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -320,6 +321,17 @@ BAD_INPUT = {
     "unknown-dtype": (["--dtype", "fp8"], "fp8"),
     "unknown-device": (["--device", "tpu"], "tpu"),
 }
+
+
+def test_every_setting_is_a_flag_with_its_help():
+    """The help is the field's (RunConfig's metadata); a switch on by default says what its
+    --no- flag does."""
+    actions = {a.dest: a for a in parser()._actions}
+    for f in dataclasses.fields(RunConfig):
+        assert f.metadata["help"] and actions[f.name].help.startswith(f.metadata["help"])
+    assert actions["save"].option_strings == ["--no-save"]
+    assert actions["save"].help.startswith("write no checkpoint")
+    assert actions["report"].help == "print no accounting report after training"
 
 
 @pytest.mark.parametrize("extra, needle", list(BAD_INPUT.values()), ids=list(BAD_INPUT))

@@ -1,13 +1,11 @@
 """Command line of examples/train_gpt2.py: one flag per RunConfig field, its help the field's
-comment. Bad input is one line on stderr and exit code 2 (training/args.py). Under
+(its metadata's "help"). Bad input is one line on stderr and exit code 2 (training/args.py). Under
 `mpirun -n R` every rank runs this same command: data-parallel training (training/loop.py)."""
 
 import contextlib
 import dataclasses
-import inspect
 import math
 import os
-import re
 import sys
 import traceback
 
@@ -40,19 +38,13 @@ FIXED_ON_RESUME = ("model", "init_from", "batch_size", "seq_len", "seed")
 NOT_RESTORED = ("resume", "out", "overwrite", "device", "quiet", "report")
 
 
-def _comments():
-    """RunConfig's one-line comments, field name -> text (the one place they are written)."""
-    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", inspect.getsource(RunConfig), re.M))
-
-
 def parser():
     p = ArgumentParser(
         description="Train GPT-2 on the Shakespeare default (or any prepared "
         ".bin data) with the tinygrad_like autograd."
     )
-    comments = _comments()
     for f in dataclasses.fields(RunConfig):
-        name, text = flag(f.name), comments[f.name]
+        name, text = flag(f.name), f.metadata["help"]
         if f.type is bool:  # on/off switches: --quiet turns one on, --no-save one off
             on = not f.default
             p.add_argument(

@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
@@ -32,41 +32,49 @@ from .plot import plot_metrics, read_metrics
 from .step import train_on
 
 
+def setting(default, help):
+    """A RunConfig field: its default and the help of its command-line flag (training/cli.py)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class RunConfig:
     """Every setting of a run. The defaults are the no-argument CPU run (gpt2-mini on the
     Shakespeare default, about 5 minutes on 2 cores); training/cli.py overrides them on a GPU."""
 
-    model: str = "gpt2-mini"  # a preset of nn/gpt2.py (PRESETS) for a fresh model
-    init_from: str = None  # fine-tune from this checkpoint or Hugging Face directory
-    data_dir: str = DEFAULT_DATA_DIR  # folder with train.bin and val.bin (training/data.py)
-    batch_size: int = 8  # sequences per micro-batch (B)
-    seq_len: int = 128  # tokens per sequence (T), at most the model's context
-    grad_accum: int = 1  # micro-batches per optimizer step
-    steps: int = 550  # optimizer steps in the whole run
-    lr: float = 2e-3  # peak learning rate, reached after the warmup
-    min_lr: float = 2e-4  # the cosine schedule's floor at the last step
-    warmup: int = 20  # steps of linear warmup from 0 to lr
-    weight_decay: float = 0.1  # AdamW's decoupled decay, on the 2-D weights only
-    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
-    dtype: str = "fp32"  # working weights and gradients: fp32, fp16 or bf16
-    attention: str = "flash"  # flash (one log-sum-exp per row) or naive (T x T saved)
-    lm_head: str = "fused"  # fused (row blocks, no logits kept) or plain (B·T x Vp)
-    recompute: bool = False  # blocks save only their input and redo their forward
-    zero: int = 0  # under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads
-    device: str = "cpu"  # cpu or cuda
-    eval_every: int = 50  # steps between validation losses (0 = never)
-    eval_iters: int = 10  # validation batches per evaluation
-    sample_every: int = 0  # steps between printed samples (0 = never)
-    out: str = "out"  # run folder: metrics.jsonl, checkpoint/, loss.png
-    save_every: int = 0  # steps between checkpoints (0 = only at the end)
-    resume: str = None  # continue the run saved in this folder, with its settings
-    overwrite: bool = False  # start afresh in an --out that already holds a run
-    max_skipped: int = 50  # fp16: stop after this many skipped steps in a row (0 = off)
-    seed: int = 1337  # initial weights, batch order and dropout
-    quiet: bool = False  # no progress bar, messages or report
-    save: bool = True  # write checkpoints (off for speed tests: 1.5 GB for gpt2)
-    report: bool = True  # print the accounting report after training
+    model: str = setting("gpt2-mini", "a preset of nn/config.py (PRESETS) for a fresh model")
+    init_from: str = setting(None, "fine-tune from this checkpoint or Hugging Face directory")
+    data_dir: str = setting(
+        DEFAULT_DATA_DIR, "folder with train.bin and val.bin (training/data.py)"
+    )
+    batch_size: int = setting(8, "sequences per micro-batch (B)")
+    seq_len: int = setting(128, "tokens per sequence (T), at most the model's context")
+    grad_accum: int = setting(1, "micro-batches per optimizer step")
+    steps: int = setting(550, "optimizer steps in the whole run")
+    lr: float = setting(2e-3, "peak learning rate, reached after the warmup")
+    min_lr: float = setting(2e-4, "the cosine schedule's floor at the last step")
+    warmup: int = setting(20, "steps of linear warmup from 0 to lr")
+    weight_decay: float = setting(0.1, "AdamW's decoupled decay, on the 2-D weights only")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this (0 = off)")
+    dtype: str = setting("fp32", "working weights and gradients: fp32, fp16 or bf16")
+    attention: str = setting("flash", "flash (one log-sum-exp per row) or naive (T x T saved)")
+    lm_head: str = setting("fused", "fused (row blocks, no logits kept) or plain (B·T x Vp)")
+    recompute: bool = setting(False, "blocks save only their input and redo their forward")
+    zero: int = setting(0, "under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads")
+    device: str = setting("cpu", "cpu or cuda")
+    eval_every: int = setting(50, "steps between validation losses (0 = never)")
+    eval_iters: int = setting(10, "validation batches per evaluation")
+    sample_every: int = setting(0, "steps between printed samples (0 = never)")
+    out: str = setting("out", "run folder: metrics.jsonl, checkpoint/, loss.png")
+    save_every: int = setting(0, "steps between checkpoints (0 = only at the end)")
+    resume: str = setting(None, "continue the run saved in this folder, with its settings")
+    overwrite: bool = setting(False, "start afresh in an --out that already holds a run")
+    max_skipped: int = setting(50, "fp16: stop after this many skipped steps in a row (0 = off)")
+    seed: int = setting(1337, "initial weights, batch order and dropout")
+    quiet: bool = setting(False, "no progress bar, messages or report")
+    # on by default: the help says what their flags, --no-save and --no-report, do
+    save: bool = setting(True, "write no checkpoint (speed tests: 1.5 GB for gpt2)")
+    report: bool = setting(True, "print no accounting report after training")
 
 
 class Trainer:
