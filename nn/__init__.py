@@ -4,10 +4,12 @@ from .config import PRESETS, GPT2Config
 from .gpt2 import GPT2, MLP, Block, CausalSelfAttention, KVCache
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList, Parameter
+from .options import ExecutionOptions
 
 __all__ = [
     "GPT2",
     "GPT2Config",
+    "ExecutionOptions",
     "PRESETS",
     "Block",
     "CausalSelfAttention",

@@ -15,33 +15,16 @@ from . import hf
 from .config import GPT2Config
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList
+from .options import ExecutionOptions
 from .sampling import check_sampling, sample
-
-# How a GPT2 runs, not what it is (Hugging Face files never hold these): three trades of memory
-# for compute, each measured by the accounting report
-ATTENTION = ("naive", "flash")  # naive saves the (B, H, T, T) probabilities; flash one lse per row
-LM_HEAD = ("plain", "fused")  # plain materializes the (B·T, Vp) logits; fused works in row blocks
-# recompute=True: each block saves only its input and re-runs its forward inside the backward
-
-
-def check_options(attention, lm_head, recompute):
-    """The one check of the execution options (ValueError naming the choices)."""
-    for name, value, choices in (
-        ("attention", attention, ATTENTION),
-        ("lm_head", lm_head, LM_HEAD),
-    ):
-        if value not in choices:
-            raise ValueError(f"unknown {name} {value!r}: use one of {', '.join(choices)}")
-    if not isinstance(recompute, bool):
-        raise ValueError(f"recompute must be True or False, got {recompute!r}")
 
 
 class CausalSelfAttention(Module):
-    def __init__(self, config, rng):
+    def __init__(self, config, rng, options):
         super().__init__()
         C, L = config.n_embd, config.n_layer
         self.n_head = config.n_head
-        self.flash = False  # GPT2(attention="flash") sets it: FlashAttention, see ops.py
+        self.flash = options.attention == "flash"  # FlashAttention, see ops.py
         self.c_attn = Linear(C, 3 * C, rng=rng)  # (C, 3C)
         self.c_proj = Linear(C, C, std=0.02 / math.sqrt(2 * L), rng=rng)  # residual out
         self.resid_dropout = Dropout(config.dropout)
@@ -71,13 +54,13 @@ class MLP(Module):
 
 
 class Block(Module):
-    def __init__(self, config, rng):
+    def __init__(self, config, rng, options):
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, config.layer_norm_epsilon)
-        self.attn = CausalSelfAttention(config, rng)
+        self.attn = CausalSelfAttention(config, rng, options)
         self.ln_2 = LayerNorm(config.n_embd, config.layer_norm_epsilon)
         self.mlp = MLP(config, rng)
-        self.recompute = False  # GPT2(recompute=True) sets it: save x, redo the rest in backward
+        self.recompute = options.recompute  # save x, redo the rest in the backward
 
     def forward(self, x, cache=None, layer=0):
         if self.recompute and cache is None:  # one "checkpoint" record saving x (B, T, C)
@@ -90,14 +73,14 @@ class Block(Module):
 
 
 class Transformer(Module):
-    def __init__(self, config, rng):
+    def __init__(self, config, rng, options):
         super().__init__()
         self.wte = Embedding(
             config.vocab_size, config.n_embd, rng=rng, padded_to=config.padded_vocab_size
         )  # (Vp, C), zero past V
         self.wpe = Embedding(config.n_positions, config.n_embd, rng=rng)
         self.drop = Dropout(config.dropout)
-        self.h = ModuleList([Block(config, rng) for _ in range(config.n_layer)])
+        self.h = ModuleList([Block(config, rng, options) for _ in range(config.n_layer)])
         self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)
 
 
@@ -122,24 +105,15 @@ class KVCache:
 
 
 class GPT2(Module):
-    def __init__(
-        self,
-        config: GPT2Config,
-        seed=0,
-        device=None,
-        attention="naive",
-        lm_head="plain",
-        recompute=False,
-    ):
+    """config: what the model is (its shapes); options: how it runs (ExecutionOptions, the
+    training run's defaults when None), read by its modules as they are built."""
+
+    def __init__(self, config: GPT2Config, seed=0, device=None, options=None):
         super().__init__()
-        check_options(attention, lm_head, recompute)
         self.config = config
-        self.options = dict(attention=attention, lm_head=lm_head, recompute=recompute)
+        self.options = options or ExecutionOptions()
         rng = np.random.default_rng(seed)
-        self.transformer = Transformer(config, rng)
-        for block in self.transformer.h:
-            block.attn.flash = attention == "flash"
-            block.recompute = recompute
+        self.transformer = Transformer(config, rng, self.options)
         self.name_scopes()
         self.to(device=device or backend.default_device())
         # the LM head is tied to the token embedding: logits = x @ wte^T, no parameter of its own
@@ -149,10 +123,10 @@ class GPT2(Module):
         targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length.
         last_only computes logits for the last position only (generation). The head computes
         (B, T, Vp) padded logits; the loss reads them over the first V columns, and the logits
-        returned are a view of those V columns (no copy). With lm_head="fused" and targets, the
-        head and the loss are one record that never makes the logits (F.linear_cross_entropy),
-        and the logits returned are None, as llm.c and Liger do; without targets (generation)
-        the head is the plain one."""
+        returned are a view of those V columns (no copy). With the fused head (options.lm_head)
+        and targets, the head and the loss are one record that never makes the logits
+        (F.linear_cross_entropy, in options.lm_head_design), and the logits returned are None,
+        as llm.c and Liger do; without targets (generation) the head is the plain one."""
         idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
         if idx.ndim != 2:
             raise ValueError(f"GPT2 expects token ids of shape (B, T), got {idx.shape}")
@@ -180,10 +154,14 @@ class GPT2(Module):
             targets = np.asarray(targets)
             if targets.shape != (B, T):
                 raise ValueError(f"targets of shape {targets.shape} do not match ids {idx.shape}")
-            if self.options["lm_head"] == "fused":
+            if self.options.lm_head == "fused":
                 with autograd.scope("lm_head"):  # the head and the loss
                     return None, F.linear_cross_entropy(
-                        x.reshape(B * T, -1), tr.wte.weight, targets.reshape(-1), n_classes=V
+                        x.reshape(B * T, -1),
+                        tr.wte.weight,
+                        targets.reshape(-1),
+                        n_classes=V,
+                        design=self.options.lm_head_design,
                     )
         with autograd.scope("lm_head"):
             padded = F.linear(x, tr.wte.weight, transposed=True)  # (B, T, Vp), tied to wte
@@ -196,10 +174,10 @@ class GPT2(Module):
 
     # ---- Hugging Face format
     @classmethod
-    def from_pretrained(cls, path, dtype=None, device=None, **options):
-        """The model in a Hugging Face GPT-2 directory (or a training checkpoint). options:
-        attention, lm_head, recompute (see ATTENTION, LM_HEAD)."""
-        model = cls(hf.read_config(path), **options)
+    def from_pretrained(cls, path, dtype=None, device=None, options=None):
+        """The model in a Hugging Face GPT-2 directory (or a training checkpoint), run with
+        options (ExecutionOptions)."""
+        model = cls(hf.read_config(path), options=options)
         model.load_state_dict(hf.read_state(path))
         return model.to(dtype=dtype, device=device)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tinygrad_like as tg
-from nn import GPT2, PRESETS, GPT2Config, config
+from nn import GPT2, PRESETS, ExecutionOptions, GPT2Config, config
 from tinygrad_like import dtypes
 from training import mfu
 
@@ -21,6 +21,8 @@ from training import mfu
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=8, n_positions=8, vocab_size=11)
 # a somewhat wider one for the forward reference (4 heads of 8)
 SMALL = GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=16, vocab_size=67)
+# the model as the reference below computes it: the softmax probabilities, then the logits
+NAIVE = ExecutionOptions(attention="naive", lm_head="plain")
 
 
 def per_block_keys(i):
@@ -101,7 +103,7 @@ def random_state(model, rng, dtype=np.float32):
 
 
 def randomized(cfg, seed=0):
-    model = GPT2(cfg)
+    model = GPT2(cfg, options=NAIVE)
     model.load_state_dict(random_state(model, np.random.default_rng(seed)))
     return model
 
@@ -359,7 +361,7 @@ def test_all_parameters_require_grad_and_start_without_gradients():
 
 
 def test_lm_head_is_tied_to_wte():
-    model = GPT2(TINY)
+    model = GPT2(TINY, options=NAIVE)
     names = [n for n, _ in model.named_parameters()]
     assert not any("lm_head" in n for n in names)
     assert not hasattr(model, "lm_head")
@@ -417,7 +419,7 @@ def unpadded(cfg, monkeypatch, seed=0):
     """The same model with wte stored (V, C): VOCAB_MULTIPLE = 1 turns the padding off."""
     with monkeypatch.context() as m:
         m.setattr(config, "VOCAB_MULTIPLE", 1)
-        model = GPT2(cfg, seed=seed)
+        model = GPT2(cfg, seed=seed, options=NAIVE)
     assert model.transformer.wte.weight.shape == (cfg.vocab_size, cfg.n_embd)
     return model
 
@@ -490,7 +492,7 @@ def test_forward_matches_numpy_gpt2_fp32(B, T):
 def test_forward_matches_numpy_gpt2_tiny_preset_at_init():
     """The real gpt2-tiny preset (GPT-2 vocabulary), with its own init."""
     cfg = GPT2Config.from_preset("gpt2-tiny")
-    model = GPT2(cfg)
+    model = GPT2(cfg, options=NAIVE)
     idx = np.array(
         [
             [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13],
@@ -722,3 +724,20 @@ def test_config_validation():
     with pytest.raises(ValueError, match="unknown preset"):
         GPT2Config.from_preset("gpt3")
     assert GPT2Config.from_preset("gpt2-tiny", vocab_size=100).vocab_size == 100
+
+
+def test_execution_options_defaults_checks_and_what_the_blocks_read():
+    """One set of defaults (the training command line's), checked once at construction, and
+    each block reads what it needs when it is built."""
+    assert GPT2(TINY).options == ExecutionOptions("flash", "fused", "precompute", False)
+    for bad, message in (
+        (dict(attention="sparse"), "unknown attention 'sparse': use one of flash, naive"),
+        (dict(lm_head="tied"), "unknown lm_head 'tied': use one of fused, plain"),
+        (dict(lm_head_design="lazy"), "unknown lm_head_design 'lazy': use one of"),
+        (dict(recompute=1), "recompute must be True or False, got 1"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            ExecutionOptions(**bad)
+    model = GPT2(TINY, options=ExecutionOptions(attention="naive", recompute=True))
+    assert all(not b.attn.flash and b.recompute for b in model.transformer.h)
+    assert all(b.attn.flash and not b.recompute for b in GPT2(TINY).transformer.h)

@@ -320,6 +320,7 @@ BAD_INPUT = {
     "unknown-preset": (["--model", "gpt5-huge"], "gpt5-huge"),
     "unknown-dtype": (["--dtype", "fp8"], "fp8"),
     "unknown-device": (["--device", "tpu"], "tpu"),
+    "unknown-lm-head-design": (["--lm-head-design", "lazy"], "unknown lm_head_design 'lazy'"),
 }
 
 
@@ -332,6 +333,7 @@ def test_every_setting_is_a_flag_with_its_help():
     assert actions["save"].option_strings == ["--no-save"]
     assert actions["save"].help.startswith("write no checkpoint")
     assert actions["report"].help == "print no accounting report after training"
+    assert actions["lm_head_design"].help.endswith("(default precompute)")
 
 
 @pytest.mark.parametrize("extra, needle", list(BAD_INPUT.values()), ids=list(BAD_INPUT))

@@ -408,8 +408,7 @@ class CrossEntropy(Function):
 # (more than the logits) for 7%. A block small enough for a core's L2 (4 MB: 20 rows) would
 # multiply both costs.
 HEAD_BLOCK_ROWS = 256
-HEAD_DESIGNS = ("recompute", "precompute")
-HEAD_DESIGN = "precompute"  # the default of linear_cross_entropy (the faster; see its docstring)
+HEAD_DESIGNS = ("recompute", "precompute")  # see LinearCrossEntropy
 
 
 def _row_blocks(n):
@@ -722,7 +721,7 @@ def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
     return CrossEntropy.apply(logits, t, count, V)
 
 
-def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, design=HEAD_DESIGN):
+def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, design="precompute"):
     """cross_entropy(linear(x, weight, transposed=True), targets, ignore_index, n_classes) as
     one record that never holds the logits of the whole batch: x (N, C), weight (Vp, C) (the
     tied LM head's wte), targets (N,). design: one of HEAD_DESIGNS (see LinearCrossEntropy).

@@ -10,7 +10,6 @@ import sys
 import traceback
 
 from nn import GPT2Config
-from nn.gpt2 import check_options
 from tinygrad_like import backend, distributed
 
 from . import checkpoint
@@ -168,7 +167,7 @@ def validate(cfg):
         )
     config = GPT2Config.from_preset(cfg.model)
     check_dtype(cfg.dtype)
-    check_options(cfg.attention, cfg.lm_head, cfg.recompute)
+    cfg.execution_options()
     backend.check_device(cfg.device)
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:
