@@ -68,31 +68,36 @@ def config_from_args(argv=None) -> RunConfig:
 def resolve(argv=None):
     """-> (RunConfig, notes). The defaults are RunConfig's (GPU_DEFAULTS on a GPU), or with
     --resume the saved run's config: a flag given explicitly overrides a saved setting, and
-    notes says so, one line each."""
+    notes says so, one line each. Resuming a run already at --steps is a ValueError."""
     given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
     device = given.get("device") or backend.default_device()
-    defaults, notes = (GPU_DEFAULTS if device == "cuda" else {}), []
+    defaults, notes, step = (GPU_DEFAULTS if device == "cuda" else {}), [], None
     if "resume" in given:
-        saved, folder = saved_run(given["resume"])
+        saved, folder, step = saved_run(given["resume"])
         saved["batch_size"] = per_rank_batch(saved, given, folder)  # on this many ranks
         defaults = {k: v for k, v in saved.items() if k not in NOT_RESTORED}
         notes = resume_overrides(saved, given, folder)
         given.setdefault("out", folder)
     cfg = RunConfig(**{**defaults, "device": device, **given})
     validate(cfg)
+    if step is not None and step >= cfg.steps:  # else it would only save its checkpoint again
+        raise ValueError(
+            f"{folder} is already at step {step} of {cfg.steps}: pass --steps M "
+            f"(M > {step}) to train further"
+        )
     return cfg, notes
 
 
 def saved_run(path):
-    """-> (the saved run's RunConfig fields and world_size, the run folder) of the checkpoint
-    at path."""
+    """-> (the saved run's RunConfig fields and world_size, the run folder, the step it is at)
+    of the checkpoint at path."""
     ckpt = checkpoint.find_checkpoint(path)
     state, _ = checkpoint.load_trainer_state(ckpt, arrays=False)
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     saved = {k: v for k, v in (state.get("run_config") or {}).items() if k in fields}
     saved["world_size"] = state.get("world_size", 1)
     same = os.path.normpath(ckpt) == os.path.normpath(path)  # path is the checkpoint itself
-    return saved, os.path.dirname(os.path.normpath(path)) if same else path
+    return saved, os.path.dirname(os.path.normpath(path)) if same else path, state["step"]
 
 
 def per_rank_batch(saved, given, folder):
