@@ -353,6 +353,11 @@ def test_memory_trades_predicted_equal_measured(attention, lm_head, recompute):
     )
     text = report.format_report(m, budget_bytes=1e9)
     assert "largest batch at T = 48 in a budget of 1.0 GB" in text
+    # FLOPs by the phase of their math first (2N + 4N), then by the one they ran in, and why
+    assert "all: math of  GEMMs: math of  all: ran in  GEMMs: ran in" in text
+    moved = lm_head == "fused" or recompute
+    assert ("'ran in' differs from 'math of' because" in text) == moved
+    assert ("'ran in' equals 'math of'" in text) != moved
 
 
 def test_the_fused_heads_recompute_design_saves_what_is_predicted():

@@ -339,8 +339,8 @@ def _flops(m):
     c, n, tokens = m.config, m.n_params, m.batch_size * m.seq_len
     computed, skipped = attention_flops_per_token(c, m.seq_len)
     gemm, bias = gemm_flops(c, m.batch_size, m.seq_len)
-    all_ = m.step.by_phase()
-    gemms = m.step.by_phase(GEMMS)
+    all_ = m.step.by_phase(by="math")  # beside the predictions: the phase of their math
+    gemms = m.step.by_phase(GEMMS, by="math")
 
     def multiple(flops_per_token):
         return f"{flops_per_token / n:.4f}"
@@ -371,7 +371,8 @@ def _flops(m):
                 "exact: Σ 2·M·K·N over the linears, the LM head and attention's two GEMMs, plus "
                 "M·N per fused bias, forward; backward is twice the GEMMs (bias gradients are "
                 "sum kernels, not GEMMs). 'measured all' adds layernorm, GELU, softmax, adds, "
-                "casts and the optimizer."
+                "casts and the optimizer. Measured FLOPs are counted under the phase whose math "
+                "they are (below: and under the phase they ran in)."
             ),
             table(
                 (
@@ -401,27 +402,50 @@ def _flops(m):
 
 
 def _ran_in_versus_math(m):
-    """All FLOPs per token by the phase each launch ran in and by the phase whose math it is:
-    they differ for recomputation (a block's forward re-run in the backward) and for the fused
-    head (precompute: the head's gradients formed in the forward; recompute: its logits
-    formed again in the backward)."""
+    """All FLOPs per token by the phase whose math each launch is and by the phase it ran in,
+    the math first: that is the 2N + 4N split of the convention. They differ for the fused head
+    (precompute: the head's gradients formed in the forward; recompute: its logits formed
+    again in the backward) and for recomputation (a block's forward re-run in the backward)."""
     tokens, n, opts = m.batch_size * m.seq_len, m.n_params, m.options
-    sums = [m.step.by_phase(kernels, by) for kernels in (None, GEMMS) for by in ("phase", "math")]
+    sums = [m.step.by_phase(kernels, by) for by in ("math", "phase") for kernels in (None, GEMMS)]
     rows = [
         (phase, *(f"{s[phase]['flops'] / tokens / n:.4f}" for s in sums))
         for phase in ("forward", "backward")
     ]
     return "\n".join(
         [
-            "  FLOPs per token / N, by the phase a kernel ran in and the phase whose math it is "
-            f"(LM head {_head(opts)}, recompute {_on_off(opts.recompute)}):",
+            wrap(
+                "FLOPs per token / N, by the phase whose math a kernel is and the phase it ran "
+                f"in (LM head {_head(opts)}, recompute {_on_off(opts.recompute)}):"
+            ),
             table(
-                ("phase", "all: ran in", "all: math of", "GEMMs: ran in", "GEMMs: math of"),
+                ("phase", "all: math of", "GEMMs: math of", "all: ran in", "GEMMs: ran in"),
                 rows,
                 indent="    ",
             ),
+            wrap(_why_ran_in_differs(opts), "    "),
         ]
     )
+
+
+def _why_ran_in_differs(opts):
+    """One sentence: what moves FLOPs out of the phase of their math under these options."""
+    reasons = []
+    if opts.lm_head == "fused" and opts.lm_head_design == "precompute":
+        reasons.append(
+            "the fused head's precompute design runs the head's backward GEMMs (dX and dW) "
+            "inside the forward"
+        )
+    if opts.lm_head == "fused" and opts.lm_head_design == "recompute":
+        reasons.append(
+            "the fused head's recompute design forms its logits again inside the backward "
+            "(forward math)"
+        )
+    if opts.recompute:
+        reasons.append("each block re-runs its forward inside the backward (forward math)")
+    if not reasons:
+        return "'ran in' equals 'math of': every kernel ran in the phase of its math."
+    return "'ran in' differs from 'math of' because " + "; and ".join(reasons) + "."
 
 
 def _state_memory(m):
