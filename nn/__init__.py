@@ -1,12 +1,15 @@
 """Neural-network modules: Module, the layers of GPT-2, and GPT2 itself."""
 
-from .gpt2 import GPT2, MLP, PRESETS, Block, CausalSelfAttention, GPT2Config, KVCache
+from .config import PRESETS, GPT2Config
+from .gpt2 import GPT2, MLP, Block, CausalSelfAttention, KVCache
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList, Parameter
+from .options import ExecutionOptions
 
 __all__ = [
     "GPT2",
     "GPT2Config",
+    "ExecutionOptions",
     "PRESETS",
     "Block",
     "CausalSelfAttention",

@@ -1,121 +1,30 @@
 """GPT-2, as in nanoGPT's model.py, with Hugging Face's parameter names and layouts.
 
 Shapes: B batch, T tokens, C = n_embd channels, H = n_head heads of D = C / H, V = vocab,
-Vp = V padded to a multiple of VOCAB_MULTIPLE (the rows wte stores, the logits' columns).
+Vp = V padded to a multiple of 64 (the rows wte stores, the logits' columns; nn/config.py).
 """
 
 import math
-from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 import tinygrad_like.ops as F
 from tinygrad_like import Tensor, autograd, backend, kernels
 
+from . import hf
+from .config import GPT2Config
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList
+from .options import ExecutionOptions
 from .sampling import check_sampling, sample
-
-# wte is stored with its vocabulary padded to a multiple of 64 (50,257 -> 50,304 for GPT-2, as
-# llm.c and nanoGPT do), so the tied LM head's GEMMs have 16-byte aligned rows: the logits
-# (B*T, Vp) and dlogits rows and wte's Vp dimension then take gemm.cu's cp.async 16-byte loads
-# (any multiple of 8 would do for 2-byte types) and fill its 64- and 128-wide tiles, where
-# V = 50,257 falls to the element-by-element path. The padding rows are zero, never sampled,
-# never parameters, and absent from Hugging Face files.
-VOCAB_MULTIPLE = 64
-
-
-@dataclass(frozen=True)
-class GPT2Config:
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    n_positions: int = 1024  # the context length
-    vocab_size: int = 50257
-    dropout: float = 0.0  # embedding and residual dropout (GPT-2's resid/embd_pdrop)
-    layer_norm_epsilon: float = 1e-5
-
-    def __post_init__(self):
-        for field in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"GPT2Config.{field} must be positive, got {getattr(self, field)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
-
-    @classmethod
-    def from_preset(cls, name, **overrides):
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
-        return replace(PRESETS[name], **overrides)
-
-    @property
-    def padded_vocab_size(self):
-        """Vp: the rows wte stores and the logits' columns (derived: config.json keeps V)."""
-        return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-
-    def padding_cost(self):
-        """What the padding rows cost, for the accounting: elements stored beyond the
-        parameters (in the weights and in each of AdamW's buffers), and the tied LM head's
-        extra GEMM FLOPs per token (forward 2·C·pad, backward twice that). The cross-entropy
-        kernels skip the padding columns, so they add nothing there."""
-        pad, C = self.padded_vocab_size - self.vocab_size, self.n_embd
-        return {
-            "rows": pad,
-            "elements": pad * C,
-            "forward_flops_per_token": 2 * C * pad,
-            "backward_flops_per_token": 4 * C * pad,
-        }
-
-    def to_dict(self):
-        return asdict(self)
-
-    def check_context(self, n_tokens, what="a sequence of length"):
-        """The one error for n_tokens positions that do not fit the context: '{what} {n_tokens}
-        is longer than the context of ...'."""
-        if n_tokens > self.n_positions:
-            raise ValueError(
-                f"{what} {n_tokens} is longer than the context of "
-                f"{self.n_positions} positions: shorten it"
-            )
-
-
-# How a GPT2 runs, not what it is (Hugging Face files never hold these): three trades of memory
-# for compute, each measured by the accounting report
-ATTENTION = ("naive", "flash")  # naive saves the (B, H, T, T) probabilities; flash one lse per row
-LM_HEAD = ("plain", "fused")  # plain materializes the (B·T, Vp) logits; fused works in row blocks
-# recompute=True: each block saves only its input and re-runs its forward inside the backward
-
-
-def check_options(attention, lm_head, recompute):
-    """The one check of the execution options (ValueError naming the choices)."""
-    for name, value, choices in (
-        ("attention", attention, ATTENTION),
-        ("lm_head", lm_head, LM_HEAD),
-    ):
-        if value not in choices:
-            raise ValueError(f"unknown {name} {value!r}: use one of {', '.join(choices)}")
-    if not isinstance(recompute, bool):
-        raise ValueError(f"recompute must be True or False, got {recompute!r}")
-
-
-PRESETS = {
-    # the public GPT-2 sizes
-    "gpt2": GPT2Config(12, 12, 768),  # 124,439,808 parameters
-    "gpt2-medium": GPT2Config(24, 16, 1024),
-    "gpt2-large": GPT2Config(36, 20, 1280),
-    "gpt2-xl": GPT2Config(48, 25, 1600),
-    # small ones that train visibly on 2 CPU cores (GPT-2's tokenizer and vocabulary)
-    "gpt2-mini": GPT2Config(4, 4, 128, n_positions=256),
-    "gpt2-tiny": GPT2Config(2, 2, 32, n_positions=64),
-}
 
 
 class CausalSelfAttention(Module):
-    def __init__(self, config, rng):
+    def __init__(self, config, rng, options):
         super().__init__()
         C, L = config.n_embd, config.n_layer
         self.n_head = config.n_head
-        self.flash = False  # GPT2(attention="flash") sets it: FlashAttention, see ops.py
+        self.flash = options.attention == "flash"  # FlashAttention, see ops.py
         self.c_attn = Linear(C, 3 * C, rng=rng)  # (C, 3C)
         self.c_proj = Linear(C, C, std=0.02 / math.sqrt(2 * L), rng=rng)  # residual out
         self.resid_dropout = Dropout(config.dropout)
@@ -145,13 +54,13 @@ class MLP(Module):
 
 
 class Block(Module):
-    def __init__(self, config, rng):
+    def __init__(self, config, rng, options):
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, config.layer_norm_epsilon)
-        self.attn = CausalSelfAttention(config, rng)
+        self.attn = CausalSelfAttention(config, rng, options)
         self.ln_2 = LayerNorm(config.n_embd, config.layer_norm_epsilon)
         self.mlp = MLP(config, rng)
-        self.recompute = False  # GPT2(recompute=True) sets it: save x, redo the rest in backward
+        self.recompute = options.recompute  # save x, redo the rest in the backward
 
     def forward(self, x, cache=None, layer=0):
         if self.recompute and cache is None:  # one "checkpoint" record saving x (B, T, C)
@@ -164,14 +73,14 @@ class Block(Module):
 
 
 class Transformer(Module):
-    def __init__(self, config, rng):
+    def __init__(self, config, rng, options):
         super().__init__()
         self.wte = Embedding(
             config.vocab_size, config.n_embd, rng=rng, padded_to=config.padded_vocab_size
         )  # (Vp, C), zero past V
         self.wpe = Embedding(config.n_positions, config.n_embd, rng=rng)
         self.drop = Dropout(config.dropout)
-        self.h = ModuleList([Block(config, rng) for _ in range(config.n_layer)])
+        self.h = ModuleList([Block(config, rng, options) for _ in range(config.n_layer)])
         self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)
 
 
@@ -196,24 +105,15 @@ class KVCache:
 
 
 class GPT2(Module):
-    def __init__(
-        self,
-        config: GPT2Config,
-        seed=0,
-        device=None,
-        attention="naive",
-        lm_head="plain",
-        recompute=False,
-    ):
+    """config: what the model is (its shapes); options: how it runs (ExecutionOptions, the
+    training run's defaults when None), read by its modules as they are built."""
+
+    def __init__(self, config: GPT2Config, seed=0, device=None, options=None):
         super().__init__()
-        check_options(attention, lm_head, recompute)
         self.config = config
-        self.options = dict(attention=attention, lm_head=lm_head, recompute=recompute)
+        self.options = options or ExecutionOptions()
         rng = np.random.default_rng(seed)
-        self.transformer = Transformer(config, rng)
-        for block in self.transformer.h:
-            block.attn.flash = attention == "flash"
-            block.recompute = recompute
+        self.transformer = Transformer(config, rng, self.options)
         self.name_scopes()
         self.to(device=device or backend.default_device())
         # the LM head is tied to the token embedding: logits = x @ wte^T, no parameter of its own
@@ -223,10 +123,10 @@ class GPT2(Module):
         targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length.
         last_only computes logits for the last position only (generation). The head computes
         (B, T, Vp) padded logits; the loss reads them over the first V columns, and the logits
-        returned are a view of those V columns (no copy). With lm_head="fused" and targets, the
-        head and the loss are one record that never makes the logits (F.linear_cross_entropy),
-        and the logits returned are None, as llm.c and Liger do; without targets (generation)
-        the head is the plain one."""
+        returned are a view of those V columns (no copy). With the fused head (options.lm_head)
+        and targets, the head and the loss are one record that never makes the logits
+        (F.linear_cross_entropy, in options.lm_head_design), and the logits returned are None,
+        as llm.c and Liger do; without targets (generation) the head is the plain one."""
         idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
         if idx.ndim != 2:
             raise ValueError(f"GPT2 expects token ids of shape (B, T), got {idx.shape}")
@@ -254,10 +154,14 @@ class GPT2(Module):
             targets = np.asarray(targets)
             if targets.shape != (B, T):
                 raise ValueError(f"targets of shape {targets.shape} do not match ids {idx.shape}")
-            if self.options["lm_head"] == "fused":
+            if self.options.lm_head == "fused":
                 with autograd.scope("lm_head"):  # the head and the loss
                     return None, F.linear_cross_entropy(
-                        x.reshape(B * T, -1), tr.wte.weight, targets.reshape(-1), n_classes=V
+                        x.reshape(B * T, -1),
+                        tr.wte.weight,
+                        targets.reshape(-1),
+                        n_classes=V,
+                        design=self.options.lm_head_design,
                     )
         with autograd.scope("lm_head"):
             padded = F.linear(x, tr.wte.weight, transposed=True)  # (B, T, Vp), tied to wte
@@ -270,16 +174,17 @@ class GPT2(Module):
 
     # ---- Hugging Face format
     @classmethod
-    def from_pretrained(cls, path, dtype=None, device=None, **options):
-        """options: attention, lm_head, recompute (see ATTENTION, LM_HEAD)."""
-        from .hf import load_pretrained
-
-        return load_pretrained(cls, path, dtype=dtype, device=device, **options)
+    def from_pretrained(cls, path, dtype=None, device=None, options=None):
+        """The model in a Hugging Face GPT-2 directory (or a training checkpoint), run with
+        options (ExecutionOptions)."""
+        model = cls(hf.read_config(path), options=options)
+        model.load_state_dict(hf.read_state(path))
+        return model.to(dtype=dtype, device=device)
 
     def save_pretrained(self, path, state=None):
-        from .hf import save_pretrained
-
-        save_pretrained(self, path, state)
+        """Write config.json and model.safetensors (nn/hf.py). state: name -> array to write
+        instead of the model's own weights (the fp32 master)."""
+        hf.save_pretrained(path, self.config, self.state_dict() if state is None else state)
 
     # ---- generation
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None):

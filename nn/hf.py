@@ -4,6 +4,8 @@ Keys may carry the "transformer." prefix (GPT2LMHeadModel) or not (GPT2Model, th
 gpt2 upload); the causal-mask buffers attn.bias / attn.masked_bias are ignored, and so is
 lm_head.weight, which is tied to transformer.wte.weight. Weights are written in fp32 with
 metadata {"format": "pt"}, so transformers' GPT2LMHeadModel.from_pretrained loads them as is.
+A file format only: it reads and writes configs and state dicts, and builds no model (GPT2's
+from_pretrained and save_pretrained call it).
 """
 
 import json
@@ -13,13 +15,14 @@ import numpy as np
 
 from tinygrad_like.files import atomic_write
 
+from .config import GPT2Config
+
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 
 def read_config(path):
-    from .gpt2 import GPT2Config
-
+    """The GPT2Config of the checkpoint directory at path (ValueError for a corrupt one)."""
     check_dir(path)
     file = os.path.join(path, CONFIG)
     try:
@@ -78,13 +81,6 @@ def read_state(path):
     return state
 
 
-def load_pretrained(cls, path, dtype=None, device=None, **options):
-    config = read_config(path)
-    model = cls(config, **options)
-    model.load_state_dict(read_state(path))
-    return model.to(dtype=dtype, device=device)
-
-
 def hf_config(config):
     return {
         "architectures": ["GPT2LMHeadModel"],
@@ -109,13 +105,12 @@ def hf_config(config):
     }
 
 
-def save_pretrained(model, path, state=None):
-    """Write config.json and model.safetensors atomically (temp file, fsync, rename).
-    state: name -> array to write instead of the model's own weights (the fp32 master)."""
+def save_pretrained(path, config, state):
+    """Write config.json for config and model.safetensors for state (name -> array, written
+    in fp32) atomically (temp file, fsync, rename)."""
     from safetensors.numpy import save
 
-    state = state if state is not None else model.state_dict()
     tensors = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
     os.makedirs(path, exist_ok=True)
     atomic_write(os.path.join(path, WEIGHTS), save(tensors, metadata={"format": "pt"}))
-    atomic_write(os.path.join(path, CONFIG), json.dumps(hf_config(model.config), indent=2).encode())
+    atomic_write(os.path.join(path, CONFIG), json.dumps(hf_config(config), indent=2).encode())

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tinygrad_like.ops as F
-from nn import GPT2, GPT2Config
+from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
@@ -27,6 +27,9 @@ import inspect_tape  # noqa: E402
 import memory_trace  # noqa: E402
 
 B, T = 1, 8  # a small batch: the counts are exact at any size, and gpt2's LM head is big
+# what the formulas below are written for: every kernel in the phase of its math, the
+# (B, H, T, T) probabilities saved
+NAIVE_PLAIN = ExecutionOptions(attention="naive", lm_head="plain")
 
 
 def allocated_by(build):
@@ -44,7 +47,7 @@ def gpt2():
     bytes the two allocated per tag."""
 
     def build():
-        model = GPT2(GPT2Config.from_preset("gpt2"))
+        model = GPT2(GPT2Config.from_preset("gpt2"), options=NAIVE_PLAIN)
         return model, AdamW(model.named_parameters())
 
     (model, optimizer), allocated = allocated_by(build)
@@ -285,7 +288,7 @@ def test_phase_spans_follow_the_step():
 
 def test_report_for_a_small_model():
     config = GPT2Config.from_preset("gpt2-tiny")
-    m = measure.measure(config, "bf16", batch_size=2, seq_len=16, warmup=0)
+    m = measure.measure(config, "bf16", batch_size=2, seq_len=16, warmup=0, options=NAIVE_PLAIN)
     text = report.format_report(m)
     for section in (
         "-- parameters N",
@@ -337,19 +340,36 @@ def test_memory_trades_predicted_equal_measured(attention, lm_head, recompute):
     options, equal what the tape and the tracker measured: the formulas the largest-batch table
     uses are the ones the measurement confirms."""
     config = GPT2Config.from_preset("gpt2-tiny")
-    options = dict(attention=attention, lm_head=lm_head, recompute=recompute)
-    m = measure.measure(config, "fp32", batch_size=2, seq_len=48, warmup=0, **options)
+    options = ExecutionOptions(attention=attention, lm_head=lm_head, recompute=recompute)
+    m = measure.measure(config, "fp32", batch_size=2, seq_len=48, warmup=0, options=options)
     per_layer = measure.group(m.tape, lambda r: measure.layer_of(r["scope"]))
     block = per_layer["transformer.h.0"]["saved_bytes"] / (2 * 48)
-    assert block == report.predicted_activation_bytes(config, 48, "fp32", attention, recompute)
+    assert block == report.predicted_activation_bytes(config, 48, "fp32", options)
     assert sum(r["saved_bytes"] for r in m.tape) == report.predicted_saved_bytes(
-        config, 2, 48, "fp32", **options
+        config, 2, 48, "fp32", options
     )
     assert m.peak_bytes == pytest.approx(
-        report.predicted_peak_bytes(config, 2, 48, "fp32", **options), rel=1e-3
+        report.predicted_peak_bytes(config, 2, 48, "fp32", options), rel=1e-3
     )
     text = report.format_report(m, budget_bytes=1e9)
     assert "largest batch at T = 48 in a budget of 1.0 GB" in text
+    # FLOPs by the phase of their math first (2N + 4N), then by the one they ran in, and why
+    assert "all: math of  GEMMs: math of  all: ran in  GEMMs: ran in" in text
+    moved = lm_head == "fused" or recompute
+    assert ("'ran in' differs from 'math of' because" in text) == moved
+    assert ("'ran in' equals 'math of'" in text) != moved
+
+
+def test_the_fused_heads_recompute_design_saves_what_is_predicted():
+    """x, an fp32 log-sum-exp and the int64 target per token: no logits, no gradients."""
+    config = GPT2Config.from_preset("gpt2-tiny")
+    options = ExecutionOptions(lm_head_design="recompute")
+    m = measure.measure(config, "fp32", batch_size=2, seq_len=48, warmup=0, options=options)
+    assert sum(r["saved_bytes"] for r in m.tape) == report.predicted_saved_bytes(
+        config, 2, 48, "fp32", options
+    )
+    assert report.predicted_head_bytes(config, 96, "fp32", options) == 96 * (32 * 4 + 4 + 8)
+    assert "LM head fused (recompute)" in report.format_report(m, budget_bytes=1e9)
 
 
 @pytest.mark.parametrize("block_rows", [256, 32], ids=["one-block", "three-blocks"])
@@ -360,23 +380,18 @@ def test_fused_heads_peak_predicted_equal_measured(monkeypatch, dtype, block_row
     GEMM's output while it is cast to fp32."""
     monkeypatch.setattr(F, "HEAD_BLOCK_ROWS", block_rows)
     config = GPT2Config.from_preset("gpt2-tiny")
-    m = measure.measure(
-        config, dtype, batch_size=2, seq_len=48, warmup=0, attention="flash", lm_head="fused"
-    )
+    options = ExecutionOptions(attention="flash", lm_head="fused")
+    m = measure.measure(config, dtype, batch_size=2, seq_len=48, warmup=0, options=options)
     assert m.peak_bytes == pytest.approx(
-        report.predicted_peak_bytes(config, 2, 48, dtype, attention="flash", lm_head="fused"),
-        rel=1e-3,
+        report.predicted_peak_bytes(config, 2, 48, dtype, options), rel=1e-3
     )
 
 
 def test_largest_batch_fits_and_the_next_does_not():
     config = GPT2Config.from_preset("gpt2-mini")
     budget = 2e9
-    for options in (
-        dict(attention="naive", lm_head="plain"),
-        dict(attention="flash", lm_head="fused"),
-    ):
-        b = report.largest_batch(config, 128, "fp32", budget, **options)
+    for options in (NAIVE_PLAIN, ExecutionOptions(attention="flash", lm_head="fused")):
+        b = report.largest_batch(config, 128, "fp32", budget, options)
         assert b > 0
-        assert report.predicted_peak_bytes(config, b, 128, "fp32", **options) <= budget
-        assert report.predicted_peak_bytes(config, b + 1, 128, "fp32", **options) > budget
+        assert report.predicted_peak_bytes(config, b, 128, "fp32", options) <= budget
+        assert report.predicted_peak_bytes(config, b + 1, 128, "fp32", options) > budget

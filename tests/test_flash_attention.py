@@ -2,9 +2,10 @@
 Attention record: the same outputs and gradients on ragged shapes (T not a multiple of the
 block, T = 1, a KV-cache decode step and a prompt after a cache), in every dtype; finite
 differences in float64 across several blocks; a tape record that saves O(T) bytes per head;
-a GPT-2 with attention="flash" equal to the naive one (training and generation); and the
-FLOPs and bytes its launches are counted with. The CUDA kernels are compared with these in
-test_cuda_kernels.py, their launches checked in test_cuda_launch_args.py.
+a GPT-2 with ExecutionOptions(attention="flash") equal to the naive one (training and
+generation); and the FLOPs and bytes its launches are counted with. The CUDA kernels are
+compared with these in test_cuda_kernels.py, their launches checked in
+test_cuda_launch_args.py.
 """
 
 import math
@@ -14,7 +15,7 @@ import pytest
 from gradcheck import gradcheck
 
 import tinygrad_like as tg
-from nn import GPT2, GPT2Config
+from nn import GPT2, ExecutionOptions, GPT2Config
 from tinygrad_like import Tensor, dtypes, ops
 from tinygrad_like.backend import contract, cpu
 
@@ -135,7 +136,11 @@ CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=160, vocab_size=
 
 
 def models(dtype):
-    return [GPT2(CONFIG, seed=1, attention=a).to(dtype) for a in ("flash", "naive")]
+    """The same GPT-2 with each attention, the plain head (its logits are compared too)."""
+    return [
+        GPT2(CONFIG, seed=1, options=ExecutionOptions(attention=a, lm_head="plain")).to(dtype)
+        for a in ("flash", "naive")
+    ]
 
 
 @pytest.mark.parametrize("dtype,tol", [("fp64", 1e-10), ("fp32", 1e-5)])

@@ -1,16 +1,15 @@
-"""The LM head fused with cross-entropy (F.linear_cross_entropy, GPT2(lm_head="fused")): the loss
+"""The LM head fused with cross-entropy (F.linear_cross_entropy, ExecutionOptions.lm_head): the loss
 and every gradient equal the plain head's (Linear + CrossEntropy) in both designs, with ignored
 targets, a last block of fewer rows, the padded vocabulary and fp16 under a loss scale of 2^16;
 what it saves; where its FLOPs are counted; and a GPT2 that trains to the plain head's losses."""
 
-import functools
 import gc
 
 import numpy as np
 import pytest
 
 import tinygrad_like.ops as F
-from nn import GPT2, GPT2Config
+from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
 from tinygrad_like import TAPE, Tensor, no_grad
 from tinygrad_like.profiler import GEMMS, Profiler
@@ -29,15 +28,9 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(F, "HEAD_BLOCK_ROWS", BLOCK)
 
 
-@pytest.fixture
-def design_of_gpt2(monkeypatch):
-    """Make GPT2's fused head use the given design (it calls F.linear_cross_entropy)."""
-    original = F.linear_cross_entropy
-
-    def use(design):
-        monkeypatch.setattr(F, "linear_cross_entropy", functools.partial(original, design=design))
-
-    return use
+def head(lm_head, design="precompute"):
+    """GPT2's options for this head (attention as the reference computes it)."""
+    return ExecutionOptions(attention="naive", lm_head=lm_head, lm_head_design=design)
 
 
 def head_inputs(rng, dtype, w_std=0.5):
@@ -103,17 +96,19 @@ def head_records(model, x, y):
     return [r for r in TAPE.records(since) if r.scope in ("lm_head", "loss")], loss
 
 
-def test_saved_bytes_at_gpt2_mini_b8_t128(design_of_gpt2):
+def test_saved_bytes_at_gpt2_mini_b8_t128():
     """Plain saves the (N, Vp) logits (205.9 MB); recompute under 1% of that (x, lse, the
     targets); precompute its fp32 dX (N, C) and dW (Vp, C) and nothing else."""
     cfg = GPT2Config.from_preset("gpt2-mini")
     x, y = random_batch(cfg.vocab_size, 8, 128)
     n, vp, c = 8 * 128, cfg.padded_vocab_size, cfg.n_embd
     saved = {}
-    for head, design in (("plain", None), ("fused", "recompute"), ("fused", "precompute")):
-        if design:
-            design_of_gpt2(design)
-        records, loss = head_records(GPT2(cfg, lm_head=head), x, y)
+    for design, options in (
+        (None, head("plain")),
+        ("recompute", head("fused", "recompute")),
+        ("precompute", head("fused", "precompute")),
+    ):
+        records, loss = head_records(GPT2(cfg, options=options), x, y)
         saved[design] = sum(r.saved_bytes for r in records)
         del records, loss
         gc.collect()
@@ -148,26 +143,22 @@ def test_flops_by_phase_and_by_math(rng, small_blocks, design):
 
 
 @pytest.mark.parametrize("design", DESIGNS)
-def test_gpt2_fused_trains_to_the_plain_heads_losses(small_blocks, design_of_gpt2, design):
+def test_gpt2_fused_trains_to_the_plain_heads_losses(small_blocks, design):
     cfg = GPT2Config.from_preset("gpt2-tiny")
     batches = [random_batch(cfg.vocab_size, 2, 13, seed=s) for s in range(3)]  # 26 rows
-    design_of_gpt2(design)
     losses = {}
-    for head in ("plain", "fused"):
-        model = GPT2(cfg, lm_head=head)
+    for lm_head in ("plain", "fused"):
+        model = GPT2(cfg, options=head(lm_head, design))
         opt = AdamW(model.named_parameters(), lr=1e-2)
-        losses[head] = [train_on(model, opt, [b])[0] for b in batches]
+        losses[lm_head] = [train_on(model, opt, [b])[0] for b in batches]
     np.testing.assert_allclose(losses["fused"], losses["plain"], rtol=1e-5)
 
 
 @pytest.mark.parametrize("design", DESIGNS)
-def test_gpt2_fused_returns_no_logits_with_targets_and_the_plain_ones_without(
-    small_blocks, design_of_gpt2, design
-):
+def test_gpt2_fused_returns_no_logits_with_targets_and_the_plain_ones_without(small_blocks, design):
     cfg = GPT2Config.from_preset("gpt2-tiny")
     x, y = random_batch(cfg.vocab_size, 2, 13)
-    design_of_gpt2(design)
-    plain, fused = GPT2(cfg), GPT2(cfg, lm_head="fused")
+    plain, fused = GPT2(cfg, options=head("plain")), GPT2(cfg, options=head("fused", design))
     logits, loss = fused(x, y)
     assert logits is None and loss.item() == pytest.approx(plain(x, y)[1].item(), rel=1e-6)
     with no_grad():

@@ -13,13 +13,16 @@ import numpy as np
 import pytest
 
 import tinygrad_like as tg
-from nn import GPT2, PRESETS, GPT2Config, gpt2
+from nn import GPT2, PRESETS, ExecutionOptions, GPT2Config, config
 from tinygrad_like import dtypes
+from training import mfu
 
 # a custom config small enough for float64 finite differences, with 2 heads and 2 layers
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=8, n_positions=8, vocab_size=11)
 # a somewhat wider one for the forward reference (4 heads of 8)
 SMALL = GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=16, vocab_size=67)
+# the model as the reference below computes it: the softmax probabilities, then the logits
+NAIVE = ExecutionOptions(attention="naive", lm_head="plain")
 
 
 def per_block_keys(i):
@@ -100,7 +103,7 @@ def random_state(model, rng, dtype=np.float32):
 
 
 def randomized(cfg, seed=0):
-    model = GPT2(cfg)
+    model = GPT2(cfg, options=NAIVE)
     model.load_state_dict(random_state(model, np.random.default_rng(seed)))
     return model
 
@@ -215,11 +218,22 @@ def test_gpt2_small_instantiated_has_124_439_808_parameters():
 )
 def test_formula_matches_model_for_small_configs(cfg):
     model = GPT2(cfg)
-    assert model.num_parameters() == formula_count(cfg)
+    assert model.num_parameters() == formula_count(cfg) == cfg.num_parameters()
     assert sum(p.unpadded_numel() for p in model.parameters()) == formula_count(cfg)
     # the storage holds the padding rows too
     pad = cfg.padded_vocab_size - cfg.vocab_size
     assert sum(p.numel() for p in model.parameters()) == formula_count(cfg) + pad * cfg.n_embd
+
+
+def test_config_flops_per_token_is_6n_plus_12lct_as_mfu_counts_it():
+    for name in ("gpt2-tiny", "gpt2-mini"):
+        cfg = GPT2Config.from_preset(name)
+        n = GPT2(cfg).num_parameters()
+        for T in (1, 64, cfg.n_positions):
+            assert cfg.flops_per_token(T) == mfu.training_flops_per_token(cfg, T, n)
+    gpt2 = GPT2Config.from_preset("gpt2")
+    assert gpt2.num_parameters() == 124_439_808
+    assert gpt2.flops_per_token(1024) == 6 * 124_439_808 + 12 * 12 * 768 * 1024
 
 
 # ---------------------------------------------------------------- names and shapes
@@ -347,7 +361,7 @@ def test_all_parameters_require_grad_and_start_without_gradients():
 
 
 def test_lm_head_is_tied_to_wte():
-    model = GPT2(TINY)
+    model = GPT2(TINY, options=NAIVE)
     names = [n for n, _ in model.named_parameters()]
     assert not any("lm_head" in n for n in names)
     assert not hasattr(model, "lm_head")
@@ -404,8 +418,8 @@ def test_padded_vocab_size_is_the_next_multiple_of_64_and_not_a_config_field(V, 
 def unpadded(cfg, monkeypatch, seed=0):
     """The same model with wte stored (V, C): VOCAB_MULTIPLE = 1 turns the padding off."""
     with monkeypatch.context() as m:
-        m.setattr(gpt2, "VOCAB_MULTIPLE", 1)
-        model = GPT2(cfg, seed=seed)
+        m.setattr(config, "VOCAB_MULTIPLE", 1)
+        model = GPT2(cfg, seed=seed, options=NAIVE)
     assert model.transformer.wte.weight.shape == (cfg.vocab_size, cfg.n_embd)
     return model
 
@@ -478,7 +492,7 @@ def test_forward_matches_numpy_gpt2_fp32(B, T):
 def test_forward_matches_numpy_gpt2_tiny_preset_at_init():
     """The real gpt2-tiny preset (GPT-2 vocabulary), with its own init."""
     cfg = GPT2Config.from_preset("gpt2-tiny")
-    model = GPT2(cfg)
+    model = GPT2(cfg, options=NAIVE)
     idx = np.array(
         [
             [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13],
@@ -710,3 +724,20 @@ def test_config_validation():
     with pytest.raises(ValueError, match="unknown preset"):
         GPT2Config.from_preset("gpt3")
     assert GPT2Config.from_preset("gpt2-tiny", vocab_size=100).vocab_size == 100
+
+
+def test_execution_options_defaults_checks_and_what_the_blocks_read():
+    """One set of defaults (the training command line's), checked once at construction, and
+    each block reads what it needs when it is built."""
+    assert GPT2(TINY).options == ExecutionOptions("flash", "fused", "precompute", False)
+    for bad, message in (
+        (dict(attention="sparse"), "unknown attention 'sparse': use one of flash, naive"),
+        (dict(lm_head="tied"), "unknown lm_head 'tied': use one of fused, plain"),
+        (dict(lm_head_design="lazy"), "unknown lm_head_design 'lazy': use one of"),
+        (dict(recompute=1), "recompute must be True or False, got 1"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            ExecutionOptions(**bad)
+    model = GPT2(TINY, options=ExecutionOptions(attention="naive", recompute=True))
+    assert all(not b.attn.flash and b.recompute for b in model.transformer.h)
+    assert all(b.attn.flash and not b.recompute for b in GPT2(TINY).transformer.h)

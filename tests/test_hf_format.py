@@ -4,6 +4,8 @@ written the way Hugging Face writes them (keys with and without "transformer.", 
 mask buffers, lm_head.weight), and the errors for checkpoints that do not fit the model.
 """
 
+import ast
+import inspect
 import json
 import math
 import os
@@ -14,7 +16,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from nn import GPT2, GPT2Config
+from nn import GPT2, ExecutionOptions, GPT2Config, hf
 from nn.hf import read_config, read_state
 
 CFG = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=12, vocab_size=37)
@@ -111,6 +113,15 @@ def test_round_trip_is_bitwise_exact(tmp_path, model):
     a, _ = model(idx)
     b, _ = loaded(idx)
     np.testing.assert_array_equal(a.numpy(), b.numpy())
+    naive = GPT2.from_pretrained(str(tmp_path), options=ExecutionOptions(attention="naive"))
+    assert naive.options.attention == "naive" and loaded.options == ExecutionOptions()
+
+
+def test_the_file_format_imports_no_model():
+    """nn/hf.py reads and writes configs and state dicts; GPT2 calls it, never the reverse."""
+    tree = ast.parse(inspect.getsource(hf))
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert imported and not any(m and "gpt2" in m for m in imported), imported
 
 
 def test_round_trip_of_special_values(tmp_path, model):

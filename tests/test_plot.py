@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from training.loop import RunConfig, Trainer
-from training.plot import panels_for, plot_metrics, read_metrics
+from training.plot import panels_for, plot_metrics, read_metrics, run_title
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -74,3 +74,20 @@ def test_training_run_writes_the_picture(shakespeare, tmp_path, capsys):
     assert (tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
     assert not (tmp_path / "checkpoint").exists()  # --no-save
     assert f"metrics: {tmp_path / 'loss.png'}" in capsys.readouterr().out
+    assert run_title(tmp_path) == f"{tmp_path}/"  # no checkpoint to name the model
+
+
+def test_the_title_names_the_model_and_dtype_the_checkpoint_saved(shakespeare, tmp_path):
+    cfg = RunConfig(
+        model="gpt2-tiny",
+        data_dir=shakespeare,
+        batch_size=2,
+        seq_len=16,
+        steps=1,
+        eval_every=0,
+        dtype="bf16",
+        out=str(tmp_path / "run"),
+        quiet=True,
+    )
+    Trainer(cfg).run()
+    assert run_title(cfg.out) == f"gpt2-tiny, bf16 — {cfg.out}/"

@@ -1,4 +1,4 @@
-"""Activation recomputation (GPT2(recompute=True), autograd.checkpoint): each block saves only
+"""Activation recomputation (ExecutionOptions.recompute, autograd.checkpoint): each block saves only
 its input and re-runs its forward inside the backward. The same kernels run on the same inputs,
 so training is bitwise the one without it; the tape, the tracker and the profiler show what
 moved: C elements saved per token per layer, the blocks' forward FLOPs once more, labelled as
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tinygrad_like.ops as F
-from nn import GPT2, GPT2Config
+from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
 from tinygrad_like import TAPE, Tensor, autograd, no_grad
 from tinygrad_like.memory import TRACKER
@@ -22,9 +22,14 @@ B, T = 2, 16
 SMALL = GPT2Config(n_layer=3, n_head=2, n_embd=32, n_positions=32, vocab_size=64)
 
 
+def options(recompute):
+    """What these tests measure: naive attention and the plain head, recomputed or not."""
+    return ExecutionOptions(attention="naive", lm_head="plain", recompute=recompute)
+
+
 def train(recompute, dropout, steps=10):
     """steps of AdamW on random batches -> (losses, every step's gradients, final weights)."""
-    model = GPT2(GPT2Config.from_preset("gpt2-tiny", dropout=dropout), recompute=recompute)
+    model = GPT2(GPT2Config.from_preset("gpt2-tiny", dropout=dropout), options=options(recompute))
     optimizer = AdamW(model.named_parameters(), lr=1e-2)
     F.manual_seed(7)
     rng = np.random.default_rng(0)
@@ -57,7 +62,7 @@ def test_training_is_bitwise_the_same(dropout):
 def step(recompute, config=SMALL):
     """One profiled forward and backward -> (profiler, tape dicts, tracker activations,
     launches outside records, the model)."""
-    model = GPT2(config, recompute=recompute)
+    model = GPT2(config, options=options(recompute))
     x, y = measure.random_batch(config.vocab_size, B, T)
     with Profiler() as prof:
         records, activations, unowned = measure.forward_backward(model, x, y)
@@ -106,7 +111,7 @@ def test_the_inner_tape_lives_only_during_its_blocks_backward():
     """Peak activations in the backward: all blocks' inputs and the embeddings' ids, plus one
     block's other activations (recomputed, then freed record by record); afterwards nothing of
     the inner tapes is alive."""
-    model = GPT2(SMALL, recompute=True)
+    model = GPT2(SMALL, options=options(True))
     x, y = measure.random_batch(SMALL.vocab_size, B, T)
     plain_block = B * T * ((16 * SMALL.n_embd + SMALL.n_head * T) * 4 + 16)  # as test_accounting
     gc.collect()
@@ -127,7 +132,7 @@ def test_the_inner_tape_lives_only_during_its_blocks_backward():
 
 
 def test_no_wrapper_under_no_grad_and_generation_unaffected():
-    plain, recomputed = GPT2(SMALL), GPT2(SMALL, recompute=True)
+    plain, recomputed = GPT2(SMALL, options=options(False)), GPT2(SMALL, options=options(True))
     x = np.random.default_rng(1).integers(0, SMALL.vocab_size, (2, 8))
     start = TAPE.position()
     with no_grad():

@@ -2,6 +2,7 @@
 falls, resume is bit-identical, a save killed mid-way leaves a loadable checkpoint, the
 command line turns bad input into one line on stderr, and a non-finite loss stops the run."""
 
+import dataclasses
 import json
 import math
 import os
@@ -16,7 +17,7 @@ from nn.hf import read_state
 from optim import AdamW, cosine_with_warmup
 from tinygrad_like import backend
 from training import checkpoint
-from training.cli import main
+from training.cli import main, parser
 from training.loop import RunConfig, Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -319,7 +320,20 @@ BAD_INPUT = {
     "unknown-preset": (["--model", "gpt5-huge"], "gpt5-huge"),
     "unknown-dtype": (["--dtype", "fp8"], "fp8"),
     "unknown-device": (["--device", "tpu"], "tpu"),
+    "unknown-lm-head-design": (["--lm-head-design", "lazy"], "unknown lm_head_design 'lazy'"),
 }
+
+
+def test_every_setting_is_a_flag_with_its_help():
+    """The help is the field's (RunConfig's metadata); a switch on by default says what its
+    --no- flag does."""
+    actions = {a.dest: a for a in parser()._actions}
+    for f in dataclasses.fields(RunConfig):
+        assert f.metadata["help"] and actions[f.name].help.startswith(f.metadata["help"])
+    assert actions["save"].option_strings == ["--no-save"]
+    assert actions["save"].help.startswith("write no checkpoint")
+    assert actions["report"].help == "print no accounting report after training"
+    assert actions["lm_head_design"].help.endswith("(default precompute)")
 
 
 @pytest.mark.parametrize("extra, needle", list(BAD_INPUT.values()), ids=list(BAD_INPUT))
@@ -484,6 +498,29 @@ def test_resume_refuses_to_change_the_model(shakespeare, tmp_path, capsys):
     assert_one_line_error(err, "--model gpt2-mini cannot change on resume", "gpt2-tiny")
 
 
+def test_resume_of_a_finished_run_is_refused_and_leaves_the_folder_alone(
+    shakespeare, tmp_path, capsys
+):
+    Trainer(tiny(shakespeare, tmp_path, steps=2)).run()
+
+    def files():
+        return {
+            p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()
+        }
+
+    before = files()
+    for extra, steps in (([], 2), (["--steps", "1"], 1)):
+        code, err = run_cli(["--resume", str(tmp_path), *extra], capsys)
+        assert code == 2
+        assert_one_line_error(
+            err,
+            f"{tmp_path} is already at step 2 of {steps}: pass --steps M (M > 2) to train further",
+        )
+    assert files() == before
+    tr = main(["--resume", str(tmp_path), "--quiet", "--steps", "3"])
+    assert tr.step == 3 and ckpt_step(checkpoint.find_checkpoint(str(tmp_path))) == 3
+
+
 def test_fresh_run_into_a_run_folder_is_refused_unless_overwrite(shakespeare, tmp_path, capsys):
     Trainer(tiny(shakespeare, tmp_path, steps=2)).run()
     code, err = run_cli(cli_args(shakespeare, tmp_path), capsys)
@@ -549,8 +586,16 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(
 
     from tinygrad_like import files
 
-    Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
-    real = files.atomic_write
+    real_save, real = Trainer.save, files.atomic_write
+
+    def save_then_die(self):  # a run of 2 steps killed after its step-1 checkpoint
+        real_save(self)
+        raise Killed
+
+    monkeypatch.setattr(Trainer, "save", save_then_die)
+    with pytest.raises(Killed):
+        Trainer(tiny(shakespeare, tmp_path, steps=2, save_every=1)).run()
+    monkeypatch.undo()
 
     def full(path, data):
         if "checkpoint.new" in str(path) and str(path).endswith("optimizer.safetensors"):
@@ -562,7 +607,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(
     assert code == 2 and ckpt_step(checkpoint.find_checkpoint(str(tmp_path))) == 1
     assert_one_line_error(
         err,
-        "disk full: the step-1 checkpoint needs about",
+        "disk full: the step-2 checkpoint needs about",
         "MB",
         "nothing partial is left, the step-1 checkpoint",
     )

@@ -3,7 +3,7 @@
 from . import dtypes
 from .autograd import TAPE, enable_grad, is_grad_enabled, no_grad
 from .backend import default_device
-from .ops import manual_seed
+from .rng import get_rng_state, manual_seed, set_rng_state
 from .tensor import Tensor
 
 __all__ = [
@@ -15,4 +15,6 @@ __all__ = [
     "dtypes",
     "default_device",
     "manual_seed",
+    "get_rng_state",
+    "set_rng_state",
 ]

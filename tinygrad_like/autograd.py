@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import weakref
 
-from . import backend, kernels, profiler
+from . import backend, kernels, profiler, rng
 from .memory import TRACKER
 
 _grad_enabled = [True]
@@ -290,25 +290,21 @@ def checkpoint(fn, *inputs):
 class Checkpoint(Function):
     @staticmethod
     def forward(ctx, *arrays, fn, needs):
-        from . import ops  # the dropout generator; ops imports this module
-
         ctx.fn, ctx.needs, ctx.scope = fn, needs, _scope[-1]
-        ctx.rng = ops.get_rng_state()  # rewound in the backward: the same dropout masks
+        ctx.rng = rng.get_rng_state()  # rewound in the backward: the same dropout masks
         ctx.save_for_backward(*arrays)
         with no_grad():  # fn's launches count as this record's forward; it saves nothing
             return fn(*map(Tensor, arrays)).data
 
     @staticmethod
     def backward(ctx, g):
-        from . import ops
-
         leaves = [Tensor(a, requires_grad=r) for a, r in zip(ctx.saved, ctx.needs)]
-        rng = ops.get_rng_state()
-        ops.set_rng_state(ctx.rng)
+        state = rng.get_rng_state()
+        rng.set_rng_state(ctx.rng)
         # the recomputed forward runs in the backward phase but is forward math; its records
         # report their launches to this one (Record.parent)
         with scope(ctx.scope), enable_grad(), profiler.math("forward"):
             out = ctx.fn(*leaves)
-        ops.set_rng_state(rng)
+        rng.set_rng_state(state)
         backward(out, g)  # frees each saved array as it goes; the records die with `out`
         return tuple(t.grad.data if t.grad is not None else None for t in leaves)

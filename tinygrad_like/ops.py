@@ -14,9 +14,10 @@ import math
 
 import numpy as np
 
-from . import backend, dtypes, profiler
+from . import backend, dtypes, profiler, rng
 from .autograd import Function, is_grad_enabled
 from .kernels import launch
+from .rng import get_rng_state, manual_seed, set_rng_state  # noqa: F401 (F.manual_seed, ...)
 from .tensor import Tensor
 
 
@@ -419,8 +420,7 @@ class CrossEntropy(Function):
 # (more than the logits) for 7%. A block small enough for a core's L2 (4 MB: 20 rows) would
 # multiply both costs.
 HEAD_BLOCK_ROWS = 256
-HEAD_DESIGNS = ("recompute", "precompute")
-HEAD_DESIGN = "precompute"  # the default of linear_cross_entropy (the faster; see its docstring)
+HEAD_DESIGNS = ("recompute", "precompute")  # see LinearCrossEntropy
 
 
 def _row_blocks(n):
@@ -744,7 +744,7 @@ def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
     return CrossEntropy.apply(logits, t, count, V)
 
 
-def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, design=HEAD_DESIGN):
+def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, design="precompute"):
     """cross_entropy(linear(x, weight, transposed=True), targets, ignore_index, n_classes) as
     one record that never holds the logits of the whole batch: x (N, C), weight (Vp, C) (the
     tied LM head's wte), targets (N,). design: one of HEAD_DESIGNS (see LinearCrossEntropy).
@@ -775,27 +775,9 @@ def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, de
     return LinearCrossEntropy.apply(x, weight, t, count, V, design)
 
 
-_dropout_rng = np.random.default_rng(0)
-
-
-def manual_seed(seed):
-    """Seed the generator dropout draws its masks from (model init has its own seed)."""
-    global _dropout_rng
-    _dropout_rng = np.random.default_rng(seed)
-
-
-def get_rng_state():
-    """The dropout generator's state as JSON-friendly data (for checkpoints)."""
-    return _dropout_rng.bit_generator.state
-
-
-def set_rng_state(state):
-    _dropout_rng.bit_generator.state = state
-
-
 def dropout(x, p=0.0, training=True):
     if not training or p == 0.0:
         return x
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    return Dropout.apply(x, p, int(_dropout_rng.integers(2**63)))
+    return Dropout.apply(x, p, rng.next_seed())

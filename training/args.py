@@ -4,9 +4,11 @@ and sequence length, so train_gpt2.py and the scripts check them the same way.""
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 
-from nn.gpt2 import ATTENTION, LM_HEAD, PRESETS, GPT2Config, check_options
+from nn import PRESETS, ExecutionOptions, GPT2Config
+from nn.options import CHOICES
 from tinygrad_like import backend, distributed, dtypes
 
 from .data import DataLoader
@@ -63,9 +65,13 @@ def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
 
 
 def add_option_args(p):
-    """--attention, --lm-head, --recompute: the model's execution options (nn/gpt2.py)."""
-    p.add_argument("--attention", default="flash", help=f"{' or '.join(ATTENTION)} (default flash)")
-    p.add_argument("--lm-head", default="fused", help=f"{' or '.join(LM_HEAD)} (default fused)")
+    """--attention, --lm-head, --lm-head-design, --recompute: the model's execution options
+    (nn/options.py), with its defaults."""
+    for name in CHOICES:
+        default = getattr(ExecutionOptions, name)
+        p.add_argument(
+            flag(name), default=default, help=f"{' or '.join(CHOICES[name])} (default {default})"
+        )
     p.add_argument(
         "--recompute",
         action="store_true",
@@ -74,10 +80,10 @@ def add_option_args(p):
 
 
 def options_from_args(args):
-    """-> the options add_option_args parsed, checked (ValueError), as GPT2's keywords."""
-    options = dict(attention=args.attention, lm_head=args.lm_head, recompute=args.recompute)
-    check_options(**options)
-    return options
+    """-> GPT2's (and measure()'s) keyword arguments for the options add_option_args parsed:
+    {"options": ExecutionOptions}, checked (ValueError)."""
+    chosen = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExecutionOptions)}
+    return {"options": ExecutionOptions(**chosen)}
 
 
 def add_step_args(p, model):

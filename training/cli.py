@@ -1,18 +1,15 @@
 """Command line of examples/train_gpt2.py: one flag per RunConfig field, its help the field's
-comment. Bad input is one line on stderr and exit code 2 (training/args.py). Under
+(its metadata's "help"). Bad input is one line on stderr and exit code 2 (training/args.py). Under
 `mpirun -n R` every rank runs this same command: data-parallel training (training/loop.py)."""
 
 import contextlib
 import dataclasses
-import inspect
 import math
 import os
-import re
 import sys
 import traceback
 
 from nn import GPT2Config
-from nn.gpt2 import check_options
 from tinygrad_like import backend, distributed
 
 from . import checkpoint
@@ -40,19 +37,13 @@ FIXED_ON_RESUME = ("model", "init_from", "batch_size", "seq_len", "seed")
 NOT_RESTORED = ("resume", "out", "overwrite", "device", "quiet", "report")
 
 
-def _comments():
-    """RunConfig's one-line comments, field name -> text (the one place they are written)."""
-    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.+)$", inspect.getsource(RunConfig), re.M))
-
-
 def parser():
     p = ArgumentParser(
         description="Train GPT-2 on the Shakespeare default (or any prepared "
         ".bin data) with the tinygrad_like autograd."
     )
-    comments = _comments()
     for f in dataclasses.fields(RunConfig):
-        name, text = flag(f.name), comments[f.name]
+        name, text = flag(f.name), f.metadata["help"]
         if f.type is bool:  # on/off switches: --quiet turns one on, --no-save one off
             on = not f.default
             p.add_argument(
@@ -77,31 +68,36 @@ def config_from_args(argv=None) -> RunConfig:
 def resolve(argv=None):
     """-> (RunConfig, notes). The defaults are RunConfig's (GPU_DEFAULTS on a GPU), or with
     --resume the saved run's config: a flag given explicitly overrides a saved setting, and
-    notes says so, one line each."""
+    notes says so, one line each. Resuming a run already at --steps is a ValueError."""
     given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
     device = given.get("device") or backend.default_device()
-    defaults, notes = (GPU_DEFAULTS if device == "cuda" else {}), []
+    defaults, notes, step = (GPU_DEFAULTS if device == "cuda" else {}), [], None
     if "resume" in given:
-        saved, folder = saved_run(given["resume"])
+        saved, folder, step = saved_run(given["resume"])
         saved["batch_size"] = per_rank_batch(saved, given, folder)  # on this many ranks
         defaults = {k: v for k, v in saved.items() if k not in NOT_RESTORED}
         notes = resume_overrides(saved, given, folder)
         given.setdefault("out", folder)
     cfg = RunConfig(**{**defaults, "device": device, **given})
     validate(cfg)
+    if step is not None and step >= cfg.steps:  # else it would only save its checkpoint again
+        raise ValueError(
+            f"{folder} is already at step {step} of {cfg.steps}: pass --steps M "
+            f"(M > {step}) to train further"
+        )
     return cfg, notes
 
 
 def saved_run(path):
-    """-> (the saved run's RunConfig fields and world_size, the run folder) of the checkpoint
-    at path."""
+    """-> (the saved run's RunConfig fields and world_size, the run folder, the step it is at)
+    of the checkpoint at path."""
     ckpt = checkpoint.find_checkpoint(path)
     state, _ = checkpoint.load_trainer_state(ckpt, arrays=False)
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     saved = {k: v for k, v in (state.get("run_config") or {}).items() if k in fields}
     saved["world_size"] = state.get("world_size", 1)
     same = os.path.normpath(ckpt) == os.path.normpath(path)  # path is the checkpoint itself
-    return saved, os.path.dirname(os.path.normpath(path)) if same else path
+    return saved, os.path.dirname(os.path.normpath(path)) if same else path, state["step"]
 
 
 def per_rank_batch(saved, given, folder):
@@ -176,7 +172,7 @@ def validate(cfg):
         )
     config = GPT2Config.from_preset(cfg.model)
     check_dtype(cfg.dtype)
-    check_options(cfg.attention, cfg.lm_head, cfg.recompute)
+    cfg.execution_options()
     backend.check_device(cfg.device)
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:

@@ -8,18 +8,17 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from tqdm import tqdm
 
-import tinygrad_like.ops as F
-from nn import GPT2, GPT2Config
+from nn import GPT2, ExecutionOptions, GPT2Config
 from nn.hf import read_config, read_state
 from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
-from tinygrad_like import backend, dtypes, no_grad, profiler
+from tinygrad_like import backend, dtypes, no_grad, profiler, rng
 from tinygrad_like.distributed import Communicator
 from tinygrad_like.files import atomic_write
 from tinygrad_like.memory import PERSISTENT, TRACKER
@@ -32,41 +31,66 @@ from .plot import plot_metrics, read_metrics
 from .step import train_on
 
 
+def setting(default, help):
+    """A RunConfig field: its default and the help of its command-line flag (training/cli.py)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class RunConfig:
     """Every setting of a run. The defaults are the no-argument CPU run (gpt2-mini on the
     Shakespeare default, about 5 minutes on 2 cores); training/cli.py overrides them on a GPU."""
 
-    model: str = "gpt2-mini"  # a preset of nn/gpt2.py (PRESETS) for a fresh model
-    init_from: str = None  # fine-tune from this checkpoint or Hugging Face directory
-    data_dir: str = DEFAULT_DATA_DIR  # folder with train.bin and val.bin (training/data.py)
-    batch_size: int = 8  # sequences per micro-batch (B)
-    seq_len: int = 128  # tokens per sequence (T), at most the model's context
-    grad_accum: int = 1  # micro-batches per optimizer step
-    steps: int = 550  # optimizer steps in the whole run
-    lr: float = 2e-3  # peak learning rate, reached after the warmup
-    min_lr: float = 2e-4  # the cosine schedule's floor at the last step
-    warmup: int = 20  # steps of linear warmup from 0 to lr
-    weight_decay: float = 0.1  # AdamW's decoupled decay, on the 2-D weights only
-    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
-    dtype: str = "fp32"  # working weights and gradients: fp32, fp16 or bf16
-    attention: str = "flash"  # flash (one log-sum-exp per row) or naive (T x T saved)
-    lm_head: str = "fused"  # fused (row blocks, no logits kept) or plain (B·T x Vp)
-    recompute: bool = False  # blocks save only their input and redo their forward
-    zero: int = 0  # under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads
-    device: str = "cpu"  # cpu or cuda
-    eval_every: int = 50  # steps between validation losses (0 = never)
-    eval_iters: int = 10  # validation batches per evaluation
-    sample_every: int = 0  # steps between printed samples (0 = never)
-    out: str = "out"  # run folder: metrics.jsonl, checkpoint/, loss.png
-    save_every: int = 0  # steps between checkpoints (0 = only at the end)
-    resume: str = None  # continue the run saved in this folder, with its settings
-    overwrite: bool = False  # start afresh in an --out that already holds a run
-    max_skipped: int = 50  # fp16: stop after this many skipped steps in a row (0 = off)
-    seed: int = 1337  # initial weights, batch order and dropout
-    quiet: bool = False  # no progress bar, messages or report
-    save: bool = True  # write checkpoints (off for speed tests: 1.5 GB for gpt2)
-    report: bool = True  # print the accounting report after training
+    model: str = setting("gpt2-mini", "a preset of nn/config.py (PRESETS) for a fresh model")
+    init_from: str = setting(None, "fine-tune from this checkpoint or Hugging Face directory")
+    data_dir: str = setting(
+        DEFAULT_DATA_DIR, "folder with train.bin and val.bin (training/data.py)"
+    )
+    batch_size: int = setting(8, "sequences per micro-batch (B)")
+    seq_len: int = setting(128, "tokens per sequence (T), at most the model's context")
+    grad_accum: int = setting(1, "micro-batches per optimizer step")
+    steps: int = setting(550, "optimizer steps in the whole run")
+    lr: float = setting(2e-3, "peak learning rate, reached after the warmup")
+    min_lr: float = setting(2e-4, "the cosine schedule's floor at the last step")
+    warmup: int = setting(20, "steps of linear warmup from 0 to lr")
+    weight_decay: float = setting(0.1, "AdamW's decoupled decay, on the 2-D weights only")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this (0 = off)")
+    dtype: str = setting("fp32", "working weights and gradients: fp32, fp16 or bf16")
+    # the model's ExecutionOptions, with its defaults
+    attention: str = setting(
+        ExecutionOptions.attention, "flash (one log-sum-exp per row) or naive (T x T saved)"
+    )
+    lm_head: str = setting(
+        ExecutionOptions.lm_head, "fused (row blocks, no logits kept) or plain (B·T x Vp)"
+    )
+    lm_head_design: str = setting(
+        ExecutionOptions.lm_head_design,
+        "the fused head's: precompute (its gradients formed in the forward) or recompute "
+        "(its logits formed again in the backward)",
+    )
+    recompute: bool = setting(
+        ExecutionOptions.recompute, "blocks save only their input and redo their forward"
+    )
+    zero: int = setting(0, "under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads")
+    device: str = setting("cpu", "cpu or cuda")
+    eval_every: int = setting(50, "steps between validation losses (0 = never)")
+    eval_iters: int = setting(10, "validation batches per evaluation")
+    sample_every: int = setting(0, "steps between printed samples (0 = never)")
+    out: str = setting("out", "run folder: metrics.jsonl, checkpoint/, loss.png")
+    save_every: int = setting(0, "steps between checkpoints (0 = only at the end)")
+    resume: str = setting(None, "continue the run saved in this folder, with its settings")
+    overwrite: bool = setting(False, "start afresh in an --out that already holds a run")
+    max_skipped: int = setting(50, "fp16: stop after this many skipped steps in a row (0 = off)")
+    seed: int = setting(1337, "initial weights, batch order and dropout")
+    quiet: bool = setting(False, "no progress bar, messages or report")
+    # on by default: the help says what their flags, --no-save and --no-report, do
+    save: bool = setting(True, "write no checkpoint (speed tests: 1.5 GB for gpt2)")
+    report: bool = setting(True, "print no accounting report after training")
+
+    def execution_options(self):
+        """The model's ExecutionOptions these settings choose (ValueError for a bad one)."""
+        names = (f.name for f in fields(ExecutionOptions))
+        return ExecutionOptions(**{name: getattr(self, name) for name in names})
 
 
 class Trainer:
@@ -79,7 +103,7 @@ class Trainer:
         self.rank0 = self.comm.rank == 0
         self.device = backend.check_device(cfg.device)
         self.dtype = dtypes.as_dtype(cfg.dtype)
-        self.options = dict(attention=cfg.attention, lm_head=cfg.lm_head, recompute=cfg.recompute)
+        self.options = cfg.execution_options()
         self.resume_state = None
         self.resumed_from = None  # the checkpoint folder a resumed run was loaded from
         self.model = self._build_model()
@@ -109,27 +133,25 @@ class Trainer:
         self.scaler = LossScaler() if self.dtype == dtypes.float16 else None
         self.step_collectives = []  # the collectives of the last step (the report's)
         self.step = 0
-        F.manual_seed(cfg.seed)
+        rng.manual_seed(cfg.seed)
         if self.resume_state is not None:
             self._restore(*self.resume_state)
-        n = self.model.num_parameters()
-        self.flops_per_token = mfu.training_flops_per_token(self.model.config, cfg.seq_len, n)
+        self.flops_per_token = self.model.config.flops_per_token(cfg.seq_len)
 
     # ---- set-up
     def _build_model(self):
         cfg = self.cfg
         source = cfg.resume or cfg.init_from
         if source is None:
-            return GPT2(
-                GPT2Config.from_preset(cfg.model), seed=cfg.seed, device=self.device, **self.options
-            )
+            config = GPT2Config.from_preset(cfg.model)
+            return GPT2(config, seed=cfg.seed, device=self.device, options=self.options)
         ckpt = checkpoint.find_checkpoint(source)
         if cfg.resume:  # verifies every file's sha256 first
             self.resume_state = checkpoint.load_trainer_state(ckpt)
             self.resumed_from = ckpt
         else:
             checkpoint.verify(ckpt)
-        model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device, **self.options)
+        model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device, options=self.options)
         model.load_state_dict(read_state(ckpt))  # fp32 master: any --dtype can follow
         return model
 
@@ -160,7 +182,7 @@ class Trainer:
         self.train_data.load_state_dict(state["data"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        F.set_rng_state(state["dropout_rng"])
+        rng.set_rng_state(state["dropout_rng"])
         saved_steps = (state.get("run_config") or {}).get("steps", self.cfg.steps)
         if saved_steps != self.cfg.steps:  # the schedule is a function of the total
             print(
@@ -218,7 +240,7 @@ class Trainer:
             "step": self.step,
             "data": self.train_data.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
-            "dropout_rng": F.get_rng_state(),
+            "dropout_rng": rng.get_rng_state(),
             "run_config": vars(cfg),
             "dtype": cfg.dtype,
             "world_size": self.comm.size,

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nn import GPT2
-from nn.gpt2 import KVCache
+from nn import GPT2, ExecutionOptions, KVCache
 from optim import AdamW, LossScaler
 from tinygrad_like import TAPE, dtypes, kernels, no_grad, profiler
 from tinygrad_like.memory import PERSISTENT, TRACKER
@@ -88,7 +87,7 @@ class Measurement:
     """What the report prints as measured: one training step and one decode step."""
 
     config: object
-    options: dict  # the model's execution options (attention, lm_head, recompute)
+    options: ExecutionOptions  # how the model ran
     dtype: str
     device: str
     batch_size: int
@@ -111,16 +110,23 @@ class Measurement:
 
 
 def measure(
-    config, dtype="fp32", device="cpu", batch_size=1, seq_len=64, batch=None, warmup=1, **options
+    config,
+    dtype="fp32",
+    device="cpu",
+    batch_size=1,
+    seq_len=64,
+    batch=None,
+    warmup=1,
+    options=None,
 ):
-    """Build a model (with the execution options: attention, lm_head, recompute) and AdamW for
-    config, run `warmup` untimed steps (CUDA compiles kernels on first use), then one profiled
-    training step and one profiled decode step.
+    """Build a model (run with options, ExecutionOptions) and AdamW for config, run `warmup`
+    untimed steps (CUDA compiles kernels on first use), then one profiled training step and
+    one profiled decode step.
     batch: (x, y) token ids of shape (batch_size, seq_len); random when None."""
     dtype = dtypes.name(dtypes.as_dtype(dtype))
     gc.collect()  # so the tracker's deltas below are this model's buffers only
     before = dict(TRACKER.current)
-    model = GPT2(config, device=device, **options)
+    model = GPT2(config, device=device, options=options)
     optimizer = AdamW(model.named_parameters(), dtype=dtype)
     scaler = LossScaler() if dtype == "fp16" else None
     gc.collect()  # the per-parameter tensors the flat buffers replaced
@@ -143,7 +149,7 @@ def measure(
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
     return Measurement(
         config,
-        options,
+        model.options,
         dtype,
         device,
         x.shape[0],

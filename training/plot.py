@@ -1,8 +1,11 @@
 """The picture of a run: train and validation loss, learning rate, tokens/s and (fp16) the loss
-scale over the steps, drawn from the run's metrics.jsonl into a PNG."""
+scale over the steps, drawn from the run's metrics.jsonl into a PNG titled with the model and
+dtype its checkpoint saved."""
 
 import json
 import os
+
+from .checkpoint import find_checkpoint, read_trainer_state
 
 PANELS = [  # (title, [(metrics.jsonl key, label)], log scale)
     ("loss", [("loss", "train"), ("val_loss", "validation")], False),
@@ -30,6 +33,18 @@ def read_metrics(path):
 def panels_for(rows):
     """The PANELS a run's rows have data for (the loss scale only in fp16)."""
     return [p for p in PANELS if any(r.get(key) is not None for r in rows for key, _ in p[1])]
+
+
+def run_title(run_dir):
+    """'gpt2-mini, fp32 — out/': the model and dtype of the run saved in run_dir (its
+    checkpoint's run config), or the folder alone when it holds no checkpoint (--no-save)."""
+    folder = os.path.normpath(run_dir) + "/"
+    try:
+        run = read_trainer_state(find_checkpoint(run_dir)).get("run_config") or {}
+    except (ValueError, OSError):  # no checkpoint, or one that cannot be read
+        return folder
+    model = run.get("init_from") or run.get("model")
+    return f"{model}, {run.get('dtype')} — {folder}" if model else folder
 
 
 def plot_metrics(run_dir, out=None):
@@ -66,7 +81,7 @@ def plot_metrics(run_dir, out=None):
         ax.grid(alpha=0.3)
         if len(series) > 1:
             ax.legend()
-    fig.suptitle(os.path.abspath(run_dir), fontsize=9)
+    fig.suptitle(run_title(run_dir), fontsize=9)
     fig.tight_layout()
     out = out or os.path.join(run_dir, "loss.png")
     fig.savefig(out, dpi=100)

@@ -16,14 +16,16 @@ while it lives.
 """
 
 import re
+from dataclasses import replace
 
 import tinygrad_like.ops as F
+from nn import ExecutionOptions
 from tinygrad_like import backend, dtypes
 from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
-from . import mfu, roofline
+from . import roofline
 from .data import DataLoader
 from .measure import Measurement, block_layers, group, layer_of, measure
 from .tables import table, wrap
@@ -54,11 +56,13 @@ ACTIVATION_CONVENTION = {  # per layer, per token, under each option
     "recompute": "each block saves only its input, C elements; the rest of a block's "
     "activations live only while that block's backward re-runs its forward.",
 }
-HEAD_CONVENTION = {  # what the LM head and the loss save, per token
+HEAD_CONVENTION = {  # what the LM head and the loss save, per token, by _head()
     "plain": "the head's input C, the logits Vp (B·T x Vp, the largest tensor of the step), "
     "an fp32 log-sum-exp and the int64 target",
-    "fused": "the precompute design: the head's gradients formed in the forward, dX in fp32 (4·C "
-    "per token) and dW in fp32 (4·Vp·C for the whole batch); no logits",
+    "fused (precompute)": "the head's gradients formed in the forward, dX in fp32 (4·C per "
+    "token) and dW in fp32 (4·Vp·C for the whole batch); no logits",
+    "fused (recompute)": "the head's input C, an fp32 log-sum-exp and the int64 target; no "
+    "logits (the backward forms them again)",
 }
 
 
@@ -160,63 +164,63 @@ def predicted_collectives(numel, dtype, zero, world, micro_batches=1):
     return rows + ([("all_reduce", "loss", 8)] if world > 1 else [])
 
 
-def predicted_activation_bytes(config, seq_len, dtype, attention="naive", recompute=False):
-    """Bytes saved for backward per token per layer under ACTIVATION_CONVENTION."""
+def predicted_activation_bytes(config, seq_len, dtype, options):
+    """Bytes saved for backward per token per layer under ACTIVATION_CONVENTION, for the
+    model's ExecutionOptions."""
     size, C, H = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.n_head
-    if recompute:
+    if options.recompute:
         return C * size
     stats = 2 * 2 * 4  # two layernorms' fp32 mean and rstd
-    if attention == "flash":
+    if options.attention == "flash":
         return 17 * C * size + 4 * H + stats
     return (16 * C + H * seq_len) * size + stats
 
 
-def predicted_head_bytes(config, tokens, dtype, lm_head="plain"):
+def predicted_head_bytes(config, tokens, dtype, options):
     """Bytes the LM head and the loss save for backward, for `tokens` tokens (HEAD_CONVENTION)."""
     size, C, Vp = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.padded_vocab_size
-    if lm_head == "plain":
+    if options.lm_head == "plain":
         return tokens * ((C + Vp) * size + 4 + 8)
+    if options.lm_head_design == "recompute":
+        return tokens * (C * size + 4 + 8)
     return 4 * tokens * C + 4 * Vp * C
 
 
-def predicted_saved_bytes(
-    config, batch_size, seq_len, dtype, attention="naive", lm_head="plain", recompute=False
-):
+def predicted_saved_bytes(config, batch_size, seq_len, dtype, options):
     """Everything the tape holds at the end of a forward: the blocks, the head and loss, ln_f's
     input and stats, and the embeddings' int64 ids (wte's per token, wpe's per position)."""
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
-    blocks = config.n_layer * predicted_activation_bytes(
-        config, seq_len, dtype, attention, recompute
-    )
+    blocks = config.n_layer * predicted_activation_bytes(config, seq_len, dtype, options)
     ln_f = config.n_embd * size + 2 * 4
     ids = 8 * (tokens + seq_len)
-    return tokens * (blocks + ln_f) + ids + predicted_head_bytes(config, tokens, dtype, lm_head)
+    return tokens * (blocks + ln_f) + ids + predicted_head_bytes(config, tokens, dtype, options)
 
 
-def predicted_peak_bytes(
-    config, batch_size, seq_len, dtype, attention="naive", lm_head="plain", recompute=False
-):
+def predicted_peak_bytes(config, batch_size, seq_len, dtype, options):
     """The tracker's peak over a step, from its three parts: the persistent state (16 bytes per
     stored element), everything saved, and the largest transient. The transient is the plain
-    loss's dlogits (as large as the logits, alive beside them), or the fused head's one block
-    of fp32 logits, which its dlogits overwrite, beside that block's fp32 dW before it is
+    loss's dlogits (as large as the logits, alive beside them), or the fused head's (its
+    precompute design's: the recompute design's backward is not modelled) one block of fp32
+    logits, which its dlogits overwrite, beside that block's fp32 dW before it is
     summed (from the second block on) or (fp16, bf16) beside the logits GEMM's output while it
     is cast to fp32, before the dW (counted as saved) exists in a single block; with
     recomputation, one block's own activations may be larger."""
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
     stored = config.padding_cost()["elements"] + _stored_parameters(config)
     state = stored * sum(predicted_state_bytes(dtype).values())
-    saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, attention, lm_head, recompute)
+    saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, options)
     Vp = config.padded_vocab_size
-    if lm_head == "plain":
+    if options.lm_head == "plain":
         transient = tokens * Vp * size
     else:
         rows = min(tokens, F.HEAD_BLOCK_ROWS)  # the first block's dW starts the sum in place
         logits, dw = rows * Vp * 4, 4 * Vp * config.n_embd
         cast = rows * Vp * size if size < 4 else 0
         transient = logits + (max(dw, cast) if tokens > rows else max(0, cast - dw))
-    if recompute:
-        block = predicted_activation_bytes(config, seq_len, dtype, attention)
+    if options.recompute:
+        block = predicted_activation_bytes(
+            config, seq_len, dtype, replace(options, recompute=False)
+        )
         transient = max(transient, tokens * (block - config.n_embd * size))
     return state + saved + transient
 
@@ -225,16 +229,19 @@ def _stored_parameters(config):
     return parameter_pieces(config)[-1][3]
 
 
-OPTION_GRID = [
-    (a, h, r) for a in ("naive", "flash") for h in ("plain", "fused") for r in (False, True)
+OPTION_GRID = [  # the eight combinations of the three trades
+    ExecutionOptions(attention=a, lm_head=h, recompute=r)
+    for a in ("naive", "flash")
+    for h in ("plain", "fused")
+    for r in (False, True)
 ]
 
 
-def largest_batch(config, seq_len, dtype, budget_bytes, **options):
+def largest_batch(config, seq_len, dtype, budget_bytes, options):
     """The largest batch at seq_len whose predicted peak fits the budget (0 if none)."""
 
     def fits(b):
-        return predicted_peak_bytes(config, b, seq_len, dtype, **options) <= budget_bytes
+        return predicted_peak_bytes(config, b, seq_len, dtype, options) <= budget_bytes
 
     lo, hi = 0, 1
     while fits(hi) and hi < 1 << 20:
@@ -258,7 +265,7 @@ def for_trainer(trainer):
             trainer.device,
             batch=batch,
             warmup=1,
-            **trainer.options,
+            options=trainer.options,
         )
     )
 
@@ -332,8 +339,8 @@ def _flops(m):
     c, n, tokens = m.config, m.n_params, m.batch_size * m.seq_len
     computed, skipped = attention_flops_per_token(c, m.seq_len)
     gemm, bias = gemm_flops(c, m.batch_size, m.seq_len)
-    all_ = m.step.by_phase()
-    gemms = m.step.by_phase(GEMMS)
+    all_ = m.step.by_phase(by="math")  # beside the predictions: the phase of their math
+    gemms = m.step.by_phase(GEMMS, by="math")
 
     def multiple(flops_per_token):
         return f"{flops_per_token / n:.4f}"
@@ -353,7 +360,7 @@ def _flops(m):
         rows.append(
             (phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens), f"{got / 1e9:,.3f}")
         )
-    step_flops = mfu.training_flops_per_token(c, m.seq_len, n) * tokens
+    step_flops = c.flops_per_token(m.seq_len) * tokens
     return "\n".join(
         [
             f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
@@ -364,7 +371,8 @@ def _flops(m):
                 "exact: Σ 2·M·K·N over the linears, the LM head and attention's two GEMMs, plus "
                 "M·N per fused bias, forward; backward is twice the GEMMs (bias gradients are "
                 "sum kernels, not GEMMs). 'measured all' adds layernorm, GELU, softmax, adds, "
-                "casts and the optimizer."
+                "casts and the optimizer. Measured FLOPs are counted under the phase whose math "
+                "they are (below: and under the phase they ran in)."
             ),
             table(
                 (
@@ -394,27 +402,50 @@ def _flops(m):
 
 
 def _ran_in_versus_math(m):
-    """All FLOPs per token by the phase each launch ran in and by the phase whose math it is:
-    they differ for recomputation (a block's forward re-run in the backward) and for the fused
-    head (precompute: the head's gradients formed in the forward; recompute: its logits
-    formed again in the backward)."""
-    tokens, n = m.batch_size * m.seq_len, m.n_params
-    sums = [m.step.by_phase(kernels, by) for kernels in (None, GEMMS) for by in ("phase", "math")]
+    """All FLOPs per token by the phase whose math each launch is and by the phase it ran in,
+    the math first: that is the 2N + 4N split of the convention. They differ for the fused head
+    (precompute: the head's gradients formed in the forward; recompute: its logits formed
+    again in the backward) and for recomputation (a block's forward re-run in the backward)."""
+    tokens, n, opts = m.batch_size * m.seq_len, m.n_params, m.options
+    sums = [m.step.by_phase(kernels, by) for by in ("math", "phase") for kernels in (None, GEMMS)]
     rows = [
         (phase, *(f"{s[phase]['flops'] / tokens / n:.4f}" for s in sums))
         for phase in ("forward", "backward")
     ]
     return "\n".join(
         [
-            "  FLOPs per token / N, by the phase a kernel ran in and the phase whose math it is "
-            f"(LM head {_head(_options(m))}, recompute {_on_off(_options(m)['recompute'])}):",
+            wrap(
+                "FLOPs per token / N, by the phase whose math a kernel is and the phase it ran "
+                f"in (LM head {_head(opts)}, recompute {_on_off(opts.recompute)}):"
+            ),
             table(
-                ("phase", "all: ran in", "all: math of", "GEMMs: ran in", "GEMMs: math of"),
+                ("phase", "all: math of", "GEMMs: math of", "all: ran in", "GEMMs: ran in"),
                 rows,
                 indent="    ",
             ),
+            wrap(_why_ran_in_differs(opts), "    "),
         ]
     )
+
+
+def _why_ran_in_differs(opts):
+    """One sentence: what moves FLOPs out of the phase of their math under these options."""
+    reasons = []
+    if opts.lm_head == "fused" and opts.lm_head_design == "precompute":
+        reasons.append(
+            "the fused head's precompute design runs the head's backward GEMMs (dX and dW) "
+            "inside the forward"
+        )
+    if opts.lm_head == "fused" and opts.lm_head_design == "recompute":
+        reasons.append(
+            "the fused head's recompute design forms its logits again inside the backward "
+            "(forward math)"
+        )
+    if opts.recompute:
+        reasons.append("each block re-runs its forward inside the backward (forward math)")
+    if not reasons:
+        return "'ran in' equals 'math of': every kernel ran in the phase of its math."
+    return "'ran in' differs from 'math of' because " + "; and ".join(reasons) + "."
 
 
 def _state_memory(m):
@@ -539,21 +570,17 @@ def communication_table(collectives, predicted, world):
     )
 
 
-def _options(m):
-    return {"attention": "naive", "lm_head": "plain", "recompute": False, **m.options}
-
-
 def _on_off(flag):
     return "on" if flag else "off"
 
 
 def _head(opts):
     """The LM head that ran, with the fused head's design."""
-    return f"fused ({F.HEAD_DESIGN})" if opts["lm_head"] == "fused" else opts["lm_head"]
+    return f"fused ({opts.lm_head_design})" if opts.lm_head == "fused" else opts.lm_head
 
 
 def _activations(m):
-    c, tokens, opts = m.config, m.batch_size * m.seq_len, _options(m)
+    c, tokens, opts = m.config, m.batch_size * m.seq_len, m.options
     layers = block_layers(m.tape)
     first = [r for r in m.tape if layer_of(r["scope"]) == layers[0] and r["saved_bytes"]]
     rows = [
@@ -574,17 +601,15 @@ def _activations(m):
     ]
     head = sum(g["saved_bytes"] for name, g in per_layer.items() if name in ("lm_head", "loss"))
     tape_total = sum(r["saved_bytes"] for r in m.tape)
-    predicted = predicted_activation_bytes(
-        c, m.seq_len, m.dtype, opts["attention"], opts["recompute"]
-    )
-    head_predicted = predicted_head_bytes(c, tokens, m.dtype, opts["lm_head"])
-    saved_predicted = predicted_saved_bytes(c, m.batch_size, m.seq_len, m.dtype, **opts)
-    convention = ACTIVATION_CONVENTION["recompute" if opts["recompute"] else opts["attention"]]
+    predicted = predicted_activation_bytes(c, m.seq_len, m.dtype, opts)
+    head_predicted = predicted_head_bytes(c, tokens, m.dtype, opts)
+    saved_predicted = predicted_saved_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
+    convention = ACTIVATION_CONVENTION["recompute" if opts.recompute else opts.attention]
     return "\n".join(
         [
             f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}; "
-            f"attention {opts['attention']}, LM head {_head(opts)}, recompute "
-            f"{'on' if opts['recompute'] else 'off'}), from the tape",
+            f"attention {opts.attention}, LM head {_head(opts)}, recompute "
+            f"{_on_off(opts.recompute)}), from the tape",
             wrap("convention per layer per token: " + convention),
             f"  what {layers[0]} saves, per record (the first record to save a buffer is charged):",
             table(("record", "op", "bytes/token", "what"), rows, "llrl", indent="    "),
@@ -596,7 +621,7 @@ def _activations(m):
             table(("layer", "bytes/token"), outside, indent="    "),
             wrap(
                 f"the LM head and the loss save {head / tokens:,.1f} bytes per token, predicted "
-                f"{head_predicted / tokens:,.1f}: {HEAD_CONVENTION[opts['lm_head']]}"
+                f"{head_predicted / tokens:,.1f}: {HEAD_CONVENTION[_head(opts)]}"
             ),
             f"  total saved: {tape_total:,} bytes by the tape's records (predicted "
             f"{saved_predicted:,}), {m.activation_bytes:,} counted by the tracker "
@@ -608,20 +633,18 @@ def _activations(m):
 def _memory_trades(m, budget_bytes):
     """The tracker's peak predicted beside measured, and what the three options buy: the
     largest batch at this T that fits the budget under each combination."""
-    c, opts = m.config, _options(m)
-    predicted = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, **opts)
+    c = m.config
+    predicted = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, m.options)
     rows = []
-    for a, h, r in OPTION_GRID:
-        peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, a, h, r)
-        batch = largest_batch(
-            c, m.seq_len, m.dtype, budget_bytes, attention=a, lm_head=h, recompute=r
-        )
+    for opts in OPTION_GRID:
+        peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
+        batch = largest_batch(c, m.seq_len, m.dtype, budget_bytes, opts)
         rows.append(
             (
-                a,
-                h,
-                "on" if r else "off",
-                f"{predicted_activation_bytes(c, m.seq_len, m.dtype, a, r):,}",
+                opts.attention,
+                opts.lm_head,
+                _on_off(opts.recompute),
+                f"{predicted_activation_bytes(c, m.seq_len, m.dtype, opts):,}",
                 f"{peak / 1e6:,.1f}",
                 f"{batch:,}",
             )
