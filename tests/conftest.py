@@ -4,6 +4,8 @@ The finite-difference helper lives in tests/gradcheck.py; this file makes it imp
 `from gradcheck import gradcheck` whatever directory pytest is started from.
 """
 
+import dataclasses
+import json
 import os
 import sys
 
@@ -13,6 +15,35 @@ import pytest
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_peaks(tmp_path_factory):
+    """Made-up CPU peaks (round numbers), cached for the whole session in a cache folder of its
+    own ($XDG_CACHE_HOME): no test measures them in-process or depends on how busy the host is,
+    and none writes the user's ~/.cache. A subprocess run with other BLAS variables is another
+    machine to the cache (tinygrad_like/peaks.py) and measures its own, once, into the same
+    folder."""
+    from tinygrad_like import peaks
+
+    made_up = peaks.Peaks(
+        device="cpu",
+        machine="made-up test machine",
+        matmul={"fp32": 1e11},
+        copy_bw=1e10,
+        read_bw=5e9,
+        exp_rate=1e9,
+        launch_s=1e-6,
+        how=dict.fromkeys(("matmul_fp32", "copy", "read", "exp", "launch"), "made up"),
+        when="the tests' start",
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        mp.delenv(peaks.REMEASURE, raising=False)
+        path = peaks.cache_path("cpu")
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(dataclasses.asdict(made_up)))
+        yield made_up
 
 
 @pytest.fixture

@@ -66,6 +66,8 @@ def positive(x):
 def test_run_returns_positive_finite_numbers(bench):
     results = bench.run(bench.parse_args(TINY + ["--census"]), {}, log=lambda *a: None)
     assert positive(results["peak_flops"])
+    # MFU and the roofline divide by the one cached matmul peak (the trainer's too)
+    assert results["peak_flops"] == results["census"]["peaks"]["matmul"]["fp32"]
     assert results["tokens_per_step"] == 32 and positive(results["flops_per_token"])
     train = results["train"]["ours"]
     assert train["steps"] == 2
