@@ -167,6 +167,7 @@ def import_torch(device, dtype, log):
     try:
         import torch
     except ImportError:
+        log("PyTorch not installed: peers skipped (pip install torch transformers to compare)")
         return None
     if dtype not in PEER_DTYPES:
         log(f"no PyTorch peer in {dtype} (only {', '.join(PEER_DTYPES)})")
@@ -338,6 +339,8 @@ def run(args, results, log=print):
     peak, peak_name = mfu.device_peak(args.device, args.dtype)
     torch = None if args.no_torch else import_torch(args.device, args.dtype, log)
     transformers = None if (args.no_hf or torch is None) else hf_generate.import_transformers()
+    if torch is not None and transformers is None and not args.no_hf:
+        log("transformers not installed: Hugging Face generate skipped (pip install transformers)")
     machine.set_threads(args.threads, torch)
     config = GPT2Config.from_preset(args.model)
     env = machine.environment_info(torch, args.device)

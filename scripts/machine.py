@@ -123,18 +123,24 @@ def _torch_blas(torch):
     return "unknown"
 
 
+def _blas_words(lib):
+    """'0.3.31, kernel set Haswell, 2 threads (libopenblas.so)': what is known of one BLAS."""
+    words = [
+        lib.get("version"),
+        lib.get("architecture") and f"kernel set {lib['architecture']}",
+        lib.get("num_threads") and f"{lib['num_threads']} threads",
+    ]
+    text = ", ".join(w for w in words if w)
+    return text + (f" ({os.path.basename(lib['filepath'])})" if lib.get("filepath") else "")
+
+
 def format_environment(info, peak_name):
     lines = [
         f"machine: {info['cpu']}, {info['logical_cpus']} logical CPUs "
         f"({info['affinity_cpus']} usable), Python {info['python']}, NumPy {info['numpy']}"
     ]
     for lib in info["blas"]["libraries"]:
-        kernels = f"kernel set {lib['architecture']}, " if lib.get("architecture") else ""
-        version = f" {lib['version']}" if lib.get("version") else ""
-        lines.append(
-            f"  {lib.get('internal_api')}{version}: {kernels}{lib.get('num_threads')} "
-            f"threads ({os.path.basename(str(lib.get('filepath', '')))})"
-        )
+        lines.append(f"  {lib.get('internal_api')}: " + _blas_words(lib))
     env = info["env"]
     lines.append(
         "  BLAS variables: "
