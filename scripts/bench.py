@@ -53,7 +53,7 @@ from nn import GPT2, GPT2Config
 from optim import AdamW, LossScaler
 from tinygrad_like import backend, no_grad, peaks
 from tinygrad_like.profiler import Profiler, format_census
-from training import mfu, roofline
+from training import mfu, roofline, roofline_plot
 from training.args import (
     ArgumentParser,
     add_model_args,
@@ -533,7 +533,7 @@ def run_census(args, config, model, opt, scaler, peers, x, y, log):
         "decode": {"rows": drows, "wall_s": dwall},
     }
     if args.plot:
-        roofline.plot(
+        roofline_plot.plot(
             [("training step", rows), ("decode step", drows)],
             machine_peaks,
             args.plot,

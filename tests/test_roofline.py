@@ -1,15 +1,17 @@
 """training/roofline.py: the bound each launch gets, the census's roofline columns (sums,
-fractions, order), the exps kernels.launch counts, and the picture.
+fractions, order), the exps kernels.launch counts, and the picture (training/roofline_plot.py).
 No timing is asserted: the peaks here are made up (tests/test_peaks.py tests measuring them)."""
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.legend import Legend
 
 from tinygrad_like import kernels
 from tinygrad_like.kernels import launch
 from tinygrad_like.peaks import Peaks
 from tinygrad_like.profiler import Launch, Profiler, format_census
-from training import roofline
+from training import roofline, roofline_plot
 
 # 100 GFLOP/s, 10 GB/s copy (5 read), 1 G exps/s, 1 µs launches: round numbers to check by hand
 PEAKS = Peaks(
@@ -135,6 +137,33 @@ def test_plot_draws_a_png(tmp_path):
         ]
     )
     rows = roofline.census(prof, PEAKS)
-    path = roofline.plot([("step", rows)], PEAKS, str(tmp_path / "r.png"))
+    path = roofline_plot.plot([("step", rows)], PEAKS, str(tmp_path / "r.png"))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_labels_do_not_overlap_and_the_legends_name_the_marks():
+    # three GEMMs at one point (the step's matmul, matmul_nt, matmul_tn) and an exp-bound kernel
+    prof = _profiler(
+        [(name, 1e9, 1e6, 0, 0.02) for name in ("matmul", "matmul_nt", "matmul_tn")]
+        + [("gelu_fwd", 8e6, 8e6, 1e7, 0.02)]  # exp-bound: a dotted bar
+    )
+    fig = roofline_plot.draw([("step", roofline.census(prof, PEAKS))], PEAKS)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    named = sorted(t.get_text() for t in ax.texts)
+    assert named == [
+        "gelu_fwd (exp)",
+        "matmul (compute)",
+        "matmul_nt (compute)",
+        "matmul_tn (compute)",
+    ]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    legends = " ".join(t.get_text() for leg in ax.findobj(Legend) for t in leg.get_texts())
+    assert "exp roof of an exp-bound kernel" in legends  # the dotted bars
+    for words in ("roofs: memory", "1%", "10%", "50%"):
+        assert words in legends
+    titles = [leg.get_title().get_text() for leg in ax.findobj(Legend)]
+    assert "bubble area: share of its step's kernel time" in titles
+    plt.close(fig)

@@ -22,10 +22,6 @@ step's GEMMs, tiny and large) gets the sum of each launch's roof; the row's boun
 that holds most of that sum.
 """
 
-import math
-
-import numpy as np
-
 from tinygrad_like import peaks as machine_peaks
 
 BOUNDS = ("compute", "memory", "exp", "launch")
@@ -66,81 +62,6 @@ def census(prof, peaks, dtype="fp32"):
         r["fraction"] = r["roofline_s"] / r["seconds"] if r["seconds"] > 0 else None
         r["lost_s"] = r["seconds"] - r["roofline_s"]
     return sorted(rows.values(), key=lambda r: r["lost_s"], reverse=True)
-
-
-# ---------------------------------------------------------------- the picture
-
-
-def plot(series, peaks, path, dtype="fp32", title="roofline"):
-    """The classic roofline picture into a PNG: each kernel of each census (series: [(label,
-    census() rows)]) a point at (FLOPs per byte, achieved FLOP/s), its area its share of the
-    step, under the measured roofs: memory bandwidth x intensity up to the matmul peak. An
-    exp-bound kernel's ceiling depends on its FLOPs per exp, so it gets its own short dotted
-    bar. Kernels with no FLOPs (copies, gathers) or no time have no place on log axes and are
-    left out (the legend counts them); names label the kernels of 1% of their step or more."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    peak, bw = peaks.flops(dtype), peaks.bandwidth
-    drawn = [
-        [r for r in rows if r["flops"] > 0 and r["bytes"] > 0 and r["seconds"] > 0]
-        for _, rows in series
-    ]
-    intensities = [r["flops"] / r["bytes"] for rows in drawn for r in rows] or [peak / bw]
-    x = np.logspace(
-        math.log10(min(intensities) / 3), math.log10(max(max(intensities), peak / bw) * 10), 200
-    )
-    fig, ax = plt.subplots(figsize=(9, 6))
-    ax.plot(
-        x,
-        np.minimum(peak, bw * x),
-        "k-",
-        lw=1.5,
-        label=f"roofs: {bw / 1e9:.1f} GB/s, {dtype} matmul {peak / 1e9:,.0f} GFLOP/s",
-    )
-    for (label, rows), kept, color in zip(series, drawn, ("tab:blue", "tab:orange")):
-        xs = [r["flops"] / r["bytes"] for r in kept]
-        ys = [r["flops"] / r["seconds"] for r in kept]
-        ax.scatter(
-            xs,
-            ys,
-            s=[20 + 2000 * r["share"] for r in kept],
-            color=color,
-            alpha=0.6,
-            label=f"{label} ({len(rows) - len(kept)} kernels without FLOPs not drawn)",
-        )
-        for r, xi, yi in zip(kept, xs, ys):
-            if r["share"] >= 0.01:
-                ax.annotate(
-                    f"{r['kernel']} ({r['bound']})",
-                    (xi, yi),
-                    fontsize=7,
-                    textcoords="offset points",
-                    xytext=(5, -3),
-                )
-            if r["bound"] == "exp" and r["exps"]:
-                ax.hlines(
-                    r["flops"] / r["exps"] * peaks.exp_rate,
-                    xi / 2,
-                    xi * 2,
-                    colors=color,
-                    linestyles="dotted",
-                )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="arithmetic intensity (FLOPs per byte)",
-        ylabel="achieved FLOP/s",
-    )
-    ax.set_title(f"{title}\n{peaks.machine}", fontsize=9)
-    ax.legend(fontsize=8, loc="upper left", markerscale=0.4)
-    ax.grid(True, which="both", alpha=0.2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 # training/report.py's name for the machine's cached peaks, until it calls peaks.get itself
