@@ -7,7 +7,9 @@ The finite-difference helper lives in tests/gradcheck.py; this file makes it imp
 import dataclasses
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -17,13 +19,16 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def machine_peaks(tmp_path_factory):
-    """Made-up CPU peaks (round numbers), cached for the whole session in a cache folder of its
-    own ($XDG_CACHE_HOME): no test measures them in-process or depends on how busy the host is,
-    and none writes the user's ~/.cache. A subprocess run with other BLAS variables is another
-    machine to the cache (tinygrad_like/peaks.py) and measures its own, once, into the same
-    folder."""
+# Made-up CPU peaks (round numbers) for the whole session, cached in a folder of its own
+# ($XDG_CACHE_HOME): no test measures them in-process or depends on how busy the host is, and
+# none writes the user's ~/.cache. Set in pytest_configure, before the test modules are
+# imported: some build their subprocesses' environment then (test_faults.ENV). A subprocess
+# with other BLAS variables is another machine to the cache (tinygrad_like/peaks.py) and
+# measures its own, once, into the same folder.
+_SESSION = {}
+
+
+def pytest_configure(config):
     from tinygrad_like import peaks
 
     made_up = peaks.Peaks(
@@ -37,13 +42,31 @@ def machine_peaks(tmp_path_factory):
         how=dict.fromkeys(("matmul_fp32", "copy", "read", "exp", "launch"), "made up"),
         when="the tests' start",
     )
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        mp.delenv(peaks.REMEASURE, raising=False)
-        path = peaks.cache_path("cpu")
-        path.parent.mkdir(parents=True)
-        path.write_text(json.dumps(dataclasses.asdict(made_up)))
-        yield made_up
+    _SESSION.update(
+        peaks=made_up,
+        folder=tempfile.mkdtemp(prefix="tinygrad_like-test-cache-"),
+        env={k: os.environ.get(k) for k in ("XDG_CACHE_HOME", peaks.REMEASURE)},
+    )
+    os.environ["XDG_CACHE_HOME"] = _SESSION["folder"]
+    os.environ.pop(peaks.REMEASURE, None)
+    path = peaks.cache_path("cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(dataclasses.asdict(made_up)))
+
+
+def pytest_unconfigure(config):
+    for name, value in _SESSION.get("env", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(_SESSION.get("folder", ""), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def machine_peaks():
+    """The session's made-up CPU peaks, the ones the cache holds."""
+    return _SESSION["peaks"]
 
 
 @pytest.fixture
