@@ -3,9 +3,10 @@
 For one preset, dtype, batch and sequence length it measures
   1. the training step (forward, backward, gradient clipping, AdamW step, zero_grad): median
      time of the timed steps (warm-up steps excluded) and tokens/s;
-  2. MFU: achieved model FLOP/s (6N + 12LCT per token, training/mfu.py) over the peak: on a CPU
-     the fp32 matmul peak NumPy's BLAS reaches here (measured at the start), on a GPU
-     training/mfu.py's datasheet peak for the dtype (H200: dense bf16, 989 TFLOP/s);
+  2. MFU: achieved model FLOP/s (6N + 12LCT per token) over training/mfu.py's peak, the one the
+     trainer divides by too: on a CPU the fp32 matmul peak NumPy's BLAS reaches here (measured
+     once per machine and cached, tinygrad_like/peaks.py), on a GPU the datasheet's for the
+     dtype (H200: dense bf16, 989 TFLOP/s);
   3. greedy generation with the KV cache: a prompt of --prompt-len tokens, then --new-tokens
      decode steps; prompt tokens/s and decode tokens/s reported separately.
 When PyTorch is importable the same model (our weights, copied) runs the same batch and the
@@ -24,9 +25,9 @@ a dependency of the project: without them only ours runs.
     python scripts/bench.py --census --json bench.json   # plus where the time goes
     python scripts/bench.py --census --plot roofline.png # and the roofline picture of it
 
-The census gives every kernel its roofline (training/roofline.py): the machine's peaks,
-measured once and cached, its bound (compute, memory, exp or launch), the time that bound
-allows, the fraction of it reached, and rows sorted by the time lost to the bound.
+The census gives every kernel its roofline (training/roofline.py): the machine's peaks
+(tinygrad_like/peaks.py, the same cache), its bound (compute, memory, exp or launch), the time
+that bound allows, the fraction of it reached, and rows sorted by the time lost to the bound.
 
 The JSON file is written also when the run is interrupted (Ctrl-C, `timeout -s INT`), with
 what was measured by then.
@@ -50,9 +51,9 @@ from torch_gpt2 import PEER_DTYPES, TorchPeer
 
 from nn import GPT2, GPT2Config
 from optim import AdamW, LossScaler
-from tinygrad_like import backend, no_grad
+from tinygrad_like import backend, no_grad, peaks
 from tinygrad_like.profiler import Profiler, format_census
-from training import mfu, roofline
+from training import mfu, roofline, roofline_plot
 from training.args import (
     ArgumentParser,
     add_model_args,
@@ -166,6 +167,7 @@ def import_torch(device, dtype, log):
     try:
         import torch
     except ImportError:
+        log("PyTorch not installed: peers skipped (pip install torch transformers to compare)")
         return None
     if dtype not in PEER_DTYPES:
         log(f"no PyTorch peer in {dtype} (only {', '.join(PEER_DTYPES)})")
@@ -333,12 +335,15 @@ def format_phases(by_phase, wall):
 def run(args, results, log=print):
     """Every measurement the arguments ask for, into results (a JSON-friendly dict), each part
     as soon as it is measured: a run stopped early keeps what it had."""
+    # the peak first: measured (on a machine with no cache yet) before --threads limits BLAS
+    peak, peak_name = mfu.device_peak(args.device, args.dtype)
     torch = None if args.no_torch else import_torch(args.device, args.dtype, log)
     transformers = None if (args.no_hf or torch is None) else hf_generate.import_transformers()
+    if torch is not None and transformers is None and not args.no_hf:
+        log("transformers not installed: Hugging Face generate skipped (pip install transformers)")
     machine.set_threads(args.threads, torch)
     config = GPT2Config.from_preset(args.model)
     env = machine.environment_info(torch, args.device)
-    peak, peak_name = machine.peak_flops(args.device, args.dtype)
     results.update(
         args=vars(args),
         config=config.to_dict(),
@@ -349,7 +354,7 @@ def run(args, results, log=print):
     log(machine.format_environment(env, peak_name))
     if torch is not None and args.device == "cpu":
         time.sleep(0.5)  # OpenBLAS's threads spin a while after a call: let them sleep first
-        results["torch_peak_flops"] = max(machine.torch_matmul_peak(torch) for _ in range(3))
+        results["torch_peak_flops"] = machine.torch_matmul_rate(torch)
         log(
             f"  fp32 matmul peak (torch, same test): {results['torch_peak_flops'] / 1e9:.0f} "
             "GFLOP/s (for reference; MFU always divides by NumPy's)"
@@ -385,16 +390,13 @@ def run(args, results, log=print):
     if args.census:
         results["census"] = run_census(args, config, model, opt, scaler, peers, x, y, log)
     if args.device == "cpu":
-        late, late_name = machine.peak_flops("cpu", args.dtype)
-        if late > peak * 1.05:
+        now = peaks.cpu_matmul_rate()
+        if now > peak * 1.05:
             log(
-                f"note: the matmul peak measured at the end, {late / 1e9:.0f} GFLOP/s, is above "
-                f"the one at the start ({peak / 1e9:.0f}): the start was disturbed; MFU is "
-                "given against the higher one"
+                f"note: the fp32 matmul peak measured now, {now / 1e9:.0f} GFLOP/s, is above the "
+                f"cached one ({peak / 1e9:.0f}), which a busy machine lowered: MFU is overstated "
+                f"here and in the trainer; {peaks.REMEASURE}=1 measures the peaks again"
             )
-            for summary in (results.get("train") or {}).values():
-                summary["mfu"] *= peak / late
-            results.update(peak_flops=late, peak_name=late_name)
     results["load_average_end"] = machine.loadavg()
     return results
 
@@ -494,11 +496,11 @@ def bench_generation(args, config, model, torch, transformers, log):
 
 def run_census(args, config, model, opt, scaler, peers, x, y, log):
     step = lambda: ours_train_step(model, opt, x, y, args.device, scaler)  # noqa: E731
-    peaks = roofline.peaks(args.device)
-    log(peaks.describe())
+    machine_peaks = peaks.get(args.device)
+    log(machine_peaks.describe())
     step()  # warm again: a peer's round ran last
     prof, wall = census_train_step(step)
-    rows, phases = roofline.census(prof, peaks, args.dtype), prof.by_phase()
+    rows, phases = roofline.census(prof, machine_peaks, args.dtype), prof.by_phase()
     log(
         format_census(
             rows,
@@ -512,7 +514,7 @@ def run_census(args, config, model, opt, scaler, peers, x, y, log):
         0, config.vocab_size, (args.gen_batch, args.prompt_len), dtype=np.int64
     )
     dprof, dwall = census_decode_step(model, prompt)
-    drows = roofline.census(dprof, peaks, args.dtype)
+    drows = roofline.census(dprof, machine_peaks, args.dtype)
     dkernel = sum(r["seconds"] for r in drows)
     log(
         format_census(
@@ -526,14 +528,14 @@ def run_census(args, config, model, opt, scaler, peers, x, y, log):
         f"{(dwall - dkernel) * 1e3:.2f} ms ({(dwall - dkernel) / dwall:.0%})"
     )
     out = {
-        "peaks": dataclasses.asdict(peaks),
+        "peaks": dataclasses.asdict(machine_peaks),
         "train": {"rows": rows, "by_phase": phases, "wall_s": wall},
         "decode": {"rows": drows, "wall_s": dwall},
     }
     if args.plot:
-        roofline.plot(
+        roofline_plot.plot(
             [("training step", rows), ("decode step", drows)],
-            peaks,
+            machine_peaks,
             args.plot,
             args.dtype,
             title=f"{args.model} {args.dtype} on {args.device}: "

@@ -1,5 +1,6 @@
-"""The machine a benchmark runs on: CPU, NumPy's BLAS, the GPU, the peak FLOP/s that MFU divides
-by, and how much of the CPUs other processes took while a step ran (the noise on a shared VM)."""
+"""The machine a benchmark runs on: CPU, NumPy's BLAS, the GPU, torch's matmul rate beside
+NumPy's, and how much of the CPUs other processes took while a step ran (the noise on a shared
+VM). The peaks MFU and the roofline divide by are tinygrad_like/peaks.py's."""
 
 import os
 import platform
@@ -8,18 +9,9 @@ import time
 
 import numpy as np
 
-from tinygrad_like import backend
-from training import mfu
-from training.roofline import cpu_name, usable_cores
+from tinygrad_like import backend, peaks
 
-BLAS_ENV = (
-    "OPENBLAS_CORETYPE",
-    "OPENBLAS_L2_SIZE",
-    "OPENBLAS_NUM_THREADS",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OMP_WAIT_POLICY",
-)
+BLAS_ENV = peaks.BLAS_ENV + ("OMP_WAIT_POLICY",)  # the peaks' variables, and OpenMP's spinning
 QUIET = 0.10  # a step is "quiet" while other processes use under 10% of the CPUs
 
 _thread_limit = []  # keeps a threadpoolctl limit alive for the whole run
@@ -52,9 +44,9 @@ def environment_info(torch=None, device="cpu"):
     info = {
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "cpu": cpu_name(),
+        "cpu": peaks.cpu_name(),
         "logical_cpus": os.cpu_count(),
-        "affinity_cpus": usable_cores(),
+        "affinity_cpus": peaks.usable_cores(),
         "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
         "blas": _blas_info(),
         "load_average": loadavg(),
@@ -131,18 +123,24 @@ def _torch_blas(torch):
     return "unknown"
 
 
+def _blas_words(lib):
+    """'0.3.31, kernel set Haswell, 2 threads (libopenblas.so)': what is known of one BLAS."""
+    words = [
+        lib.get("version"),
+        lib.get("architecture") and f"kernel set {lib['architecture']}",
+        lib.get("num_threads") and f"{lib['num_threads']} threads",
+    ]
+    text = ", ".join(w for w in words if w)
+    return text + (f" ({os.path.basename(lib['filepath'])})" if lib.get("filepath") else "")
+
+
 def format_environment(info, peak_name):
     lines = [
         f"machine: {info['cpu']}, {info['logical_cpus']} logical CPUs "
         f"({info['affinity_cpus']} usable), Python {info['python']}, NumPy {info['numpy']}"
     ]
     for lib in info["blas"]["libraries"]:
-        kernels = f"kernel set {lib['architecture']}, " if lib.get("architecture") else ""
-        version = f" {lib['version']}" if lib.get("version") else ""
-        lines.append(
-            f"  {lib.get('internal_api')}{version}: {kernels}{lib.get('num_threads')} "
-            f"threads ({os.path.basename(str(lib.get('filepath', '')))})"
-        )
+        lines.append(f"  {lib.get('internal_api')}: " + _blas_words(lib))
     env = info["env"]
     lines.append(
         "  BLAS variables: "
@@ -171,33 +169,15 @@ def format_environment(info, peak_name):
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- peaks
+# ---------------------------------------------------------------- torch's matmul
 
 
-def peak_flops(device, dtype):
-    """-> (FLOP/s MFU divides by, a phrase naming it): on a CPU the fp32 matmul peak NumPy's
-    BLAS reaches here (training/mfu.py's measurement, best of a few tries spread over a moment:
-    a burst of load from another process only ever lowers it); on a GPU training/mfu.py's
-    datasheet peak for the dtype."""
-    if device != "cpu":
-        return mfu.device_peak(device, dtype)
-    best = 0.0
-    for i in range(5):
-        if i:
-            time.sleep(0.05)
-        best = max(best, mfu.measure_cpu_matmul_peak())
-    return best, (
-        f"fp32 matmul peak of this CPU (NumPy, 1024^3, training/mfu.py, best of 5 "
-        f"tries), {best / 1e9:.0f} GFLOP/s"
-    )
-
-
-def torch_matmul_peak(torch, n=1024, repeats=5):
-    """The same CPU measurement as training/mfu.py, through torch's BLAS (for reference)."""
+def torch_matmul_rate(torch, n=peaks.CPU_GEMM, tries=peaks.CPU_GEMM_TRIES):
+    """peaks.cpu_matmul_rate's test through torch's BLAS (for reference beside NumPy's)."""
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g) for _ in range(2))
     out = torch.empty(n, n)
-    return 2 * n**3 / mfu.best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+    return 2 * n**3 / peaks.best_seconds(lambda: torch.mm(a, b, out=out), tries)
 
 
 # ---------------------------------------------------------------- noise
@@ -221,7 +201,7 @@ def foreign_share(before, after, wall):
     """The fraction of the machine's CPU time that other processes used during wall seconds
     (0 = we had the machine to ourselves; NaN where /proc/stat is missing)."""
     other = (after[0] - before[0]) - (after[1] - before[1])
-    return max(other, 0.0) / (wall * usable_cores()) if wall > 0 else 0.0
+    return max(other, 0.0) / (wall * peaks.usable_cores()) if wall > 0 else 0.0
 
 
 def timed(fn):

@@ -27,9 +27,10 @@ and prediction (c) compares bias+gelu with bias fc + gelu.
 Every output is checked against a float64 NumPy reference computed from the same inputs (the
 error is max |out - ref| / max |ref|). Each kernel is then timed R times on the backend's clock
 (the census's: perf_counter on a CPU, CUDA events on a GPU) and the fastest call is kept: load
-from other processes only ever slows a call. Its roofline (training/roofline.py: the machine's
-measured peaks, cached per machine) gives the bound, the roofline time and the fraction of it
-reached. Last, the lab's six predictions beside what was measured, and which held.
+from other processes only ever slows a call. Its roofline (training/roofline.py, over the
+machine's peaks: tinygrad_like/peaks.py, measured once per machine and cached) gives the bound,
+the roofline time and the fraction of it reached. Last, the lab's six predictions beside what
+was measured, and which held.
 """
 
 import math
@@ -37,6 +38,7 @@ import math
 import numpy as np
 
 from tinygrad_like import backend, dtypes
+from tinygrad_like import peaks as machine_peaks
 from tinygrad_like.kernels import launch
 from tinygrad_like.profiler import Profiler
 from training import roofline
@@ -373,7 +375,7 @@ def format_predictions(preds):
 
 def main(argv=None):
     args = parse_args(argv)
-    peaks = roofline.peaks(args.device)
+    peaks = machine_peaks.get(args.device)
     print(peaks.describe())
     print(
         f"\nMLP half-block, C = {C}, hidden = {HIDDEN}, {args.dtype} on {args.device}; each "

@@ -4,8 +4,12 @@ The finite-difference helper lives in tests/gradcheck.py; this file makes it imp
 `from gradcheck import gradcheck` whatever directory pytest is started from.
 """
 
+import dataclasses
+import json
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -13,6 +17,56 @@ import pytest
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+
+# Made-up CPU peaks (round numbers) for the whole session, cached in a folder of its own
+# ($XDG_CACHE_HOME): no test measures them in-process or depends on how busy the host is, and
+# none writes the user's ~/.cache. Set in pytest_configure, before the test modules are
+# imported: some build their subprocesses' environment then (test_faults.ENV). A subprocess
+# with other BLAS variables is another machine to the cache (tinygrad_like/peaks.py) and
+# measures its own, once, into the same folder.
+_SESSION = {}
+
+
+def pytest_configure(config):
+    from tinygrad_like import peaks
+
+    made_up = peaks.Peaks(
+        device="cpu",
+        machine="made-up test machine",
+        matmul={"fp32": 1e11},
+        copy_bw=1e10,
+        read_bw=5e9,
+        exp_rate=1e9,
+        launch_s=1e-6,
+        how=dict.fromkeys(("matmul_fp32", "copy", "read", "exp", "launch"), "made up"),
+        when="the tests' start",
+    )
+    _SESSION.update(
+        peaks=made_up,
+        folder=tempfile.mkdtemp(prefix="tinygrad_like-test-cache-"),
+        env={k: os.environ.get(k) for k in ("XDG_CACHE_HOME", peaks.REMEASURE)},
+    )
+    os.environ["XDG_CACHE_HOME"] = _SESSION["folder"]
+    os.environ.pop(peaks.REMEASURE, None)
+    path = peaks.cache_path("cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(dataclasses.asdict(made_up)))
+
+
+def pytest_unconfigure(config):
+    for name, value in _SESSION.get("env", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(_SESSION.get("folder", ""), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def machine_peaks():
+    """The session's made-up CPU peaks, the ones the cache holds."""
+    return _SESSION["peaks"]
 
 
 @pytest.fixture

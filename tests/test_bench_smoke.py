@@ -66,6 +66,8 @@ def positive(x):
 def test_run_returns_positive_finite_numbers(bench):
     results = bench.run(bench.parse_args(TINY + ["--census"]), {}, log=lambda *a: None)
     assert positive(results["peak_flops"])
+    # MFU and the roofline divide by the one cached matmul peak (the trainer's too)
+    assert results["peak_flops"] == results["census"]["peaks"]["matmul"]["fp32"]
     assert results["tokens_per_step"] == 32 and positive(results["flops_per_token"])
     train = results["train"]["ours"]
     assert train["steps"] == 2
@@ -115,6 +117,21 @@ def test_environment_names_the_blas(bench):
     assert info["logical_cpus"] >= 1 and info["blas"]["source"] and "gpu" not in info
     text = bench.machine.format_environment(info, "test peak, 1 GFLOP/s")
     assert "test peak, 1 GFLOP/s" in text and "BLAS variables" in text
+    # what numpy.show_config alone knows of the BLAS: no thread count, no file
+    info["blas"]["libraries"] = [
+        {"internal_api": "openblas", "version": "0.3", "num_threads": None}
+    ]
+    line = bench.machine.format_environment(info, "p").splitlines()[1]
+    assert line == "  openblas: 0.3"
+
+
+def test_without_torch_the_peers_are_said_skipped(bench, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    said = []
+    assert bench.import_torch("cpu", "fp32", said.append) is None
+    assert said == [
+        "PyTorch not installed: peers skipped (pip install torch transformers to compare)"
+    ]
 
 
 def test_generation_and_step_helpers(bench):

@@ -8,12 +8,13 @@ import os
 
 import pytest
 
+from tinygrad_like.peaks import Peaks
 from training import roofline
 
 _SCRIPT = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "mlp_block.py"
 )
-PEAKS = roofline.Peaks(
+PEAKS = Peaks(
     device="cpu",
     machine="test machine",
     matmul={"fp32": 1e11},
@@ -78,7 +79,7 @@ def test_every_row_gets_its_roofline_and_rates(mlp, rows):
     assert "M = 3 tokens" in mlp.format_rows(M, list(rows.values()), "fp32")
 
 
-FAST = roofline.Peaks(**{**vars(PEAKS), "copy_bw": 1e11, "read_bw": 5e10, "exp_rate": 1e10})
+FAST = Peaks(**{**vars(PEAKS), "copy_bw": 1e11, "read_bw": 5e10, "exp_rate": 1e10})
 
 
 def _results(mlp, seconds):

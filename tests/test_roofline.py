@@ -1,18 +1,19 @@
 """training/roofline.py: the bound each launch gets, the census's roofline columns (sums,
-fractions, order), the exps kernels.launch counts, the peaks' cache, and the picture. No
-timing is asserted: the peaks here are made up, and the one measurement runs on tiny sizes."""
+fractions, order), the exps kernels.launch counts, and the picture (training/roofline_plot.py).
+No timing is asserted: the peaks here are made up (tests/test_peaks.py tests measuring them)."""
 
-import json
-
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.legend import Legend
 
 from tinygrad_like.kernels import launch
+from tinygrad_like.peaks import Peaks
 from tinygrad_like.profiler import Launch, Profiler, format_census
-from training import roofline
+from training import roofline, roofline_plot
 
 # 100 GFLOP/s, 10 GB/s copy (5 read), 1 G exps/s, 1 µs launches: round numbers to check by hand
-PEAKS = roofline.Peaks(
+PEAKS = Peaks(
     device="cpu",
     machine="test machine",
     matmul={"fp32": 1e11},
@@ -54,7 +55,7 @@ def test_bound_is_the_largest_of_the_four_times():
 
 
 def test_a_peak_per_dtype_and_no_exp_bound_without_an_exp_rate():
-    gpu = roofline.Peaks(**{**vars(PEAKS), "matmul": {"fp32": 1e11, "bf16": 1e12}, "exp_rate": 0.0})
+    gpu = Peaks(**{**vars(PEAKS), "matmul": {"fp32": 1e11, "bf16": 1e12}, "exp_rate": 0.0})
     assert gpu.flops("bf16") == 1e12 and gpu.flops("fp16") == 1e11  # fp32's when none
     assert roofline.bound(1e12, 1e6, 1e12, gpu, "bf16") == ("compute", pytest.approx(1.0))
     assert roofline.roofline_times(0, 0, 1e12, gpu)["exp"] == 0.0
@@ -125,51 +126,6 @@ def test_launch_counts_the_exps_of_each_kernel(rng):
     assert sum(r["exps"] for r in prof.census()) == sum(exps)
 
 
-def test_peaks_are_measured_once_per_machine_then_read_from_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(roofline.REMEASURE, raising=False)
-    calls = []
-    monkeypatch.setattr(roofline, "measure", lambda device: calls.append(device) or PEAKS)
-    assert roofline.peaks("cpu") == PEAKS and calls == ["cpu"]
-    assert roofline.peaks("cpu") == PEAKS and calls == ["cpu"]  # from the file
-    path = roofline.cache_path("cpu")
-    assert path.parent == tmp_path / "tinygrad_like"
-    assert json.loads(path.read_text())["copy_bw"] == 1e10
-    monkeypatch.setenv(roofline.REMEASURE, "1")
-    roofline.peaks("cpu")
-    assert calls == ["cpu", "cpu"]
-    monkeypatch.setenv(roofline.REMEASURE, "0")
-    path.write_text("{not json")  # cut short: measure again
-    roofline.peaks("cpu")
-    assert calls == ["cpu"] * 3
-    monkeypatch.setattr(roofline, "cpu_name", lambda: "another CPU")
-    assert roofline.cache_path("cpu") != path  # another machine's file
-
-
-def test_measuring_the_cpu_gives_every_peak_and_says_how(monkeypatch):
-    # tiny sizes: this checks the arithmetic runs and names each peak, not the machine
-    monkeypatch.setattr(roofline, "STREAM_BYTES", {"cpu": 1 << 20})
-    monkeypatch.setattr(roofline, "EXP_REPS", 2)
-    monkeypatch.setattr(roofline, "LAUNCHES", 20)
-    monkeypatch.setattr(roofline.mfu, "measure_cpu_matmul_peak", lambda: 1e11)
-    peaks = roofline.measure("cpu")
-    assert peaks.matmul == {"fp32": 1e11}
-    for value in (peaks.copy_bw, peaks.read_bw, peaks.exp_rate, peaks.launch_s):
-        assert np.isfinite(value) and value > 0
-    assert peaks.bandwidth == max(peaks.copy_bw, peaks.read_bw)
-    text = peaks.describe()
-    for phrase in (
-        "fp32 matmul",
-        "streaming copy",
-        "streaming read",
-        "exp",
-        "launch floor",
-        "thread",
-        roofline.cpu_name(),
-    ):
-        assert phrase in text
-
-
 def test_plot_draws_a_png(tmp_path):
     prof = _profiler(
         [
@@ -179,6 +135,33 @@ def test_plot_draws_a_png(tmp_path):
         ]
     )
     rows = roofline.census(prof, PEAKS)
-    path = roofline.plot([("step", rows)], PEAKS, str(tmp_path / "r.png"))
+    path = roofline_plot.plot([("step", rows)], PEAKS, str(tmp_path / "r.png"))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_labels_do_not_overlap_and_the_legends_name_the_marks():
+    # three GEMMs at one point (the step's matmul, matmul_nt, matmul_tn) and an exp-bound kernel
+    prof = _profiler(
+        [(name, 1e9, 1e6, 0, 0.02) for name in ("matmul", "matmul_nt", "matmul_tn")]
+        + [("gelu_fwd", 8e6, 8e6, 1e7, 0.02)]  # exp-bound: a dotted bar
+    )
+    fig = roofline_plot.draw([("step", roofline.census(prof, PEAKS))], PEAKS)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    named = sorted(t.get_text() for t in ax.texts)
+    assert named == [
+        "gelu_fwd (exp)",
+        "matmul (compute)",
+        "matmul_nt (compute)",
+        "matmul_tn (compute)",
+    ]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    legends = " ".join(t.get_text() for leg in ax.findobj(Legend) for t in leg.get_texts())
+    assert "exp roof of an exp-bound kernel" in legends  # the dotted bars
+    for words in ("roofs: memory", "1%", "10%", "50%"):
+        assert words in legends
+    titles = [leg.get_title().get_text() for leg in ax.findobj(Legend)]
+    assert "bubble area: share of its step's kernel time" in titles
+    plt.close(fig)

@@ -1,0 +1,333 @@
+"""The machine's peaks: the rates no kernel beats here, measured once per machine and cached.
+
+Every consumer reads the same cached numbers: MFU's divisor on a CPU (training/mfu.py: the
+trainer's progress bar and metrics.jsonl, the accounting report, scripts/bench.py), the roofline
+(training/roofline.py) and the labs. get(device) returns them from a JSON file under
+~/.cache/tinygrad_like/ (or $XDG_CACHE_HOME/tinygrad_like/) named by a fingerprint of the
+machine (CPU model, usable cores, NumPy and its BLAS, the BLAS variables, the GPU's name): a
+changed machine gets a new file. TG_REMEASURE_PEAKS=1 (or get(remeasure=True)) measures again,
+e.g. when the first measurement ran beside a busy process. Every peak is the best of a few
+tries: a burst of load elsewhere only ever lowers a measurement.
+  matmul  GEMM FLOP/s per dtype. CPU: fp32, NumPy's BLAS on 1024^3 (cpu_matmul_rate); the CPU
+          backend computes fp16 and bf16 GEMMs in fp32, so fp32's peak is theirs too.
+          GPU: cuBLAS (cupy.matmul) on 8192^3 in fp32 and fp16; bf16 is given fp16's rate
+          (equal on NVIDIA's tensor cores since Ampere, DATASHEET_PEAKS; CuPy's cuBLAS path
+          has no bf16).
+  copy    a streaming copy of 256 MB (1 GB on a GPU) into another buffer, bytes = read + write:
+          far over the caches, so it is DRAM's rate for a kernel that reads and writes.
+  read    a streaming read of the same buffer: a max reduction, one compare per element, so
+          the loads limit it (np.sum's pairwise adds reach only a third of it on a CPU).
+  exp     exps per second: np.exp on float32 blocks of 64K (256 KB, in the core's L2, so exp
+          is timed and not memory). NumPy's loops run on one thread, and the CPU backend runs
+          its exp-heavy kernels on one block of rows per core (cpu._in_parallel): the rate is
+          measured on one thread and on one per usable core, and the bound uses the higher
+          (both are reported). A tanh counts as one exp (tanh = 1 - 2 / (exp(2x) + 1); NumPy's
+          float32 tanh is no slower than its exp). Not measured on a GPU: its special function
+          units evaluate exp far faster than memory can feed them, so exp never binds there.
+  launch  the cheapest kernel call: the cheaper of the backend's add and copy on 1-element
+          arrays, averaged over 2,000 back-to-back calls. On a GPU, the launch overhead (a
+          few microseconds). A CPU has no launch: its floor is a Python call (copy's, well
+          under a microsecond), so it binds almost nothing, and what a kernel's call costs
+          beyond it (NumPy's dispatch, the thread pool's hand-off) is that kernel's own
+          overhead, which shows as time lost to the roofline.
+On a CPU copy and read are also measured on one thread and on one per core (one NumPy call
+streams from one core, and a core alone may not saturate memory); each peak is the higher.
+
+A GPU's MFU is quoted against its datasheet's dense rate (DATASHEET_PEAKS, datasheet()), the
+convention MFU figures are compared in; the measured cuBLAS rate is the roofline's compute roof.
+"""
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import platform
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from . import backend, dtypes
+from .files import atomic_write
+
+METHOD = 2  # bumped whenever a measurement changes: older caches are not read
+REMEASURE = "TG_REMEASURE_PEAKS"
+# the environment that changes which BLAS kernels run, and on how many threads
+BLAS_ENV = (
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
+TRIES = 3  # each peak is the best of this many timed runs
+CPU_GEMM, CPU_GEMM_TRIES = 1024, 15  # n of the CPU's n^3 GEMM test, and its timed calls
+STREAM_BYTES = {"cpu": 256 << 20, "cuda": 1 << 30}  # per buffer of the copy and read tests
+GPU_GEMM = 8192  # n of the GPU's n^3 GEMM test
+EXP_BLOCK, EXP_REPS = 1 << 16, 100  # 64K float32 per thread (L2-resident), 100 passes each
+LAUNCHES = 2000  # back-to-back tiny launches of the launch test
+
+# dense tensor-core peaks from NVIDIA's datasheets (FLOP/s), by a substring of the device name
+DATASHEET_PEAKS = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+}
+
+
+@dataclasses.dataclass
+class Peaks:
+    device: str
+    machine: str  # the machine in words (CPU, cores, NumPy and BLAS, GPU)
+    matmul: dict  # dtype name -> GEMM FLOP/s
+    copy_bw: float  # bytes/s of a streaming copy (read + write)
+    read_bw: float  # bytes/s of a streaming read
+    exp_rate: float  # exps/s the bound uses (0: exp is not a bound on this device)
+    launch_s: float  # seconds of the cheapest kernel call
+    how: dict  # peak -> how it was measured, in words
+    when: str = ""  # when it was measured (UTC)
+
+    @property
+    def bandwidth(self):
+        return max(self.copy_bw, self.read_bw)
+
+    def flops(self, dtype="fp32"):
+        """The GEMM peak for a dtype name; fp32's where none was measured for it (a CPU)."""
+        return self.matmul.get(dtype, self.matmul["fp32"])
+
+    def describe(self):
+        """The peaks as a table: name, value, how it was measured."""
+        rows = [
+            (f"{name} matmul", f"{rate / 1e9:,.0f} GFLOP/s", self.how[f"matmul_{name}"])
+            for name, rate in self.matmul.items()
+        ]
+        rows += [
+            ("streaming copy", f"{self.copy_bw / 1e9:.1f} GB/s", self.how["copy"]),
+            ("streaming read", f"{self.read_bw / 1e9:.1f} GB/s", self.how["read"]),
+            ("exp", f"{self.exp_rate / 1e9:.2f} G/s" if self.exp_rate else "-", self.how["exp"]),
+            ("launch floor", f"{self.launch_s * 1e6:.2f} us", self.how["launch"]),
+        ]
+        head = (
+            f"machine peaks: {self.machine} (measured {self.when}; cached, "
+            f"{REMEASURE}=1 measures again)"
+        )
+        rows.insert(0, ("peak", "value", "how"))
+        wide = [max(len(row[i]) for row in rows) for i in (0, 1)]  # of the name and value columns
+        return "\n".join(
+            [head]
+            + [f"  {name:<{wide[0]}}  {value:>{wide[1]}}  {how}" for name, value, how in rows]
+        )
+
+
+def datasheet(dtype_name, gpu_name):
+    """-> (a GPU's datasheet dense FLOP/s for a dtype, a phrase naming it); an unknown GPU is
+    assumed to be an H100 in bf16."""
+    for key, rates in DATASHEET_PEAKS.items():
+        if key in gpu_name:
+            rate = rates[dtype_name]
+            return rate, f"{key} datasheet dense {dtype_name}, {rate / 1e12:.0f} TFLOP/s"
+    rate = DATASHEET_PEAKS["H100"]["bf16"]
+    return rate, f"unknown GPU {gpu_name!r}: assumed H100 dense bf16, {rate / 1e12:.0f} TFLOP/s"
+
+
+# ---------------------------------------------------------------- the machine, cached
+
+
+def usable_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def cpu_name():
+    """The model name with its family and model numbers (a VM's name is often only "Intel(R)
+    Xeon(R) Processor") and AVX-512 when the CPU has it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = dict(
+                line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line
+            )
+    except OSError:
+        return platform.processor() or platform.machine()
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    avx512 = ", AVX-512" if "avx512f" in info.get("flags", "").split() else ""
+    return (
+        f"{info.get('model name', platform.machine())} (family {info.get('cpu family')} "
+        f"model {info.get('model')}{avx512})"
+    )
+
+
+def fingerprint(device):
+    """What decides the peaks: a change in any of these is another machine (and METHOD,
+    another measurement)."""
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    out = {
+        "cpu": cpu_name(),
+        "cores": usable_cores(),
+        "numpy": np.__version__,
+        "blas": f"{blas.get('name')} {blas.get('version')}",
+        "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+        "device": device,
+        "method": METHOD,
+    }
+    if device == "cuda":
+        out["gpu"] = backend.get("cuda").device_name()
+    return out
+
+
+def cache_path(device):
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinygrad_like"
+    key = hashlib.sha1(json.dumps(fingerprint(device), sort_keys=True).encode()).hexdigest()
+    return root / f"peaks-{device}-{key[:12]}.json"
+
+
+def get(device="cpu", remeasure=None):
+    """This machine's Peaks for a device: from the cache, or measured (a few seconds) and
+    cached. remeasure None: measure when $TG_REMEASURE_PEAKS is set (and not 0)."""
+    if remeasure is None:
+        remeasure = os.environ.get(REMEASURE, "0") not in ("", "0")
+    path = cache_path(device)
+    if not remeasure and path.is_file():
+        try:
+            return Peaks(**json.loads(path.read_text()))
+        except (ValueError, TypeError):  # a cache of another version, or cut short
+            pass
+    measured = measure(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # whole or not at all, should two runs (or the ranks of one) race
+    atomic_write(path, json.dumps(dataclasses.asdict(measured), indent=1).encode())
+    return measured
+
+
+# ---------------------------------------------------------------- measured
+
+
+def measure(device="cpu"):
+    fp = fingerprint(device)
+    machine = f"{fp['cpu']}, {fp['cores']} usable cores, NumPy {fp['numpy']} ({fp['blas']})"
+    if device == "cuda":
+        machine = f"{fp['gpu']} on {machine}"
+    found = _measure_cuda() if device == "cuda" else _measure_cpu(fp["cores"])
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return Peaks(device=device, machine=machine, when=when, **found)
+
+
+def best_seconds(fn, tries=TRIES, be=None):
+    """The fastest of `tries` calls of fn after one warm-up call, on backend be's clock (CUDA
+    events on a GPU; perf_counter for the CPU backend, the default)."""
+    be = be or backend.get("cpu")
+    fn()
+    best = math.inf
+    for _ in range(tries):
+        timer = be.start_timer()
+        fn()
+        timer.stop()
+        best = min(best, timer.seconds())
+    return best
+
+
+def cpu_matmul_rate(n=CPU_GEMM, tries=CPU_GEMM_TRIES):
+    """The fp32 GEMM FLOP/s NumPy's BLAS reaches here on n x n operands: the CPU's practical
+    peak, since no datasheet number describes a laptop's sustained AVX throughput."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    out = np.empty((n, n), np.float32)
+    return 2 * n**3 / best_seconds(lambda: np.matmul(a, b, out=out), tries)
+
+
+def _launch_floor(be, xp):
+    """Seconds per call of the cheaper of the backend's add and copy on 1-element arrays."""
+    one = xp.ones(1, dtype=np.float32)
+    return (
+        min(
+            best_seconds(lambda: [kernel(one, one) for _ in range(LAUNCHES)], be=be)
+            for kernel in (be.add, be.copy)
+        )
+        / LAUNCHES
+    )
+
+
+def _measure_cpu(cores):
+    be = backend.get("cpu")
+    matmul = cpu_matmul_rate()
+    # (bytes,) float32 streams, and (cores, EXP_BLOCK) blocks: one per thread of the exp test
+    src = np.ones(STREAM_BYTES["cpu"] // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    blocks = np.random.default_rng(0).standard_normal((cores, EXP_BLOCK), dtype=np.float32)
+    outs = np.empty_like(blocks)
+
+    def exps(i):
+        for _ in range(EXP_REPS):
+            np.exp(blocks[i], out=outs[i])
+
+    copy, read, exp = {}, {}, {}
+    with ThreadPoolExecutor(cores) as pool:
+        for n in sorted({1, cores}):  # one thread, then one per core
+            srcs, dsts = np.array_split(src, n), np.array_split(dst, n)
+            copy[n] = 2 * src.nbytes / best_seconds(lambda: list(pool.map(np.copyto, dsts, srcs)))
+            read[n] = src.nbytes / best_seconds(lambda: list(pool.map(np.max, srcs)))
+            exp[n] = n * EXP_REPS * EXP_BLOCK / best_seconds(lambda: list(pool.map(exps, range(n))))
+
+    def per_threads(rates, unit, scale):
+        return (
+            ", ".join(
+                f"{n} thread{'s' if n > 1 else ''} {r / scale:.2f} {unit}" for n, r in rates.items()
+            )
+            + "; the higher is the peak"
+        )
+
+    stream = f"{STREAM_BYTES['cpu'] >> 20} MB float32"
+    return {
+        "matmul": {"fp32": matmul},
+        "copy_bw": max(copy.values()),
+        "read_bw": max(read.values()),
+        "exp_rate": max(exp.values()),
+        "launch_s": _launch_floor(be, np),
+        "how": {
+            "matmul_fp32": f"np.matmul {CPU_GEMM}^3 fp32, best of {CPU_GEMM_TRIES} (fp16/bf16 "
+            "GEMMs run in fp32 on the CPU backend)",
+            "copy": f"np.copyto {stream}, read + write: " + per_threads(copy, "GB/s", 1e9),
+            "read": f"np.max over {stream}: " + per_threads(read, "GB/s", 1e9),
+            "exp": f"np.exp, {EXP_BLOCK >> 10}K float32 per thread in L2: "
+            + per_threads(exp, "G/s", 1e9),
+            "launch": f"cpu.add or cpu.copy (the cheaper) on 1-element arrays, mean "
+            f"of {LAUNCHES} calls (Python + NumPy dispatch)",
+        },
+    }
+
+
+def _gpu_gemm_rate(be, cupy, dtype):
+    a = cupy.ones((GPU_GEMM, GPU_GEMM), dtype=dtype)  # the values do not change the speed
+    out = cupy.empty_like(a)
+    return 2 * GPU_GEMM**3 / best_seconds(lambda: cupy.matmul(a, a, out=out), be=be)
+
+
+def _measure_cuda():
+    import cupy
+
+    be = backend.get("cuda")
+    matmul = {name: _gpu_gemm_rate(be, cupy, dtypes.BY_NAME[name]) for name in ("fp32", "fp16")}
+    matmul["bf16"] = matmul["fp16"]
+    src = cupy.ones(STREAM_BYTES["cuda"] // 4, dtype=np.float32)
+    dst = cupy.empty_like(src)
+    copy = 2 * src.nbytes / best_seconds(lambda: cupy.copyto(dst, src), be=be)
+    read = src.nbytes / best_seconds(lambda: src.max(), be=be)
+    stream = f"{STREAM_BYTES['cuda'] >> 20} MB float32, CUDA events, best of {TRIES}"
+    gemm = f"cupy.matmul (cuBLAS) {GPU_GEMM}^3, CUDA events, best of {TRIES}"
+    return {
+        "matmul": matmul,
+        "copy_bw": copy,
+        "read_bw": read,
+        "exp_rate": 0.0,
+        "launch_s": _launch_floor(be, cupy),
+        "how": {
+            "matmul_fp32": gemm,
+            "matmul_fp16": gemm,
+            "matmul_bf16": "fp16's rate (same tensor-core rate; CuPy has no bf16 GEMM)",
+            "copy": f"cupy.copyto {stream}, read + write",
+            "read": f"cupy max over {stream}",
+            "exp": "not a bound on a GPU (special function units outrun memory)",
+            "launch": f"cuda.add or cuda.copy (the cheaper) on 1-element arrays, "
+            f"mean of {LAUNCHES} back-to-back launches (CUDA events)",
+        },
+    }
