@@ -564,8 +564,12 @@ def test_flash_attention(dtype, Tq, Tk):
     close(lse, lse_ref, stat)
     args = (q, k, v, out_ref, lse_ref, dout, 0.125)
     got, ref = both("flash_attention_bwd", *args)
-    for g, r in zip(got, ref):
-        close(g, r)
+    # dq = scale ds k and dk = scale ds^T q, with ds = p (dout v^T - Di) a difference of terms of
+    # the size of |dout| |v|^T that cancel (exactly when Tq = Tk = 1: out = v, so dq and dk are
+    # pure rounding on both sides): their absolute tolerance is scaled to those terms
+    terms = 0.125 * float((np.abs(f64(dout)) @ np.abs(f64(v)).swapaxes(-1, -2)).max())
+    for g, r, other in zip(got, ref, (k, q, None)):
+        close(g, r, magnitude=0.0 if other is None else terms * float(np.abs(f64(other)).max()))
     again = cuda.flash_attention_bwd(*[dev(a) for a in args])
     for g, a in zip(got, again):
         np.testing.assert_array_equal(cuda.to_numpy(g), cuda.to_numpy(a))
