@@ -4,11 +4,11 @@
 // Execution: the blocks of a launch run one after another on the calling OS thread. Each CUDA
 // thread of a block is a fiber (a ucontext stack, switched with _setjmp/_longjmp: no system call
 // per switch); a fiber runs until it reaches a switch point, __syncthreads or a warp collective
-// (the shuffles, __syncwarp, votes, and the warp-wide PTX of ptx_on_cpu.h), then the next one
-// runs. A pass runs every runnable thread in the block's thread order (forward, reverse, or a
-// seeded shuffle drawn anew each pass); after it, the barriers whose threads have all arrived are
-// released. Nothing runnable and some thread not finished is a deadlock, reported with where the
-// threads wait. Between switch points a thread runs alone, so atomics are plain read-modify-writes.
+// (the shuffles, __syncwarp, votes, and the warp-wide PTX of ptx_on_cpu.h), then another runs.
+// Three thread orders (run_block): forward and reverse run warp by warp, each as far as it gets
+// before the next; shuffle runs all threads in a fresh random order between barriers. Nothing
+// runnable and some thread not finished is a deadlock, reported with where the threads wait.
+// Between switch points a thread runs alone, so atomics are plain read-modify-writes.
 //
 // Memory: global memory is the caller's (NumPy buffers). Static __shared__ variables live in a
 // per-block arena, dynamic shared memory (extern __shared__) in a buffer that ends at a
@@ -547,49 +547,55 @@ inline void arrange(std::vector<int>& perm, int order, unsigned long long& rng) 
     fail("deadlock: %s", buf);
 }
 
-// Release the barriers every thread of which has arrived. -> whether any was released.
-inline bool release(int n) {
-    bool released = false;
+// Release __syncthreads when every thread has arrived or exited (exited threads do not hold a
+// barrier up, as on the GPU). -> whether it was released.
+inline bool release_sync(int n) {
     int done = 0, sync = 0;
     for (int i = 0; i < n; ++i) {
         done += pool[i]->state == DONE;
         sync += pool[i]->state == AT_SYNCTHREADS;
     }
-    if (sync && sync + done == n) {  // exited threads do not hold a barrier up, as on the GPU
-        for (int i = 0; i < n; ++i)
-            if (pool[i]->state == AT_SYNCTHREADS) pool[i]->state = RUNNABLE;
-        released = true;
-    }
-    for (int w = 0; w * 32 < n; ++w) {
-        Fiber** lanes = &pool[w * 32];
-        const int nl = n - w * 32 < 32 ? n - w * 32 : 32;
-        for (int l = 0; l < nl; ++l) {
-            Fiber* f = lanes[l];
-            if (f->state != AT_WARP) continue;
-            bool ready = true;
-            for (int m = 0; m < 32 && ready; ++m) {
-                if (!(f->mask >> m & 1)) continue;
-                if (m >= nl) {
-                    current = f;
-                    fail("%s with mask %08x names lane %d, which this block does not have", f->what, f->mask, m);
-                }
-                Fiber* g = lanes[m];
-                if (g->state == DONE) {
-                    current = f;
-                    fail("%s with mask %08x waits for lane %d, which has exited", f->what, f->mask, m);
-                }
-                ready = g->state == AT_WARP && g->mask == f->mask && g->wgen == f->wgen &&
-                        g->what == f->what;
+    if (!sync || sync + done != n) return false;
+    for (int i = 0; i < n; ++i)
+        if (pool[i]->state == AT_SYNCTHREADS) pool[i]->state = RUNNABLE;
+    return true;
+}
+
+// Release the collectives of warp w that every lane of their mask has reached. -> whether any was.
+inline bool release_warp(int w, int n) {
+    bool released = false;
+    Fiber** lanes = &pool[w * 32];
+    const int nl = n - w * 32 < 32 ? n - w * 32 : 32;
+    for (int l = 0; l < nl; ++l) {
+        Fiber* f = lanes[l];
+        if (f->state != AT_WARP) continue;
+        bool ready = true;
+        for (int m = 0; m < 32 && ready; ++m) {
+            if (!(f->mask >> m & 1)) continue;
+            if (m >= nl) {
+                current = f;
+                fail("%s with mask %08x names lane %d, which this block does not have", f->what, f->mask, m);
             }
-            if (!ready) continue;
-            for (int m = 0; m < 32; ++m)
-                if (f->mask >> m & 1) lanes[m]->state = RUNNABLE;
-            released = true;
+            Fiber* g = lanes[m];
+            if (g->state == DONE) {
+                current = f;
+                fail("%s with mask %08x waits for lane %d, which has exited", f->what, f->mask, m);
+            }
+            ready = g->state == AT_WARP && g->mask == f->mask && g->wgen == f->wgen && g->what == f->what;
         }
+        if (!ready) continue;
+        for (int m = 0; m < 32; ++m)
+            if (f->mask >> m & 1) lanes[m]->state = RUNNABLE;
+        released = true;
     }
     return released;
 }
 
+// One block. FORWARD and REVERSE run warp by warp (in that order, lanes too), each warp as far as
+// it can get (through its warp collectives, up to __syncthreads or its end) before the next one
+// starts: warps get ahead of each other, so a barrier missing between warps shows. SHUFFLE runs
+// passes over all threads in a fresh random order, releasing the barriers after each pass: warps
+// move in step, threads interleave at random between barriers.
 inline void run_block(int n, int order, unsigned long long rng, std::vector<int>& perm) {
     for (int t = 0; t < n; ++t) {
         Fiber* f = pool[t];
@@ -606,14 +612,31 @@ inline void run_block(int n, int order, unsigned long long rng, std::vector<int>
     shared_vars.clear();
     arena_used = 0;
     if (dyn_base) std::memset(dyn_base, 0xFF, dyn_padded);
+    const int nwarps = (n + 31) / 32;
     for (;;) {
-        arrange(perm, order, rng);
-        for (int i : perm)
-            if (pool[i]->state == RUNNABLE) resume(pool[i]);
+        bool released = false;
+        if (order == SHUFFLE) {
+            arrange(perm, order, rng);
+            for (int i : perm)
+                if (pool[i]->state == RUNNABLE) resume(pool[i]);
+            for (int w = 0; w < nwarps; ++w) released |= release_warp(w, n);
+        } else {
+            for (int k = 0; k < nwarps; ++k) {
+                const int w = order == REVERSE ? nwarps - 1 - k : k;
+                const int first = w * 32, nl = n - first < 32 ? n - first : 32;
+                do
+                    for (int j = 0; j < nl; ++j) {
+                        Fiber* f = pool[first + (order == REVERSE ? nl - 1 - j : j)];
+                        if (f->state == RUNNABLE) resume(f);
+                    }
+                while (release_warp(w, n));
+            }
+        }
         bool finished = true;
         for (int i = 0; i < n && finished; ++i) finished = pool[i]->state == DONE;
         if (finished) break;
-        if (!release(n)) deadlock(n);
+        released |= release_sync(n);
+        if (!released) deadlock(n);
     }
     check_redzones();
 }
