@@ -573,3 +573,46 @@ def test_flash_attention(dtype, Tq, Tk):
     again = cuda.flash_attention_bwd(*[dev(a) for a in args])
     for g, a in zip(got, again):
         np.testing.assert_array_equal(cuda.to_numpy(g), cuda.to_numpy(a))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize(
+    "B,H,Tq,Tk", [(0, 3, 5, 5), (2, 0, 5, 5), (2, 3, 0, 5), (2, 3, 0, 0)], ids=str
+)
+def test_flash_attention_without_heads_or_queries(dtype, B, H, Tq, Tk):
+    """B·H = 0 launches nothing (a grid y of 0 is invalid); Tq = 0 gives dk = dv = 0 (no query
+    sees a key) on both sides, the CPU's too (not uninitialized memory)."""
+    q, k = rand((B, H, Tq, 16), dtype, seed=1), rand((B, H, Tk, 16), dtype, seed=2)
+    stat = dtypes.compute_dtype(dtype)
+    (out, lse), (out_ref, lse_ref) = both("flash_attention_fwd", q, k, k, 0.25)
+    close(out, out_ref)
+    close(lse, lse_ref, stat)
+    np.full(4 * k.size + 64, np.nan)  # a freed buffer of NaNs, for np.empty to find
+    got, ref = both("flash_attention_bwd", q, k, k, out_ref, lse_ref, q, 0.25)
+    for g, r in zip(got, ref):
+        close(g, r)
+        assert not cuda.to_numpy(g).astype(np.float64).any() and not r.astype(np.float64).any()
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_flash_attention_head_dim_128(dtype):
+    """D = 128 needs up to 232 KB of shared memory per block in fp32 (the backward's dk/dv
+    kernel): run where the device's opt-in limit allows it (an H200's 227 KB), refused with
+    the limit named where it does not (an A100's 163 KB)."""
+    B, H, T, D = 1, 2, 70, 128
+    q, k, v, dout = (rand((B, H, T, D), dtype, seed=s) for s in (1, 2, 3, 4))
+    acc, tile = dtypes.compute_dtype(dtype).itemsize, 32 if dtype == F64 else 64
+    need = (6 * tile * (D + 1) + 2 * tile * (tile + 1) + 2 * tile) * acc  # dk/dv's tiles
+    runtime = cupy.cuda.runtime
+    optin = runtime.getDeviceAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, 0)
+    (out, lse), (out_ref, lse_ref) = both("flash_attention_fwd", q, k, v, 0.125)
+    close(out, out_ref)
+    args = (q, k, v, out_ref, lse_ref, dout, 0.125)
+    if need > optin:
+        with pytest.raises(ValueError, match=f"more than the {optin} this GPU"):
+            cuda.flash_attention_bwd(*[dev(a) for a in args])
+        return
+    got, ref = both("flash_attention_bwd", *args)
+    terms = 0.125 * float((np.abs(f64(dout)) @ np.abs(f64(v)).swapaxes(-1, -2)).max())
+    for g, r, other in zip(got, ref, (k, q, None)):
+        close(g, r, magnitude=0.0 if other is None else terms * float(np.abs(f64(other)).max()))

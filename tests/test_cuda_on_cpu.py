@@ -403,3 +403,31 @@ def test_address_sanitizer_catches_a_read_past_a_buffer():
     assert "heap-buffer-overflow" in run.stderr and "READ of size 4" in run.stderr, run.stderr[
         -3000:
     ]
+
+
+def test_flash_attention_asks_the_device_for_its_shared_memory_limit(cuda, monkeypatch):
+    """attention.py reads the device's opt-in limit: on an A100's 166912 bytes the backward at
+    D = 128 in fp32 (198912 bytes for dq) is refused, naming the limit; on 232448 (H200) it
+    runs (test_cuda_kernels checks its values)."""
+    q = dev(rand((1, 1, 8, 128)))
+    out, lse = cuda.flash_attention_fwd(q, q, q, 0.1)  # 116480 bytes: fits either
+    monkeypatch.setitem(fake_cupy.DEVICE_ATTRIBUTES, 97, 166912)
+    cuda.flash_attention_fwd(q, q, q, 0.1)
+    with pytest.raises(ValueError, match="198912 bytes .* more than the 166912 this GPU"):
+        cuda.flash_attention_bwd(q, q, q, out, lse, q, 0.1)
+    monkeypatch.setitem(fake_cupy.DEVICE_ATTRIBUTES, 97, 232448)
+    cuda.flash_attention_bwd(q, q, q, out, lse, q, 0.1)
+
+
+def test_the_stand_in_refuses_shared_memory_not_opted_into(cuda):
+    source = "__global__ void big(float* x) {\n    extern __shared__ float s[];\n    x[0] = 0;\n}"
+    fn = fake_cupy.RawModule(code=source, name_expressions=["big"]).get_function("big")
+    x = dev(np.zeros(1, F32))
+    fn((1,), (32,), (x,), shared_mem=48 * 1024)  # up to 48 KB without opting in
+    with pytest.raises(fake_cupy.LaunchError, match="must opt in"):
+        fn((1,), (32,), (x,), shared_mem=48 * 1024 + 4)
+    fn.max_dynamic_shared_size_bytes = 100_000
+    fn((1,), (32,), (x,), shared_mem=100_000)
+    fn.max_dynamic_shared_size_bytes = 300_000
+    with pytest.raises(fake_cupy.LaunchError, match="the device allows at most 232448"):
+        fn((1,), (32,), (x,), shared_mem=100_000)
