@@ -7,8 +7,9 @@ the CUDA backend's own launch code.
 A launch runs its blocks one after another; a block's threads are fibers that switch at
 __syncthreads and at warp collectives (see cuda_cpu.h), in a thread order per block:
 TG_CUDA_CPU_ORDER=forward|reverse|shuffle, or cycle (the default: block b of the n-th launch
-runs its threads forward, reverse or shuffled by (b + n) % 3, so every multi-block launch sees
-all three orders; a shuffled order is drawn anew at each barrier). TG_CUDA_CPU_SEED offsets n.
+uses order (b + n) % 3, so every launch of three blocks or more sees all three). forward and
+reverse run warp by warp, each warp as far as it gets before the next; shuffle runs all the
+threads in a random order drawn anew between barriers. TG_CUDA_CPU_SEED offsets n.
 
 The source goes through two rewrites before the compiler: every `__shared__` declaration becomes
 a reference into the block's shared memory (static variables: tg::shared_var, one per
