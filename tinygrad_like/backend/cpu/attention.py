@@ -137,7 +137,10 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
     qT, doT = _heads_t(q, scale), _heads_t(dout)  # (B, H, D, Tq)
     qh = f32(q) * scale  # (B, H, Tq, D)
     dq = np.empty(q.shape, dtype=acc)  # set by key block 0 (every query sees key 0)
-    dk, dv = np.empty(k.shape, dtype=acc), np.empty(v.shape, dtype=acc)
+    # dk, dv: set by each key block's first query block; no queries (Tq = 0): zeros, as the
+    # CUDA kernel writes them
+    alloc = np.zeros if Tq == 0 else np.empty
+    dk, dv = alloc(k.shape, dtype=acc), alloc(v.shape, dtype=acc)
 
     bq, bk = contract.FLASH_BQ, contract.FLASH_BK
 
@@ -145,7 +148,7 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
         # Query blocks are taken a few at a time (span queries), as many as keep p^T and ds^T
         # (B, H', bk, span) near CHUNK elements: fewer, larger GEMMs (NumPy calls BLAS once per
         # head and pair). The queries are independent, so only dk and dv's sums change order.
-        span = bq * max(1, CHUNK // (B * (h1 - h0) * bk * bq))
+        span = bq * max(1, CHUNK // max(1, B * (h1 - h0) * bk * bq))  # B = 0: no work
         for j0 in range(0, Tk, bk):
             kj, vj = ks[:, h0:h1, j0 : j0 + bk], vs[:, h0:h1, j0 : j0 + bk]
             dkj, dvj = dk[:, h0:h1, j0 : j0 + bk], dv[:, h0:h1, j0 : j0 + bk]

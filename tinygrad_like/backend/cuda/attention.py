@@ -16,7 +16,13 @@ _FLASH_SMEM = {
     "flash_attention_bwd_dq": (5, 2, 2),
     "flash_attention_bwd_dkdv": (6, 2, 2),
 }
-_SMEM_OPTIN = 163 * 1024  # the most shared memory an sm_80 block may opt into (sm_90: 227 KB)
+
+
+def _smem_optin(device):
+    """The most dynamic shared memory a block of this device may opt into (sm_80: 163 KB,
+    sm_90: 227 KB), as the device reports it (a few microseconds: asked at each launch)."""
+    runtime = cupy.cuda.runtime
+    return int(runtime.getDeviceAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device))
 
 
 def _attention_shapes(q, k, v):
@@ -43,12 +49,13 @@ def _flash(kernel, dtype, n, BH, D, *args):
     tile = 32 if acc.itemsize == 8 else 64  # attention.cu's tile<A>()
     wide, square, rows = _FLASH_SMEM[kernel]
     smem = (wide * tile * (D + 1) + square * tile * (tile + 1) + rows * tile) * acc.itemsize
-    if smem > _SMEM_OPTIN:
+    optin = _smem_optin(cupy.cuda.Device().id)
+    if smem > optin:
         raise ValueError(
             f"flash attention: head dim {D} needs {smem} bytes of shared memory "
-            f"per block, more than the {_SMEM_OPTIN} an sm_80 block may use"
+            f"per block ({kernel}), more than the {optin} this GPU's blocks may use"
         )
-    if n:
+    if n and BH:  # no queries, keys or heads: nothing to launch (a grid of 0 blocks is invalid)
         fn = compiled("attention.cu", kernel, dtype)
         fn.max_dynamic_shared_size_bytes = smem  # above 48 KB a kernel must opt in
         fn((blocks_for(n, tile), BH), (BLOCK,), args, shared_mem=smem)

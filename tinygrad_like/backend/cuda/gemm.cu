@@ -18,6 +18,11 @@
 // Two stages: tile t+1 is in flight while tile t is being multiplied.
 #include "common.cuh"
 
+// The inline PTX lives in these small functions only. The CPU test build (tests/cuda_on_cpu,
+// TG_CUDA_ON_CPU) replaces them with ptx_on_cpu.h's warp-wide emulation of the same names.
+#ifdef TG_CUDA_ON_CPU
+#include "ptx_on_cpu.h"
+#else
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -36,6 +41,34 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
+
+// D = A B + D for one 16x8x16 tile. a: 4 registers (8 halves) of A's fragment, b: 2 of B's.
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned* b, __half) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned* b, __nv_bfloat16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Four 8x8 16-bit matrices from shared memory; lane l gives the address of a row of matrix l/8.
+template <bool TRANS> __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+#endif  // TG_CUDA_ON_CPU
 
 // Copy the ROWS x COLS tile at (row0, col0) of a row-major matrix g (nrows x ncols, leading
 // dimension ld) into s[ROWS][PITCH]; elements outside the matrix become 0. Chunks of 16 bytes
@@ -139,32 +172,6 @@ gemm_f32(const float* A, const float* B, const float* bias, float* C, int M, int
 // warp owns a 64 x 32 piece of the block's 128 x 128 tile: 4 x 4 mma tiles of 16 x 8, K walked
 // in tiles of 32 (two k16 steps).
 constexpr int T_BM = 128, T_BN = 128, T_BK = 32, T_THREADS = 256;
-
-// D = A B + D for one 16x8x16 tile. a: 4 registers (8 halves) of A's fragment, b: 2 of B's.
-__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned* b, __half) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned* b, __nv_bfloat16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// Four 8x8 16-bit matrices from shared memory; lane l gives the address of a row of matrix l/8.
-template <bool TRANS> __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-    if constexpr (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
 
 template <typename T, bool TA, bool TB, bool ASYNC>
 __global__ void __launch_bounds__(T_THREADS)
