@@ -372,7 +372,7 @@ def run(args, results, log=print):
     )
     n_params = model.num_parameters()
     B, T = args.batch_size, args.seq_len
-    fpt = mfu.training_flops_per_token(config, T, n_params)
+    fpt = config.flops_per_token(T)
     results.update(n_params=n_params, flops_per_token=fpt, tokens_per_step=B * T)
     log(
         f"model {args.model}: {n_params:,} parameters, L={config.n_layer} C={config.n_embd} "

@@ -21,6 +21,7 @@ from dataclasses import replace
 import tinygrad_like.ops as F
 from nn import ExecutionOptions
 from tinygrad_like import backend, dtypes
+from tinygrad_like import peaks as machine_peaks
 from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
@@ -287,7 +288,7 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
     if m.skipped:
         head += "\n(the fp16 loss scaler skipped the profiled step for an overflow)"
     budget_bytes = budget_bytes or default_budget_bytes(m.device)
-    peaks = roofline.peaks(m.device)  # measured once per machine, then cached
+    peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
     sections = [
         _parameters(m),
         _flops(m),

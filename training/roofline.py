@@ -8,7 +8,7 @@ Bounds. A launch's roofline time is the largest of
   compute  FLOPs / the matmul peak of the run's dtype
   memory   bytes / the higher of the copy and read bandwidths (a kernel's bytes mix reads and
            writes; the two streams are the two ends of that mix, and a roof is the best seen)
-  exp      exps (kernels.EXPS: one per element of GELU, per score of softmax and flash
+  exp      exps (backend/contract.py: one per element of GELU, per score of softmax and flash
            attention, per logit of cross-entropy) / the exp rate
   launch   the launch floor
 and the bound is whichever gives it (ACCOUNTING.md's definition: FLOPs / peak, bytes /
@@ -21,8 +21,6 @@ census() does this per launch and sums by kernel, so a kernel of many shapes (th
 step's GEMMs, tiny and large) gets the sum of each launch's roof; the row's bound is the one
 that holds most of that sum.
 """
-
-from tinygrad_like import peaks as machine_peaks
 
 BOUNDS = ("compute", "memory", "exp", "launch")
 
@@ -62,7 +60,3 @@ def census(prof, peaks, dtype="fp32"):
         r["fraction"] = r["roofline_s"] / r["seconds"] if r["seconds"] > 0 else None
         r["lost_s"] = r["seconds"] - r["roofline_s"]
     return sorted(rows.values(), key=lambda r: r["lost_s"], reverse=True)
-
-
-# training/report.py's name for the machine's cached peaks, until it calls peaks.get itself
-peaks = machine_peaks.get
