@@ -41,18 +41,30 @@ use; to measure what a current NumPy does on this CPU, unset both for that comma
 import dataclasses
 import json
 import os
-import statistics
 import time
 
 import hf_generate
 import machine
 import numpy as np
+from bench_ours import (
+    build_ours,
+    census_decode_step,
+    census_train_step,
+    format_phases,
+    ours_generate,
+    ours_loss,
+    ours_train_step,
+    round_summary,
+    summarize_generation,
+    summarize_steps,
+    time_generations,
+    time_steps,
+)
 from torch_gpt2 import PEER_DTYPES, TorchPeer
 
-from nn import GPT2, GPT2Config
-from optim import AdamW, LossScaler
-from tinygrad_like import backend, no_grad, peaks
-from tinygrad_like.profiler import Profiler, format_census
+from nn import GPT2Config
+from tinygrad_like import peaks
+from tinygrad_like.profiler import format_census
 from training import mfu, roofline, roofline_plot
 from training.args import (
     ArgumentParser,
@@ -63,7 +75,6 @@ from training.args import (
     user_errors,
 )
 from training.measure import random_batch
-from training.step import train_on
 from training.tables import table
 
 # |initial loss, ours - PyTorch's| allowed: both compute the same function, rounded alike
@@ -176,157 +187,6 @@ def import_torch(device, dtype, log):
         log(f"torch {torch.__version__} sees no GPU: no PyTorch peer")
         return None
     return torch
-
-
-# ---------------------------------------------------------------- ours
-
-
-def build_ours(
-    config, device="cpu", dtype="fp32", seed=0, lr=1e-4, weight_decay=0.1, grad_clip=1.0, **options
-):
-    """Our model (options: attention, lm_head, recompute) and AdamW, and the fp16 loss scaler
-    (None in fp32 and bf16)."""
-    model = GPT2(config, seed=seed, device=device, **options)
-    opt = AdamW(
-        model.named_parameters(),
-        lr=lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-        weight_decay=weight_decay,
-        grad_clip=grad_clip,
-        dtype=dtype,
-    )
-    return model, opt, LossScaler() if dtype == "fp16" else None
-
-
-def ours_loss(model, x, y):
-    with no_grad():
-        return float(model(x, y)[1].item())
-
-
-def ours_train_step(model, opt, x, y, device="cpu", scaler=None):
-    """One optimizer step as the trainer takes it (training/step.py, grad_accum 1, no data
-    loading), finished on the device. -> the loss."""
-    loss = train_on(model, opt, [(x, y)], scaler)[0]
-    backend.get(device).synchronize()
-    return loss
-
-
-def time_steps(step, n):
-    """Run step() n times; -> ([(seconds, foreign CPU share) of each], the last loss)."""
-    samples, loss = [], None
-    for _ in range(n):
-        loss, wall, foreign = machine.timed(step)
-        samples.append((wall, foreign))
-    return samples, loss
-
-
-def _round_summary(name, samples):
-    """'name 12.3 ms/step (others used 4% of the CPUs)' from one round's (seconds, others)."""
-    ms = statistics.median(t for t, _ in samples) * 1e3
-    others = statistics.mean(f for _, f in samples)
-    return f"{name} {ms:.1f} ms/step (others used {others:.0%} of the CPUs)"
-
-
-def summarize_steps(samples, tokens, flops_per_token, peak):
-    """Step times -> median (over the quiet steps), min, spread, tokens/s and MFU."""
-    chosen, is_quiet = machine.quiet(samples)
-    times = [t for t, _ in chosen]
-    med = statistics.median(times)
-    tps = tokens / med
-    all_times = [t for t, _ in samples]
-    return {
-        "steps": len(samples),
-        "quiet_steps": len(chosen) if is_quiet else 0,
-        "median_ms": med * 1e3,
-        "median_all_ms": statistics.median(all_times) * 1e3,
-        "min_ms": min(all_times) * 1e3,
-        "max_ms": max(all_times) * 1e3,
-        "spread": (max(times) - min(times)) / med,
-        "tokens_per_s": tps,
-        "tokens_per_s_best": tokens / min(all_times),
-        "mfu": tps * flops_per_token / peak,
-        "foreign_cpu": statistics.mean(f for _, f in samples),
-        "times_ms": [t * 1e3 for t in all_times],
-        "foreign_cpu_per_step": [f for _, f in samples],
-    }
-
-
-def ours_generate(model, prompt, new_tokens):
-    """Greedy generation with the KV cache through GPT2.generate_stream (each token comes back
-    to the host, so the clock reads finished work).
-    -> (prompt seconds (to the first new token), decode seconds (the other tokens), ids)."""
-    t0 = time.perf_counter()
-    stream = model.generate_stream(prompt, new_tokens, temperature=0.0)
-    tokens = [next(stream)]
-    t1 = time.perf_counter()
-    tokens.extend(stream)
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t1, np.stack(tokens, axis=1)
-
-
-def time_generations(generate, n):
-    """n runs of generate() -> [(prompt s, decode s, ids, foreign CPU share)]."""
-    runs = []
-    for _ in range(n):
-        (prompt_s, decode_s, ids), _, foreign = machine.timed(generate)
-        runs.append((prompt_s, decode_s, ids, foreign))
-    return runs
-
-
-def summarize_generation(runs, batch, prompt_len, new_tokens):
-    """runs: [(prompt s, decode s, ids, foreign share)] -> medians over the quiet runs and
-    tokens/s (decode counts the new_tokens - 1 steps after the first token, which the
-    prompt's forward gives)."""
-    chosen, is_quiet = machine.quiet(runs, key=lambda r: (r, r[3]))
-    prompt_s = statistics.median(r[0] for r in chosen)
-    decode_s = statistics.median(r[1] for r in chosen)
-    steps = max(new_tokens - 1, 1)
-    return {
-        "runs": len(runs),
-        "quiet_runs": len(chosen) if is_quiet else 0,
-        "prompt_ms": prompt_s * 1e3,
-        "prompt_tokens_per_s": batch * prompt_len / prompt_s,
-        "decode_ms_per_token": decode_s / steps * 1e3,
-        "decode_tokens_per_s": batch * steps / decode_s if decode_s > 0 else float("inf"),
-        "foreign_cpu": statistics.mean(r[3] for r in runs),
-        "prompt_ms_all": [r[0] * 1e3 for r in runs],
-        "decode_ms_all": [r[1] * 1e3 for r in runs],
-    }
-
-
-def census_train_step(step):
-    """Profile one training step with kernel timing -> the Profiler, wall seconds."""
-    with Profiler(timing=True) as prof:
-        step()
-        wall = prof.elapsed()
-    return prof, wall
-
-
-def census_decode_step(model, prompt, new_tokens=2):
-    """Profile the forward of one decode step (one new token, KV cache filled by the prompt)
-    -> the Profiler, wall seconds."""
-    stream = model.generate_stream(prompt, max(new_tokens, 2), temperature=0.0)
-    next(stream)  # the prompt's forward and the first token
-    with Profiler(timing=True) as prof:
-        next(stream)  # one decode forward and its argmax
-        wall = prof.elapsed()
-    stream.close()
-    return prof, wall
-
-
-def format_phases(by_phase, wall):
-    kernel_s = sum(row["seconds"] for row in by_phase.values())
-    parts = [
-        f"{name} {row['seconds'] * 1e3:.1f} ms / {row['launches']} launches"
-        for name, row in by_phase.items()
-        if row["launches"]
-    ]
-    return (
-        f"  by phase: {', '.join(parts)}\n  wall {wall * 1e3:.1f} ms, in kernels "
-        f"{kernel_s * 1e3:.1f} ms, outside kernels (Python, tape, allocation) "
-        f"{(wall - kernel_s) * 1e3:.1f} ms ({(wall - kernel_s) / wall:.0%})"
-    )
 
 
 # ---------------------------------------------------------------- the run
@@ -453,7 +313,7 @@ def bench_training(args, ours_step, peers, x, y, fpt, peak, log):
             times[name] += t
         log(
             f"  round {r + 1}: "
-            + ", ".join(_round_summary(name, times[name][-args.steps :]) for name in steps)
+            + ", ".join(round_summary(name, times[name][-args.steps :]) for name in steps)
         )
     out = {}
     for name in steps:

@@ -16,7 +16,7 @@ from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
-from training import measure, report
+from training import measure, predictions, report
 from training.data import write_tokens
 from training.loop import RunConfig, Trainer
 
@@ -99,7 +99,7 @@ def test_forward_matmul_flops_equal_the_formula(gpt2, step):
     gemm, bias = forward_gemm_flops(gpt2[0].config, B, T)
     # the forward matmul kernels count the fused bias epilogue (M·N per linear) with the GEMM
     assert flops(prof, "forward", GEMMS) == gemm + bias
-    assert report.gemm_flops(gpt2[0].config, B, T) == (gemm, bias)
+    assert predictions.gemm_flops(gpt2[0].config, B, T) == (gemm, bias)
 
 
 def test_backward_gemms_are_twice_the_forward_gemms(gpt2, step):
@@ -344,12 +344,12 @@ def test_memory_trades_predicted_equal_measured(attention, lm_head, recompute):
     m = measure.measure(config, "fp32", batch_size=2, seq_len=48, warmup=0, options=options)
     per_layer = measure.group(m.tape, lambda r: measure.layer_of(r["scope"]))
     block = per_layer["transformer.h.0"]["saved_bytes"] / (2 * 48)
-    assert block == report.predicted_activation_bytes(config, 48, "fp32", options)
-    assert sum(r["saved_bytes"] for r in m.tape) == report.predicted_saved_bytes(
+    assert block == predictions.predicted_activation_bytes(config, 48, "fp32", options)
+    assert sum(r["saved_bytes"] for r in m.tape) == predictions.predicted_saved_bytes(
         config, 2, 48, "fp32", options
     )
     assert m.peak_bytes == pytest.approx(
-        report.predicted_peak_bytes(config, 2, 48, "fp32", options), rel=1e-3
+        predictions.predicted_peak_bytes(config, 2, 48, "fp32", options), rel=1e-3
     )
     text = report.format_report(m, budget_bytes=1e9)
     assert "largest batch at T = 48 in a budget of 1.0 GB" in text
@@ -365,10 +365,10 @@ def test_the_fused_heads_recompute_design_saves_what_is_predicted():
     config = GPT2Config.from_preset("gpt2-tiny")
     options = ExecutionOptions(lm_head_design="recompute")
     m = measure.measure(config, "fp32", batch_size=2, seq_len=48, warmup=0, options=options)
-    assert sum(r["saved_bytes"] for r in m.tape) == report.predicted_saved_bytes(
+    assert sum(r["saved_bytes"] for r in m.tape) == predictions.predicted_saved_bytes(
         config, 2, 48, "fp32", options
     )
-    assert report.predicted_head_bytes(config, 96, "fp32", options) == 96 * (32 * 4 + 4 + 8)
+    assert predictions.predicted_head_bytes(config, 96, "fp32", options) == 96 * (32 * 4 + 4 + 8)
     assert "LM head fused (recompute)" in report.format_report(m, budget_bytes=1e9)
 
 
@@ -383,7 +383,7 @@ def test_fused_heads_peak_predicted_equal_measured(monkeypatch, dtype, block_row
     options = ExecutionOptions(attention="flash", lm_head="fused")
     m = measure.measure(config, dtype, batch_size=2, seq_len=48, warmup=0, options=options)
     assert m.peak_bytes == pytest.approx(
-        report.predicted_peak_bytes(config, 2, 48, dtype, options), rel=1e-3
+        predictions.predicted_peak_bytes(config, 2, 48, dtype, options), rel=1e-3
     )
 
 
@@ -391,7 +391,7 @@ def test_largest_batch_fits_and_the_next_does_not():
     config = GPT2Config.from_preset("gpt2-mini")
     budget = 2e9
     for options in (NAIVE_PLAIN, ExecutionOptions(attention="flash", lm_head="fused")):
-        b = report.largest_batch(config, 128, "fp32", budget, options)
+        b = predictions.largest_batch(config, 128, "fp32", budget, options)
         assert b > 0
-        assert report.predicted_peak_bytes(config, b, 128, "fp32", options) <= budget
-        assert report.predicted_peak_bytes(config, b + 1, 128, "fp32", options) > budget
+        assert predictions.predicted_peak_bytes(config, b, 128, "fp32", options) <= budget
+        assert predictions.predicted_peak_bytes(config, b + 1, 128, "fp32", options) > budget

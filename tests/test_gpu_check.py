@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nn.gpt2 import PRESETS
+from nn.config import PRESETS
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_check.sh"
 

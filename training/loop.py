@@ -23,7 +23,7 @@ from tinygrad_like.distributed import Communicator
 from tinygrad_like.files import atomic_write
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
-from . import checkpoint, mfu, report
+from . import checkpoint, mfu, predictions, report
 from .args import flag
 from .corpus import DEFAULT_DATA_DIR
 from .data import DataLoader
@@ -398,7 +398,9 @@ class Trainer:
         if not self.rank0:
             return history
         if self.comm.engine != "none":  # the last step's collectives, predicted and measured
-            predicted = report.predicted_collectives(self.optimizer.numel, cfg.dtype, cfg.zero, R)
+            predicted = predictions.predicted_collectives(
+                self.optimizer.numel, cfg.dtype, cfg.zero, R
+            )
             say(report.communication_table(self.step_collectives, predicted, R))
         say(f"metrics: {plot_metrics(cfg.out)} (python scripts/plot_metrics.py {cfg.out})")
         if cfg.report and not cfg.quiet:  # predicted vs measured, measured on a twin model

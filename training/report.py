@@ -15,12 +15,7 @@ a trainer's weights, optimizer state or data position; the twin costs 16 bytes p
 while it lives.
 """
 
-import re
-from dataclasses import replace
-
-import tinygrad_like.ops as F
-from nn import ExecutionOptions
-from tinygrad_like import backend, dtypes
+from tinygrad_like import backend
 from tinygrad_like import peaks as machine_peaks
 from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
@@ -29,6 +24,19 @@ from tinygrad_like.profiler import GEMMS, PHASES, format_census
 from . import roofline
 from .data import DataLoader
 from .measure import Measurement, block_layers, group, layer_of, measure
+from .predictions import (
+    OPTION_GRID,
+    attention_flops_per_token,
+    count_pieces,
+    gemm_flops,
+    largest_batch,
+    parameter_pieces,
+    predicted_activation_bytes,
+    predicted_head_bytes,
+    predicted_peak_bytes,
+    predicted_saved_bytes,
+    predicted_state_bytes,
+)
 from .tables import table, wrap
 
 LAUNCH_COST_S = 5e-6  # host cost of one eager launch on a GPU (ACCOUNTING.md, "Launches")
@@ -65,192 +73,6 @@ HEAD_CONVENTION = {  # what the LM head and the loss save, per token, by _head()
     "fused (recompute)": "the head's input C, an fp32 log-sum-exp and the int64 target; no "
     "logits (the backward forms them again)",
 }
-
-
-# ---------------------------------------------------------------- predictions (config only)
-
-
-def parameter_pieces(config):
-    """[(key, piece, shape, parameters)]: the rows of ACCOUNTING.md's table for this config."""
-    V, P, L, C = config.vocab_size, config.n_positions, config.n_layer, config.n_embd
-    block = [
-        ("qkv", "per block: QKV projection", f"{C:,} x {3 * C:,} + {3 * C:,}", 3 * C * C + 3 * C),
-        ("attn_out", "per block: attention output", f"{C:,} x {C:,} + {C:,}", C * C + C),
-        ("mlp_up", "per block: MLP up", f"{C:,} x {4 * C:,} + {4 * C:,}", 4 * C * C + 4 * C),
-        ("mlp_down", "per block: MLP down", f"{4 * C:,} x {C:,} + {C:,}", 4 * C * C + C),
-        ("block_ln", "per block: two layernorms", f"4 x {C:,}", 4 * C),
-    ]
-    per_block = sum(row[3] for row in block)
-    rows = [
-        ("wte", "token embedding (tied with the LM head)", f"{V:,} x {C:,}", V * C),
-        ("wpe", "position embedding", f"{P:,} x {C:,}", P * C),
-        *block,
-        ("blocks", f"{L} blocks", f"{L} x {per_block:,}", L * per_block),
-        ("ln_f", "final layernorm", f"2 x {C:,}", 2 * C),
-    ]
-    total = V * C + P * C + L * per_block + 2 * C
-    return rows + [("total", "total", "", total)]
-
-
-# which parameter names each piece counts in a built model (per-block pieces: block 0)
-_PIECE_NAMES = {
-    "wte": r"transformer\.wte\.",
-    "wpe": r"transformer\.wpe\.",
-    "qkv": r"transformer\.h\.0\.attn\.c_attn\.",
-    "attn_out": r"transformer\.h\.0\.attn\.c_proj\.",
-    "mlp_up": r"transformer\.h\.0\.mlp\.c_fc\.",
-    "mlp_down": r"transformer\.h\.0\.mlp\.c_proj\.",
-    "block_ln": r"transformer\.h\.0\.ln_[12]\.",
-    "blocks": r"transformer\.h\.",
-    "ln_f": r"transformer\.ln_f\.",
-    "total": r"",
-}
-
-
-def count_pieces(parameters):
-    """piece key -> parameters counted in the model's own tensors ({name: elements})."""
-    return {
-        key: sum(n for name, n in parameters.items() if re.match(pattern, name))
-        for key, pattern in _PIECE_NAMES.items()
-    }
-
-
-def attention_flops_per_token(config, seq_len):
-    """Forward FLOPs per token of attention's own GEMMs (QK^T and probs·V) over all layers:
-    (masked half computed, as our kernels do; masked half skipped)."""
-    computed = 4 * config.n_layer * config.n_embd * seq_len
-    return computed, computed // 2
-
-
-def gemm_flops(config, batch_size, seq_len):
-    """Forward FLOPs of one forward pass's GEMMs from the shapes: (2·M·K·N summed over the
-    linears, the LM head (over the padded vocabulary Vp) and attention's two GEMMs; the M·N
-    fused-bias epilogues)."""
-    V, L, C, H = config.padded_vocab_size, config.n_layer, config.n_embd, config.n_head
-    B, T = batch_size, seq_len
-    M = B * T
-    linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # c_attn, c_proj, c_fc, mlp.c_proj
-    attention = 2 * (2 * B * H * T * T * (C // H))  # scores and probs·V
-    gemm = L * (sum(2 * M * k * n for k, n in linears) + attention) + 2 * M * C * V
-    bias = L * M * sum(n for _, n in linears)
-    return gemm, bias
-
-
-def predicted_state_bytes(dtype, zero=0, world=1):
-    """Bytes per parameter of the persistent training state per tracker tag, on each of
-    `world` ranks at ZeRO stage `zero`: the working weights and gradients in the training
-    dtype, an fp32 master only when that is narrower; ZeRO-1 divides the master, m and v by
-    the ranks, ZeRO-2 the gradients too (16; 2 + 2 + 12/R; 2 + (2 + 12)/R)."""
-    size = dtypes.as_dtype(dtype).itemsize
-    optimizer = 1 / world if zero >= 1 else 1
-    return {
-        "weights": size,
-        "gradients": size / world if zero == 2 else size,
-        "master": (4 if size < 4 else 0) * optimizer,
-        "adam_m": 4 * optimizer,
-        "adam_v": 4 * optimizer,
-    }
-
-
-def predicted_collectives(numel, dtype, zero, world, micro_batches=1):
-    """[(collective, what, buffer bytes)] one data-parallel step runs, numel being AdamW's flat
-    length (the parameters, padded to R equal shards under ZeRO): the gradients all-reduced
-    (ZeRO-0) or reduce-scattered (ZeRO-1/2, the same bytes with the all-gather of the working
-    weights that follows), the shards' norm² summed, and (R > 1) the loss (fp64). Gradients
-    travel once per step whatever micro_batches is: they accumulate locally first."""
-    size = dtypes.as_dtype(dtype).itemsize
-    rows = [("reduce_scatter" if zero else "all_reduce", "gradients", numel * size)]
-    if zero:
-        rows += [("all_reduce", "norm²", 4), ("all_gather", "weights", numel * size)]
-    return rows + ([("all_reduce", "loss", 8)] if world > 1 else [])
-
-
-def predicted_activation_bytes(config, seq_len, dtype, options):
-    """Bytes saved for backward per token per layer under ACTIVATION_CONVENTION, for the
-    model's ExecutionOptions."""
-    size, C, H = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.n_head
-    if options.recompute:
-        return C * size
-    stats = 2 * 2 * 4  # two layernorms' fp32 mean and rstd
-    if options.attention == "flash":
-        return 17 * C * size + 4 * H + stats
-    return (16 * C + H * seq_len) * size + stats
-
-
-def predicted_head_bytes(config, tokens, dtype, options):
-    """Bytes the LM head and the loss save for backward, for `tokens` tokens (HEAD_CONVENTION)."""
-    size, C, Vp = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.padded_vocab_size
-    if options.lm_head == "plain":
-        return tokens * ((C + Vp) * size + 4 + 8)
-    if options.lm_head_design == "recompute":
-        return tokens * (C * size + 4 + 8)
-    return 4 * tokens * C + 4 * Vp * C
-
-
-def predicted_saved_bytes(config, batch_size, seq_len, dtype, options):
-    """Everything the tape holds at the end of a forward: the blocks, the head and loss, ln_f's
-    input and stats, and the embeddings' int64 ids (wte's per token, wpe's per position)."""
-    tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
-    blocks = config.n_layer * predicted_activation_bytes(config, seq_len, dtype, options)
-    ln_f = config.n_embd * size + 2 * 4
-    ids = 8 * (tokens + seq_len)
-    return tokens * (blocks + ln_f) + ids + predicted_head_bytes(config, tokens, dtype, options)
-
-
-def predicted_peak_bytes(config, batch_size, seq_len, dtype, options):
-    """The tracker's peak over a step, from its three parts: the persistent state (16 bytes per
-    stored element), everything saved, and the largest transient. The transient is the plain
-    loss's dlogits (as large as the logits, alive beside them), or the fused head's (its
-    precompute design's: the recompute design's backward is not modelled) one block of fp32
-    logits, which its dlogits overwrite, beside that block's fp32 dW before it is
-    summed (from the second block on) or (fp16, bf16) beside the logits GEMM's output while it
-    is cast to fp32, before the dW (counted as saved) exists in a single block; with
-    recomputation, one block's own activations may be larger."""
-    tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
-    stored = config.padding_cost()["elements"] + _stored_parameters(config)
-    state = stored * sum(predicted_state_bytes(dtype).values())
-    saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, options)
-    Vp = config.padded_vocab_size
-    if options.lm_head == "plain":
-        transient = tokens * Vp * size
-    else:
-        rows = min(tokens, F.HEAD_BLOCK_ROWS)  # the first block's dW starts the sum in place
-        logits, dw = rows * Vp * 4, 4 * Vp * config.n_embd
-        cast = rows * Vp * size if size < 4 else 0
-        transient = logits + (max(dw, cast) if tokens > rows else max(0, cast - dw))
-    if options.recompute:
-        block = predicted_activation_bytes(
-            config, seq_len, dtype, replace(options, recompute=False)
-        )
-        transient = max(transient, tokens * (block - config.n_embd * size))
-    return state + saved + transient
-
-
-def _stored_parameters(config):
-    return parameter_pieces(config)[-1][3]
-
-
-OPTION_GRID = [  # the eight combinations of the three trades
-    ExecutionOptions(attention=a, lm_head=h, recompute=r)
-    for a in ("naive", "flash")
-    for h in ("plain", "fused")
-    for r in (False, True)
-]
-
-
-def largest_batch(config, seq_len, dtype, budget_bytes, options):
-    """The largest batch at seq_len whose predicted peak fits the budget (0 if none)."""
-
-    def fits(b):
-        return predicted_peak_bytes(config, b, seq_len, dtype, options) <= budget_bytes
-
-    lo, hi = 0, 1
-    while fits(hi) and hi < 1 << 20:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
 
 
 def for_trainer(trainer):
