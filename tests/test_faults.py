@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -392,3 +393,44 @@ def test_every_float_flag_of_generate(tmp_path, flag, value, capsys):
     out, err = capsys.readouterr()
     assert exit_info.value.code == 2 and out == ""
     assert one_line_error(err) and flag in err, err
+
+
+# ----------------------------------------------------------------------------- ranks
+
+MPIRUN = os.path.join(os.path.dirname(sys.executable), "mpirun")
+FAULT = os.path.join(REPO, "tests", "mpi_fault.py")
+RANK_STEPS = ["--steps", "8"]
+
+
+def mpirun(*apps, env=None):
+    """One mpirun job of apps, each (ranks, argv) or (ranks, argv, working folder); several
+    are joined by ':' (MPMD) -> CompletedProcess (text)."""
+    pytest.importorskip("mpi4py", reason="the [dist] extra: pip install -e '.[test,dist]'")
+    cmd = [MPIRUN, *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe"]
+    for i, (ranks, argv, *wdir) in enumerate(apps):
+        cmd += [":"] * (i > 0) + ["-n", str(ranks), *(["--wdir", *wdir] if wdir else [])]
+        cmd += [sys.executable, *argv]
+    env = {**ENV, **(env or {})}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def error_lines(err):
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_a_token_file_changed_in_the_middle_on_one_rank_is_refused(shakespeare, tmp_path):
+    """Each rank reads data/ in its own folder; rank 1's train.bin has 1,000 tokens changed
+    in its middle (same size, valid ids): refused at start-up, one line from rank 0."""
+    for rank in ("a", "b"):
+        (tmp_path / rank / "data").mkdir(parents=True)
+        for name in BIN_FILES:
+            data = (Path(shakespeare) / name).read_bytes()
+            if rank == "b" and name == "train.bin":
+                middle = len(data) // 2 & ~1
+                data = data[:middle] + bytes(2000) + data[middle + 2000 :]
+            (tmp_path / rank / "data" / name).write_bytes(data)
+    argv = [TRAIN, *flags("data", tmp_path / "out")]
+    run = mpirun((1, argv, str(tmp_path / "a")), (1, argv, str(tmp_path / "b")))
+    assert run.returncode == 2, run.stderr[-2000:]
+    (line,) = error_lines(run.stderr)
+    assert line.startswith("error: rank 1 runs with train.bin ") and "where rank 0 has" in line

@@ -27,7 +27,7 @@ import shutil
 import numpy as np
 
 from nn.hf import CONFIG, WEIGHTS, check_dir
-from tinygrad_like.files import atomic_write, fsync_dir
+from tinygrad_like.files import atomic_write, file_sha256, fsync_dir
 
 STATE, OPTIMIZER = "trainer_state.json", "optimizer.safetensors"
 LOCK = ".lock"
@@ -176,14 +176,10 @@ def verify(ckpt, state=None):
 
 
 def _file_sha256(path):
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        return file_sha256(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing from the checkpoint") from None
-    return h.hexdigest()
 
 
 def _state_sha256(state):
