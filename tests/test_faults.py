@@ -434,3 +434,38 @@ def test_a_token_file_changed_in_the_middle_on_one_rank_is_refused(shakespeare, 
     assert run.returncode == 2, run.stderr[-2000:]
     (line,) = error_lines(run.stderr)
     assert line.startswith("error: rank 1 runs with train.bin ") and "where rank 0 has" in line
+
+
+@pytest.fixture(scope="module")
+def truncated_data(tmp_path_factory, shakespeare):
+    """A data folder whose val.bin lost its last byte: every rank meets it at start-up."""
+    d = tmp_path_factory.mktemp("truncated")
+    (d / "train.bin").write_bytes((Path(shakespeare) / "train.bin").read_bytes())
+    (d / "val.bin").write_bytes((Path(shakespeare) / "val.bin").read_bytes()[:-1])
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def saved_at_global_batch_2(tmp_path_factory, shakespeare):
+    out = tmp_path_factory.mktemp("batch2")
+    Trainer(tiny(shakespeare, out, steps=1)).run()
+    return out
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_bad_input_under_mpirun_is_said_once(
+    shakespeare, truncated_data, saved_at_global_batch_2, tmp_path, ranks
+):
+    """Rank 0 starts last (SLOW_RANK0), so the other ranks meet each error first: each error
+    is still one line, said once, and the job exits 2. A bad flag three times, then a token
+    file every rank reads at start-up, then (4 ranks) a resume of a global batch of 2."""
+    slow = {"SLOW_RANK0": "0.5"}
+    cases = [(flags(shakespeare, tmp_path, "--batch-size", "0"), "--batch-size must be")] * 3
+    cases.append((flags(truncated_data, tmp_path), "val.bin: header says"))
+    if ranks == 4:
+        cases.append((["--resume", str(saved_at_global_batch_2)], "global batch of 2"))
+    for argv, expected in cases:
+        run = mpirun((ranks, [FAULT, *argv]), env=slow)
+        assert run.returncode == 2, run.stderr[-2000:]
+        assert len(error_lines(run.stderr)) == 1 and expected in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr and "rank 0 of" not in run.stderr

@@ -327,15 +327,37 @@ def init_world(device):
     MPI world (device cpu) or an NCCL one (device cuda, one GPU per rank on each machine)."""
     if not launched_by_mpi():
         return Communicator()
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        raise RuntimeError(
-            "started by mpirun but mpi4py is not installed: pip install -e '.[dist]'"
-        ) from None
+    host_world()  # mpi4py is there
     if device == "cuda":
         import cupy
 
         cupy.cuda.Device(local_rank()).use()  # before the backend allocates anything
         return NCCLCommunicator()
     return MPICommunicator()
+
+
+def host_world():
+    """The MPI world of the host under mpirun, a world of one otherwise: enough to agree on
+    something before the device is known (the command line)."""
+    if not launched_by_mpi():
+        return Communicator()
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            "started by mpirun but mpi4py is not installed: pip install -e '.[dist]'"
+        ) from None
+    return MPICommunicator()
+
+
+def gather_errors(comm, mine):
+    """Every rank's error in one message, the same on every rank; None when no rank has one.
+    Every rank calls it at the same point, mine being its error's text or None: an error that
+    every rank met is said as it is, any other as 'rank r of R: ...' for each rank that met it."""
+    errors = comm.all_gather_object(mine)
+    met = [(rank, text) for rank, text in enumerate(errors) if text is not None]
+    if not met:
+        return None
+    if len(met) == comm.size and len(set(errors)) == 1:
+        return mine
+    return "; ".join(f"rank {rank} of {comm.size}: {text}" for rank, text in met)

@@ -16,9 +16,9 @@ from nn.gpt2 import check_options
 from tinygrad_like import backend, distributed
 
 from . import checkpoint
-from .args import BAD_INPUT, ArgumentParser, check_dtype, fail, flag, user_errors
+from .args import BAD_INPUT, ArgumentParser, Refused, check_dtype, fail, flag, user_errors
 from .corpus import DEFAULT_DATA_DIR, prepare
-from .loop import Mismatch, RunConfig, Trainer
+from .loop import Agreed, RunConfig, Trainer
 
 # with no arguments: RunConfig's defaults (a small model that shows the loss falling in about
 # 5 minutes on 2 CPU cores), or GPT-2 124M at its full context when a GPU is there
@@ -203,8 +203,8 @@ def ensure_data(cfg):
 
 def main(argv=None):
     """Exit codes: 0 done, 1 the run diverged (or a rank failed), 2 bad input."""
+    cfg, notes = resolve_on_every_rank(argv)
     with user_errors():
-        cfg, notes = resolve(argv)
         comm = distributed.init_world(cfg.device)
     with rank_errors(comm):
         if comm.rank == 0:
@@ -217,6 +217,28 @@ def main(argv=None):
     return trainer
 
 
+def resolve_on_every_rank(argv):
+    """resolve(argv), its refusal said once. Under mpirun every rank checks the command line on
+    its own: rank 0 has said its refusal (args.fail), says here any other rank's, and no rank
+    exits before it has, since mpirun kills the job when the first rank exits with an error."""
+    refused = resolved = None
+    try:
+        with user_errors():
+            resolved = resolve(argv)
+    except Refused as e:
+        refused = e
+    with user_errors():
+        world = distributed.host_world()
+    mine = refused and refused.message
+    said = distributed.gather_errors(world, mine)
+    if said is None:
+        return resolved
+    if world.rank == 0 and said != mine:
+        print(f"error: {said}", file=sys.stderr, flush=True)
+    world.barrier()
+    raise Refused(said)
+
+
 @contextlib.contextmanager
 def rank_errors(comm):
     """An error every rank meets at the same point (the ranks disagree, the run diverged) is
@@ -225,10 +247,10 @@ def rank_errors(comm):
     otherwise wait for it in their next collective for ever."""
     try:
         yield
-    except (Mismatch, FloatingPointError) as e:
+    except (Agreed, FloatingPointError) as e:
         code = 1 if isinstance(e, FloatingPointError) else 2  # diverged: not a bad input
         if comm.rank == 0:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr, flush=True)
         comm.barrier()
         sys.exit(code)
     except BaseException as e:

@@ -1,6 +1,7 @@
 """The training loop behind examples/train_gpt2.py: data, model, AdamW, loss scaling,
 evaluation, sampling, metrics and checkpoints."""
 
+import contextlib
 import json
 import math
 import os
@@ -19,12 +20,12 @@ from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
 from tinygrad_like import backend, dtypes, no_grad, profiler
-from tinygrad_like.distributed import Communicator
+from tinygrad_like.distributed import Communicator, gather_errors
 from tinygrad_like.files import atomic_write, file_sha256
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
 from . import checkpoint, mfu, report
-from .args import flag
+from .args import BAD_INPUT, flag
 from .corpus import DEFAULT_DATA_DIR
 from .data import DataLoader
 from .plot import plot_metrics, read_metrics
@@ -81,20 +82,22 @@ class Trainer:
         self.options = dict(attention=cfg.attention, lm_head=cfg.lm_head, recompute=cfg.recompute)
         self.resume_state = None
         self.resumed_from = None  # the checkpoint folder a resumed run was loaded from
-        self.model = self._build_model()
-        self.model.config.check_context(cfg.seq_len, "--seq-len")
-        vocab, shard = self.model.config.vocab_size, dict(rank=self.comm.rank, world=self.comm.size)
-        self.train_data = DataLoader(
-            os.path.join(cfg.data_dir, "train.bin"),
-            cfg.batch_size,
-            cfg.seq_len,
-            seed=cfg.seed,
-            vocab_size=vocab,
-            **shard,
-        )
-        self.val_path = os.path.join(cfg.data_dir, "val.bin")
-        # checked now (ids, length, format), not at the first evaluation dozens of steps in
-        DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
+        with self._errors_said_once():
+            self.model = self._build_model()
+            self.model.config.check_context(cfg.seq_len, "--seq-len")
+            vocab = self.model.config.vocab_size
+            shard = dict(rank=self.comm.rank, world=self.comm.size)
+            self.train_data = DataLoader(
+                os.path.join(cfg.data_dir, "train.bin"),
+                cfg.batch_size,
+                cfg.seq_len,
+                seed=cfg.seed,
+                vocab_size=vocab,
+                **shard,
+            )
+            self.val_path = os.path.join(cfg.data_dir, "val.bin")
+            # checked now (ids, length, format), not at the first evaluation dozens of steps in
+            DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
         self._check_same_on_every_rank()
         self.optimizer = AdamW(
             self.model.named_parameters(),
@@ -131,6 +134,23 @@ class Trainer:
         model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device, **self.options)
         model.load_state_dict(read_state(ckpt))  # fp32 master: any --dtype can follow
         return model
+
+    @contextlib.contextmanager
+    def _errors_said_once(self):
+        """Every rank reads the same checkpoint and token files at start-up, so a bad one
+        fails on every rank: the ranks compare their errors here, before the first collective,
+        and all raise Agreed, which rank 0 alone says (cli.rank_errors)."""
+        if self.comm.size == 1:
+            yield
+            return
+        error = None
+        try:
+            yield
+        except BAD_INPUT as e:
+            error = str(e)
+        said = gather_errors(self.comm, error)
+        if said is not None:
+            raise Agreed(said)
 
     def _check_same_on_every_rank(self):
         """Refuse a world whose ranks would train different things: another setting, model or
@@ -383,7 +403,12 @@ class Trainer:
         return history
 
 
-class Mismatch(ValueError):
+class Agreed(ValueError):
+    """An error raised on every rank at the same point: rank 0 alone says it, and the ranks
+    exit together (cli.rank_errors)."""
+
+
+class Mismatch(Agreed):
     """The ranks of one run disagree on what to train (raised on every rank at start-up)."""
 
 
