@@ -469,3 +469,38 @@ def test_bad_input_under_mpirun_is_said_once(
         assert run.returncode == 2, run.stderr[-2000:]
         assert len(error_lines(run.stderr)) == 1 and expected in run.stderr, run.stderr[-2000:]
         assert "Traceback" not in run.stderr and "rank 0 of" not in run.stderr
+
+
+@pytest.fixture(scope="module")
+def two_ranks_straight(tmp_path_factory, shakespeare):
+    """An uninterrupted 2-rank run of 8 steps, saving every step."""
+    out = tmp_path_factory.mktemp("straight2")
+    run = mpirun((2, [TRAIN, *flags(shakespeare, out), *RANK_STEPS]))
+    assert run.returncode == 0, run.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_killed_mid_save_then_resume_ends_bit_exact(
+    shakespeare, two_ranks_straight, tmp_path, rank
+):
+    """SIGKILL of rank 0 between the two renames of its step-5 save (no checkpoint/ is left,
+    only checkpoint.old and checkpoint.new), or of rank 1 while rank 0 writes it: the job
+    stops, the folder's checkpoint loads, and --resume on 2 ranks ends byte-identical to an
+    uninterrupted 2-rank run."""
+    env = {"KILL_RANK": str(rank), "KILL_STEP": "5"}
+    run = mpirun((2, [FAULT, *flags(shakespeare, tmp_path), *RANK_STEPS]), env=env)
+    assert run.returncode != 0
+    if rank == 0:
+        assert sorted(d for d in os.listdir(tmp_path) if d.startswith("checkpoint")) == [
+            "checkpoint.new",
+            "checkpoint.old",
+        ]
+    assert saved_step(tmp_path) in (4, 5)
+    run = mpirun((2, [TRAIN, "--resume", str(tmp_path), "--quiet"]))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert saved_step(tmp_path) == 8
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        a = (two_ranks_straight / "checkpoint" / name).read_bytes()
+        assert (tmp_path / "checkpoint" / name).read_bytes() == a, name
+    assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 9))
