@@ -202,6 +202,22 @@ def checkpoint_step(out):
     return None
 
 
+def held_run(out):
+    """What of an earlier run folder out holds, in words, or None: its checkpoint, or else
+    its metrics.jsonl or its lock, which a run leaves from its first step and first moment on
+    (one stopped before its first save has no checkpoint, and its rows are still its own)."""
+    step = checkpoint_step(out)
+    metrics = os.path.join(out, "metrics.jsonl")
+    if step is not None:
+        return f"a run at step {step}"
+    if os.path.isfile(metrics):
+        with open(metrics, "rb") as f:
+            return f"a run's metrics.jsonl ({sum(1 for _ in f)} rows, no checkpoint)"
+    if os.path.exists(os.path.join(out, LOCK)):
+        return f"a run's {LOCK} (no checkpoint)"
+    return None
+
+
 def lock_run_folder(out):
     """Make out (a folder) and hold an exclusive lock on it for as long as the returned file
     stays open: a second run into the same folder gets CheckpointError saying who holds it.

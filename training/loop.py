@@ -271,9 +271,9 @@ class Trainer:
         run's checkpoint by accident, and cut metrics.jsonl back to the step the run starts
         from (rows replayed since the last save, a partial line left by a kill)."""
         cfg = self.cfg
+        held = checkpoint.held_run(cfg.out)  # looked at first: the lock is one of its signs
         lock = checkpoint.lock_run_folder(cfg.out)
         try:
-            held = checkpoint.checkpoint_step(cfg.out)
             out = os.path.realpath(cfg.out)
             ours = self.resumed_from and out in (
                 os.path.realpath(self.resumed_from),
@@ -281,9 +281,11 @@ class Trainer:
             )
             if held is not None and not ours:
                 if not cfg.overwrite:
+                    resume = checkpoint.checkpoint_step(cfg.out) is not None
                     raise checkpoint.CheckpointError(
-                        f"{cfg.out}/ already holds a run at step {held}: --resume {cfg.out} to "
-                        "continue, or --out elsewhere, or --overwrite"
+                        f"{cfg.out}/ already holds {held}: "
+                        + (f"--resume {cfg.out} to continue, or " if resume else "")
+                        + "--out elsewhere, or --overwrite"
                     )
                 for name in ("checkpoint", "checkpoint.old", "checkpoint.new"):
                     shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
