@@ -2,6 +2,7 @@
 folder), by save_pretrained, or a Hugging Face GPT-2 directory. Streams tokens as they come,
 then prints prompt and generation speed."""
 
+import itertools
 import sys
 import time
 
@@ -60,24 +61,33 @@ def main(argv=None):
             f"--prompt of {prompt.shape[1]} tokens + --max-new-tokens {args.max_new_tokens} =",
         )
     for i in range(args.num_samples):
-        print(f"--- sample {i + 1}" if args.num_samples > 1 else "---")
-        stream(model, tok, prompt, args, seed=args.seed + i)
+        title = f"--- sample {i + 1}" if args.num_samples > 1 else "---"
+        with user_errors():  # the dtype's overflow (inf logits) found while sampling
+            stream(model, tok, prompt, args, args.seed + i, title)
 
 
-def stream(model, tok, prompt, args, seed):
-    """Print the prompt, then each token as it is sampled; then the two speeds."""
+def stream(model, tok, prompt, args, seed, title):
+    """Print the title and the prompt, then each token as it is sampled; then the two speeds.
+    The first token comes before anything is printed: a forward that fails on the prompt prints
+    only its error, and one that fails later ends the line first."""
+    tokens = model.generate_stream(
+        prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, seed
+    )
+    t0 = time.perf_counter()
+    first = next(tokens)
+    t_first = time.perf_counter()
+    print(title)
     print(args.prompt, end="", flush=True)
     ids, shown = [], ""
-    t0 = time.perf_counter()
-    t_first = None
-    for token in model.generate_stream(
-        prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, seed
-    ):
-        t_first = t_first or time.perf_counter()
-        ids.append(int(token[0]))
-        text = tok.decode(ids)  # decode the whole tail: a character can span tokens
-        print(text[len(shown) :], end="", flush=True)
-        shown = text
+    try:
+        for token in itertools.chain([first], tokens):
+            ids.append(int(token[0]))
+            text = tok.decode(ids)  # decode the whole tail: a character can span tokens
+            print(text[len(shown) :], end="", flush=True)
+            shown = text
+    except ValueError:
+        print(flush=True)
+        raise
     t_end = time.perf_counter()
     decode_rate = (len(ids) - 1) / (t_end - t_first) if len(ids) > 1 else float("nan")
     print(
