@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from nn.hf import read_state
 from training import checkpoint
 from training.args import user_errors
-from training.cli import resolve
+from training.cli import main, resolve
 from training.data import HEADER_BYTES, write_tokens
 from training.loop import RunConfig, Trainer
 
@@ -176,24 +176,50 @@ def _rows(out):
 # ----------------------------------------------------------------------------- disk full
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 30 MB tmpfs: room for one gpt2-tiny checkpoint (about 20 MB), not for two."""
+@contextlib.contextmanager
+def tmpfs(path, options):
+    """A tmpfs mounted at path (mount's -o options: size=..., ro) while the test runs."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir()
     proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mnt)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )
     if proc.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
-        yield mnt
+        yield path
     finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 30 MB tmpfs: room for one gpt2-tiny checkpoint (about 20 MB), not for two."""
+    with tmpfs(tmp_path / "disk", "size=30m") as mnt:
+        yield mnt
+
+
+@pytest.fixture
+def two_pages(tmp_path):
+    """An 8 KB tmpfs: two 4 KB pages, one for the run's .lock and one for its metrics.jsonl
+    (about 20 rows), none for loss.png or a checkpoint."""
+    with tmpfs(tmp_path / "disk", "size=8k") as mnt:
+        yield mnt
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A read-only file system (as root, who may write in any folder), or else a folder
+    without write permission."""
+    if os.geteuid() == 0:
+        with tmpfs(tmp_path / "ro", "ro,size=1m") as mnt:
+            yield mnt
+        return
+    (tmp_path / "ro").mkdir(mode=0o555)
+    yield tmp_path / "ro"
 
 
 def test_disk_full_during_a_save(shakespeare, small_disk):
@@ -213,6 +239,66 @@ def test_disk_full_during_a_save(shakespeare, small_disk):
     assert saved_step(out) == 1  # the previous one, intact
     assert sorted(os.listdir(out)) == [".lock", "checkpoint", "metrics.jsonl"]
     assert not [f for f in os.listdir(out / "checkpoint") if f.endswith(".tmp")]
+
+
+def run_main(argv, capsys):
+    """training.cli.main in this process -> (exit code, stderr)."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def test_metrics_on_a_full_disk_stop_with_one_line(shakespeare, two_pages, capsys):
+    code, err = run_main(flags(shakespeare, two_pages, "--no-save", "--steps", "60"), capsys)
+    assert code == 2 and one_line_error(err), err
+    assert "error: disk full: step " in err and "row of metrics.jsonl" in err
+    assert "stopping; no usable checkpoint" in err
+
+
+def test_resume_on_a_full_disk_is_one_line(shakespeare, small_disk, capsys):
+    """The resume must cut metrics.jsonl back (a half row left by a kill) and has no room."""
+    out = small_disk / "run"
+    Trainer(tiny(shakespeare, out, steps=1, save_every=0)).run()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "lo')
+    with open(small_disk / "filler", "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(1 << 20))
+    code, err = run_main(["--resume", str(out), "--steps", "2", "--quiet"], capsys)
+    warning, err = err.split("\n", 1)  # --steps 2 moves the schedule
+    assert code == 2 and warning.startswith("warning: --steps 2") and one_line_error(err), err
+    assert "error: disk full: metrics.jsonl cut back to step 1" in err
+    assert "the step-1 checkpoint" in err and "is kept" in err
+
+
+def test_a_finished_run_whose_picture_cannot_be_written_warns_and_exits_0(
+    shakespeare, two_pages, capsys
+):
+    code, err = run_main(flags(shakespeare, two_pages, "--no-save", "--steps", "3"), capsys)
+    assert code == 0
+    (line,) = err.strip().splitlines()
+    assert line.startswith("warning: disk full: loss.png in ") and "plot_metrics.py" in line
+    assert [r["step"] for r in _rows(two_pages)] == [1, 2, 3]
+
+
+def test_out_on_a_read_only_file_system_is_one_line(shakespeare, read_only, capsys):
+    code, err = run_main(flags(shakespeare, read_only / "run"), capsys)
+    assert code == 2 and one_line_error(err) and "choose another --out" in err, err
+
+
+def test_prepare_data_out_dir_naming_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("to be or not to be\n" * 20)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        script_main("scripts/prepare_data.py")(
+            ["--out-dir", str(tmp_path / "file"), "--input", str(tmp_path / "a.txt")]
+        )
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "is a file, not a folder" in err, err
+    assert one_line_error(err), err  # said before the tokenizing starts
 
 
 # ----------------------------------------------------------------------------- corruption
@@ -372,9 +458,10 @@ def test_min_lr_above_lr_is_refused(shakespeare, tmp_path):
         resolve(flags(shakespeare, tmp_path, "--lr", "1e-3", "--min-lr", "1e-2"))
 
 
-def _generate_main():
+def script_main(path):
+    """The main() of a script of the repository (path relative to it)."""
     spec = importlib.util.spec_from_file_location(
-        "generate", os.path.join(REPO, "examples", "generate.py")
+        os.path.basename(path)[:-3], os.path.join(REPO, path)
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -389,7 +476,7 @@ def _generate_main():
 def test_every_float_flag_of_generate(tmp_path, flag, value, capsys):
     """Refused before any checkpoint is read or any text is printed."""
     with pytest.raises(SystemExit) as exit_info:
-        _generate_main()(["--checkpoint", str(tmp_path / "none"), flag, value])
+        script_main("examples/generate.py")(["--checkpoint", str(tmp_path / "none"), flag, value])
     out, err = capsys.readouterr()
     assert exit_info.value.code == 2 and out == ""
     assert one_line_error(err) and flag in err, err

@@ -235,12 +235,14 @@ def test_non_finite_logits_stop_generation_naming_the_dtype(temperature):
 
 
 def test_generate_py_says_an_fp16_overflow_in_one_line_before_printing(tmp_path, capsys):
-    from test_faults import _generate_main
+    from test_faults import script_main
 
     overflowing_in_fp16().save_pretrained(tmp_path)
     argv = ["--checkpoint", str(tmp_path), "--dtype", "fp16", "--prompt", "!#", "--top-k", "5"]
     with pytest.raises(SystemExit) as exit_info:
-        _generate_main()([*argv, "--max-new-tokens", "5"])  # ids 0 and 2: in CFG's vocabulary
+        script_main("examples/generate.py")(
+            [*argv, "--max-new-tokens", "5"]
+        )  # ids 0 and 2: in CFG's vocabulary
     out, err = capsys.readouterr()
     assert exit_info.value.code == 2 and out == ""
     assert err.startswith("error: the fp16 forward") and "use dtype bf16" in err

@@ -2,6 +2,7 @@
 evaluation, sampling, metrics and checkpoints."""
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -289,11 +290,44 @@ class Trainer:
                     )
                 for name in ("checkpoint", "checkpoint.old", "checkpoint.new"):
                     shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
-            _trim_metrics(os.path.join(cfg.out, "metrics.jsonl"), self.step)
+            self._trim_metrics()
         except BaseException:
             lock.close()
             raise
         return lock
+
+    def _trim_metrics(self):
+        out = self.cfg.out
+        try:
+            _trim_metrics(os.path.join(out, "metrics.jsonl"), self.step)
+        except OSError as e:  # a full disk: the rows are written again whole (atomic_write)
+            what = checkpoint.write_failed(out, e, f"metrics.jsonl cut back to step {self.step}")
+            raise checkpoint.CheckpointError(f"{what}; {checkpoint.on_disk(out)}") from None
+
+    def _append(self, metrics, row):
+        """One row of metrics.jsonl; a full disk stops the run (CheckpointError: exit 2), since
+        the rows are the run's record. A short write is a full disk too."""
+        out, line = self.cfg.out, (strict_json(row) + "\n").encode()
+        try:
+            if metrics.write(line) != len(line):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            what = checkpoint.write_failed(out, e, f"step {row['step']}'s row of metrics.jsonl")
+            stop = f"{what}: stopping; {checkpoint.on_disk(out)}"
+            raise checkpoint.CheckpointError(stop) from None
+
+    def _plot(self, say):
+        """Draw loss.png. The run is done and saved by now: a picture that cannot be written (a
+        full disk) is a warning, not an exit 1 (diverged) or 2."""
+        out = self.cfg.out
+        try:
+            say(f"metrics: {plot_metrics(out)} (python scripts/plot_metrics.py {out})")
+        except OSError as e:
+            print(
+                f"warning: {checkpoint.write_failed(out, e, 'loss.png')}; the run is saved: "
+                f"draw it later with python scripts/plot_metrics.py {out}",
+                file=sys.stderr,
+            )
 
     def _stop_if_diverged(self, loss, skipped):
         """FloatingPointError (exit 1) when the run cannot go on: a non-finite loss in fp32 or
@@ -340,7 +374,8 @@ class Trainer:
             f"{peak_name}" + (f" (per rank, x {R})" if R > 1 else "")
         )
         tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * R  # the global batch
-        metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a") if self.rank0 else None
+        # unbuffered: a row that cannot be written fails once, where it is written
+        metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "ab", 0) if self.rank0 else None
         bar = tqdm(total=cfg.steps, initial=self.step, disable=quiet, dynamic_ncols=True)
         history, save_due = [], False
         try:
@@ -373,8 +408,7 @@ class Trainer:
                     row["val_loss"] = self.evaluate()
                     say(f"step {self.step}: train loss {loss:.4f}, val loss {row['val_loss']:.4f}")
                 if metrics:
-                    metrics.write(strict_json(row) + "\n")
-                    metrics.flush()
+                    self._append(metrics, row)
                 history.append(row)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.1%}")
                 bar.update(1)
@@ -399,7 +433,7 @@ class Trainer:
         if self.comm.engine != "none":  # the last step's collectives, predicted and measured
             predicted = report.predicted_collectives(self.optimizer.numel, cfg.dtype, cfg.zero, R)
             say(report.communication_table(self.step_collectives, predicted, R))
-        say(f"metrics: {plot_metrics(cfg.out)} (python scripts/plot_metrics.py {cfg.out})")
+        self._plot(say)
         if cfg.report and not cfg.quiet:  # predicted vs measured, measured on a twin model
             say(report.for_trainer(self))
         return history
