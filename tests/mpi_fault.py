@@ -6,7 +6,8 @@ tests/test_faults.py, chosen by the environment:
                              (the writer) between the two renames that swap the checkpoints in,
                              another rank while rank 0 writes
     SLOW_RANK0=SECONDS       rank 0 starts that late, as on a busy machine: the other ranks meet
-                             any error first"""
+                             any error first
+    PID_DIR=FOLDER           each rank writes its pid to FOLDER/RANK.pid (to signal one rank)"""
 
 import os
 import signal
@@ -42,6 +43,9 @@ def rename_then_die(src, dst):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+if _env("PID_DIR"):
+    with open(os.path.join(_env("PID_DIR"), f"{_env('OMPI_COMM_WORLD_RANK')}.pid"), "w") as f:
+        f.write(str(os.getpid()))
 if _env("OMPI_COMM_WORLD_RANK") == "0":
     time.sleep(float(_env("SLOW_RANK0", 0)))
 loop.Trainer.train_step, loop.Trainer.save = train_step, save

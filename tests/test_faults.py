@@ -11,6 +11,7 @@ import importlib.util
 import io
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -591,3 +592,98 @@ def test_a_rank_killed_mid_save_then_resume_ends_bit_exact(
         a = (two_ranks_straight / "checkpoint" / name).read_bytes()
         assert (tmp_path / "checkpoint" / name).read_bytes() == a, name
     assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 9))
+
+
+# ----------------------------------------------------------------------------- signals
+
+LONG = ["--steps", "100000"]
+STOPPED = re.compile(r"the step-(\d+) checkpoint in (\S+) is kept; continue with: (.+)$")
+
+
+def training(argv, env=None):
+    """A run in the background -> Popen (stderr piped, text)."""
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env={**ENV, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(ready, proc):
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.02)
+
+
+def rows_written(out, n):
+    return lambda: os.path.isfile(out / "metrics.jsonl") and len(_rows(out)) >= n
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_one_process_at_a_step_boundary_and_saves(shakespeare, tmp_path, sig):
+    """Ctrl-C or SIGTERM: the step under way finishes, a checkpoint of it is saved, one line
+    says so with the command that resumes, exit 128 + the signal's number."""
+    proc = training(
+        [sys.executable, TRAIN, *flags(shakespeare, tmp_path, "--save-every", "0", *LONG)]
+    )
+    wait_until(rows_written(tmp_path, 3), proc)
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 128 + sig, err
+    step = saved_step(tmp_path)
+    assert err.splitlines() == [
+        f"stopped by {sig.name} after step {step} of 100000: the step-{step} checkpoint in "
+        f"{tmp_path}/checkpoint is kept; continue with: python examples/train_gpt2.py "
+        f"--resume {tmp_path}"
+    ]
+    assert [r["step"] for r in _rows(tmp_path)] == list(range(1, step + 1))
+
+
+def test_ctrl_c_to_mpirun_names_the_checkpoint_and_the_resume_command(shakespeare, tmp_path):
+    """mpirun passes Ctrl-C on as SIGTERM and kills the ranks 0.25 s later, no longer relaying
+    their output: rank 0 says its one line at once, past mpirun. The resume it gives works,
+    and its schedule warning (--steps changed) is said once, by rank 0."""
+    pytest.importorskip("mpi4py")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    argv = [MPIRUN, *root, "--oversubscribe", "-n", "2", sys.executable, TRAIN]
+    proc = training([*argv, *flags(shakespeare, tmp_path, *LONG)])
+    wait_until(lambda: (checkpoint.checkpoint_step(str(tmp_path)) or 0) >= 2, proc)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    (line,) = [line for line in err.splitlines() if "under mpirun" in line]
+    assert line.startswith("SIGTERM under mpirun: stopping without a save"), err
+    said, folder, command = STOPPED.search(line).groups()
+    assert command == f"mpirun -n 2 python examples/train_gpt2.py --resume {tmp_path}"
+    step = saved_step(tmp_path)
+    assert int(said) in (step - 1, step) and os.path.dirname(folder) == str(tmp_path)
+    run = mpirun((2, [TRAIN, "--resume", str(tmp_path), "--steps", str(step + 2), "--quiet"]))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.count("warning: --steps") == 1, run.stderr[-2000:]
+    assert saved_step(tmp_path) == step + 2
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_boundary(shakespeare, tmp_path):
+    """A signal to rank 1 alone (mpirun is not involved): every rank stops after the same
+    step, rank 0 says the one line, the job exits 143."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    out = tmp_path / "run"
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    argv = [MPIRUN, *root, "--oversubscribe", "-n", "2", sys.executable, FAULT]
+    proc = training(
+        [*argv, *flags(shakespeare, out, "--save-every", "2", *LONG)], {"PID_DIR": str(pids)}
+    )
+    wait_until(rows_written(out, 3), proc)
+    os.kill(int((pids / "1.pid").read_text()), signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143, err[-2000:]
+    (line,) = [line for line in err.splitlines() if "under mpirun" in line]
+    said = int(STOPPED.search(line).group(1))
+    assert said == saved_step(out) and said % 2 == 0
+    steps = [r["step"] for r in _rows(out)]
+    assert steps == list(range(1, len(steps) + 1)) and said <= len(steps) < said + 2 + 1

@@ -8,17 +8,19 @@ import inspect
 import math
 import os
 import re
+import signal
 import sys
 import traceback
 
 from nn import GPT2Config
-from nn.gpt2 import check_options
+from nn.gpt2 import PRESETS, check_options
+from nn.hf import read_config
 from tinygrad_like import backend, distributed
 
 from . import checkpoint
 from .args import BAD_INPUT, ArgumentParser, Refused, check_dtype, fail, flag, user_errors
 from .corpus import DEFAULT_DATA_DIR, prepare
-from .loop import Agreed, RunConfig, Trainer
+from .loop import Agreed, Interrupted, RunConfig, Trainer
 
 # with no arguments: RunConfig's defaults (a small model that shows the loss falling in about
 # 5 minutes on 2 CPU cores), or GPT-2 124M at its full context when a GPU is there
@@ -81,6 +83,8 @@ def resolve(argv=None):
     given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
     device = given.get("device") or backend.default_device()
     defaults, notes = (GPU_DEFAULTS if device == "cuda" else {}), []
+    if "init_from" in given:
+        given["model"] = model_of(given["init_from"], given.get("model"))
     if "resume" in given:
         saved, folder = saved_run(given["resume"])
         saved["batch_size"] = per_rank_batch(saved, given, folder)  # on this many ranks
@@ -90,6 +94,22 @@ def resolve(argv=None):
     cfg = RunConfig(**{**defaults, "device": device, **given})
     validate(cfg)
     return cfg, notes
+
+
+def model_of(init_from, model=None):
+    """The preset the --init-from checkpoint is (None: none is; its config.json is the model),
+    recorded as the run's --model; ValueError when --model names another: the weights are the
+    checkpoint's whatever --model says."""
+    config = read_config(checkpoint.find_checkpoint(init_from))
+    shape = dict(dropout=0.0, layer_norm_epsilon=1e-5)  # what a preset leaves at its default
+    held = next((k for k, v in PRESETS.items() if dataclasses.replace(config, **shape) == v), None)
+    if model is not None and model != held:
+        raise ValueError(
+            f"--model {model} does not match --init-from {init_from}, which holds "
+            f"{held or 'no preset'} ({config.n_layer} layers, {config.n_head} heads, "
+            f"{config.n_embd} channels, {config.n_positions} positions): leave --model out"
+        )
+    return held
 
 
 def saved_run(path):
@@ -174,7 +194,7 @@ def validate(cfg):
             f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the schedule decays "
             "from --lr down to --min-lr"
         )
-    config = GPT2Config.from_preset(cfg.model)
+    config = cfg.model and GPT2Config.from_preset(cfg.model)  # None: --init-from's own
     check_dtype(cfg.dtype)
     check_options(cfg.attention, cfg.lm_head, cfg.recompute)
     backend.check_device(cfg.device)
@@ -202,7 +222,8 @@ def ensure_data(cfg):
 
 
 def main(argv=None):
-    """Exit codes: 0 done, 1 the run diverged (or a rank failed), 2 bad input."""
+    """Exit codes: 0 done, 1 the run diverged (or a rank failed), 2 bad input, 128 + N stopped
+    by signal N (130 Ctrl-C, 143 SIGTERM)."""
     cfg, notes = resolve_on_every_rank(argv)
     with user_errors():
         comm = distributed.init_world(cfg.device)
@@ -248,11 +269,19 @@ def rank_errors(comm):
     try:
         yield
     except (Agreed, FloatingPointError) as e:
-        code = 1 if isinstance(e, FloatingPointError) else 2  # diverged: not a bad input
-        if comm.rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+        code = 1 if isinstance(e, FloatingPointError) else getattr(e, "code", 2)  # 1: diverged
+        if comm.rank == 0 and not getattr(e, "said", False):
+            line = e if isinstance(e, Interrupted) else f"error: {e}"
+            print(line, file=sys.stderr, flush=True)
         comm.barrier()
         sys.exit(code)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the first step
+        print(
+            "error: interrupted at once: a save in progress is dropped whole, the checkpoint "
+            "before it is kept",
+            file=sys.stderr,
+        )
+        comm.abort(128 + signal.SIGINT)
     except BaseException as e:
         code = e.code if isinstance(e, SystemExit) else 2 if isinstance(e, BAD_INPUT) else 1
         if comm.size == 1:

@@ -7,7 +7,9 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -21,7 +23,7 @@ from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
 from tinygrad_like import backend, dtypes, no_grad, profiler
-from tinygrad_like.distributed import Communicator, gather_errors
+from tinygrad_like.distributed import Communicator, gather_errors, say_past_the_launcher
 from tinygrad_like.files import atomic_write, file_sha256
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
@@ -182,7 +184,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         F.set_rng_state(state["dropout_rng"])
         saved_steps = (state.get("run_config") or {}).get("steps", self.cfg.steps)
-        if saved_steps != self.cfg.steps:  # the schedule is a function of the total
+        if saved_steps != self.cfg.steps and self.rank0:  # the schedule depends on the total
             print(
                 f"warning: --steps {self.cfg.steps} differs from the saved run's {saved_steps}: "
                 f"the cosine schedule changes from step {self.step} on (lr "
@@ -355,6 +357,56 @@ class Trainer:
             return
         raise FloatingPointError(f"{why}: stopping; {checkpoint.on_disk(cfg.out)} ({fix})")
 
+    # ---- stopping on a signal
+    def _catch_stop_signals(self):
+        """From now on SIGINT (Ctrl-C) and SIGTERM ask for a stop at the next step boundary
+        (_stop_if_asked); the first one puts the previous handlers back, so that a second one
+        stops at once. -> the previous handlers (none outside the main thread)."""
+        self.stop_signal, self.stop_said = None, False
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def ask(signum, frame):
+            self.stop_signal = signum
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
+            if self.rank0 and self.comm.size > 1:  # mpirun may kill us in 0.25 s: say it now
+                say_past_the_launcher(self._stop_line(signum))
+                self.stop_said = True
+
+        handlers = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+        return handlers
+
+    def _stop_if_asked(self):
+        """At a step boundary: if any rank got a stop signal, every rank raises Interrupted.
+        One process saves first (unless its last checkpoint is of this step, or fp16 is in the
+        middle of skips); under mpirun no rank saves, since mpirun, on Ctrl-C or SIGTERM, kills
+        the ranks 0.25 s after passing the signal on, too soon to finish a step, let alone a
+        save: the line rank 0 says at once names the checkpoint already on disk."""
+        signum = self.stop_signal
+        if self.comm.size > 1:  # one small collective a step, outside the counted ones
+            signum = next(filter(None, self.comm.all_gather_object(signum)), None)
+        if signum is None:
+            return
+        cfg, skipping = self.cfg, self.scaler and self.scaler.skips_in_a_row
+        if self.comm.size == 1 and cfg.save and self.step and not skipping:
+            if checkpoint.checkpoint_step(cfg.out) != self.step:
+                self.save()
+        raise Interrupted(self._stop_line(signum), signum, said=self.stop_said)
+
+    def _stop_line(self, signum):
+        """What a stopped run says: the checkpoint it leaves and the command that resumes it."""
+        cfg, R, name = self.cfg, self.comm.size, signal.Signals(signum).name
+        if R == 1:
+            line = f"stopped by {name} after step {self.step} of {cfg.steps}: "
+        else:
+            line = f"{name} under mpirun: stopping without a save (mpirun kills the ranks): "
+        line += checkpoint.on_disk(cfg.out)
+        if checkpoint.checkpoint_step(cfg.out) is not None:
+            launch = f"mpirun -n {R} " if R > 1 else ""
+            line += f"; continue with: {launch}python examples/train_gpt2.py --resume {cfg.out}"
+        return line
+
     # ---- the run
     def run(self):
         cfg, R = self.cfg, self.comm.size
@@ -378,8 +430,10 @@ class Trainer:
         metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "ab", 0) if self.rank0 else None
         bar = tqdm(total=cfg.steps, initial=self.step, disable=quiet, dynamic_ncols=True)
         history, save_due = [], False
+        handlers = self._catch_stop_signals()
         try:
             while self.step < cfg.steps:
+                self._stop_if_asked()
                 t0 = time.perf_counter()
                 loss, lr, norm, skipped = self.train_step()
                 backend.get(self.device).synchronize()
@@ -424,6 +478,8 @@ class Trainer:
                 path = self.save()
                 say(f"checkpoint: {path}")
         finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
             bar.close()
             if self.rank0:
                 metrics.close()
@@ -442,6 +498,15 @@ class Trainer:
 class Agreed(ValueError):
     """An error raised on every rank at the same point: rank 0 alone says it, and the ranks
     exit together (cli.rank_errors)."""
+
+
+class Interrupted(Agreed):
+    """A stop signal, acted on by every rank at the same step boundary. said: rank 0 has said
+    it already; the exit code is the shell's for a signal, 128 + its number."""
+
+    def __init__(self, line, signum, said=False):
+        super().__init__(line)
+        self.code, self.said = 128 + signum, said
 
 
 class Mismatch(Agreed):
