@@ -9,9 +9,11 @@ import time
 import numpy as np
 
 from nn import GPT2
+from nn.hf import read_config
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
 from tinygrad_like import backend
+from training import fits
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
 
@@ -50,16 +52,24 @@ def main(argv=None):
         device = backend.check_device(args.device or backend.default_device())
         ckpt = find_checkpoint(args.checkpoint)
         verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
-        model = GPT2.from_pretrained(ckpt, dtype=args.dtype, device=device)
         tok = get_tokenizer()
         prompt = np.array([tok.encode(args.prompt, allow_special=True)])
         if prompt.size == 0:
             raise ValueError("--prompt is empty: give at least one character")
-        # all checked before the prompt is printed: an error never follows half an output
-        model.config.check_context(
-            prompt.shape[1] + args.max_new_tokens,
+        # all checked before the model is loaded and the prompt printed: an error never
+        # follows half an output
+        config, tokens = read_config(ckpt), prompt.shape[1] + args.max_new_tokens
+        config.check_context(
+            tokens,
             f"--prompt of {prompt.shape[1]} tokens + --max-new-tokens {args.max_new_tokens} =",
         )
+        fits.check(
+            fits.generation_bytes(config, args.dtype, tokens, device),
+            device,
+            f"loading {ckpt} in {args.dtype} and generating {tokens} positions",
+            "use a smaller checkpoint or fewer --max-new-tokens",
+        )
+        model = GPT2.from_pretrained(ckpt, dtype=args.dtype, device=device)
     for i in range(args.num_samples):
         title = f"--- sample {i + 1}" if args.num_samples > 1 else "---"
         with user_errors():  # the dtype's overflow (inf logits) found while sampling

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nn import GPT2, GPT2Config
 from nn.hf import read_state
 from training import checkpoint
 from training.args import user_errors
@@ -687,3 +688,46 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_boundary(shakespeare, tmp_p
     assert said == saved_step(out) and said % 2 == 0
     steps = [r["step"] for r in _rows(out)]
     assert steps == list(range(1, len(steps) + 1)) and said <= len(steps) < said + 2 + 1
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@pytest.fixture
+def memory_24gb(monkeypatch):
+    """24 GB available (the machine of issue 25): nothing is allocated to find out."""
+    from training import fits
+
+    monkeypatch.setattr(fits, "available_bytes", lambda device: 24 * 10**9)
+
+
+def test_accounting_of_a_model_that_does_not_fit_is_refused_at_once(memory_24gb, capsys):
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        script_main("scripts/accounting.py")(["--model", "gpt2-xl", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and one_line_error(err), err
+    assert "gpt2-xl's training step" in err and "needs about 25.59 GB" in err
+    assert "24.00 GB available" in err and time.perf_counter() - t0 < 5
+
+
+def test_training_a_model_that_does_not_fit_is_refused_before_building_it(
+    shakespeare, tmp_path, memory_24gb, capsys
+):
+    code, err = run_main(flags(shakespeare, tmp_path / "run", "--model", "gpt2-xl"), capsys)
+    assert code == 2 and one_line_error(err) and "training gpt2-xl" in err, err
+    assert "24.00 GB available" in err and not (tmp_path / "run").exists()
+
+
+def test_generating_from_a_checkpoint_that_does_not_fit_is_refused(tmp_path, monkeypatch, capsys):
+    from training import fits
+
+    monkeypatch.setattr(fits, "available_bytes", lambda device: 10**6)
+    GPT2(GPT2Config.from_preset("gpt2-tiny")).save_pretrained(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        script_main("examples/generate.py")(
+            ["--checkpoint", str(tmp_path), "--max-new-tokens", "9"]
+        )
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and out == "" and one_line_error(err), err
+    assert f"loading {tmp_path} in fp32" in err and "0.00 GB available" in err

@@ -340,6 +340,14 @@ def local_rank():
     return 0
 
 
+def local_size():
+    """The number of ranks on this process's machine (1 when started plainly)."""
+    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
+
+
 def init_world(device):
     """The world this process trains in: a world of one when started plainly; under mpirun an
     MPI world (device cpu) or an NCCL one (device cuda, one GPU per rank on each machine)."""

@@ -23,11 +23,16 @@ from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
 from tinygrad_like import backend, dtypes, no_grad, profiler
-from tinygrad_like.distributed import Communicator, gather_errors, say_past_the_launcher
+from tinygrad_like.distributed import (
+    Communicator,
+    gather_errors,
+    local_size,
+    say_past_the_launcher,
+)
 from tinygrad_like.files import atomic_write, file_sha256
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
-from . import checkpoint, mfu, report
+from . import checkpoint, fits, mfu, report
 from .args import BAD_INPUT, flag
 from .corpus import DEFAULT_DATA_DIR
 from .data import DataLoader
@@ -124,6 +129,11 @@ class Trainer:
     def _build_model(self):
         cfg = self.cfg
         source = cfg.resume or cfg.init_from
+        self._check_fits(
+            read_config(checkpoint.find_checkpoint(source))
+            if source
+            else GPT2Config.from_preset(cfg.model)
+        )
         if source is None:
             return GPT2(
                 GPT2Config.from_preset(cfg.model), seed=cfg.seed, device=self.device, **self.options
@@ -154,6 +164,30 @@ class Trainer:
         said = gather_errors(self.comm, error)
         if said is not None:
             raise Agreed(said)
+
+    def _check_fits(self, config):
+        """DoesNotFit before anything big is allocated when this run's predicted peak is more
+        than the memory there: a CPU's is shared by the machine's ranks, and the report's twin
+        (rank 0 measures one at the end) comes beside this run's state (counted with its
+        activations, which are gone by then: an upper bound)."""
+        cfg, R = self.cfg, self.comm.size
+        shape = (config, cfg.batch_size, cfg.seq_len, cfg.dtype)
+        need = report.predicted_peak_bytes(*shape, **self.options, zero=cfg.zero, world=R)
+        on_cpu = self.device == "cpu"
+        need *= local_size() if on_cpu else 1
+        twin = cfg.report and not cfg.quiet and (self.rank0 or on_cpu)
+        need += report.predicted_peak_bytes(*shape, **self.options) if twin else 0
+        fits.check(
+            need,
+            self.device,
+            f"training {cfg.resume or cfg.init_from or cfg.model} at --batch-size "
+            f"{cfg.batch_size} x --seq-len {cfg.seq_len} in {cfg.dtype}"
+            + (f" on {local_size()} ranks here" if on_cpu and R > 1 else "")
+            + (" with the report's twin" if twin else ""),
+            "lower --batch-size or --seq-len, or try --recompute"
+            + (", --zero 1 or 2" if R > 1 else "")
+            + (", --no-report" if twin else ""),
+        )
 
     def _check_same_on_every_rank(self):
         """Refuse a world whose ranks would train different things: another setting, model or

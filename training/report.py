@@ -194,18 +194,26 @@ def predicted_saved_bytes(
 
 
 def predicted_peak_bytes(
-    config, batch_size, seq_len, dtype, attention="naive", lm_head="plain", recompute=False
+    config,
+    batch_size,
+    seq_len,
+    dtype,
+    attention="naive",
+    lm_head="plain",
+    recompute=False,
+    zero=0,
+    world=1,
 ):
     """The tracker's peak over a step, from its three parts: the persistent state (16 bytes per
-    stored element), everything saved, and the largest transient. The transient is the plain
+    stored element; on each of `world` ranks at ZeRO stage `zero`, predicted_state_bytes),
+    everything saved, and the largest transient. The transient is the plain
     loss's dlogits (as large as the logits, alive beside them), or the fused head's one block
     of fp32 logits, which its dlogits overwrite, beside that block's fp32 dW before it is
     summed (from the second block on) or (fp16, bf16) beside the logits GEMM's output while it
     is cast to fp32, before the dW (counted as saved) exists in a single block; with
     recomputation, one block's own activations may be larger."""
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
-    stored = config.padding_cost()["elements"] + _stored_parameters(config)
-    state = stored * sum(predicted_state_bytes(dtype).values())
+    state = stored_elements(config) * sum(predicted_state_bytes(dtype, zero, world).values())
     saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, attention, lm_head, recompute)
     Vp = config.padded_vocab_size
     if lm_head == "plain":
@@ -223,6 +231,12 @@ def predicted_peak_bytes(
 
 def _stored_parameters(config):
     return parameter_pieces(config)[-1][3]
+
+
+def stored_elements(config):
+    """The elements each buffer of the persistent state holds: the parameters and wte's
+    padding rows."""
+    return config.padding_cost()["elements"] + _stored_parameters(config)
 
 
 OPTION_GRID = [
