@@ -2,15 +2,18 @@
 folder), by save_pretrained, or a Hugging Face GPT-2 directory. Streams tokens as they come,
 then prints prompt and generation speed."""
 
+import itertools
 import sys
 import time
 
 import numpy as np
 
 from nn import GPT2
+from nn.hf import read_config
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
 from tinygrad_like import backend
+from training import fits
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
 
@@ -49,35 +52,52 @@ def main(argv=None):
         device = backend.check_device(args.device or backend.default_device())
         ckpt = find_checkpoint(args.checkpoint)
         verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
-        model = GPT2.from_pretrained(ckpt, dtype=args.dtype, device=device)
         tok = get_tokenizer()
         prompt = np.array([tok.encode(args.prompt, allow_special=True)])
         if prompt.size == 0:
             raise ValueError("--prompt is empty: give at least one character")
-        # all checked before the prompt is printed: an error never follows half an output
-        model.config.check_context(
-            prompt.shape[1] + args.max_new_tokens,
+        # all checked before the model is loaded and the prompt printed: an error never
+        # follows half an output
+        config, tokens = read_config(ckpt), prompt.shape[1] + args.max_new_tokens
+        config.check_context(
+            tokens,
             f"--prompt of {prompt.shape[1]} tokens + --max-new-tokens {args.max_new_tokens} =",
         )
+        fits.check(
+            fits.generation_bytes(config, args.dtype, tokens, device),
+            device,
+            f"loading {ckpt} in {args.dtype} and generating {tokens} positions",
+            "use a smaller checkpoint or fewer --max-new-tokens",
+        )
+        model = GPT2.from_pretrained(ckpt, dtype=args.dtype, device=device)
     for i in range(args.num_samples):
-        print(f"--- sample {i + 1}" if args.num_samples > 1 else "---")
-        stream(model, tok, prompt, args, seed=args.seed + i)
+        title = f"--- sample {i + 1}" if args.num_samples > 1 else "---"
+        with user_errors():  # the dtype's overflow (inf logits) found while sampling
+            stream(model, tok, prompt, args, args.seed + i, title)
 
 
-def stream(model, tok, prompt, args, seed):
-    """Print the prompt, then each token as it is sampled; then the two speeds."""
+def stream(model, tok, prompt, args, seed, title):
+    """Print the title and the prompt, then each token as it is sampled; then the two speeds.
+    The first token comes before anything is printed: a forward that fails on the prompt prints
+    only its error, and one that fails later ends the line first."""
+    tokens = model.generate_stream(
+        prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, seed
+    )
+    t0 = time.perf_counter()
+    first = next(tokens)
+    t_first = time.perf_counter()
+    print(title)
     print(args.prompt, end="", flush=True)
     ids, shown = [], ""
-    t0 = time.perf_counter()
-    t_first = None
-    for token in model.generate_stream(
-        prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, seed
-    ):
-        t_first = t_first or time.perf_counter()
-        ids.append(int(token[0]))
-        text = tok.decode(ids)  # decode the whole tail: a character can span tokens
-        print(text[len(shown) :], end="", flush=True)
-        shown = text
+    try:
+        for token in itertools.chain([first], tokens):
+            ids.append(int(token[0]))
+            text = tok.decode(ids)  # decode the whole tail: a character can span tokens
+            print(text[len(shown) :], end="", flush=True)
+            shown = text
+    except ValueError:
+        print(flush=True)
+        raise
     t_end = time.perf_counter()
     decode_rate = (len(ids) - 1) / (t_end - t_first) if len(ids) > 1 else float("nan")
     print(

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 import tinygrad_like.ops as F
-from tinygrad_like import Tensor, autograd, backend, kernels
+from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
 
 from . import hf
 from .config import GPT2Config
@@ -220,6 +220,8 @@ class GPT2(Module):
         feed = idx
         for _ in range(max_new_tokens):
             logits = self._infer(feed, cache, modules)  # (B, V) fp32, host
+            if not np.isfinite(logits).all():  # else argmax picks token 0, sampling fails
+                raise ValueError(_non_finite(self.transformer.wte.weight.dtype, cache.length))
             token = sample(logits, temperature, top_k, top_p, rng)  # (B,)
             yield token  # outside no_grad/eval: the caller's code runs as usual
             feed = token[:, None]
@@ -230,12 +232,24 @@ class GPT2(Module):
         for m in modules:
             object.__setattr__(m, "training", False)
         try:
-            with autograd.no_grad():
+            # an overflow is not warned about on the way: _decode checks the logits, one error
+            with autograd.no_grad(), np.errstate(over="ignore", invalid="ignore"):
                 logits, _ = self(idx, cache=cache, last_only=True)
             return logits.numpy()[:, -1, :].astype(np.float32)
         finally:
             for m, mode in zip(modules, modes):
                 object.__setattr__(m, "training", mode)
+
+
+def _non_finite(dtype, tokens):
+    """The error for inf or nan logits: fp16 overflows beyond 65,504, where bf16 keeps fp32's
+    range; an fp32 forward that overflows has no wider dtype to go to."""
+    what = f"the {dtypes.name(dtype)} forward gave inf or nan logits after {tokens} tokens"
+    if dtype == dtypes.float16:
+        return f"{what}: fp16 overflows beyond 65,504; use dtype bf16 (fp32's range) or fp32"
+    if dtype == dtypes.bfloat16:
+        return f"{what}: use dtype fp32 (or check the checkpoint's weights for inf or nan)"
+    return f"{what}: the weights themselves overflow (a diverged checkpoint?)"
 
 
 def _prompt(idx):

@@ -10,7 +10,7 @@ decode step with a KV cache; see training/report.py for what each section measur
 import time
 
 from nn import GPT2Config
-from training import measure, report
+from training import fits, measure, predictions, report
 from training.args import (
     ArgumentParser,
     add_step_args,
@@ -47,6 +47,14 @@ def main(argv=None):
             raise ValueError(f"--budget-gb must be a positive number, got {args.budget_gb}")
         config = GPT2Config.from_preset(args.model)
         batch = batch_from_args(args, config.vocab_size)
+        shape = (config, args.batch_size, args.seq_len, args.dtype)
+        fits.check(  # before minutes of building a model that cannot be held
+            predictions.predicted_peak_bytes(*shape, **options),
+            args.device,
+            f"{args.model}'s training step at --batch-size {args.batch_size} x --seq-len "
+            f"{args.seq_len} in {args.dtype}",
+            "use a smaller --model, --batch-size or --seq-len",
+        )
     t0 = time.perf_counter()
     m = measure.measure(config, args.dtype, args.device, batch=batch, warmup=args.warmup, **options)
     print(f"model {args.model}: measured in {time.perf_counter() - t0:.1f} s")

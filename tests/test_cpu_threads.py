@@ -1,6 +1,7 @@
-"""The CPU backend's thread splits (runtime.in_parallel, the GEMMs' splits) change no result: a
-GEMM split across the cores matches one BLAS call, elementwise and row kernels split into blocks
-match the same kernel run as one block bit for bit, and the BLAS thread count is restored."""
+"""The CPU backend's thread splits (runtime.in_parallel, the GEMMs' splits) change no result:
+a GEMM split across the cores matches one BLAS call, elementwise and row kernels split into
+blocks match the same kernel run as one block bit for bit, and the BLAS thread count is
+restored."""
 
 import os
 import time

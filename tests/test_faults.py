@@ -11,20 +11,23 @@ import importlib.util
 import io
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nn import GPT2, GPT2Config
 from nn.hf import read_state
 from training import checkpoint
 from training.args import user_errors
-from training.cli import resolve
+from training.cli import main, resolve
 from training.data import HEADER_BYTES, write_tokens
 from training.loop import RunConfig, Trainer
 
@@ -176,24 +179,50 @@ def _rows(out):
 # ----------------------------------------------------------------------------- disk full
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 30 MB tmpfs: room for one gpt2-tiny checkpoint (about 20 MB), not for two."""
+@contextlib.contextmanager
+def tmpfs(path, options):
+    """A tmpfs mounted at path (mount's -o options: size=..., ro) while the test runs."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir()
     proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mnt)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )
     if proc.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
-        yield mnt
+        yield path
     finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 30 MB tmpfs: room for one gpt2-tiny checkpoint (about 20 MB), not for two."""
+    with tmpfs(tmp_path / "disk", "size=30m") as mnt:
+        yield mnt
+
+
+@pytest.fixture
+def two_pages(tmp_path):
+    """An 8 KB tmpfs: two 4 KB pages, one for the run's .lock and one for its metrics.jsonl
+    (about 20 rows), none for loss.png or a checkpoint."""
+    with tmpfs(tmp_path / "disk", "size=8k") as mnt:
+        yield mnt
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A read-only file system (as root, who may write in any folder), or else a folder
+    without write permission."""
+    if os.geteuid() == 0:
+        with tmpfs(tmp_path / "ro", "ro,size=1m") as mnt:
+            yield mnt
+        return
+    (tmp_path / "ro").mkdir(mode=0o555)
+    yield tmp_path / "ro"
 
 
 def test_disk_full_during_a_save(shakespeare, small_disk):
@@ -213,6 +242,66 @@ def test_disk_full_during_a_save(shakespeare, small_disk):
     assert saved_step(out) == 1  # the previous one, intact
     assert sorted(os.listdir(out)) == [".lock", "checkpoint", "metrics.jsonl"]
     assert not [f for f in os.listdir(out / "checkpoint") if f.endswith(".tmp")]
+
+
+def run_main(argv, capsys):
+    """training.cli.main in this process -> (exit code, stderr)."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def test_metrics_on_a_full_disk_stop_with_one_line(shakespeare, two_pages, capsys):
+    code, err = run_main(flags(shakespeare, two_pages, "--no-save", "--steps", "60"), capsys)
+    assert code == 2 and one_line_error(err), err
+    assert "error: disk full: step " in err and "row of metrics.jsonl" in err
+    assert "stopping; no usable checkpoint" in err
+
+
+def test_resume_on_a_full_disk_is_one_line(shakespeare, small_disk, capsys):
+    """The resume must cut metrics.jsonl back (a half row left by a kill) and has no room."""
+    out = small_disk / "run"
+    Trainer(tiny(shakespeare, out, steps=1, save_every=0)).run()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "lo')
+    with open(small_disk / "filler", "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(1 << 20))
+    code, err = run_main(["--resume", str(out), "--steps", "2", "--quiet"], capsys)
+    warning, err = err.split("\n", 1)  # --steps 2 moves the schedule
+    assert code == 2 and warning.startswith("warning: --steps 2") and one_line_error(err), err
+    assert "error: disk full: metrics.jsonl cut back to step 1" in err
+    assert "the step-1 checkpoint" in err and "is kept" in err
+
+
+def test_a_finished_run_whose_picture_cannot_be_written_warns_and_exits_0(
+    shakespeare, two_pages, capsys
+):
+    code, err = run_main(flags(shakespeare, two_pages, "--no-save", "--steps", "3"), capsys)
+    assert code == 0
+    (line,) = err.strip().splitlines()
+    assert line.startswith("warning: disk full: loss.png in ") and "plot_metrics.py" in line
+    assert [r["step"] for r in _rows(two_pages)] == [1, 2, 3]
+
+
+def test_out_on_a_read_only_file_system_is_one_line(shakespeare, read_only, capsys):
+    code, err = run_main(flags(shakespeare, read_only / "run"), capsys)
+    assert code == 2 and one_line_error(err) and "choose another --out" in err, err
+
+
+def test_prepare_data_out_dir_naming_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("to be or not to be\n" * 20)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        script_main("scripts/prepare_data.py")(
+            ["--out-dir", str(tmp_path / "file"), "--input", str(tmp_path / "a.txt")]
+        )
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "is a file, not a folder" in err, err
+    assert one_line_error(err), err  # said before the tokenizing starts
 
 
 # ----------------------------------------------------------------------------- corruption
@@ -371,9 +460,10 @@ def test_min_lr_above_lr_is_refused(shakespeare, tmp_path):
         resolve(flags(shakespeare, tmp_path, "--lr", "1e-3", "--min-lr", "1e-2"))
 
 
-def _generate_main():
+def script_main(path):
+    """The main() of a script of the repository (path relative to it)."""
     spec = importlib.util.spec_from_file_location(
-        "generate", os.path.join(REPO, "examples", "generate.py")
+        os.path.basename(path)[:-3], os.path.join(REPO, path)
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -388,7 +478,258 @@ def _generate_main():
 def test_every_float_flag_of_generate(tmp_path, flag, value, capsys):
     """Refused before any checkpoint is read or any text is printed."""
     with pytest.raises(SystemExit) as exit_info:
-        _generate_main()(["--checkpoint", str(tmp_path / "none"), flag, value])
+        script_main("examples/generate.py")(["--checkpoint", str(tmp_path / "none"), flag, value])
     out, err = capsys.readouterr()
     assert exit_info.value.code == 2 and out == ""
     assert one_line_error(err) and flag in err, err
+
+
+# ----------------------------------------------------------------------------- ranks
+
+MPIRUN = os.path.join(os.path.dirname(sys.executable), "mpirun")
+FAULT = os.path.join(REPO, "tests", "mpi_fault.py")
+RANK_STEPS = ["--steps", "8"]
+
+
+def mpirun(*apps, env=None):
+    """One mpirun job of apps, each (ranks, argv) or (ranks, argv, working folder); several
+    are joined by ':' (MPMD) -> CompletedProcess (text)."""
+    pytest.importorskip("mpi4py", reason="the [dist] extra: pip install -e '.[test,dist]'")
+    cmd = [MPIRUN, *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe"]
+    for i, (ranks, argv, *wdir) in enumerate(apps):
+        cmd += [":"] * (i > 0) + ["-n", str(ranks), *(["--wdir", *wdir] if wdir else [])]
+        cmd += [sys.executable, *argv]
+    env = {**ENV, **(env or {})}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def error_lines(err):
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_a_token_file_changed_in_the_middle_on_one_rank_is_refused(shakespeare, tmp_path):
+    """Each rank reads data/ in its own folder; rank 1's train.bin has 1,000 tokens changed
+    in its middle (same size, valid ids): refused at start-up, one line from rank 0."""
+    for rank in ("a", "b"):
+        (tmp_path / rank / "data").mkdir(parents=True)
+        for name in BIN_FILES:
+            data = (Path(shakespeare) / name).read_bytes()
+            if rank == "b" and name == "train.bin":
+                middle = len(data) // 2 & ~1
+                data = data[:middle] + bytes(2000) + data[middle + 2000 :]
+            (tmp_path / rank / "data" / name).write_bytes(data)
+    argv = [TRAIN, *flags("data", tmp_path / "out")]
+    run = mpirun((1, argv, str(tmp_path / "a")), (1, argv, str(tmp_path / "b")))
+    assert run.returncode == 2, run.stderr[-2000:]
+    (line,) = error_lines(run.stderr)
+    assert line.startswith("error: rank 1 runs with train.bin ") and "where rank 0 has" in line
+
+
+@pytest.fixture(scope="module")
+def truncated_data(tmp_path_factory, shakespeare):
+    """A data folder whose val.bin lost its last byte: every rank meets it at start-up."""
+    d = tmp_path_factory.mktemp("truncated")
+    (d / "train.bin").write_bytes((Path(shakespeare) / "train.bin").read_bytes())
+    (d / "val.bin").write_bytes((Path(shakespeare) / "val.bin").read_bytes()[:-1])
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def saved_at_global_batch_2(tmp_path_factory, shakespeare):
+    out = tmp_path_factory.mktemp("batch2")
+    Trainer(tiny(shakespeare, out, steps=1)).run()
+    return out
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_bad_input_under_mpirun_is_said_once(
+    shakespeare, truncated_data, saved_at_global_batch_2, tmp_path, ranks
+):
+    """Rank 0 starts last (SLOW_RANK0), so the other ranks meet each error first: each error
+    is still one line, said once, and the job exits 2. A bad flag three times (twice on 4
+    ranks), then a token file every rank reads at start-up, then (4 ranks) a resume of a
+    global batch of 2."""
+    slow = {"SLOW_RANK0": "0.5"}
+    bad_flag = (flags(shakespeare, tmp_path, "--batch-size", "0"), "--batch-size must be")
+    cases = [bad_flag] * {2: 3, 4: 2}[ranks]
+    cases.append((flags(truncated_data, tmp_path), "val.bin: header says"))
+    if ranks == 4:
+        cases.append((["--resume", str(saved_at_global_batch_2)], "global batch of 2"))
+    for argv, expected in cases:
+        run = mpirun((ranks, [FAULT, *argv]), env=slow)
+        assert run.returncode == 2, run.stderr[-2000:]
+        assert len(error_lines(run.stderr)) == 1 and expected in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr and "rank 0 of" not in run.stderr
+
+
+@pytest.fixture(scope="module")
+def two_ranks_straight(tmp_path_factory, shakespeare):
+    """An uninterrupted 2-rank run of 8 steps, saving every step."""
+    out = tmp_path_factory.mktemp("straight2")
+    run = mpirun((2, [TRAIN, *flags(shakespeare, out), *RANK_STEPS]))
+    assert run.returncode == 0, run.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_killed_mid_save_then_resume_ends_bit_exact(
+    shakespeare, two_ranks_straight, tmp_path, rank
+):
+    """SIGKILL of rank 0 between the two renames of its step-5 save (no checkpoint/ is left,
+    only checkpoint.old and checkpoint.new), or of rank 1 while rank 0 writes it: the job
+    stops, the folder's checkpoint loads, and --resume on 2 ranks ends byte-identical to an
+    uninterrupted 2-rank run."""
+    env = {"KILL_RANK": str(rank), "KILL_STEP": "5"}
+    run = mpirun((2, [FAULT, *flags(shakespeare, tmp_path), *RANK_STEPS]), env=env)
+    assert run.returncode != 0
+    if rank == 0:
+        assert sorted(d for d in os.listdir(tmp_path) if d.startswith("checkpoint")) == [
+            "checkpoint.new",
+            "checkpoint.old",
+        ]
+    assert saved_step(tmp_path) in (4, 5)
+    run = mpirun((2, [TRAIN, "--resume", str(tmp_path), "--quiet"]))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert saved_step(tmp_path) == 8
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        a = (two_ranks_straight / "checkpoint" / name).read_bytes()
+        assert (tmp_path / "checkpoint" / name).read_bytes() == a, name
+    assert [r["step"] for r in _rows(tmp_path)] == list(range(1, 9))
+
+
+# ----------------------------------------------------------------------------- signals
+
+LONG = ["--steps", "100000"]
+STOPPED = re.compile(r"the step-(\d+) checkpoint in (\S+) is kept; continue with: (.+)$")
+
+
+def training(argv, env=None):
+    """A run in the background -> Popen (stderr piped, text)."""
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env={**ENV, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(ready, proc):
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.02)
+
+
+def rows_written(out, n):
+    return lambda: os.path.isfile(out / "metrics.jsonl") and len(_rows(out)) >= n
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_one_process_at_a_step_boundary_and_saves(shakespeare, tmp_path, sig):
+    """Ctrl-C or SIGTERM: the step under way finishes, a checkpoint of it is saved, one line
+    says so with the command that resumes, exit 128 + the signal's number."""
+    proc = training(
+        [sys.executable, TRAIN, *flags(shakespeare, tmp_path, "--save-every", "0", *LONG)]
+    )
+    wait_until(rows_written(tmp_path, 3), proc)
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 128 + sig, err
+    step = saved_step(tmp_path)
+    assert err.splitlines() == [
+        f"stopped by {sig.name} after step {step} of 100000: the step-{step} checkpoint in "
+        f"{tmp_path}/checkpoint is kept; continue with: python examples/train_gpt2.py "
+        f"--resume {tmp_path}"
+    ]
+    assert [r["step"] for r in _rows(tmp_path)] == list(range(1, step + 1))
+
+
+def test_ctrl_c_to_mpirun_names_the_checkpoint_and_the_resume_command(shakespeare, tmp_path):
+    """mpirun passes Ctrl-C on as SIGTERM and kills the ranks 0.25 s later, no longer relaying
+    their output: rank 0 says its one line at once, past mpirun. The resume it gives works,
+    and its schedule warning (--steps changed) is said once, by rank 0."""
+    pytest.importorskip("mpi4py")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    argv = [MPIRUN, *root, "--oversubscribe", "-n", "2", sys.executable, TRAIN]
+    proc = training([*argv, *flags(shakespeare, tmp_path, *LONG)])
+    wait_until(lambda: (checkpoint.checkpoint_step(str(tmp_path)) or 0) >= 2, proc)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    (line,) = [line for line in err.splitlines() if "under mpirun" in line]
+    assert line.startswith("SIGTERM under mpirun: stopping without a save"), err
+    said, folder, command = STOPPED.search(line).groups()
+    assert command == f"mpirun -n 2 python examples/train_gpt2.py --resume {tmp_path}"
+    step = saved_step(tmp_path)
+    assert int(said) in (step - 1, step) and os.path.dirname(folder) == str(tmp_path)
+    run = mpirun((2, [TRAIN, "--resume", str(tmp_path), "--steps", str(step + 2), "--quiet"]))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.count("warning: --steps") == 1, run.stderr[-2000:]
+    assert saved_step(tmp_path) == step + 2
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_boundary(shakespeare, tmp_path):
+    """A signal to rank 1 alone (mpirun is not involved): every rank stops after the same
+    step, rank 0 says the one line, the job exits 143."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    out = tmp_path / "run"
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    argv = [MPIRUN, *root, "--oversubscribe", "-n", "2", sys.executable, FAULT]
+    proc = training(
+        [*argv, *flags(shakespeare, out, "--save-every", "2", *LONG)], {"PID_DIR": str(pids)}
+    )
+    wait_until(rows_written(out, 3), proc)
+    os.kill(int((pids / "1.pid").read_text()), signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143, err[-2000:]
+    (line,) = [line for line in err.splitlines() if "under mpirun" in line]
+    said = int(STOPPED.search(line).group(1))
+    assert said == saved_step(out) and said % 2 == 0
+    steps = [r["step"] for r in _rows(out)]
+    assert steps == list(range(1, len(steps) + 1)) and said <= len(steps) < said + 2 + 1
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@pytest.fixture
+def memory_24gb(monkeypatch):
+    """24 GB available (the machine of issue 25): nothing is allocated to find out."""
+    from training import fits
+
+    monkeypatch.setattr(fits, "available_bytes", lambda device: 24 * 10**9)
+
+
+def test_accounting_of_a_model_that_does_not_fit_is_refused_at_once(memory_24gb, capsys):
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        script_main("scripts/accounting.py")(["--model", "gpt2-xl", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and one_line_error(err), err
+    assert "gpt2-xl's training step" in err and "needs about 25.59 GB" in err
+    assert "24.00 GB available" in err and time.perf_counter() - t0 < 5
+
+
+def test_training_a_model_that_does_not_fit_is_refused_before_building_it(
+    shakespeare, tmp_path, memory_24gb, capsys
+):
+    code, err = run_main(flags(shakespeare, tmp_path / "run", "--model", "gpt2-xl"), capsys)
+    assert code == 2 and one_line_error(err) and "training gpt2-xl" in err, err
+    assert "24.00 GB available" in err and not (tmp_path / "run").exists()
+
+
+def test_generating_from_a_checkpoint_that_does_not_fit_is_refused(tmp_path, monkeypatch, capsys):
+    from training import fits
+
+    monkeypatch.setattr(fits, "available_bytes", lambda device: 10**6)
+    GPT2(GPT2Config.from_preset("gpt2-tiny")).save_pretrained(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        script_main("examples/generate.py")(
+            ["--checkpoint", str(tmp_path), "--max-new-tokens", "9"]
+        )
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and out == "" and one_line_error(err), err
+    assert f"loading {tmp_path} in fp32" in err and "0.00 GB available" in err

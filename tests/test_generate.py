@@ -213,6 +213,42 @@ def test_generate_in_other_dtypes(dtype):
     np.testing.assert_array_equal(sampled, m.generate(prompt, 6, temperature=1.0, top_k=5, seed=0))
 
 
+def overflowing_in_fp16():
+    """A model whose weights all fit fp16 (at most ~7,000) but whose logits reach ~90,000:
+    its fp16 forward overflows, as a real model's can."""
+    state = randomized(CFG).state_dict()
+    state["transformer.ln_f.weight"] *= 6000
+    model = GPT2(CFG)
+    model.load_state_dict(state)
+    assert max(np.abs(a).max() for a in state.values()) < 65504
+    return model
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_non_finite_logits_stop_generation_naming_the_dtype(temperature):
+    """Not token 0 over and over (greedy) nor a NumPy error (sampling): a ValueError that
+    says which dtype to use; bf16 has fp32's range and generates."""
+    model = overflowing_in_fp16().to(dtype="fp16")
+    with pytest.raises(ValueError, match="fp16 forward gave inf or nan.*use dtype bf16"):
+        model.generate(np.array([[1, 2, 3]]), 4, temperature=temperature, seed=0)
+    model.to(dtype="bf16").generate(np.array([[1, 2, 3]]), 4, temperature=temperature, seed=0)
+
+
+def test_generate_py_says_an_fp16_overflow_in_one_line_before_printing(tmp_path, capsys):
+    from test_faults import script_main
+
+    overflowing_in_fp16().save_pretrained(tmp_path)
+    argv = ["--checkpoint", str(tmp_path), "--dtype", "fp16", "--prompt", "!#", "--top-k", "5"]
+    with pytest.raises(SystemExit) as exit_info:
+        script_main("examples/generate.py")(
+            [*argv, "--max-new-tokens", "5"]
+        )  # ids 0 and 2: in CFG's vocabulary
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and out == ""
+    assert err.startswith("error: the fp16 forward") and "use dtype bf16" in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_generate_with_a_bad_prompt_id_names_it(model):
     with pytest.raises(ValueError, match=r"\b99\b.*\b53\b"):
         model.generate(np.array([[1, 99]]), 3)

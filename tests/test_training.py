@@ -535,6 +535,40 @@ def test_fresh_run_into_a_run_folder_is_refused_unless_overwrite(shakespeare, tm
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
 
 
+@pytest.mark.parametrize("left", ["metrics.jsonl", ".lock"])
+def test_a_run_stopped_before_its_first_save_is_a_run_folder(shakespeare, tmp_path, capsys, left):
+    """A folder with only metrics.jsonl, or only the lock, of a run that never saved: a new run
+    there is refused (its rows would be cut to the new run's), --overwrite starts afresh."""
+    rows = "".join(f'{{"step": {i}, "loss": 1.0}}\n' for i in range(1, 114))
+    (tmp_path / left).write_text(rows if left == "metrics.jsonl" else "pid 1\n")
+    code, err = run_cli(cli_args(shakespeare, tmp_path), capsys)
+    assert code == 2
+    held = "metrics.jsonl (113 rows" if left == "metrics.jsonl" else ".lock"
+    assert_one_line_error(err, f"{tmp_path}/ already holds a run's {held}", "no checkpoint): --out")
+    assert "--resume" not in err
+    if left == "metrics.jsonl":
+        assert (tmp_path / left).read_text() == rows
+    tr = main(cli_args(shakespeare, tmp_path, "--overwrite", "--steps", "1"))
+    assert tr.step == 1 and [r["step"] for r in read_metrics(tmp_path)] == [1]
+
+
+def test_init_from_takes_the_checkpoints_model_and_refuses_another(shakespeare, tmp_path, capsys):
+    """--init-from a gpt2-mini checkpoint with --model gpt2-tiny: refused, both named; with
+    --model left out the run records the checkpoint's preset, or None for a shape of its own."""
+    from training.cli import resolve
+
+    GPT2(GPT2Config.from_preset("gpt2-mini")).save_pretrained(tmp_path / "mini")
+    argv = cli_args(shakespeare, tmp_path / "run", "--init-from", str(tmp_path / "mini"))
+    code, err = run_cli(argv, capsys)  # cli_args says --model gpt2-tiny
+    assert code == 2
+    assert_one_line_error(err, "--model gpt2-tiny does not match --init-from", "holds gpt2-mini")
+    without = [a for a in argv if a not in ("--model", "gpt2-tiny")]
+    assert resolve(without)[0].model == "gpt2-mini"
+    GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=32)).save_pretrained(tmp_path / "own")
+    without[without.index(str(tmp_path / "mini"))] = str(tmp_path / "own")
+    assert resolve(without)[0].model is None
+
+
 def test_a_second_run_into_a_locked_folder_is_refused(shakespeare, tmp_path, capsys):
     lock = checkpoint.lock_run_folder(str(tmp_path))
     try:

@@ -24,6 +24,7 @@ bytes sent / seconds is the achieved bus bandwidth.
 import contextlib
 import ctypes
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -322,6 +323,23 @@ def launched_rank_and_size():
     return 0, 1
 
 
+def say_past_the_launcher(line):
+    """Print line where mpirun's own stderr goes (a terminal or a pipe), not through mpirun:
+    on Ctrl-C or SIGTERM mpirun stops relaying the ranks' output at once and kills them 0.25 s
+    after passing the signal on, so a rank's last words must bypass it. Our stderr when that
+    place is a regular file (two writers at their own offsets would overwrite each other)."""
+    target = f"/proc/{os.getppid()}/fd/2"
+    try:
+        kind = os.stat(target).st_mode
+        if stat.S_ISCHR(kind) or stat.S_ISFIFO(kind):
+            with open(target, "w") as f:
+                print(line, file=f, flush=True)
+            return
+    except OSError:  # no /proc (not Linux), another user's launcher
+        pass
+    print(line, file=sys.stderr, flush=True)
+
+
 def local_rank():
     """This process's index among the ranks on its machine (the GPU it takes)."""
     for key in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMIX_LOCAL_RANK"):
@@ -330,9 +348,31 @@ def local_rank():
     return 0
 
 
+def local_size():
+    """The number of ranks on this process's machine (1 when started plainly)."""
+    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
+
+
 def init_world(device):
     """The world this process trains in: a world of one when started plainly; under mpirun an
     MPI world (device cpu) or an NCCL one (device cuda, one GPU per rank on each machine)."""
+    if not launched_by_mpi():
+        return Communicator()
+    host_world()  # mpi4py is there
+    if device == "cuda":
+        import cupy
+
+        cupy.cuda.Device(local_rank()).use()  # before the backend allocates anything
+        return NCCLCommunicator()
+    return MPICommunicator()
+
+
+def host_world():
+    """The MPI world of the host under mpirun, a world of one otherwise: enough to agree on
+    something before the device is known (the command line)."""
     if not launched_by_mpi():
         return Communicator()
     try:
@@ -341,9 +381,17 @@ def init_world(device):
         raise RuntimeError(
             "started by mpirun but mpi4py is not installed: pip install -e '.[dist]'"
         ) from None
-    if device == "cuda":
-        import cupy
-
-        cupy.cuda.Device(local_rank()).use()  # before the backend allocates anything
-        return NCCLCommunicator()
     return MPICommunicator()
+
+
+def gather_errors(comm, mine):
+    """Every rank's error in one message, the same on every rank; None when no rank has one.
+    Every rank calls it at the same point, mine being its error's text or None: an error that
+    every rank met is said as it is, any other as 'rank r of R: ...' for each rank that met it."""
+    errors = comm.all_gather_object(mine)
+    met = [(rank, text) for rank, text in enumerate(errors) if text is not None]
+    if not met:
+        return None
+    if len(met) == comm.size and len(set(errors)) == 1:
+        return mine
+    return "; ".join(f"rank {rank} of {comm.size}: {text}" for rank, text in met)

@@ -1,5 +1,6 @@
 """Writing files so that a crash never leaves half of one (token files, checkpoints)."""
 
+import hashlib
 import os
 import uuid
 
@@ -30,3 +31,9 @@ def fsync_dir(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_sha256(path):
+    """The hex sha256 of a whole file, read in 1 MB blocks (hashlib.file_digest)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -22,12 +22,20 @@ def flag(name):
     return "--" + name.replace("_", "-")
 
 
+class Refused(SystemExit):
+    """fail()'s exit (code 2), with its message: under mpirun the ranks compare theirs."""
+
+    def __init__(self, message):
+        super().__init__(2)
+        self.message = str(message)
+
+
 def fail(message):
     """The one-line error and exit 2. Under mpirun every rank checks the same command line and
-    meets the same error: rank 0 alone says it."""
+    meets the same error: rank 0 alone says it (training/cli.py makes the ranks wait for it)."""
     if distributed.launched_rank_and_size()[0] == 0:
-        print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    raise Refused(message)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import shutil
 import numpy as np
 
 from nn.hf import CONFIG, WEIGHTS, check_dir
-from tinygrad_like.files import atomic_write, fsync_dir
+from tinygrad_like.files import atomic_write, file_sha256, fsync_dir
 
 STATE, OPTIMIZER = "trainer_state.json", "optimizer.safetensors"
 LOCK = ".lock"
@@ -86,15 +86,17 @@ def _check_finite(out, step, groups):
 
 
 def _save_failed(out, step, e, need):
+    what = write_failed(out, e, f"the step-{step} checkpoint", f" needs about {need / 1e6:,.1f} MB")
+    return f"{what}; nothing partial is left, {on_disk(out)}"
+
+
+def write_failed(out, e, what, need=""):
+    """The words for OSError e, met writing `what` in the run folder out: a full disk says how
+    much is free (need: what `what` needed), any other error its reason."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         free = shutil.disk_usage(out).free
-        what = (
-            f"disk full: the step-{step} checkpoint needs about {need / 1e6:,.1f} MB in "
-            f"{out} ({free / 1e6:,.1f} MB free)"
-        )
-    else:
-        what = f"could not write the step-{step} checkpoint in {out}: {e.strerror or e}"
-    return f"{what}; nothing partial is left, {on_disk(out)}"
+        return f"disk full: {what}{need} in {out} ({free / 1e6:,.1f} MB free)"
+    return f"could not write {what} in {out}: {e.strerror or e}"
 
 
 def on_disk(out):
@@ -176,14 +178,10 @@ def verify(ckpt, state=None):
 
 
 def _file_sha256(path):
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        return file_sha256(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing from the checkpoint") from None
-    return h.hexdigest()
 
 
 def _state_sha256(state):
@@ -206,14 +204,33 @@ def checkpoint_step(out):
     return None
 
 
+def held_run(out):
+    """What of an earlier run folder out holds, in words, or None: its checkpoint, or else
+    its metrics.jsonl or its lock, which a run leaves from its first step and first moment on
+    (one stopped before its first save has no checkpoint, and its rows are still its own)."""
+    step = checkpoint_step(out)
+    metrics = os.path.join(out, "metrics.jsonl")
+    if step is not None:
+        return f"a run at step {step}"
+    if os.path.isfile(metrics):
+        with open(metrics, "rb") as f:
+            return f"a run's metrics.jsonl ({sum(1 for _ in f)} rows, no checkpoint)"
+    if os.path.exists(os.path.join(out, LOCK)):
+        return f"a run's {LOCK} (no checkpoint)"
+    return None
+
+
 def lock_run_folder(out):
     """Make out (a folder) and hold an exclusive lock on it for as long as the returned file
     stays open: a second run into the same folder gets CheckpointError saying who holds it.
     The kernel drops the lock when the holder dies, even by SIGKILL."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise CheckpointError(f"--out {out} is a file, not a folder: choose another --out")
-    os.makedirs(out, exist_ok=True)
-    f = open(os.path.join(out, LOCK), "a+")
+    try:
+        os.makedirs(out, exist_ok=True)
+        f = open(os.path.join(out, LOCK), "a+")
+    except OSError as e:  # a read-only file system, no permission
+        raise CheckpointError(f"{write_failed(out, e, LOCK)}: choose another --out") from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -223,7 +240,10 @@ def lock_run_folder(out):
         raise CheckpointError(
             f"{out} is in use by another run ({holder}): wait for it to finish or use another --out"
         ) from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
+    try:  # unbuffered, so that a failed write is not tried again when f is closed
+        os.ftruncate(f.fileno(), 0)
+        os.write(f.fileno(), f"pid {os.getpid()}\n".encode())
+    except OSError as e:
+        f.close()
+        raise CheckpointError(f"{write_failed(out, e, LOCK)}: choose another --out") from None
     return f

@@ -6,16 +6,19 @@ import contextlib
 import dataclasses
 import math
 import os
+import signal
 import sys
 import traceback
 
 from nn import GPT2Config
+from nn.config import PRESETS
+from nn.hf import read_config
 from tinygrad_like import backend, distributed
 
 from . import checkpoint
-from .args import BAD_INPUT, ArgumentParser, check_dtype, fail, flag, user_errors
+from .args import BAD_INPUT, ArgumentParser, Refused, check_dtype, fail, flag, user_errors
 from .corpus import DEFAULT_DATA_DIR, prepare
-from .loop import Mismatch, RunConfig, Trainer
+from .loop import Agreed, Interrupted, RunConfig, Trainer
 
 # with no arguments: RunConfig's defaults (a small model that shows the loss falling in about
 # 5 minutes on 2 CPU cores), or GPT-2 124M at its full context when a GPU is there
@@ -72,6 +75,8 @@ def resolve(argv=None):
     given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
     device = given.get("device") or backend.default_device()
     defaults, notes, step = (GPU_DEFAULTS if device == "cuda" else {}), [], None
+    if "init_from" in given:
+        given["model"] = model_of(given["init_from"], given.get("model"))
     if "resume" in given:
         saved, folder, step = saved_run(given["resume"])
         saved["batch_size"] = per_rank_batch(saved, given, folder)  # on this many ranks
@@ -86,6 +91,22 @@ def resolve(argv=None):
             f"(M > {step}) to train further"
         )
     return cfg, notes
+
+
+def model_of(init_from, model=None):
+    """The preset the --init-from checkpoint is (None: none is; its config.json is the model),
+    recorded as the run's --model; ValueError when --model names another: the weights are the
+    checkpoint's whatever --model says."""
+    config = read_config(checkpoint.find_checkpoint(init_from))
+    shape = dict(dropout=0.0, layer_norm_epsilon=1e-5)  # what a preset leaves at its default
+    held = next((k for k, v in PRESETS.items() if dataclasses.replace(config, **shape) == v), None)
+    if model is not None and model != held:
+        raise ValueError(
+            f"--model {model} does not match --init-from {init_from}, which holds "
+            f"{held or 'no preset'} ({config.n_layer} layers, {config.n_head} heads, "
+            f"{config.n_embd} channels, {config.n_positions} positions): leave --model out"
+        )
+    return held
 
 
 def saved_run(path):
@@ -170,7 +191,7 @@ def validate(cfg):
             f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the schedule decays "
             "from --lr down to --min-lr"
         )
-    config = GPT2Config.from_preset(cfg.model)
+    config = cfg.model and GPT2Config.from_preset(cfg.model)  # None: --init-from's own
     check_dtype(cfg.dtype)
     cfg.execution_options()
     backend.check_device(cfg.device)
@@ -198,9 +219,10 @@ def ensure_data(cfg):
 
 
 def main(argv=None):
-    """Exit codes: 0 done, 1 the run diverged (or a rank failed), 2 bad input."""
+    """Exit codes: 0 done, 1 the run diverged (or a rank failed), 2 bad input, 128 + N stopped
+    by signal N (130 Ctrl-C, 143 SIGTERM)."""
+    cfg, notes = resolve_on_every_rank(argv)
     with user_errors():
-        cfg, notes = resolve(argv)
         comm = distributed.init_world(cfg.device)
     with rank_errors(comm):
         if comm.rank == 0:
@@ -213,6 +235,28 @@ def main(argv=None):
     return trainer
 
 
+def resolve_on_every_rank(argv):
+    """resolve(argv), its refusal said once. Under mpirun every rank checks the command line on
+    its own: rank 0 has said its refusal (args.fail), says here any other rank's, and no rank
+    exits before it has, since mpirun kills the job when the first rank exits with an error."""
+    refused = resolved = None
+    try:
+        with user_errors():
+            resolved = resolve(argv)
+    except Refused as e:
+        refused = e
+    with user_errors():
+        world = distributed.host_world()
+    mine = refused and refused.message
+    said = distributed.gather_errors(world, mine)
+    if said is None:
+        return resolved
+    if world.rank == 0 and said != mine:
+        print(f"error: {said}", file=sys.stderr, flush=True)
+    world.barrier()
+    raise Refused(said)
+
+
 @contextlib.contextmanager
 def rank_errors(comm):
     """An error every rank meets at the same point (the ranks disagree, the run diverged) is
@@ -221,12 +265,20 @@ def rank_errors(comm):
     otherwise wait for it in their next collective for ever."""
     try:
         yield
-    except (Mismatch, FloatingPointError) as e:
-        code = 1 if isinstance(e, FloatingPointError) else 2  # diverged: not a bad input
-        if comm.rank == 0:
-            print(f"error: {e}", file=sys.stderr)
+    except (Agreed, FloatingPointError) as e:
+        code = 1 if isinstance(e, FloatingPointError) else getattr(e, "code", 2)  # 1: diverged
+        if comm.rank == 0 and not getattr(e, "said", False):
+            line = e if isinstance(e, Interrupted) else f"error: {e}"
+            print(line, file=sys.stderr, flush=True)
         comm.barrier()
         sys.exit(code)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the first step
+        print(
+            "error: interrupted at once: a save in progress is dropped whole, the checkpoint "
+            "before it is kept",
+            file=sys.stderr,
+        )
+        comm.abort(128 + signal.SIGINT)
     except BaseException as e:
         code = e.code if isinstance(e, SystemExit) else 2 if isinstance(e, BAD_INPUT) else 1
         if comm.size == 1:

@@ -54,6 +54,7 @@ def prepare(out_dir, inputs=None, val_fraction=0.1):
     val_fraction of all tokens becomes the validation split."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+    out = _output_folder(out_dir)
     if inputs is None:
         paths, markdown = shakespeare_paths(), True
     else:
@@ -80,9 +81,19 @@ def prepare(out_dir, inputs=None, val_fraction=0.1):
             f"val_fraction={val_fraction} of {len(tokens)} tokens leaves an empty "
             "split; use more text or a different --val-fraction"
         )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train_path, val_path = out / "train.bin", out / "val.bin"
-    write_tokens(train_path, tokens[:-n_val])
-    write_tokens(val_path, tokens[-n_val:])
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_tokens(train_path, tokens[:-n_val])
+        write_tokens(val_path, tokens[-n_val:])
+    except OSError as e:  # read-only, a full disk (write_tokens leaves no partial file)
+        raise DataError(f"cannot write the token files in {out}: {e.strerror or e}") from None
     return train_path, val_path
+
+
+def _output_folder(out_dir):
+    """out_dir as a Path; DataError if it is a file (said before the tokenizing)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out} is a file, not a folder for train.bin and val.bin")
+    return out

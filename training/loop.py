@@ -1,12 +1,15 @@
 """The training loop behind examples/train_gpt2.py: data, model, AdamW, loss scaling,
 evaluation, sampling, metrics and checkpoints."""
 
-import hashlib
+import contextlib
+import errno
 import json
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, fields
 
@@ -19,12 +22,17 @@ from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
 from tinygrad_like import backend, dtypes, no_grad, profiler, rng
-from tinygrad_like.distributed import Communicator
-from tinygrad_like.files import atomic_write
+from tinygrad_like.distributed import (
+    Communicator,
+    gather_errors,
+    local_size,
+    say_past_the_launcher,
+)
+from tinygrad_like.files import atomic_write, file_sha256
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
-from . import checkpoint, mfu, predictions, report
-from .args import flag
+from . import checkpoint, fits, mfu, predictions, report
+from .args import BAD_INPUT, flag
 from .corpus import DEFAULT_DATA_DIR
 from .data import DataLoader
 from .plot import plot_metrics, read_metrics
@@ -106,20 +114,22 @@ class Trainer:
         self.options = cfg.execution_options()
         self.resume_state = None
         self.resumed_from = None  # the checkpoint folder a resumed run was loaded from
-        self.model = self._build_model()
-        self.model.config.check_context(cfg.seq_len, "--seq-len")
-        vocab, shard = self.model.config.vocab_size, dict(rank=self.comm.rank, world=self.comm.size)
-        self.train_data = DataLoader(
-            os.path.join(cfg.data_dir, "train.bin"),
-            cfg.batch_size,
-            cfg.seq_len,
-            seed=cfg.seed,
-            vocab_size=vocab,
-            **shard,
-        )
-        self.val_path = os.path.join(cfg.data_dir, "val.bin")
-        # checked now (ids, length, format), not at the first evaluation dozens of steps in
-        DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
+        with self._errors_said_once():
+            self.model = self._build_model()
+            self.model.config.check_context(cfg.seq_len, "--seq-len")
+            vocab = self.model.config.vocab_size
+            shard = dict(rank=self.comm.rank, world=self.comm.size)
+            self.train_data = DataLoader(
+                os.path.join(cfg.data_dir, "train.bin"),
+                cfg.batch_size,
+                cfg.seq_len,
+                seed=cfg.seed,
+                vocab_size=vocab,
+                **shard,
+            )
+            self.val_path = os.path.join(cfg.data_dir, "val.bin")
+            # checked now (ids, length, format), not at the first evaluation dozens of steps in
+            DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
         self._check_same_on_every_rank()
         self.optimizer = AdamW(
             self.model.named_parameters(),
@@ -142,6 +152,11 @@ class Trainer:
     def _build_model(self):
         cfg = self.cfg
         source = cfg.resume or cfg.init_from
+        self._check_fits(
+            read_config(checkpoint.find_checkpoint(source))
+            if source
+            else GPT2Config.from_preset(cfg.model)
+        )
         if source is None:
             config = GPT2Config.from_preset(cfg.model)
             return GPT2(config, seed=cfg.seed, device=self.device, options=self.options)
@@ -154,6 +169,47 @@ class Trainer:
         model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device, options=self.options)
         model.load_state_dict(read_state(ckpt))  # fp32 master: any --dtype can follow
         return model
+
+    @contextlib.contextmanager
+    def _errors_said_once(self):
+        """Every rank reads the same checkpoint and token files at start-up, so a bad one
+        fails on every rank: the ranks compare their errors here, before the first collective,
+        and all raise Agreed, which rank 0 alone says (cli.rank_errors)."""
+        if self.comm.size == 1:
+            yield
+            return
+        error = None
+        try:
+            yield
+        except BAD_INPUT as e:
+            error = str(e)
+        said = gather_errors(self.comm, error)
+        if said is not None:
+            raise Agreed(said)
+
+    def _check_fits(self, config):
+        """DoesNotFit before anything big is allocated when this run's predicted peak is more
+        than the memory there: a CPU's is shared by the machine's ranks, and the report's twin
+        (rank 0 measures one at the end) comes beside this run's state (counted with its
+        activations, which are gone by then: an upper bound)."""
+        cfg, R = self.cfg, self.comm.size
+        shape = (config, cfg.batch_size, cfg.seq_len, cfg.dtype)
+        need = predictions.predicted_peak_bytes(*shape, self.options, zero=cfg.zero, world=R)
+        on_cpu = self.device == "cpu"
+        need *= local_size() if on_cpu else 1
+        twin = cfg.report and not cfg.quiet and (self.rank0 or on_cpu)
+        need += predictions.predicted_peak_bytes(*shape, self.options) if twin else 0
+        fits.check(
+            need,
+            self.device,
+            f"training {cfg.resume or cfg.init_from or cfg.model} at --batch-size "
+            f"{cfg.batch_size} x --seq-len {cfg.seq_len} in {cfg.dtype}"
+            + (f" on {local_size()} ranks here" if on_cpu and R > 1 else "")
+            + (" with the report's twin" if twin else ""),
+            "lower --batch-size or --seq-len, or try --recompute"
+            + (", --zero 1 or 2" if R > 1 else "")
+            + (", --no-report" if twin else ""),
+        )
 
     def _check_same_on_every_rank(self):
         """Refuse a world whose ranks would train different things: another setting, model or
@@ -184,7 +240,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         rng.set_rng_state(state["dropout_rng"])
         saved_steps = (state.get("run_config") or {}).get("steps", self.cfg.steps)
-        if saved_steps != self.cfg.steps:  # the schedule is a function of the total
+        if saved_steps != self.cfg.steps and self.rank0:  # the schedule depends on the total
             print(
                 f"warning: --steps {self.cfg.steps} differs from the saved run's {saved_steps}: "
                 f"the cosine schedule changes from step {self.step} on (lr "
@@ -274,9 +330,9 @@ class Trainer:
         run's checkpoint by accident, and cut metrics.jsonl back to the step the run starts
         from (rows replayed since the last save, a partial line left by a kill)."""
         cfg = self.cfg
+        held = checkpoint.held_run(cfg.out)  # looked at first: the lock is one of its signs
         lock = checkpoint.lock_run_folder(cfg.out)
         try:
-            held = checkpoint.checkpoint_step(cfg.out)
             out = os.path.realpath(cfg.out)
             ours = self.resumed_from and out in (
                 os.path.realpath(self.resumed_from),
@@ -284,17 +340,52 @@ class Trainer:
             )
             if held is not None and not ours:
                 if not cfg.overwrite:
+                    resume = checkpoint.checkpoint_step(cfg.out) is not None
                     raise checkpoint.CheckpointError(
-                        f"{cfg.out}/ already holds a run at step {held}: --resume {cfg.out} to "
-                        "continue, or --out elsewhere, or --overwrite"
+                        f"{cfg.out}/ already holds {held}: "
+                        + (f"--resume {cfg.out} to continue, or " if resume else "")
+                        + "--out elsewhere, or --overwrite"
                     )
                 for name in ("checkpoint", "checkpoint.old", "checkpoint.new"):
                     shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
-            _trim_metrics(os.path.join(cfg.out, "metrics.jsonl"), self.step)
+            self._trim_metrics()
         except BaseException:
             lock.close()
             raise
         return lock
+
+    def _trim_metrics(self):
+        out = self.cfg.out
+        try:
+            _trim_metrics(os.path.join(out, "metrics.jsonl"), self.step)
+        except OSError as e:  # a full disk: the rows are written again whole (atomic_write)
+            what = checkpoint.write_failed(out, e, f"metrics.jsonl cut back to step {self.step}")
+            raise checkpoint.CheckpointError(f"{what}; {checkpoint.on_disk(out)}") from None
+
+    def _append(self, metrics, row):
+        """One row of metrics.jsonl; a full disk stops the run (CheckpointError: exit 2), since
+        the rows are the run's record. A short write is a full disk too."""
+        out, line = self.cfg.out, (strict_json(row) + "\n").encode()
+        try:
+            if metrics.write(line) != len(line):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            what = checkpoint.write_failed(out, e, f"step {row['step']}'s row of metrics.jsonl")
+            stop = f"{what}: stopping; {checkpoint.on_disk(out)}"
+            raise checkpoint.CheckpointError(stop) from None
+
+    def _plot(self, say):
+        """Draw loss.png. The run is done and saved by now: a picture that cannot be written (a
+        full disk) is a warning, not an exit 1 (diverged) or 2."""
+        out = self.cfg.out
+        try:
+            say(f"metrics: {plot_metrics(out)} (python scripts/plot_metrics.py {out})")
+        except OSError as e:
+            print(
+                f"warning: {checkpoint.write_failed(out, e, 'loss.png')}; the run is saved: "
+                f"draw it later with python scripts/plot_metrics.py {out}",
+                file=sys.stderr,
+            )
 
     def _stop_if_diverged(self, loss, skipped):
         """FloatingPointError (exit 1) when the run cannot go on: a non-finite loss in fp32 or
@@ -322,6 +413,56 @@ class Trainer:
             return
         raise FloatingPointError(f"{why}: stopping; {checkpoint.on_disk(cfg.out)} ({fix})")
 
+    # ---- stopping on a signal
+    def _catch_stop_signals(self):
+        """From now on SIGINT (Ctrl-C) and SIGTERM ask for a stop at the next step boundary
+        (_stop_if_asked); the first one puts the previous handlers back, so that a second one
+        stops at once. -> the previous handlers (none outside the main thread)."""
+        self.stop_signal, self.stop_said = None, False
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def ask(signum, frame):
+            self.stop_signal = signum
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
+            if self.rank0 and self.comm.size > 1:  # mpirun may kill us in 0.25 s: say it now
+                say_past_the_launcher(self._stop_line(signum))
+                self.stop_said = True
+
+        handlers = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+        return handlers
+
+    def _stop_if_asked(self):
+        """At a step boundary: if any rank got a stop signal, every rank raises Interrupted.
+        One process saves first (unless its last checkpoint is of this step, or fp16 is in the
+        middle of skips); under mpirun no rank saves, since mpirun, on Ctrl-C or SIGTERM, kills
+        the ranks 0.25 s after passing the signal on, too soon to finish a step, let alone a
+        save: the line rank 0 says at once names the checkpoint already on disk."""
+        signum = self.stop_signal
+        if self.comm.size > 1:  # one small collective a step, outside the counted ones
+            signum = next(filter(None, self.comm.all_gather_object(signum)), None)
+        if signum is None:
+            return
+        cfg, skipping = self.cfg, self.scaler and self.scaler.skips_in_a_row
+        if self.comm.size == 1 and cfg.save and self.step and not skipping:
+            if checkpoint.checkpoint_step(cfg.out) != self.step:
+                self.save()
+        raise Interrupted(self._stop_line(signum), signum, said=self.stop_said)
+
+    def _stop_line(self, signum):
+        """What a stopped run says: the checkpoint it leaves and the command that resumes it."""
+        cfg, R, name = self.cfg, self.comm.size, signal.Signals(signum).name
+        if R == 1:
+            line = f"stopped by {name} after step {self.step} of {cfg.steps}: "
+        else:
+            line = f"{name} under mpirun: stopping without a save (mpirun kills the ranks): "
+        line += checkpoint.on_disk(cfg.out)
+        if checkpoint.checkpoint_step(cfg.out) is not None:
+            launch = f"mpirun -n {R} " if R > 1 else ""
+            line += f"; continue with: {launch}python examples/train_gpt2.py --resume {cfg.out}"
+        return line
+
     # ---- the run
     def run(self):
         cfg, R = self.cfg, self.comm.size
@@ -341,11 +482,14 @@ class Trainer:
             f"{peak_name}" + (f" (per rank, x {R})" if R > 1 else "")
         )
         tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * R  # the global batch
-        metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a") if self.rank0 else None
+        # unbuffered: a row that cannot be written fails once, where it is written
+        metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "ab", 0) if self.rank0 else None
         bar = tqdm(total=cfg.steps, initial=self.step, disable=quiet, dynamic_ncols=True)
         history, save_due = [], False
+        handlers = self._catch_stop_signals()
         try:
             while self.step < cfg.steps:
+                self._stop_if_asked()
                 t0 = time.perf_counter()
                 loss, lr, norm, skipped = self.train_step()
                 backend.get(self.device).synchronize()
@@ -374,8 +518,7 @@ class Trainer:
                     row["val_loss"] = self.evaluate()
                     say(f"step {self.step}: train loss {loss:.4f}, val loss {row['val_loss']:.4f}")
                 if metrics:
-                    metrics.write(strict_json(row) + "\n")
-                    metrics.flush()
+                    self._append(metrics, row)
                 history.append(row)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.1%}")
                 bar.update(1)
@@ -391,6 +534,8 @@ class Trainer:
                 path = self.save()
                 say(f"checkpoint: {path}")
         finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
             bar.close()
             if self.rank0:
                 metrics.close()
@@ -402,25 +547,34 @@ class Trainer:
                 self.optimizer.numel, cfg.dtype, cfg.zero, R
             )
             say(report.communication_table(self.step_collectives, predicted, R))
-        say(f"metrics: {plot_metrics(cfg.out)} (python scripts/plot_metrics.py {cfg.out})")
+        self._plot(say)
         if cfg.report and not cfg.quiet:  # predicted vs measured, measured on a twin model
             say(report.for_trainer(self))
         return history
 
 
-class Mismatch(ValueError):
+class Agreed(ValueError):
+    """An error raised on every rank at the same point: rank 0 alone says it, and the ranks
+    exit together (cli.rank_errors)."""
+
+
+class Interrupted(Agreed):
+    """A stop signal, acted on by every rank at the same step boundary. said: rank 0 has said
+    it already; the exit code is the shell's for a signal, 128 + its number."""
+
+    def __init__(self, line, signum, said=False):
+        super().__init__(line)
+        self.code, self.said = 128 + signum, said
+
+
+class Mismatch(Agreed):
     """The ranks of one run disagree on what to train (raised on every rank at start-up)."""
 
 
-def _file_fingerprint(path, edge=1 << 20):
-    """(size, sha256 of the first and last MB): tells two copies of a token file apart
-    without reading a large one whole."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read(edge))
-        f.seek(max(os.path.getsize(path) - edge, 0))
-        h.update(f.read(edge))
-    return f"{os.path.getsize(path)} bytes, sha256 of its ends {h.hexdigest()[:16]}"
+def _file_fingerprint(path):
+    """(size, sha256 of the whole file): two copies that differ anywhere, even in one token
+    in the middle, are told apart. Each rank hashes its own copy, all at once."""
+    return f"{os.path.getsize(path)} bytes, sha256 {file_sha256(path)[:16]}"
 
 
 def strict_json(row):

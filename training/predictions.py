@@ -140,9 +140,10 @@ def predicted_saved_bytes(config, batch_size, seq_len, dtype, options):
     return tokens * (blocks + ln_f) + ids + predicted_head_bytes(config, tokens, dtype, options)
 
 
-def predicted_peak_bytes(config, batch_size, seq_len, dtype, options):
+def predicted_peak_bytes(config, batch_size, seq_len, dtype, options, zero=0, world=1):
     """The tracker's peak over a step, from its three parts: the persistent state (16 bytes per
-    stored element), everything saved, and the largest transient. The transient is the plain
+    stored element; on each of `world` ranks at ZeRO stage `zero`, predicted_state_bytes),
+    everything saved, and the largest transient. The transient is the plain
     loss's dlogits (as large as the logits, alive beside them), or the fused head's (its
     precompute design's: the recompute design's backward is not modelled) one block of fp32
     logits, which its dlogits overwrite, beside that block's fp32 dW before it is
@@ -150,8 +151,7 @@ def predicted_peak_bytes(config, batch_size, seq_len, dtype, options):
     is cast to fp32, before the dW (counted as saved) exists in a single block; with
     recomputation, one block's own activations may be larger."""
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
-    stored = config.padding_cost()["elements"] + _stored_parameters(config)
-    state = stored * sum(predicted_state_bytes(dtype).values())
+    state = stored_elements(config) * sum(predicted_state_bytes(dtype, zero, world).values())
     saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, options)
     Vp = config.padded_vocab_size
     if options.lm_head == "plain":
@@ -171,6 +171,12 @@ def predicted_peak_bytes(config, batch_size, seq_len, dtype, options):
 
 def _stored_parameters(config):
     return parameter_pieces(config)[-1][3]
+
+
+def stored_elements(config):
+    """The elements each buffer of the persistent state holds: the parameters and wte's
+    padding rows."""
+    return config.padding_cost()["elements"] + _stored_parameters(config)
 
 
 OPTION_GRID = [  # the eight combinations of the three trades

@@ -1,0 +1,48 @@
+"""A model that does not fit is refused at start, before its first big allocation: the bytes a
+run needs follow from its shape (training/report.py's predictions), and the memory there is
+from the kernel or the GPU. A refusal is one line (DoesNotFit, exit code 2)."""
+
+import os
+
+from tinygrad_like import backend, dtypes
+
+from . import predictions
+
+
+class DoesNotFit(ValueError):
+    """What a run needs is more than the memory available."""
+
+
+def available_bytes(device):
+    """The memory that can be allocated now: the GPU's free memory; on a CPU the kernel's
+    MemAvailable (free memory and the page cache it can drop), else the free pages."""
+    if device == "cuda":
+        return backend.get("cuda").xp.cuda.Device().mem_info[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # not Linux
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check(needed, device, what, fix):
+    """DoesNotFit when needed bytes exceed the memory available on device; what needs them
+    and fix (what to change) are words for the one line."""
+    have = available_bytes(device)
+    if needed > have:
+        raise DoesNotFit(
+            f"{what} needs about {needed / 1e9:,.2f} GB and {device} has {have / 1e9:,.2f} GB "
+            f"available: {fix}"
+        )
+
+
+def generation_bytes(config, dtype, tokens, device):
+    """Loading a checkpoint and generating `tokens` positions: the fp32 model as built, beside
+    the file's fp32 arrays (on a CPU) or its cast to dtype (on a GPU, the arrays are on the
+    host), and the KV cache's keys and values."""
+    size = dtypes.as_dtype(dtype).itemsize
+    weights = predictions.stored_elements(config) * (4 + (4 if device == "cpu" else size))
+    return weights + 2 * config.n_layer * tokens * config.n_embd * size
