@@ -491,6 +491,20 @@ def test_resume_takes_the_saved_config_and_reports_overrides(shakespeare, tmp_pa
     assert err[1:] == ["note: --lr 0.001 overrides the saved 0.002"]
 
 
+def test_the_schedule_warning_on_resume_is_rank_0s_alone(shakespeare, tmp_path, capsys):
+    """Rank 1 of 2 (a world whose collectives are the identity) resumes with another --steps:
+    it says nothing, rank 0 says the warning (tests/test_faults.py counts it under mpirun)."""
+    from tinygrad_like.distributed import Communicator
+
+    Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
+    capsys.readouterr()
+    resumed = dict(steps=3, resume=str(tmp_path))
+    Trainer(tiny(shakespeare, tmp_path, batch_size=1, **resumed), Communicator(rank=1, size=2))
+    assert capsys.readouterr().err == ""
+    Trainer(tiny(shakespeare, tmp_path, **resumed))
+    assert capsys.readouterr().err.startswith("warning: --steps 3 differs")
+
+
 def test_resume_refuses_to_change_the_model(shakespeare, tmp_path, capsys):
     Trainer(tiny(shakespeare, tmp_path, steps=1)).run()
     code, err = run_cli(["--resume", str(tmp_path), "--model", "gpt2-mini"], capsys)

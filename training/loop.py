@@ -348,13 +348,13 @@ class Trainer:
                     )
                 for name in ("checkpoint", "checkpoint.old", "checkpoint.new"):
                     shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
-            self._trim_metrics()
+            self._cut_metrics_back()
         except BaseException:
             lock.close()
             raise
         return lock
 
-    def _trim_metrics(self):
+    def _cut_metrics_back(self):
         out = self.cfg.out
         try:
             _trim_metrics(os.path.join(out, "metrics.jsonl"), self.step)
@@ -456,7 +456,7 @@ class Trainer:
         if R == 1:
             line = f"stopped by {name} after step {self.step} of {cfg.steps}: "
         else:
-            line = f"{name} under mpirun: stopping without a save (mpirun kills the ranks): "
+            line = f"{name} under mpirun: stopping without a save (no time for one): "
         line += checkpoint.on_disk(cfg.out)
         if checkpoint.checkpoint_step(cfg.out) is not None:
             launch = f"mpirun -n {R} " if R > 1 else ""
