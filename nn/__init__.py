@@ -1,6 +1,6 @@
 """Neural-network modules: Module, the layers of GPT-2, and GPT2 itself."""
 
-from .config import PRESETS, GPT2Config
+from .config import PRESETS, GPT2Config, LlamaConfig, from_preset
 from .gpt2 import GPT2, MLP, Block, CausalSelfAttention, KVCache
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList, Parameter
@@ -9,6 +9,8 @@ from .options import ExecutionOptions
 __all__ = [
     "GPT2",
     "GPT2Config",
+    "LlamaConfig",
+    "from_preset",
     "ExecutionOptions",
     "PRESETS",
     "Block",
