@@ -101,9 +101,9 @@ def launch(name, *args, **kwargs):
                 exps=exps,
             )
         )
-    if TRACKER.track_temporaries:
-        inputs = {id(a) for a in _arrays(args)} | {id(a) for a in _arrays(kwargs.values())}
+    if TRACKER.track_temporaries:  # what the tracker does not know yet: a new array, or an
+        # empty() buffer this kernel filled in place (fill, copy, out=); never a retag
         for a in _arrays(out if isinstance(out, tuple) else (out,)):
-            if id(a) not in inputs:
+            if TRACKER.tag_of(a) is None:
                 TRACKER.register(a, "temporaries")
     return out

@@ -6,7 +6,6 @@ step measured.
 """
 
 import re
-from dataclasses import replace
 
 import tinygrad_like.ops as F
 from nn import ExecutionOptions
@@ -108,16 +107,93 @@ def predicted_collectives(numel, dtype, zero, world, micro_batches=1):
     return rows + ([("all_reduce", "loss", 8)] if world > 1 else [])
 
 
+# ---------------------------------------------------------------- saved bytes and the peak
+#
+# What the memory tracker counts in a training step (tinygrad_like/memory.py): every buffer a
+# kernel makes or fills, while it is alive; a buffer the tape's records save is an activation
+# until the record that saved it last is freed. The peak is the largest sum of them, on top of
+# the persistent state, at some moment of the step; which moment depends on the options and the
+# shapes, so the prediction lists the candidates (step_moments), each as the tensors alive at
+# that moment, one line per tensor, and takes the largest. The family-specific part is what one
+# block saves and what its backward holds (_gpt2_block); the rest (the embeddings, the final
+# norm, the LM head and the loss, recomputation, the persistent state) is any decoder's.
+# Shapes: N = B·T rows, C channels, H heads, Vp the padded vocabulary, s the dtype's itemsize.
+
+
+def _gpt2_block(config, batch_size, seq_len, size, attention):
+    """GPT-2's block (nn/gpt2.py): (saved, moments).
+    saved: [(what, bytes)], what one block's records save for its backward (a buffer saved by
+    two records counts once).
+    moments: {name: (freed, extra, holds_upstream)} for each moment of the last block's
+    backward that may be the step's largest: bytes of `saved` released by then, the gradients
+    alive then [(what, bytes)], and whether the backward itself still holds the (B, T, C)
+    gradient that came in. The other moments hold less: after mlp.c_proj the gradients are no
+    larger, and the activations fall by more than they grow."""
+    B, T, C, H = batch_size, seq_len, config.n_embd, config.n_head
+    N = B * T
+    x, stats = N * C * size, 2 * N * 4  # one (B, T, C) tensor; a layernorm's fp32 mean, rstd
+    probs = B * H * T * T * size  # (B, H, T, T)
+    saved = [("ln_1: its input x (B, T, C), mean and rstd (B, T) fp32", x + stats)]
+    saved += [("c_attn: its input, ln_1's output (B·T, C)", x)]
+    saved += [("attention: q, k, v, views of c_attn's output (B·T, 3C)", 3 * x)]
+    if attention == "naive":
+        saved += [("attention: the probabilities (B, H, T, T)", probs)]
+    else:
+        saved += [("attention: its output (B, H, T, D), the lse (B, H, T) fp32", x + B * H * T * 4)]
+    if attention == "naive" or (T > 1 and H > 1):  # else (B, T, H, D) is a view of (B, H, T, D)
+        saved += [("attn.c_proj: its input, attention's output made contiguous (B, T, C)", x)]
+    saved += [
+        ("ln_2: its input (B, T, C), mean and rstd", x + stats),
+        ("mlp.c_fc: its input, ln_2's output (B·T, C)", x),
+        ("gelu: its input, c_fc's output (B·T, 4C)", 4 * x),
+        ("mlp.c_proj: its input, gelu's output (B·T, 4C)", 4 * x),
+    ]
+    moments = {
+        "the last block's backward: mlp.c_proj": (
+            0,
+            [
+                ("mlp.c_proj's dx (B·T, 4C)", 4 * x),
+                ("mlp.c_proj's dW (4C, C)", 4 * C * C * size),
+                ("mlp.c_proj's db (C,)", C * size),
+            ],
+            True,  # the residual add passed it on to both its inputs
+        )
+    }
+    if attention == "naive":  # grows with T²; the flash backward's blocks are not tracked
+        moments["the last block's backward: attention"] = (
+            11 * x + stats,  # the MLP's, ln_2's and c_proj's saved tensors
+            [
+                ("the residual stream's gradient, summed (B, T, C)", x),
+                ("attn.c_proj's dx, the attention's upstream gradient (B, T, C)", x),
+                ("dprobs and dscores (B, H, T, T)", 2 * probs),
+                ("dq, dk, dv (B, H, T, D)", 3 * x),
+            ],
+            False,
+        )
+    return saved, moments
+
+
+FAMILY_BLOCKS = {"GPT2Config": _gpt2_block}
+
+
+def _block(config, batch_size, seq_len, size, attention):
+    return FAMILY_BLOCKS[type(config).__name__](config, batch_size, seq_len, size, attention)
+
+
+def _loss_chain(dtype, world):
+    """The 0-d fp32 ops the step runs on the loss before backward (training/step.py): the
+    division by the ranks (world > 1), the fp16 loss scale. Each saves its array operand."""
+    return (world > 1) + (dtypes.as_dtype(dtype) == dtypes.float16)
+
+
 def predicted_activation_bytes(config, seq_len, dtype, options):
     """Bytes saved for backward per token per layer under ACTIVATION_CONVENTION, for the
     model's ExecutionOptions."""
-    size, C, H = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.n_head
+    size = dtypes.as_dtype(dtype).itemsize
     if options.recompute:
-        return C * size
-    stats = 2 * 2 * 4  # two layernorms' fp32 mean and rstd
-    if options.attention == "flash":
-        return 17 * C * size + 4 * H + stats
-    return (16 * C + H * seq_len) * size + stats
+        return config.n_embd * size
+    saved, _ = _block(config, 1, seq_len, size, options.attention)
+    return sum(b for _, b in saved) // seq_len
 
 
 def predicted_head_bytes(config, tokens, dtype, options):
@@ -130,43 +206,187 @@ def predicted_head_bytes(config, tokens, dtype, options):
     return 4 * tokens * C + 4 * Vp * C
 
 
-def predicted_saved_bytes(config, batch_size, seq_len, dtype, options):
+def _saved_lines(config, batch_size, seq_len, dtype, options, world=1):
+    """[(what, bytes)]: everything the tape holds at the end of a forward."""
+    B, T, size = batch_size, seq_len, dtypes.as_dtype(dtype).itemsize
+    N, C, L = B * T, config.n_embd, config.n_layer
+    block = sum(b for _, b in _block(config, B, T, size, options.attention)[0])
+    return [
+        ("the embeddings' ids (B, T) and positions (T,), int64", 8 * (N + T)),
+        (f"{L} blocks", L * (N * C * size if options.recompute else block)),
+        ("ln_f: its input (B, T, C), mean and rstd (B, T) fp32", N * (C * size + 8)),
+        ("the LM head and the loss", predicted_head_bytes(config, N, dtype, options)),
+        ("the loss's 0-d fp32 ops (divided by the ranks, scaled)", 4 * _loss_chain(dtype, world)),
+    ]
+
+
+def predicted_saved_bytes(config, batch_size, seq_len, dtype, options, world=1):
     """Everything the tape holds at the end of a forward: the blocks, the head and loss, ln_f's
-    input and stats, and the embeddings' int64 ids (wte's per token, wpe's per position)."""
-    tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
-    blocks = config.n_layer * predicted_activation_bytes(config, seq_len, dtype, options)
-    ln_f = config.n_embd * size + 2 * 4
-    ids = 8 * (tokens + seq_len)
-    return tokens * (blocks + ln_f) + ids + predicted_head_bytes(config, tokens, dtype, options)
+    input and stats, the embeddings' int64 ids (wte's per token, wpe's per position) and the
+    0-d loss the fp16 loss scale (and the division by the ranks) saves."""
+    return sum(b for _, b in _saved_lines(config, batch_size, seq_len, dtype, options, world))
+
+
+def _head_blocks(tokens):
+    """The fused head's row blocks (ops._row_blocks) that may hold its largest moment:
+    [(index, rows)]: the first, the last full one and the last (the blocks before each keep
+    their losses, so among the full ones after the first the last holds the most)."""
+    R = F.HEAD_BLOCK_ROWS
+    n = -(-tokens // R)
+    last_full = tokens // R - 1
+    return [(k, min(R, tokens - k * R)) for k in sorted({0, max(last_full, 0), n - 1})]
+
+
+def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
+    """The fused head in its precompute design: each forward block's logits in fp32, made its
+    dlogits in place, then its dX rows and dW share; its backward only scales what it saved
+    (and rounds it, fp16 and bf16)."""
+    moments = {}
+    for k, r in _head_blocks(N):
+        common = before_head + [
+            ("the head's input, ln_f's output (B·T, C)", N * C * size),
+            ("the unit dloss (1,) fp32", 4),
+            ("the losses of the blocks before (rows,) fp32", 4 * k * F.HEAD_BLOCK_ROWS),
+            ("dW so far (Vp, C) fp32", 4 * Vp * C if k else 0),
+        ]
+        if size < 4:  # the logits GEMM's output, cast to fp32
+            moments[f"the fused head's forward, block {k}: the logits' cast"] = common + [
+                ("dX (B·T, C) fp32, made by block 0's first copy", 4 * N * C if k else 0),
+                ("the block's logits (rows, Vp)", r * Vp * size),
+                ("the block's logits (rows, Vp) fp32", 4 * r * Vp),
+            ]
+        after = common + [
+            ("dX (B·T, C) fp32", 4 * N * C),
+            ("the block's losses (rows,) fp32", 4 * r),
+            ("the block's logits, now its dlogits (rows, Vp) fp32", 4 * r * Vp),
+        ]
+        moments[f"the fused head's forward, block {k}: dX rows"] = after + [
+            ("the block's dX rows (rows, C) fp32, before their copy", 4 * r * C)
+        ]
+        moments[f"the fused head's forward, block {k}: dW"] = after + [
+            ("the block's dW share (Vp, C) fp32", 4 * Vp * C)
+        ]
+    moments["the fused head's forward: the loss"] = before_head + [
+        ("the head's input, ln_f's output (B·T, C)", N * C * size),
+        ("the unit dloss (1,) fp32", 4),
+        ("dX (B·T, C) and dW (Vp, C) fp32", 4 * (N + Vp) * C),
+        ("the losses (B·T,) fp32 and their concatenation", 8 * N),
+        ("their sum, 0-d fp32", 4),
+    ]
+    if size < 4:  # the saved fp32 gradients times the upstream one, rounded to the dtype
+        moments["the fused head's backward: rounding"] = (
+            all_saved + loss + upstream + [("dX and dW in the dtype", (N + Vp) * C * size)]
+        )
+    return moments
+
+
+def _recompute_head(all_saved, scalars, N, C, Vp, size):
+    """The fused head in its recompute design: each backward block's logits again, their
+    dlogits, its dX rows and its dW share, summed in fp32 (block 0's share cast to it)."""
+    moments = {}
+    for k, r in _head_blocks(N)[:2]:  # the first, and the largest after it
+        common = (
+            all_saved
+            + scalars
+            + [
+                ("dx (B·T, C), made by block 0's first copy", N * C * size),
+                ("the block's logits and dlogits (rows, Vp)", 2 * r * Vp * size),
+            ]
+        )
+        moments[f"the fused head's backward, block {k}: dX rows"] = common + [
+            ("the block's dX rows (rows, C), before their copy", r * C * size),
+            ("dW so far (Vp, C) fp32", 4 * Vp * C if k else 0),
+        ]
+        moments[f"the fused head's backward, block {k}: dW"] = common + [
+            ("the block's dW share (Vp, C)", Vp * C * size),
+            (
+                "dW so far, or block 0's share cast, (Vp, C) fp32",
+                4 * Vp * C if k or size < 4 else 0,
+            ),
+        ]
+    return moments
+
+
+def _plain_head(before_head, all_saved, scalars, loss, N, C, Vp, size):
+    """The plain head: the loss's backward makes dlogits beside the logits, then the head's
+    GEMMs its dx and dW once the logits are freed."""
+    x = N * C * size
+    return {
+        "the loss's backward: dlogits": all_saved
+        + scalars
+        + [("dlogits (B·T, Vp)", N * Vp * size)],
+        "the LM head's backward: dW": before_head
+        + loss
+        + [
+            ("the head's input, ln_f's output (B·T, C)", x),
+            ("dlogits (B·T, Vp)", N * Vp * size),
+            ("the head's dx (B·T, C)", x),
+            ("the head's dW (Vp, C)", Vp * C * size),
+        ],
+    }
+
+
+def _block_moments(config, B, T, size, options, ids, loss):
+    """The last block's backward (its own moments, _gpt2_block's), beside the other blocks'
+    saved tensors; under recomputation inside its checkpoint's backward (autograd.Checkpoint),
+    which also holds the recomputed output and the gradient that came in."""
+    x, C, L = B * T * config.n_embd * size, config.n_embd, config.n_layer
+    block_saved, moments = _block(config, B, T, size, options.attention)
+    block = sum(b for _, b in block_saved)
+    out = {}
+    for name, (freed, extra, holds_upstream) in moments.items():
+        lines = [
+            ids,
+            (f"the other {L - 1} blocks' saved", (L - 1) * (x if options.recompute else block)),
+        ]
+        lines += [("the last block's saved tensors not yet released", block - freed)]
+        if options.recompute:
+            lines += [
+                ("the recomputed block's output (B, T, C)", x),
+                ("ln_f's db (C,), the outer backward's last gradient", C * size),
+            ]
+        if holds_upstream or options.recompute:
+            lines += [("the block's upstream gradient, ln_f's dx (B, T, C)", x)]
+        out[name] = lines + extra + loss
+    return out
+
+
+def step_moments(config, batch_size, seq_len, dtype, options, zero=0, world=1):
+    """{moment: [(what, bytes)]}: the moments of a training step at which the tracker's total
+    may peak, each as the tensors alive then, the persistent state first (on each of `world`
+    ranks at ZeRO stage `zero`); measure._step_peak's peak is the largest sum. The loss is a 0-d
+    fp32 tensor the step holds through the backward; the ones the first backward starts from
+    are a host copy, no kernel's, so the tracker does not see them."""
+    B, T = batch_size, seq_len
+    size, fp16 = dtypes.as_dtype(dtype).itemsize, dtypes.as_dtype(dtype) == dtypes.float16
+    N, C, Vp = B * T, config.n_embd, config.padded_vocab_size
+    state = [
+        (f"persistent {tag}", stored_elements(config) * b)
+        for tag, b in predicted_state_bytes(dtype, zero, world).items()
+    ]
+    if zero == 2:  # what the backward accumulates into, from zero_grad to the reduce-scatter
+        state += [("the full gradient buffer (ZeRO-2)", stored_elements(config) * size)]
+    saved = _saved_lines(config, B, T, dtype, options, world)
+    before_head, all_saved = saved[:3], saved[:4]  # the chain's scalars: counted below
+    loss = [("the loss (and the fp16 scaled loss), 0-d fp32", 4 * (1 + fp16))]
+    upstream = [("the head's upstream gradient, 0-d fp32", 4)] if _loss_chain(dtype, world) else []
+    scalars = loss + upstream + [("dloss = upstream / count, 0-d fp32", 4)]
+    if options.lm_head == "plain":
+        moments = _plain_head(before_head, all_saved, scalars, loss, N, C, Vp, size)
+    elif options.lm_head_design == "precompute":
+        moments = _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size)
+    else:
+        moments = _recompute_head(all_saved, scalars, N, C, Vp, size)
+    moments.update(_block_moments(config, B, T, size, options, saved[0], loss))
+    return {name: state + lines for name, lines in moments.items()}
 
 
 def predicted_peak_bytes(config, batch_size, seq_len, dtype, options, zero=0, world=1):
-    """The tracker's peak over a step, from its three parts: the persistent state (16 bytes per
-    stored element; on each of `world` ranks at ZeRO stage `zero`, predicted_state_bytes),
-    everything saved, and the largest transient. The transient is the plain
-    loss's dlogits (as large as the logits, alive beside them), or the fused head's (its
-    precompute design's: the recompute design's backward is not modelled) one block of fp32
-    logits, which its dlogits overwrite, beside that block's fp32 dW before it is
-    summed (from the second block on) or (fp16, bf16) beside the logits GEMM's output while it
-    is cast to fp32, before the dW (counted as saved) exists in a single block; with
-    recomputation, one block's own activations may be larger."""
-    tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
-    state = stored_elements(config) * sum(predicted_state_bytes(dtype, zero, world).values())
-    saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, options)
-    Vp = config.padded_vocab_size
-    if options.lm_head == "plain":
-        transient = tokens * Vp * size
-    else:
-        rows = min(tokens, F.HEAD_BLOCK_ROWS)  # the first block's dW starts the sum in place
-        logits, dw = rows * Vp * 4, 4 * Vp * config.n_embd
-        cast = rows * Vp * size if size < 4 else 0
-        transient = logits + (max(dw, cast) if tokens > rows else max(0, cast - dw))
-    if options.recompute:
-        block = predicted_activation_bytes(
-            config, seq_len, dtype, replace(options, recompute=False)
-        )
-        transient = max(transient, tokens * (block - config.n_embd * size))
-    return state + saved + transient
+    """The tracker's peak over a step: the largest moment of step_moments (the persistent state
+    on each of `world` ranks at ZeRO stage `zero`, predicted_state_bytes, with what is alive
+    then)."""
+    moments = step_moments(config, batch_size, seq_len, dtype, options, zero, world)
+    return max(sum(b for _, b in lines) for lines in moments.values())
 
 
 def _stored_parameters(config):
