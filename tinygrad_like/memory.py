@@ -2,7 +2,9 @@
 
 Tags: the persistent training state (weights, gradients, master, adam_m, adam_v), the arrays
 the tape saves for backward (activations) and everything else kernels make (temporaries,
-tracked only while a trace is recording, since that costs a finalizer per launch).
+tracked only while a trace is recording, since that costs a finalizer per launch). An array no
+kernel made (the caller's token ids, which the CPU uses as they are) counts while a record
+saves it, and is forgotten after: it is the caller's memory, before and after the step.
 
 A buffer is identified by its root array (views share their base's memory, so a slice of the
 QKV output saved three times counts once). A buffer's death is seen through a weakref
@@ -37,6 +39,7 @@ class MemoryTracker:
     def __init__(self):
         self.buffers = {}  # id(root) -> [tag, nbytes]
         self.saved_by = {}  # id(root) -> number of live tape records that saved it
+        self.adopted = set()  # id(root) of saved buffers no kernel made
         self.current = dict.fromkeys(TAGS, 0)
         self.peak = dict.fromkeys(TAGS, 0)
         self.peak_total = 0
@@ -83,9 +86,12 @@ class MemoryTracker:
         return entry[0] if entry else None
 
     def _death(self, key):
-        tag, nbytes = self.buffers.pop(key)
+        entry = self.buffers.pop(key, None)
+        if entry is None:  # forgotten (an adopted buffer) before it died
+            return
         self.saved_by.pop(key, None)
-        self._move(tag, -nbytes)
+        self.adopted.discard(key)
+        self._move(entry[0], -entry[1])
 
     # ---- the tape's use: saved arrays are activations while some record holds them
     def save_for_backward(self, arrays):
@@ -97,21 +103,30 @@ class MemoryTracker:
                 continue
             count = self.saved_by.get(id(buf), 0)
             if count == 0:
+                adopt = self.tag_of(buf) is None  # no kernel made it
                 self.register(buf, "activations")
+                if adopt and self.tag_of(buf) is not None:
+                    self.adopted.add(id(buf))
                 new += buf.nbytes
             self.saved_by[id(buf)] = count + 1
         return new
 
     def release_saved(self, arrays):
         """A record freed its saved arrays: buffers no live record holds any more go back to
-        being temporaries (if anything else still keeps them alive)."""
+        being temporaries (if anything else still keeps them alive), or untracked when no
+        kernel made them (adopted)."""
         for buf in _unique_roots(arrays):
             count = self.saved_by.get(id(buf))
             if count is None:
                 continue
             if count == 1:
                 del self.saved_by[id(buf)]
-                self.retag(buf, "temporaries", only_from=("activations",))
+                if id(buf) in self.adopted:  # the caller's again: no longer counted
+                    self.adopted.discard(id(buf))
+                    tag, nbytes = self.buffers.pop(id(buf))  # its finalizer finds nothing
+                    self._move(tag, -nbytes)
+                else:
+                    self.retag(buf, "temporaries", only_from=("activations",))
             else:
                 self.saved_by[id(buf)] = count - 1
 
