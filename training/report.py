@@ -36,6 +36,7 @@ from .predictions import (
     predicted_peak_bytes,
     predicted_saved_bytes,
     predicted_state_bytes,
+    step_moments,
 )
 from .tables import table, wrap
 
@@ -457,7 +458,9 @@ def _memory_trades(m, budget_bytes):
     """The tracker's peak predicted beside measured, and what the three options buy: the
     largest batch at this T that fits the budget under each combination."""
     c = m.config
-    predicted = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, m.options)
+    moments = step_moments(c, m.batch_size, m.seq_len, m.dtype, m.options)
+    at = max(moments, key=lambda name: sum(b for _, b in moments[name]))
+    predicted = sum(b for _, b in moments[at])
     rows = []
     for opts in OPTION_GRID:
         peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
@@ -476,8 +479,8 @@ def _memory_trades(m, budget_bytes):
         [
             "-- peak memory of the step (the tracker, temporaries included) and the three trades",
             f"  measured peak {m.peak_bytes:,} bytes ({m.peak_bytes / 1e6:,.1f} MB); predicted "
-            f"{predicted:,} ({predicted / 1e6:,.1f} MB: the persistent state, everything saved, "
-            f"and the largest transient), {m.peak_bytes / predicted:.3f}x",
+            f"{predicted:,} ({predicted / 1e6:,.1f} MB), {m.peak_bytes / predicted:.3f}x, at "
+            f"{at}: the persistent state and the tensors alive then",
             f"  largest batch at T = {m.seq_len:,} in a budget of {budget_bytes / 1e9:,.1f} GB "
             f"({m.dtype}), from the predicted peak:",
             table(
