@@ -115,13 +115,15 @@ def predicted_collectives(numel, dtype, zero, world, micro_batches=1):
 # the persistent state, at some moment of the step; which moment depends on the options and the
 # shapes, so the prediction lists the candidates (step_moments), each as the tensors alive at
 # that moment, one line per tensor, and takes the largest. The family-specific part is what one
-# block saves and what its backward holds (_gpt2_block); the rest (the embeddings, the final
-# norm, the LM head and the loss, recomputation, the persistent state) is any decoder's.
+# block saves and what its backward holds, with what its embeddings and final norm save
+# (_gpt2, one function per family in FAMILIES); the rest (the LM head and the loss,
+# recomputation, the persistent state, the moments' bookkeeping) is any decoder's.
 # Shapes: N = B·T rows, C channels, H heads, Vp the padded vocabulary, s the dtype's itemsize.
 
 
-def _gpt2_block(config, batch_size, seq_len, size, attention):
-    """GPT-2's block (nn/gpt2.py): (saved, moments).
+def _gpt2(config, batch_size, seq_len, size, attention):
+    """GPT-2's part (nn/gpt2.py): (inputs, saved, moments, final_norm).
+    inputs and final_norm: (what, bytes) the embeddings and ln_f save.
     saved: [(what, bytes)], what one block's records save for its backward (a buffer saved by
     two records counts once).
     moments: {name: (freed, extra, holds_upstream)} for each moment of the last block's
@@ -170,14 +172,16 @@ def _gpt2_block(config, batch_size, seq_len, size, attention):
             ],
             False,
         )
-    return saved, moments
+    inputs = ("the embeddings' ids (B, T) and positions (T,), int64", 8 * (N + T))
+    final_norm = ("ln_f: its input (B, T, C), mean and rstd (B, T) fp32", x + stats)
+    return inputs, saved, moments, final_norm
 
 
-FAMILY_BLOCKS = {GPT2Config: _gpt2_block}  # config class -> its block's (saved, moments)
+FAMILIES = {GPT2Config: _gpt2}  # config class -> its part of the predictions
 
 
-def _block(config, batch_size, seq_len, size, attention):
-    return FAMILY_BLOCKS[type(config)](config, batch_size, seq_len, size, attention)
+def _family(config, batch_size, seq_len, size, attention):
+    return FAMILIES[type(config)](config, batch_size, seq_len, size, attention)
 
 
 def _loss_chain(dtype, world):
@@ -192,7 +196,7 @@ def predicted_activation_bytes(config, seq_len, dtype, options):
     size = dtypes.as_dtype(dtype).itemsize
     if options.recompute:
         return config.n_embd * size
-    saved, _ = _block(config, 1, seq_len, size, options.attention)
+    saved = _family(config, 1, seq_len, size, options.attention)[1]
     return sum(b for _, b in saved) // seq_len
 
 
@@ -210,11 +214,12 @@ def _saved_lines(config, batch_size, seq_len, dtype, options, world=1):
     """[(what, bytes)]: everything the tape holds at the end of a forward."""
     B, T, size = batch_size, seq_len, dtypes.as_dtype(dtype).itemsize
     N, C, L = B * T, config.n_embd, config.n_layer
-    block = sum(b for _, b in _block(config, B, T, size, options.attention)[0])
+    inputs, saved, _, final_norm = _family(config, B, T, size, options.attention)
+    block = sum(b for _, b in saved)
     return [
-        ("the embeddings' ids (B, T) and positions (T,), int64", 8 * (N + T)),
+        inputs,
         (f"{L} blocks", L * (N * C * size if options.recompute else block)),
-        ("ln_f: its input (B, T, C), mean and rstd (B, T) fp32", N * (C * size + 8)),
+        final_norm,
         ("the LM head and the loss", predicted_head_bytes(config, N, dtype, options)),
         ("the loss's 0-d fp32 ops (divided by the ranks, scaled)", 4 * _loss_chain(dtype, world)),
     ]
@@ -244,7 +249,7 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
     moments = {}
     for k, r in _head_blocks(N):
         common = before_head + [
-            ("the head's input, ln_f's output (B·T, C)", N * C * size),
+            ("the head's input, the final norm's output (B·T, C)", N * C * size),
             ("the unit dloss (1,) fp32", 4),
             ("the losses of the blocks before (rows,) fp32", 4 * k * F.HEAD_BLOCK_ROWS),
             ("dW so far (Vp, C) fp32", 4 * Vp * C if k else 0),
@@ -267,7 +272,7 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
             ("the block's dW share (Vp, C) fp32", 4 * Vp * C)
         ]
     moments["the fused head's forward: the loss"] = before_head + [
-        ("the head's input, ln_f's output (B·T, C)", N * C * size),
+        ("the head's input, the final norm's output (B·T, C)", N * C * size),
         ("the unit dloss (1,) fp32", 4),
         ("dX (B·T, C) and dW (Vp, C) fp32", 4 * (N + Vp) * C),
         ("the losses (B·T,) fp32 and their concatenation", 8 * N),
@@ -318,7 +323,7 @@ def _plain_head(before_head, all_saved, scalars, loss, N, C, Vp, size):
         "the LM head's backward: dW": before_head
         + loss
         + [
-            ("the head's input, ln_f's output (B·T, C)", x),
+            ("the head's input, the final norm's output (B·T, C)", x),
             ("dlogits (B·T, Vp)", N * Vp * size),
             ("the head's dx (B·T, C)", x),
             ("the head's dW (Vp, C)", Vp * C * size),
@@ -327,11 +332,11 @@ def _plain_head(before_head, all_saved, scalars, loss, N, C, Vp, size):
 
 
 def _block_moments(config, B, T, size, options, ids, loss):
-    """The last block's backward (its own moments, _gpt2_block's), beside the other blocks'
+    """The last block's backward (its family's moments), beside the other blocks'
     saved tensors; under recomputation inside its checkpoint's backward (autograd.Checkpoint),
     which also holds the recomputed output and the gradient that came in."""
     x, C, L = B * T * config.n_embd * size, config.n_embd, config.n_layer
-    block_saved, moments = _block(config, B, T, size, options.attention)
+    _, block_saved, moments, _ = _family(config, B, T, size, options.attention)
     block = sum(b for _, b in block_saved)
     out = {}
     for name, (freed, extra, holds_upstream) in moments.items():
@@ -343,10 +348,10 @@ def _block_moments(config, B, T, size, options, ids, loss):
         if options.recompute:
             lines += [
                 ("the recomputed block's output (B, T, C)", x),
-                ("ln_f's db (C,), the outer backward's last gradient", C * size),
+                ("the final norm's last gradient (C,), the outer loop's", C * size),
             ]
         if holds_upstream or options.recompute:
-            lines += [("the block's upstream gradient, ln_f's dx (B, T, C)", x)]
+            lines += [("the block's upstream gradient, the final norm's dx (B, T, C)", x)]
         out[name] = lines + extra + loss
     return out
 
@@ -362,7 +367,9 @@ def step_moments(config, batch_size, seq_len, dtype, options, zero=0, world=1):
     the embeddings' backward (wte's (Vp, C) gradient, less than any head moment's), the
     optimizer's step (nothing but the state). A kernel's own scratch (a NumPy temporary inside
     it, the flash backward's blocks) is no buffer the tracker sees; dropout (0 in every preset)
-    is not counted. Exact for the tracker on every shape measured (tests/test_predictions.py)."""
+    is not counted. Exact for the tracker on one rank on every shape measured
+    (tests/test_predictions.py); the division by the ranks and ZeRO-2's full gradient buffer
+    are derived, not measured."""
     B, T = batch_size, seq_len
     size, fp16 = dtypes.as_dtype(dtype).itemsize, dtypes.as_dtype(dtype) == dtypes.float16
     N, C, Vp = B * T, config.n_embd, config.padded_vocab_size

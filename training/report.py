@@ -479,8 +479,8 @@ def _memory_trades(m, budget_bytes):
         [
             "-- peak memory of the step (the tracker, temporaries included) and the three trades",
             f"  measured peak {m.peak_bytes:,} bytes ({m.peak_bytes / 1e6:,.1f} MB); predicted "
-            f"{predicted:,} ({predicted / 1e6:,.1f} MB), {m.peak_bytes / predicted:.3f}x, at "
-            f"{at}: the persistent state and the tensors alive then",
+            f"{predicted:,} ({predicted / 1e6:,.1f} MB), {m.peak_bytes / predicted:.3f}x; "
+            f"predicted at {at} (the persistent state and the tensors alive then)",
             f"  largest batch at T = {m.seq_len:,} in a budget of {budget_bytes / 1e9:,.1f} GB "
             f"({m.dtype}), from the predicted peak:",
             table(
