@@ -394,12 +394,19 @@ def step_moments(config, batch_size, seq_len, dtype, options, zero=0, world=1):
     return {name: state + lines for name, lines in moments.items()}
 
 
-def predicted_peak_bytes(config, batch_size, seq_len, dtype, options, zero=0, world=1):
-    """The tracker's peak over a step: the largest moment of step_moments (the persistent state
-    on each of `world` ranks at ZeRO stage `zero`, predicted_state_bytes, with what is alive
-    then)."""
+def predicted_peak(config, batch_size, seq_len, dtype, options, zero=0, world=1):
+    """-> (moment, bytes): the largest moment of step_moments, the tracker's peak over a step
+    (the persistent state on each of `world` ranks at ZeRO stage `zero`, predicted_state_bytes,
+    with the tensors alive then)."""
     moments = step_moments(config, batch_size, seq_len, dtype, options, zero, world)
-    return max(sum(b for _, b in lines) for lines in moments.values())
+    totals = {name: sum(b for _, b in lines) for name, lines in moments.items()}
+    at = max(totals, key=totals.get)
+    return at, totals[at]
+
+
+def predicted_peak_bytes(config, batch_size, seq_len, dtype, options, zero=0, world=1):
+    """The tracker's peak over a step (predicted_peak's bytes)."""
+    return predicted_peak(config, batch_size, seq_len, dtype, options, zero, world)[1]
 
 
 def _stored_parameters(config):

@@ -33,10 +33,10 @@ from .predictions import (
     parameter_pieces,
     predicted_activation_bytes,
     predicted_head_bytes,
+    predicted_peak,
     predicted_peak_bytes,
     predicted_saved_bytes,
     predicted_state_bytes,
-    step_moments,
 )
 from .tables import table, wrap
 
@@ -458,9 +458,7 @@ def _memory_trades(m, budget_bytes):
     """The tracker's peak predicted beside measured, and what the three options buy: the
     largest batch at this T that fits the budget under each combination."""
     c = m.config
-    moments = step_moments(c, m.batch_size, m.seq_len, m.dtype, m.options)
-    at = max(moments, key=lambda name: sum(b for _, b in moments[name]))
-    predicted = sum(b for _, b in moments[at])
+    at, predicted = predicted_peak(c, m.batch_size, m.seq_len, m.dtype, m.options)
     rows = []
     for opts in OPTION_GRID:
         peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
