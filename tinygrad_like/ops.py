@@ -10,12 +10,15 @@ Over 500 lines on purpose: it is the whole list of differentiable ops, each forw
 backward (tinygrad's mlops.py), so that one file answers "what can the tape record".
 """
 
+import builtins  # `sum` and `max` below are ops
 import math
+from collections import namedtuple
 
 import numpy as np
 
 from . import backend, dtypes, profiler, rng
 from .autograd import Function, is_grad_enabled
+from .backend.contract import UNARY_OPS
 from .kernels import launch
 from .rng import get_rng_state, manual_seed, set_rng_state  # noqa: F401 (F.manual_seed, ...)
 from .tensor import Tensor
@@ -104,11 +107,8 @@ class Div(Function):
         a, b = ctx.saved
         ma, mb = ctx.metas
         da = _unbroadcast(launch("div", g, b), *ma) if ma else None
-        db = None
-        if mb:  # d(a/b)/db = -a / b^2
-            db = _unbroadcast(
-                launch("neg", launch("div", launch("mul", g, a), launch("mul", b, b))), *mb
-            )
+        # d(a/b)/db = -a / b^2, in one kernel: b * b in fp16 overflows for |b| >= 256
+        db = _unbroadcast(launch("div_bwd", a, b, g), *mb) if mb else None
         return da, db
 
 
@@ -122,16 +122,100 @@ class Neg(Function):
         return launch("neg", g)
 
 
+class Unary(Function):
+    """One of contract.UNARY_OPS (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, relu): one kernel
+    pair for all, op'(x) recomputed from the saved input. _UNARY makes one subclass per op, so
+    the tape names the op."""
+
+    op = None
+
+    @classmethod
+    def forward(cls, ctx, x):
+        ctx.save_for_backward(x)
+        return launch("unary_fwd", x, cls.op)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        (x,) = ctx.saved
+        return launch("unary_bwd", x, g, cls.op)
+
+
+_UNARY = {op: type(op.capitalize(), (Unary,), {"op": op, "name": op}) for op in UNARY_OPS}
+
+
+def _rows(a):
+    """a made C-contiguous for a row kernel: itself when it is, else one counted copy."""
+    return a if a.flags.c_contiguous else launch("contiguous", a)
+
+
+class Softmax(Function):
+    """softmax over the last axis (the functional API moves the dim there); saves the output."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = launch("softmax_fwd", _rows(x))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("softmax_bwd", ctx.saved[0], _rows(g))
+
+
+class LogSoftmax(Function):
+    """log_softmax over the last axis; saves the output."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = launch("log_softmax_fwd", _rows(x))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("log_softmax_bwd", ctx.saved[0], _rows(g))
+
+
+class Amax(Function):
+    """The max over axes (normalized, _axes); the gradient is shared evenly by ties, as in
+    PyTorch's amax (and max without a dim)."""
+
+    @staticmethod
+    def forward(ctx, x, axes, keepdim):
+        y = launch("amax", x, axis=axes, keepdims=True)  # reduced axes kept: (..., 1, ...)
+        ctx.save_for_backward(x, y)
+        ctx.axes = axes
+        return y if keepdim else y.reshape([n for i, n in enumerate(x.shape) if i not in axes])
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved
+        return launch("amax_bwd", x, y, g.reshape(y.shape), ctx.axes)
+
+
+class Max(Function):
+    """max along one dim (normalized) given idx, its argmax (axis kept, not differentiable): the
+    gradient goes to the index, as torch.max(x, dim)."""
+
+    @staticmethod
+    def forward(ctx, x, idx, dim, keepdim):
+        ctx.save_for_backward(idx)
+        ctx.shape, ctx.dim = x.shape, dim
+        y = launch("amax", x, axis=dim, keepdims=keepdim)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved
+        g = g.reshape(idx.shape)  # the dim kept
+        return launch("max_bwd", g, idx, ctx.shape, ctx.dim), None, None, None
+
+
 class Sum(Function):
     @staticmethod
-    def forward(ctx, x, axis, keepdims):
-        ctx.shape = x.shape
-        ctx.axis = (
-            tuple(range(x.ndim))
-            if axis is None
-            else tuple(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
-        )
-        return launch("sum", x, axis=ctx.axis, keepdims=keepdims)
+    def forward(ctx, x, axes, keepdims):  # axes: normalized (_axes)
+        ctx.shape, ctx.axis = x.shape, axes
+        return launch("sum", x, axis=axes, keepdims=keepdims)
 
     @staticmethod
     def backward(ctx, g):
@@ -168,6 +252,12 @@ def _can_view(x, shape):
 def _reshape(x, shape):
     """A view when the strides allow one, else an explicit, counted copy first."""
     return (x if _can_view(x, shape) else launch("contiguous", x)).reshape(shape)
+
+
+def _matrix(a):
+    """a (..., K) as (M, K), M the product of the leading dims: a view when the strides allow
+    (-1 would be ambiguous for K = 0)."""
+    return _reshape(a, (math.prod(a.shape[:-1]), a.shape[-1]))
 
 
 class Reshape(Function):
@@ -241,7 +331,7 @@ class MatMul(Function):
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
         if b.ndim == 2 and a.ndim > 2:  # fold the batch into M: one 2-D GEMM
-            y = launch("matmul", _reshape(a, (-1, a.shape[-1])), b)
+            y = launch("matmul", _matrix(a), b)
             return y.reshape(*a.shape[:-1], b.shape[-1])
         return launch("matmul", a, b)
 
@@ -249,7 +339,7 @@ class MatMul(Function):
     def backward(ctx, g):
         a, b = ctx.saved
         if b.ndim == 2 and a.ndim > 2:
-            g2, a2 = _reshape(g, (-1, g.shape[-1])), _reshape(a, (-1, a.shape[-1]))
+            g2, a2 = _matrix(g), _matrix(a)
             return launch("matmul_nt", g2, b).reshape(a.shape), launch("matmul_tn", a2, g2)
         da = launch("matmul_nt", g, b)  # dA = dY B^T
         db = launch("matmul_tn", a, g)  # dB = A^T dY
@@ -265,7 +355,7 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias=None, transposed=False):
-        x2 = _reshape(x, (-1, x.shape[-1]))  # (M, K), M = B*T
+        x2 = _matrix(x)  # (M, K), M = B*T
         ctx.save_for_backward(x2, weight)
         ctx.x_shape, ctx.has_bias, ctx.transposed = x.shape, bias is not None, transposed
         if transposed:  # (M, K) @ (N, K)^T
@@ -281,7 +371,7 @@ class Linear(Function):
     @staticmethod
     def backward(ctx, g):
         x2, weight = ctx.saved
-        g2 = _reshape(g, (-1, g.shape[-1]))  # (M, N)
+        g2 = _matrix(g)  # (M, N)
         if ctx.transposed:
             dx = launch("matmul", g2, weight)  # (M, N) @ (N, K)
             dweight = launch("matmul_tn", g2, x2)  # (M, N)^T @ (M, K) -> (N, K)
@@ -586,27 +676,101 @@ def view(x, shape):
     return Reshape.apply(x, shape, False)
 
 
+# ---- dims, as PyTorch takes them
+
+
+def _dim(dim, ndim):
+    """dim in [-ndim, ndim - 1] wrapped into [0, ndim), as PyTorch (a 0-d tensor takes -1 and
+    0 as if it had one dim); anything else is an IndexError in PyTorch's words."""
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"dim must be an int, got {dim!r}")
+    n = builtins.max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
+        )
+    return int(dim) % n
+
+
+def _dims(dims, ndim):
+    """Each of dims normalized (_dim), none repeated."""
+    out = [_dim(d, ndim) for d in dims]
+    for d in out:
+        if out.count(d) > 1:
+            raise ValueError(f"dim {d} appears multiple times in the list of dims {tuple(dims)}")
+    return tuple(out)
+
+
+def _axes(dim, ndim):
+    """The axes a reduction over dim covers: every axis for None or () (PyTorch's meaning;
+    NumPy's () reduces none), else the dims normalized (_dims). A 0-d tensor's dim 0 or -1
+    covers no axis."""
+    if dim is None or (isinstance(dim, (tuple, list)) and not dim):
+        return tuple(range(ndim))
+    return tuple(
+        d for d in _dims(dim if isinstance(dim, (tuple, list)) else (dim,), ndim) if d < ndim
+    )
+
+
+def _reduction(dim, keepdim, axis, keepdims):
+    """PyTorch's (dim, keepdim), also given as NumPy's (axis, keepdims), the names sum and mean
+    took first."""
+    if axis is not None:
+        if dim is not None:
+            raise TypeError("give dim or axis, not both")
+        dim = axis
+    return dim, keepdim if keepdims is None else keepdims
+
+
 def permute(x, dims):
-    return Permute.apply(x, tuple(d % x.ndim for d in dims))
+    """torch.permute: the dims reordered (a view); dims lists each dim once."""
+    dims = tuple(dims)
+    if len(dims) != x.ndim:
+        raise ValueError(f"permute: {len(dims)} dims {dims} for a tensor of shape {x.shape}")
+    return Permute.apply(x, _dims(dims, x.ndim))
 
 
-def sum(x, axis=None, keepdims=False):
-    return Sum.apply(x, axis, keepdims)
+def sum(x, dim=None, keepdim=False, *, axis=None, keepdims=None):
+    """torch.sum: over dim (an int or a tuple; None or () sums everything)."""
+    dim, keepdim = _reduction(dim, keepdim, axis, keepdims)
+    return Sum.apply(x, _axes(dim, x.ndim), keepdim)
 
 
-def mean(x, axis=None, keepdims=False):
-    axes = range(x.ndim) if axis is None else ((axis,) if isinstance(axis, int) else axis)
+def mean(x, dim=None, keepdim=False, *, axis=None, keepdims=None):
+    """torch.mean: over dim (an int or a tuple; None or () averages everything); nan over no
+    elements, as PyTorch."""
+    dim, keepdim = _reduction(dim, keepdim, axis, keepdims)
+    axes = _axes(dim, x.ndim)
     n = math.prod(x.shape[a] for a in axes)
-    return mul(sum(x, axis, keepdims), 1.0 / n)
+    return mul(Sum.apply(x, axes, keepdim), 1.0 / n if n else math.nan)
+
+
+def var(x, dim=None, correction=1, keepdim=False):
+    """torch.var: sum((x - mean)^2) / max(0, n - correction) over dim (None or (): all), by
+    default unbiased (correction=1). A composite of mean, sub, mul and sum, each launch
+    counted. With n - correction <= 0 it divides by zero as PyTorch does: inf, or nan where the
+    sum is 0 (one element)."""
+    axes = _axes(dim, x.ndim)
+    d = sub(x, mean(x, axes, keepdim=True))
+    s = Sum.apply(mul(d, d), axes, keepdim)
+    dof = builtins.max(0, math.prod(x.shape[a] for a in axes) - correction)
+    return mul(s, 1.0 / dof if dof else math.inf)
 
 
 def transpose(x, dim0=-2, dim1=-1):
+    """Swap dims dim0 and dim1 (a view). The defaults, the last two dims, are this API's
+    (PyTorch's transpose names both)."""
+    dim0, dim1 = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
     dims = list(range(x.ndim))
-    dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+    if x.ndim:
+        dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
     return permute(x, dims)
 
 
 def getitem(x, index):
+    """x[index] for a basic index: ints, slices, None and ... only (a view; its gradient writes
+    dy back). Unlike PyTorch, no indexing by tensors, lists or booleans: gather rows with
+    embedding()."""
     items = index if isinstance(index, tuple) else (index,)
     if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items):
         raise TypeError(
@@ -617,23 +781,50 @@ def getitem(x, index):
 
 
 def split(x, split_size, dim=-1):
-    """Like torch.split: chunks of split_size (an int) or of the listed sizes along dim."""
+    """Like torch.split: chunks of split_size (an int) or of the listed sizes along dim. The
+    default dim is the last (this API's; PyTorch's is 0)."""
+    if x.ndim == 0:
+        raise ValueError("split: a 0-d tensor has no dim to split")
+    dim = _dim(dim, x.ndim)
+    if isinstance(split_size, int) and split_size <= 0:
+        raise ValueError(f"split: split_size must be a positive int, got {split_size}")
     n = x.shape[dim]
     sizes = (
         [split_size] * (n // split_size) + ([n % split_size] if n % split_size else [])
         if isinstance(split_size, int)
         else list(split_size)
     )
-    if np.sum(sizes) != n:
+    if np.sum(sizes) != n or any(k < 0 for k in sizes):
         raise ValueError(f"split: sizes {sizes} do not add up to dimension {dim} of size {n}")
-    return Split.apply(x, sizes, dim % x.ndim)
+    return Split.apply(x, sizes, dim)
 
 
 def cat(tensors, dim=0):
-    return Concat.apply(*tensors, axis=dim % tensors[0].ndim)
+    """torch.cat: tensors of one ndim (at least 1), equal but in dim, joined along dim."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat: expected a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise ValueError(
+                f"cat: zero-dimensional tensor (at position {i}) cannot be concatenated"
+            )
+        if t.ndim != tensors[0].ndim or any(
+            n != m
+            for k, (n, m) in enumerate(zip(t.shape, tensors[0].shape))
+            if k != _dim(dim, t.ndim)
+        ):
+            raise ValueError(
+                f"cat: tensor {i} of shape {t.shape} does not match tensor 0 of shape "
+                f"{tensors[0].shape} outside dim {dim}"
+            )
+    return Concat.apply(*tensors, axis=_dim(dim, tensors[0].ndim))
 
 
 def matmul(a, b):
+    """a (..., M, K) @ b (..., K, N). Unlike torch.matmul, both operands need 2 dims or more
+    (no 1-D vector forms) and batch dims must be equal, or one side 2-D (no broadcasting of
+    batch dims)."""
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"matmul: {a.shape} @ {b.shape}: both operands need at least 2 dims")
     if a.shape[-1] != b.shape[-2]:
@@ -665,6 +856,10 @@ def linear(x, weight, bias=None, transposed=False):
 def embedding(idx, weight, num_embeddings=None):
     """idx (...) int token ids -> weight rows (..., C). Ids must be < num_embeddings: all of
     weight's rows by default, fewer when the rows past it are padding."""
+    if weight.ndim != 2:
+        raise ValueError(
+            f"embedding: weight must be (num_embeddings, embedding_dim), got shape {weight.shape}"
+        )
     n = weight.shape[0] if num_embeddings is None else num_embeddings
     ids = idx.data if isinstance(idx, Tensor) else idx
     if not hasattr(ids, "__cuda_array_interface__"):  # host ids (lists too): check, then move
@@ -679,15 +874,22 @@ def embedding(idx, weight, num_embeddings=None):
 
 
 def gelu(x):
-    """GELU, tanh approximation (GPT-2's)."""
+    """GELU, always the tanh approximation (GPT-2's): PyTorch's gelu(x, approximate="tanh").
+    PyTorch's default is the exact erf form."""
     return GELU.apply(x)
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
-    if x.shape[-1] != weight.shape[0]:
-        raise ValueError(
-            f"layer_norm: input {x.shape} has {x.shape[-1]} features, weight has {weight.shape[0]}"
-        )
+    """Layer norm over the last dim only, with a weight and a bias of (C,): PyTorch's
+    layer_norm(x, (C,), weight, bias, eps). No normalized_shape of several dims."""
+    C = x.shape[-1] if x.ndim else None
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None or p.shape != (C,):
+            got = None if p is None else p.shape
+            raise ValueError(
+                f"layer_norm: input {x.shape} has {C} features, {name} has shape {got}: "
+                f"need a {name} of ({C},)"
+            )
     return LayerNorm.apply(x, weight, bias, eps)
 
 
@@ -723,20 +925,35 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
         raise ValueError(f"{fn}: n_classes {V} must be in [1, {Vp}] for {what}")
     if t.shape != (N,):
         raise ValueError(f"{fn}: {what} need targets of shape ({N},), got {t.shape}")
-    t = np.where(t == ignore_index, -1, t).astype(np.int64)
-    bad = t[(t < -1) | (t >= V)]
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: targets must be integer class ids, got {t.dtype}")
+    ignored = t == ignore_index
+    bad = t[~ignored & ((t < 0) | (t >= V))]  # -1 is a class id like any other unless ignored
     if bad.size:
-        raise ValueError(f"target id {int(bad[0])} out of range for vocab {V}")
+        raise ValueError(
+            f"target id {int(bad[0])} out of range for vocab {V} (ignore_index is {ignore_index})"
+        )
+    t = np.where(ignored, -1, t).astype(np.int64)
     count = int((t >= 0).sum())
     if count == 0:
-        raise ValueError(f"{fn}: every target is ignored (-1), so the mean is undefined")
+        raise ValueError(
+            f"{fn}: every target is ignore_index ({ignore_index}), so the mean is undefined"
+        )
     return backend.of(like.data).asarray(t), count, V
 
 
 def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
     """Mean over the targets that are not ignore_index; logits (N, Vp), targets (N,). The
     classes are the first n_classes columns (default all Vp); the rest are padding, given no
-    probability (the padded LM head, see GPT2Config.padded_vocab_size)."""
+    probability (the padded LM head, see GPT2Config.padded_vocab_size). Unlike PyTorch's: only
+    the (N, C) form (not (C,) nor (N, C, d...)), and ignore_index defaults to -1 (PyTorch's
+    -100); any other negative target is out of range."""
+    if logits.ndim != 2:
+        raise ValueError(
+            f"cross_entropy: logits of shape {logits.shape}: takes (N, C) logits with (N,) "
+            "targets (PyTorch's (N, C, d...) form is not supported): for (B, T, V) logits pass "
+            "logits.reshape(-1, V) and targets.reshape(-1)"
+        )
     N, Vp = logits.shape
     t, count, V = _class_targets(
         "cross_entropy", f"logits {logits.shape}", targets, N, Vp, n_classes, ignore_index, logits
@@ -776,8 +993,110 @@ def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, de
 
 
 def dropout(x, p=0.0, training=True):
+    """Inverted dropout: zero with probability p, scale the rest by 1 / (1 - p). The default p
+    is 0.0, off (PyTorch's is 0.5)."""
     if not training or p == 0.0:
         return x
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     return Dropout.apply(x, p, rng.next_seed())
+
+
+# ---- unary ops, softmax over any dim, max (PyTorch's names and signatures)
+
+
+def _unary(op, x):
+    if not dtypes.is_float(x.dtype):
+        raise TypeError(f"{op}: needs a floating-point tensor, got {x.dtype}")
+    return _UNARY[op].apply(x)
+
+
+def exp(x):
+    return _unary("exp", x)
+
+
+def log(x):
+    return _unary("log", x)
+
+
+def sqrt(x):
+    return _unary("sqrt", x)
+
+
+def rsqrt(x):
+    return _unary("rsqrt", x)
+
+
+def tanh(x):
+    return _unary("tanh", x)
+
+
+def sigmoid(x):
+    return _unary("sigmoid", x)
+
+
+def silu(x):
+    """x sigmoid(x) (SwiSH), Llama's MLP activation."""
+    return _unary("silu", x)
+
+
+def relu(x):
+    return _unary("relu", x)
+
+
+def _over_dim(fn, x, dim):
+    """fn, a Function over the last axis, applied over dim: dim swapped last (a view; the
+    kernel's input is made contiguous by a counted copy when it is not), and back. A 0-d
+    tensor is one row of one element."""
+    if not dtypes.is_float(x.dtype):
+        raise TypeError(f"{fn.__name__.lower()}: needs a floating-point tensor, got {x.dtype}")
+    d = _dim(dim, x.ndim)
+    if x.ndim == 0:
+        return reshape(fn.apply(reshape(x, (1,))), ())
+    if d == x.ndim - 1:
+        return fn.apply(x)
+    return transpose(fn.apply(transpose(x, d, -1)), d, -1)
+
+
+def softmax(x, dim):
+    """torch.softmax over dim: exp(x - max) / sum(exp(x - max)); a row of -inf is nan."""
+    return _over_dim(Softmax, x, dim)
+
+
+def log_softmax(x, dim):
+    """torch.log_softmax over dim: x - max - log(sum(exp(x - max)))."""
+    return _over_dim(LogSoftmax, x, dim)
+
+
+def _nonempty(fn, x, axes):
+    for a in axes:
+        if x.shape[a] == 0:
+            raise IndexError(f"{fn}(): Expected reduction dim {a} to have non-zero size")
+
+
+def amax(x, dim=(), keepdim=False):
+    """torch.amax: the max over dim (an int or a tuple; () or None: every dim); a NaN is the
+    max. The gradient is shared evenly by tied maxima."""
+    axes = _axes(dim, x.ndim)
+    _nonempty("amax", x, axes)
+    return Amax.apply(x, axes, keepdim)
+
+
+MaxResult = namedtuple("max", ["values", "indices"])  # torch.return_types.max
+
+
+def max(x, dim=None, keepdim=False):
+    """torch.max: without dim, the max of every element (as amax, ties sharing the gradient);
+    with dim, (values, indices) along it, indices (int64) of the first max, the gradient going
+    to the index."""
+    if dim is None:
+        return amax(x)
+    if x.ndim == 0:  # one element, dim 0 or -1
+        _dim(dim, 0)
+        values, indices = max(reshape(x, (1,)), 0)
+        return MaxResult(reshape(values, ()), reshape(indices, ()))
+    d = _dim(dim, x.ndim)
+    _nonempty("max", x, (d,))
+    idx = launch("argmax", x.data, d)  # (..., 1, ...): not differentiable, no record
+    values = Max.apply(x, idx, d, keepdim)
+    return MaxResult(values, Tensor(idx if keepdim else idx.reshape(values.shape)))

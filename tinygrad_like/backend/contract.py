@@ -146,6 +146,76 @@ def neg(a):
     """-a."""
 
 
+# ---- div's gradient, unary ops, max (PyTorch's names; issue 26)
+
+
+@kernel("elementwise", flops=_per_output)
+def div_bwd(a, b, dy):
+    """-dy a / b^2, the gradient of a / b with respect to b (dy's shape: broadcast), computed
+    as -(dy (a / b)) / b in fp32 for 2-byte operands and rounded once (b * b in fp16 overflows
+    for |b| >= 256). a may be a Python scalar. 4 FLOPs per output."""
+
+
+# The unary ops: one kernel pair, the op named by its PyTorch name. op -> (forward FLOPs,
+# forward exps, backward FLOPs, backward exps) per element; the backward recomputes op(x) from
+# x where its derivative needs it (exp, tanh, sigmoid, silu), so it counts that again. A log
+# per element counts as an exp (one transcendental each); sqrt as a FLOP, as above.
+UNARY_OPS = {
+    "exp": (1, 1, 2, 1),  # exp(x); dy exp(x)
+    "log": (1, 1, 1, 0),  # log(x); dy / x
+    "sqrt": (1, 0, 3, 0),  # sqrt(x); dy 0.5 / sqrt(x)
+    "rsqrt": (2, 0, 5, 0),  # 1 / sqrt(x); dy -0.5 / sqrt(x) / x
+    "tanh": (1, 1, 4, 1),  # tanh(x); dy (1 - t^2)
+    "sigmoid": (4, 1, 7, 1),  # s = 1 / (1 + exp(-x)); dy s (1 - s)
+    "silu": (5, 1, 9, 1),  # x s; dy s (1 + x (1 - s))
+    "relu": (1, 0, 1, 0),  # x > 0 ? x : 0 (NaN stays NaN); x > 0 ? dy : 0
+}
+
+
+def unary_op(op):
+    """The index of op in UNARY_OPS (elementwise.cu's UnaryOp), or a ValueError naming them."""
+    if op not in UNARY_OPS:
+        raise ValueError(f"unknown unary op {op!r}: use one of {', '.join(UNARY_OPS)}")
+    return list(UNARY_OPS).index(op)
+
+
+def _unary(column):
+    return lambda r, x, *a, op=None: UNARY_OPS[a[-1] if op is None else op][column] * x.size
+
+
+@kernel("elementwise", flops=_unary(0), exps=_unary(1))
+def unary_fwd(x, op):
+    """op(x) elementwise for op in UNARY_OPS, in fp32 for 2-byte x and rounded once."""
+
+
+@kernel("elementwise", flops=_unary(2), exps=_unary(3))
+def unary_bwd(x, dy, op):
+    """dx = dy op'(x), op'(x) from the forward's input x."""
+
+
+@kernel("elementwise", flops=_per_element(1))
+def amax(a, axis=None, keepdims=False):
+    """The max over axes (NaN if any is NaN), in a's dtype."""
+
+
+@kernel("elementwise", flops=_per_element(1))
+def argmax(a, axis):
+    """int64 index of the first max along axis (a NaN counts as the max), axis kept (size 1)."""
+
+
+@kernel("elementwise", flops=_per_element(3))
+def amax_bwd(x, y, dy, axis):
+    """Gradient of amax over axis: dx = dy (x == y) / count(x == y over axis), spread evenly
+    over ties as PyTorch's amax; y and dy keep the reduced axes (size 1). In fp32 for 2-byte
+    x, rounded once."""
+
+
+@kernel("elementwise")
+def max_bwd(dy, idx, shape, axis):
+    """Gradient of max along axis with indices idx: zeros of shape with dy at idx (dy and idx
+    keep the axis, size 1)."""
+
+
 @kernel("elementwise", flops=_per_element(8), exps=_per_element(1))
 def gelu_fwd(x):
     """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). One tanh per
@@ -270,6 +340,30 @@ def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
 def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
     """cross_entropy_fwd's losses and cross_entropy_bwd's dlogits in one pass -> (losses (N,)
     fp32, dlogits (N, Vp)); dlogits are written into out when given (which may be logits)."""
+
+
+# softmax and log_softmax over the last axis of (..., C) rows (ops moves the dim last).
+
+
+@kernel("softmax", flops=_per_element(5), exps=_per_element(1))
+def softmax_fwd(x):
+    """x (..., C) -> softmax over the last axis: exp(x - max) / sum(exp(x - max))."""
+
+
+@kernel("softmax", flops=_per_element(4))
+def softmax_bwd(y, dy):
+    """dx = y (dy - sum(dy y over the row)), from the forward's output y."""
+
+
+@kernel("softmax", flops=_per_element(5), exps=_per_element(1))
+def log_softmax_fwd(x):
+    """x (..., C) -> x - max - log(sum(exp(x - max))) over the last axis (a log per row, left
+    out of the exps)."""
+
+
+@kernel("softmax", flops=_per_element(4), exps=_per_element(1))
+def log_softmax_bwd(y, dy):
+    """dx = dy - exp(y) sum(dy over the row), from the forward's output y."""
 
 
 # ---------------------------------------------------------------- attention
