@@ -40,7 +40,7 @@ else:
     cupy = cuda = None  # set by the module fixture below
 
 from tinygrad_like import dtypes  # noqa: E402
-from tinygrad_like.backend import cpu  # noqa: E402
+from tinygrad_like.backend import contract, cpu  # noqa: E402
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the GPU's own machinery (no CPU equivalent)")
 
@@ -265,6 +265,62 @@ def test_gelu(dtype):
     x, dy = rand((7, 1001), dtype, scale=3.0, seed=1), rand((7, 1001), dtype, seed=2)
     close(*both("gelu_fwd", x))
     close(*both("gelu_bwd", x, dy))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_div_bwd(dtype):
+    """-(dy (a / b)) / b, with |b| up to 1000: b * b would overflow fp16 (the kernel path, a
+    scalar numerator, and the broadcasting fallback)."""
+    a, dy = rand((7, 1001), dtype, seed=1), rand((7, 1001), dtype, seed=2)
+    b = (
+        np.random.default_rng(3).uniform(256, 1000, (7, 1001)) * np.sign(rand((7, 1001), F32))
+    ).astype(dtype)
+    got, ref = both("div_bwd", a, b, dy)
+    close(got, ref)
+    exact = -f64(dy) * f64(a) / f64(b) ** 2
+    assert np.all(cuda.to_numpy(got)[np.abs(exact) > 1e-6] != 0)  # not flushed to 0
+    close(*both("div_bwd", 2.5, b, dy))
+    close(*both("div_bwd", a, b[:, :1], dy))
+
+
+# the unary ops' inputs: log, sqrt and rsqrt on (0.1, 4), the others on normal values
+UNARY_INPUT = {"log": True, "sqrt": True, "rsqrt": True}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("op", list(contract.UNARY_OPS))
+def test_unary(dtype, op):
+    x = rand((7, 1001), dtype, scale=2.0, seed=1)  # exp(8) fits fp16
+    if UNARY_INPUT.get(op):
+        x = (np.abs(x.astype(np.float64)) + 0.1).astype(dtype)
+    dy = rand((7, 1001), dtype, seed=2)
+    close(*both("unary_fwd", x, op))
+    close(*both("unary_bwd", x, dy, op))
+    close(*both("unary_fwd", x.T, op))  # non-contiguous
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_amax_argmax_and_their_gradients(dtype):
+    x = rand((5, 33, 17), dtype, seed=1)
+    x[:, 3] = x[:, 4]  # ties
+    for axis in [(0, 2), (1,), (0, 1, 2)]:
+        (y, y_ref) = both("amax", x, axis=axis, keepdims=True)
+        close(y, y_ref)
+        dy = rand(y_ref.shape, dtype, seed=2)
+        close(*both("amax_bwd", x, y_ref, dy, axis))
+    got, ref = both("argmax", x, 1)
+    np.testing.assert_array_equal(cuda.to_numpy(got), ref)
+    close(*both("max_bwd", rand((5, 1, 17), dtype, seed=3), ref, x.shape, 1))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("shape", [(3, 37, 70), (4, 1), (2, 1500)], ids=str)
+def test_softmax_and_log_softmax_rows(dtype, shape):
+    x, dy = rand(shape, dtype, scale=3.0, seed=1), rand(shape, dtype, seed=2)
+    for fwd, bwd in [("softmax_fwd", "softmax_bwd"), ("log_softmax_fwd", "log_softmax_bwd")]:
+        got, ref = both(fwd, x)
+        close(got, ref)
+        close(*both(bwd, ref, dy))
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)

@@ -12,6 +12,7 @@ that the stand-in refuses them.
 """
 
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -26,7 +27,10 @@ F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.fl
 FLOATS = [F32, F16, BF16, F64]
 ids = dtypes.name
 # Run by CuPy itself in backend/cuda (copies, fills, concatenation, sums, index gradients).
-NO_CUSTOM_KERNEL = {"contiguous", "copy", "fill", "concat", "index_bwd", "sum"}
+NO_CUSTOM_KERNEL = {
+    *("contiguous", "copy", "fill", "concat", "index_bwd", "sum"),
+    *("amax", "argmax", "amax_bwd", "max_bwd"),
+}
 # fp64 GEMMs and casts from fp64 go to cuBLAS / astype: no launch of ours (driver, dtype).
 CUPY_ONLY = {("gemms", F64), ("cast", F64)}
 LAYOUTS = ("contiguous", "transposed", "offset")
@@ -113,6 +117,28 @@ def binary(cuda, dtype):
         cuda.add(place(cuda, a), place(cuda, b[..., :1]))  # broadcasting: CuPy's
 
 
+@drives("div_bwd")
+def div_bwd(cuda, dtype):
+    for shape in [(37, 129), (1,), (5, 3)]:
+        a, dy = rand(shape, dtype, seed=1), rand(shape, dtype, seed=3)
+        b = (np.abs(rand(shape, F32, seed=2)) + 1).astype(dtype)  # no overflow in the fallback
+        for layout in LAYOUTS:  # transposed: CuPy's ufuncs; the others: the custom kernel
+            da, db, ddy = (place(cuda, v, layout) for v in (a, b, dy))
+            cuda.div_bwd(da, db, ddy)
+            cuda.div_bwd(2.5, db, ddy)  # a scalar numerator: the null pointer
+        cuda.div_bwd(place(cuda, a), place(cuda, b[..., :1]), place(cuda, dy))  # broadcasting
+
+
+@drives("unary_fwd", "unary_bwd")
+def unary(cuda, dtype):
+    for shape in [(7, 1001), (1,), ()]:
+        for layout in LAYOUTS:
+            x, dy = place(cuda, rand(shape, dtype), layout), place(cuda, rand(shape, dtype), layout)
+            for op in contract.UNARY_OPS:
+                cuda.unary_fwd(x, op)
+                cuda.unary_bwd(x, dy, op)
+
+
 @drives("cast")
 def cast(cuda, dtype):
     for dst in FLOATS:
@@ -161,6 +187,18 @@ def softmax(cuda, dtype):
             s, dp = place(cuda, rand(shape, dtype), layout), place(cuda, rand(shape, dtype), layout)
             cuda.softmax_causal_fwd(s, 0.125)
             cuda.softmax_causal_bwd(s, dp, 0.125)
+
+
+@drives("softmax_fwd", "softmax_bwd", "log_softmax_fwd", "log_softmax_bwd")
+def softmax_rows(cuda, dtype):
+    for shape in [(2, 37, 70), (1, 1), (3, 1), (4, 33)]:  # ragged, one element, C = 1, > a warp
+        for layout in LAYOUTS:
+            x, dy = place(cuda, rand(shape, dtype), layout), place(cuda, rand(shape, dtype), layout)
+            for fwd, bwd in [
+                (cuda.softmax_fwd, cuda.softmax_bwd),
+                (cuda.log_softmax_fwd, cuda.log_softmax_bwd),
+            ]:
+                bwd(fwd(x), dy)
 
 
 @drives("flash_attention_fwd", "flash_attention_bwd")
@@ -285,6 +323,31 @@ def test_the_cupy_kernels_launch_nothing_of_ours(cuda, launches):
     cuda.concat([a, a[:, :3]], 1)
     cuda.index_bwd(place(cuda, rand((4, 3), F32)), (4, 7), (slice(None), slice(1, 4)))
     cuda.sum(a, axis=(0, 1))
+    y = cuda.amax(a, axis=(0, 2), keepdims=True)
+    cuda.amax_bwd(a, y, y, (0, 2))
+    idx = cuda.argmax(place(cuda, rand((5, 33, 17), BF16)), 1)
+    cuda.max_bwd(place(cuda, rand((5, 1, 17), F16)), idx, (5, 33, 17), 1)
+    assert launches == []
+
+
+def test_unary_ops_are_numbered_as_in_the_contract(cuda):
+    """elementwise.cu's UnaryOp enum names contract.UNARY_OPS in order: the index is the
+    template argument the backend passes."""
+    source = (KERNEL_DIR / "elementwise.cu").read_text()
+    enum = re.search(r"enum UnaryOp \{([^}]*)\}", source).group(1)
+    numbered = dict(re.findall(r"(\w+) = (\d+)", enum))
+    assert {name.lower(): int(i) for name, i in numbered.items()} == {
+        op: contract.unary_op(op) for op in contract.UNARY_OPS
+    }
+    with pytest.raises(ValueError, match="unknown unary op 'gelu'"):
+        cuda.unary_fwd(cuda.empty(3, F32), "gelu")
+
+
+def test_row_kernels_without_rows_launch_nothing(cuda, launches):
+    for kernel in (cuda.softmax_fwd, cuda.log_softmax_fwd):
+        assert kernel(cuda.empty((0, 5), F32)).shape == (0, 5)
+    for op in contract.UNARY_OPS:
+        assert cuda.unary_fwd(cuda.empty((3, 0), F16), op).shape == (3, 0)
     assert launches == []
 
 

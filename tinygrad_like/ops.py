@@ -937,7 +937,7 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
     count = int((t >= 0).sum())
     if count == 0:
         raise ValueError(
-            f"{fn}: every target is ignore_index ({ignore_index}), so the mean is undefined"
+            f"{fn}: every target is ignored ({ignore_index}), so the mean is undefined"
         )
     return backend.of(like.data).asarray(t), count, V
 
