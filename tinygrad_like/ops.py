@@ -201,8 +201,7 @@ class Max(Function):
     def forward(ctx, x, idx, dim, keepdim):
         ctx.save_for_backward(idx)
         ctx.shape, ctx.dim = x.shape, dim
-        y = launch("amax", x, axis=dim, keepdims=keepdim)
-        return y
+        return launch("amax", x, axis=dim, keepdims=keepdim)
 
     @staticmethod
     def backward(ctx, g):

@@ -75,7 +75,7 @@ def div_bwd(a, b, dy):
     af, bf, dyf = f32(a), f32(b), f32(dy)
     with np.errstate(all="ignore"):  # b = 0 gives inf / nan, as PyTorch, without a warning
         db = -(dyf * (af / bf)) / bf
-    return rounded(np.broadcast_to(db, dy.shape), dtype)
+    return rounded(np.asarray(db), dtype)
 
 
 def _sigmoid(x):

@@ -89,7 +89,7 @@ def div_bwd(a, b, dy):
         )
         return db
     db = -(f32(dy) * (f32(a) / f32(b))) / f32(b)
-    return cupy.ascontiguousarray(cupy.broadcast_to(db, dy.shape)).astype(dtype, copy=False)
+    return db.astype(dtype, copy=False)
 
 
 def _unary(kernel, op, x, *others):
