@@ -146,7 +146,7 @@ def neg(a):
     """-a."""
 
 
-# ---- div's gradient, unary ops, max (PyTorch's names; issue 26)
+# ---- div's gradient, the unary ops, max (PyTorch's names)
 
 
 @kernel("elementwise", flops=_per_output)
