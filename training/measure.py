@@ -12,7 +12,7 @@ import numpy as np
 
 from nn import GPT2, ExecutionOptions, KVCache
 from optim import AdamW, LossScaler
-from tinygrad_like import TAPE, dtypes, kernels, no_grad, profiler
+from tinygrad_like import TAPE, backend, dtypes, kernels, no_grad, profiler
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import Profiler
 
@@ -101,12 +101,19 @@ class Measurement:
     unowned: dict  # phase -> that step's launches outside any record (Unowned)
     step: Profiler  # the profiled training step
     step_seconds: float
-    skipped: bool  # the fp16 loss scaler skipped the profiled step (overflow)
+    skipped: bool  # the fp16 loss scaler skipped the profiled step (overflow); None on meta
     decode: Profiler  # one M = 1 decode step with a KV cache
     decode_seconds: float
     prompt_len: int
-    peak: float  # FLOP/s the MFU divides by
+    peak: float  # FLOP/s the MFU divides by (None on meta: nothing ran)
     peak_name: str
+
+
+def check_measurable(device, dtype):
+    """Refuse fp16 on the meta device (meta.NoValues): its loss scaler skips a step on an
+    overflow, a decision that needs the gradient norm's value."""
+    if device == "meta" and dtype == "fp16":
+        raise backend.meta.NoValues("fp16's loss scaler (it skips a step on an overflow)")
 
 
 def measure(
@@ -121,9 +128,11 @@ def measure(
 ):
     """Build a model (run with options, ExecutionOptions) and AdamW for config, run `warmup`
     untimed steps (CUDA compiles kernels on first use), then one profiled training step and
-    one profiled decode step.
+    one profiled decode step. On the meta device (shapes only) the same step is counted
+    without running: its times are the host's shape arithmetic, not a run's.
     batch: (x, y) token ids of shape (batch_size, seq_len); random when None."""
     dtype = dtypes.name(dtypes.as_dtype(dtype))
+    check_measurable(device, dtype)
     gc.collect()  # so the tracker's deltas below are this model's buffers only
     before = dict(TRACKER.current)
     model = GPT2(config, device=device, options=options)

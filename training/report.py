@@ -94,7 +94,7 @@ def for_trainer(trainer):
 
 
 def default_budget_bytes(device):
-    """The memory a run may use: the GPU's, or 8 GB on a CPU."""
+    """The memory a run may use: the GPU's, or 8 GB on a CPU (and on meta)."""
     if device == "cuda":
         return backend.get("cuda").xp.cuda.Device().mem_info[1]
     return 8 * 10**9
@@ -110,7 +110,6 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
     if m.skipped:
         head += "\n(the fp16 loss scaler skipped the profiled step for an overflow)"
     budget_bytes = budget_bytes or default_budget_bytes(m.device)
-    peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
     sections = [
         _parameters(m),
         _flops(m),
@@ -118,6 +117,12 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
         _activations(m),
         _memory_trades(m, budget_bytes),
         _launches(m),
+    ]
+    if m.device == "meta":  # counted, not run: nothing was timed
+        note = "meta device: the step was counted, not run; no times, no census by time"
+        return "\n\n".join([head] + sections + [f"-- ({note})"])
+    peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
+    sections += [
         "-- " + peaks.describe(),
         format_census(
             roofline.census(m.step, peaks, m.dtype),
@@ -184,6 +189,16 @@ def _flops(m):
             (phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens), f"{got / 1e9:,.3f}")
         )
     step_flops = c.flops_per_token(m.seq_len) * tokens
+    achieved = (
+        wrap(
+            f"achieved: {m.step_seconds:.3f} s per step (profiled), "
+            f"{tokens / m.step_seconds:,.0f} tokens/s, "
+            f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
+            "(6N + 12·L·C·T per token)"
+        )
+        if m.peak is not None  # else the meta device: nothing ran
+        else "  achieved: - (the meta device counts a step without running it)"
+    )
     return "\n".join(
         [
             f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
@@ -214,12 +229,7 @@ def _flops(m):
                 f"as the batch grows ({tokens:,} tokens here)"
             ),
             _ran_in_versus_math(m),
-            wrap(
-                f"achieved: {m.step_seconds:.3f} s per step (profiled), "
-                f"{tokens / m.step_seconds:,.0f} tokens/s, "
-                f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
-                "(6N + 12·L·C·T per token)"
-            ),
+            achieved,
         ]
     )
 
@@ -519,7 +529,8 @@ def _launches(m):
     total = sum(p["launches"] for p in phases.values())
     rows.append(("training step: total", total, "", ""))
     decode = len(m.decode.launches)
-    rows.append(("decode step (M = 1)", decode, "", f"{m.decode_seconds * 1e3:.1f} ms measured"))
+    timed = f"{m.decode_seconds * 1e3:.1f} ms measured" if m.device != "meta" else ""
+    rows.append(("decode step (M = 1)", decode, "", timed))
     return "\n".join(
         [
             f"-- kernel launches (per layer: {layers[0]}, from the tape)",
