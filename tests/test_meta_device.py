@@ -13,12 +13,13 @@ import tinygrad_like.ops as F
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW, LossScaler, clip_grad_norm_
 from scripts import accounting
-from tinygrad_like import Tensor, backend, no_grad
+from tinygrad_like import Tensor, backend, distributed, no_grad
 from tinygrad_like.backend.meta import MetaArray, NoValues
 from tinygrad_like.memory import TAGS, TRACKER, root
 from tinygrad_like.profiler import Profiler
 from training import measure, step
 from training.args import Refused
+from training.predictions import predicted_collectives, predicted_state_bytes
 
 TINY = GPT2Config.from_preset("gpt2-tiny")  # L=2, C=32, H=2, context 64
 SMALL_VOCAB = GPT2Config(n_layer=1, n_head=3, n_embd=48, n_positions=80, vocab_size=300)
@@ -62,32 +63,54 @@ def test_a_measured_step_counts_on_meta_what_it_counts_on_the_cpu(case):
     assert meta.skipped is None and meta.peak is None  # no overflow decision, nothing timed
 
 
-def _recorded_step(device, config, dtype, B, T, options):
-    """Every buffer's birth and death in one training step after a warm-up, as (tag, bytes),
-    and the peak per tag above the step's start."""
+def _recorded_step(device, config, dtype, B, T, options, comm=None, zero=0):
+    """One training step after a warm-up: every buffer's birth and death as (tag, bytes), the
+    peak per tag above the step's start, the launches and the collectives."""
     model = GPT2(config, device=device, options=options)
-    optimizer = AdamW(model.named_parameters(), dtype=dtype)
+    optimizer = AdamW(model.named_parameters(), dtype=dtype, comm=comm, zero=zero)
     x, y = measure.random_batch(config.vocab_size, B, T)
     step.train_on(model, optimizer, [(x, y)])
     gc.collect()
     TRACKER.start_recording()
     try:
-        with Profiler():  # so the launches run through the counting path, as measure's
+        with Profiler() as prof, optimizer.comm.recording() as collectives:
             step.train_on(model, optimizer, [(x, y)])
     finally:
         events = TRACKER.stop_recording()
     start = {tag: n for _, tag, n in events[: len(TAGS)]}
     peaks = {tag: TRACKER.peak[tag] - start[tag] for tag in TAGS}
-    return [(tag, delta) for _, tag, delta in events[len(TAGS) :]], peaks
+    sent = [(c.name, c.what, c.nbytes, c.sent) for c in collectives]
+    return [(tag, delta) for _, tag, delta in events[len(TAGS) :]], peaks, _launches(prof), sent
 
 
 @pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])
 def test_every_allocation_and_free_is_the_cpus(case):
-    cpu_events, cpu_peaks = _recorded_step("cpu", *case)
-    meta_events, meta_peaks = _recorded_step("meta", *case)
-    assert len(cpu_events) > 100
-    assert meta_events == cpu_events
-    assert meta_peaks == cpu_peaks
+    cpu = _recorded_step("cpu", *case)
+    assert len(cpu[0]) > 100
+    assert _recorded_step("meta", *case) == cpu
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_a_rank_of_a_zero_world_counts_on_meta_what_it_counts_on_the_cpu(zero):
+    """MetaWorld runs one rank's side of every collective; on CPU buffers too (their sums are
+    then wrong, their counts not), so the CPU's counts of rank 1 of 3 are there to compare."""
+    case = (SMALL_VOCAB, "bf16", 2, 32, ExecutionOptions())
+    cpu = _recorded_step("cpu", *case, comm=distributed.MetaWorld(1, 3), zero=zero)
+    meta = _recorded_step("meta", *case, comm=distributed.MetaWorld(1, 3), zero=zero)
+    assert meta == cpu
+    whats = [what for _, what, _, _ in cpu[3]]
+    assert whats == (["loss", "gradients", "norm²", "weights"] if zero else ["loss", "gradients"])
+
+
+def test_a_world_of_ranks_is_measured_on_meta_only():
+    m = measure.measure(TINY, "bf16", "meta", 1, 32, zero=2, world_size=4)
+    assert len(m.ranks) == 4 and all(r == m.persistent for r in m.ranks)
+    per_param = predicted_state_bytes("bf16", zero=2, world=4)
+    assert m.persistent == {tag: per_param[tag] * m.elements for tag in per_param}
+    sent = [(c.name, c.what, c.nbytes) for c in m.collectives]
+    assert sorted(sent) == sorted(predicted_collectives(m.elements, "bf16", 2, 4))
+    with pytest.raises(ValueError, match="meta device only"):
+        measure.measure(TINY, "fp32", "cpu", 1, 8, world_size=2)
 
 
 def test_views_have_numpys_shapes_strides_and_base():

@@ -32,6 +32,7 @@ from .predictions import (
     largest_batch,
     parameter_pieces,
     predicted_activation_bytes,
+    predicted_collectives,
     predicted_head_bytes,
     predicted_peak_bytes,
     predicted_saved_bytes,
@@ -282,8 +283,29 @@ def _why_ran_in_differs(opts):
 
 
 def _state_memory(m):
-    return state_memory_table(
-        m.persistent, m.n_params, m.dtype, "measured: the buffers the model and AdamW allocated"
+    source = "measured: the buffers the model and AdamW allocated"
+    if m.world_size == 1 and not m.zero:
+        return state_memory_table(m.persistent, m.n_params, m.dtype, source)
+    R = m.world_size
+    return "\n\n".join(
+        [
+            state_memory_table(
+                m.persistent,
+                m.n_params,
+                m.dtype,
+                source + (f", rank 0 of {R} counted on the meta device" if R > 1 else ""),
+                zero=m.zero,
+                ranks=m.ranks,
+                elements=m.elements,
+                padding=m.padding,
+            ),
+            communication_table(
+                m.collectives,
+                predicted_collectives(m.elements, m.dtype, m.zero, R),
+                R,
+                timed=m.device != "meta",
+            ),
+        ]
     )
 
 
@@ -346,10 +368,11 @@ def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, element
     return "\n".join(lines)
 
 
-def communication_table(collectives, predicted, world):
+def communication_table(collectives, predicted, world, timed=True):
     """Bytes each rank sends in one step, per collective, predicted (predicted_collectives)
     beside measured (the distributed.Collective records of a step that ran), with the time
-    and the achieved bus bandwidth (NCCL's busbw: bytes sent / time)."""
+    and the achieved bus bandwidth (NCCL's busbw: bytes sent / time); timed=False (a world
+    counted on the meta device) leaves those two out."""
     ran = {}
     for c in collectives:
         r = ran.setdefault((c.name, c.what), [0, 0, 0.0, 0.0])
@@ -367,7 +390,7 @@ def communication_table(collectives, predicted, world):
                 f"{nbytes:,}",
                 f"{expect:,.0f}",
                 f"{sent:,.0f}",
-                f"{seconds * 1e3:.2f}",
+                f"{seconds * 1e3:.2f}" if timed else "-",
                 f"{sent / seconds / 1e9:.2f}" if seconds else "-",
             )
         )
@@ -379,7 +402,7 @@ def communication_table(collectives, predicted, world):
             "",
             f"{total[0]:,.0f}",
             f"{total[1]:,.0f}",
-            f"{total[2] * 1e3:.2f}",
+            f"{total[2] * 1e3:.2f}" if timed else "-",
             f"{total[1] / total[2] / 1e9:.2f}" if total[2] else "-",
         )
     )
@@ -467,7 +490,9 @@ def _memory_trades(m, budget_bytes):
     """The tracker's peak predicted beside measured, and what the three options buy: the
     largest batch at this T that fits the budget under each combination."""
     c = m.config
-    predicted = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, m.options)
+    predicted = predicted_peak_bytes(
+        c, m.batch_size, m.seq_len, m.dtype, m.options, m.zero, m.world_size
+    )
     rows = []
     for opts in OPTION_GRID:
         peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
@@ -486,7 +511,7 @@ def _memory_trades(m, budget_bytes):
         [
             "-- peak memory of the step (the tracker, temporaries included) and the three trades",
             f"  measured peak {m.peak_bytes:,} bytes ({m.peak_bytes / 1e6:,.1f} MB); predicted "
-            f"{predicted:,} ({predicted / 1e6:,.1f} MB: the persistent state, everything saved, "
+            f"{predicted:,.0f} ({predicted / 1e6:,.1f} MB: the persistent state, everything saved, "
             f"and the largest transient), {m.peak_bytes / predicted:.3f}x",
             f"  largest batch at T = {m.seq_len:,} in a budget of {budget_bytes / 1e9:,.1f} GB "
             f"({m.dtype}), from the predicted peak:",

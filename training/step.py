@@ -27,6 +27,6 @@ def train_on(model, optimizer, batches, scaler=None, lr=None, watch=None):
     optimizer.zero_grad()
     parts = len(batches) * comm.size
     losses = [forward_backward(model, x, y, scaler, parts, watch) for x, y in batches]
-    total = None if None in losses else comm.sum_scalar(sum(losses), what="loss")
+    total = comm.sum_scalar(None if None in losses else sum(losses), what="loss")
     norm, skipped = optimizer.step(scaler, lr=lr)
     return total, norm, skipped
