@@ -4,7 +4,9 @@ births and deaths of buffers in the memory tracker, for every execution option; 
 allocating, so a 1.5B model's step is counted in seconds. What needs values is refused."""
 
 import gc
+import importlib
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +251,11 @@ def test_ops_check_shapes_on_meta():
         F.matmul(a, b)
     with pytest.raises(ValueError):
         a + b
+
+
+def test_the_benchmark_refuses_meta(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    bench = importlib.import_module("bench")  # it imports its siblings by their names
+    with pytest.raises(Refused):
+        bench.main(["--model", "gpt2-tiny", "--seq-len", "32", "--device", "meta"])
+    assert "error: --device meta counts a step without running it" in capsys.readouterr().err
