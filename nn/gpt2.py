@@ -13,7 +13,7 @@ from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
 
 from . import hf
 from .config import GPT2Config
-from .layers import Dropout, Embedding, LayerNorm, Linear
+from .layers import Dropout, Embedding, LayerNorm, Linear, building_on
 from .module import Module, ModuleList
 from .options import ExecutionOptions
 from .sampling import check_sampling, sample
@@ -113,9 +113,11 @@ class GPT2(Module):
         self.config = config
         self.options = options or ExecutionOptions()
         rng = np.random.default_rng(seed)
-        self.transformer = Transformer(config, rng, self.options)
+        device = device or backend.default_device()
+        with building_on(device):  # on meta: shape-only parameters, nothing drawn
+            self.transformer = Transformer(config, rng, self.options)
         self.name_scopes()
-        self.to(device=device or backend.default_device())
+        self.to(device=device)
         # the LM head is tied to the token embedding: logits = x @ wte^T, no parameter of its own
 
     def forward(self, idx, targets=None, cache=None, last_only=False):

@@ -1,10 +1,38 @@
-"""The layers GPT-2 is made of. Weights are stored as GPT-2's checkpoints store them."""
+"""The layers GPT-2 is made of. Weights are stored as GPT-2's checkpoints store them.
+
+Each layer makes its parameters with parameter(shape, init): init() draws the initial values
+on the host (one stream whatever the device, so a model is the same on every device), except
+inside building_on("meta"), where nothing is drawn: the meta device holds shapes only.
+"""
+
+import contextlib
 
 import numpy as np
 
 import tinygrad_like.ops as F
+from tinygrad_like import backend, dtypes
 
 from .module import Module, Parameter
+
+_building_for = [None]  # the device of the model being built (building_on), innermost last
+
+
+@contextlib.contextmanager
+def building_on(device):
+    """with building_on(device): the layers made inside are for device (a model's __init__)."""
+    _building_for.append(device)
+    try:
+        yield
+    finally:
+        _building_for.pop()
+
+
+def parameter(shape, init, rows=None):
+    """A Parameter of shape from init() -> its fp32 host values, or, when building for the
+    meta device, a shape-only fp32 array with nothing drawn or allocated."""
+    if _building_for[-1] == "meta":
+        return Parameter(backend.get("meta").empty(shape, dtypes.float32), rows=rows)
+    return Parameter(init(), rows=rows)
 
 
 class Linear(Module):
@@ -14,9 +42,11 @@ class Linear(Module):
     def __init__(self, in_features, out_features, bias=True, std=0.02, rng=None):
         super().__init__()
         rng = rng or np.random.default_rng(0)
-        weight = rng.normal(0.0, std, (in_features, out_features)).astype(np.float32)
-        self.weight = Parameter(weight)
-        self.bias = Parameter(np.zeros(out_features, np.float32)) if bias else None
+        shape = (in_features, out_features)
+        self.weight = parameter(shape, lambda: rng.normal(0.0, std, shape).astype(np.float32))
+        self.bias = None
+        if bias:
+            self.bias = parameter((out_features,), lambda: np.zeros(out_features, np.float32))
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
@@ -31,9 +61,14 @@ class Embedding(Module):
         super().__init__()
         rng = rng or np.random.default_rng(0)
         self.num_embeddings = num_embeddings
-        table = np.zeros((padded_to or num_embeddings, embedding_dim), np.float32)
-        table[:num_embeddings] = rng.normal(0.0, std, (num_embeddings, embedding_dim))
-        self.weight = Parameter(table, rows=num_embeddings)
+        shape = (padded_to or num_embeddings, embedding_dim)
+
+        def init():
+            table = np.zeros(shape, np.float32)
+            table[:num_embeddings] = rng.normal(0.0, std, (num_embeddings, embedding_dim))
+            return table
+
+        self.weight = parameter(shape, init, rows=num_embeddings)
 
     def forward(self, idx):
         return F.embedding(idx, self.weight, self.num_embeddings)
@@ -43,8 +78,8 @@ class LayerNorm(Module):
     def __init__(self, dim, eps=1e-5):
         super().__init__()
         self.eps = eps
-        self.weight = Parameter(np.ones(dim, np.float32))
-        self.bias = Parameter(np.zeros(dim, np.float32))
+        self.weight = parameter((dim,), lambda: np.ones(dim, np.float32))
+        self.bias = parameter((dim,), lambda: np.zeros(dim, np.float32))
 
     def forward(self, x):
         return F.layer_norm(x, self.weight, self.bias, self.eps)

@@ -12,7 +12,7 @@ from nn.options import CHOICES
 from tinygrad_like import backend, distributed, dtypes
 
 from .data import DataLoader
-from .measure import random_batch
+from .measure import check_measurable, random_batch
 
 BAD_INPUT = (ValueError, FileNotFoundError, RuntimeError)  # what a user's mistake raises
 
@@ -112,7 +112,11 @@ def add_data_arg(p):
 
 
 def batch_from_args(args, vocab_size):
-    """(x, y) (B, T): the first batch of --data (seed 0), or random ids when it is not given."""
+    """(x, y) (B, T): the first batch of --data (seed 0), or random ids when it is not given.
+    The meta device refuses --data: it would drop the ids (a step's counts do not depend on
+    them)."""
+    if args.data and args.device == "meta":
+        raise backend.meta.NoValues("--data (a token file)")
     if args.data:
         return DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
     return random_batch(vocab_size, args.batch_size, args.seq_len)
@@ -126,6 +130,7 @@ def check_model_args(args, model_from_checkpoint=False):
         )
     check_dtype(args.dtype)
     args.device = backend.check_device(args.device or backend.default_device())
+    check_measurable(args.device, args.dtype)
     if not model_from_checkpoint:
         GPT2Config.from_preset(args.model).check_context(args.seq_len, "--seq-len")
 

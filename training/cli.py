@@ -195,6 +195,11 @@ def validate(cfg):
     check_dtype(cfg.dtype)
     cfg.execution_options()
     backend.check_device(cfg.device)
+    if cfg.device == "meta":
+        raise backend.meta.NoValues(
+            "training (token files, loss values); count a step with "
+            "python scripts/accounting.py --device meta"
+        )
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:
         raise ValueError(

@@ -149,9 +149,12 @@ def predicted_peak_bytes(config, batch_size, seq_len, dtype, options, zero=0, wo
     logits, which its dlogits overwrite, beside that block's fp32 dW before it is
     summed (from the second block on) or (fp16, bf16) beside the logits GEMM's output while it
     is cast to fp32, before the dW (counted as saved) exists in a single block; with
-    recomputation, one block's own activations may be larger."""
+    recomputation, one block's own activations may be larger. ZeRO-2 also holds the full-size
+    gradient buffer the backward accumulates into, beside the shard it keeps."""
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
     state = stored_elements(config) * sum(predicted_state_bytes(dtype, zero, world).values())
+    if zero == 2:
+        state += stored_elements(config) * size
     saved = predicted_saved_bytes(config, batch_size, seq_len, dtype, options)
     Vp = config.padded_vocab_size
     if options.lm_head == "plain":

@@ -32,6 +32,7 @@ from .predictions import (
     largest_batch,
     parameter_pieces,
     predicted_activation_bytes,
+    predicted_collectives,
     predicted_head_bytes,
     predicted_peak_bytes,
     predicted_saved_bytes,
@@ -94,7 +95,7 @@ def for_trainer(trainer):
 
 
 def default_budget_bytes(device):
-    """The memory a run may use: the GPU's, or 8 GB on a CPU."""
+    """The memory a run may use: the GPU's, or 8 GB on a CPU (and on meta)."""
     if device == "cuda":
         return backend.get("cuda").xp.cuda.Device().mem_info[1]
     return 8 * 10**9
@@ -110,7 +111,6 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
     if m.skipped:
         head += "\n(the fp16 loss scaler skipped the profiled step for an overflow)"
     budget_bytes = budget_bytes or default_budget_bytes(m.device)
-    peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
     sections = [
         _parameters(m),
         _flops(m),
@@ -118,6 +118,12 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
         _activations(m),
         _memory_trades(m, budget_bytes),
         _launches(m),
+    ]
+    if m.device == "meta":  # counted, not run: nothing was timed
+        note = "meta device: the step was counted, not run; no times, no census by time"
+        return "\n\n".join([head] + sections + [f"-- ({note})"])
+    peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
+    sections += [
         "-- " + peaks.describe(),
         format_census(
             roofline.census(m.step, peaks, m.dtype),
@@ -184,6 +190,16 @@ def _flops(m):
             (phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens), f"{got / 1e9:,.3f}")
         )
     step_flops = c.flops_per_token(m.seq_len) * tokens
+    achieved = (
+        wrap(
+            f"achieved: {m.step_seconds:.3f} s per step (profiled), "
+            f"{tokens / m.step_seconds:,.0f} tokens/s, "
+            f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
+            "(6N + 12·L·C·T per token)"
+        )
+        if m.peak is not None  # else the meta device: nothing ran
+        else "  achieved: - (the meta device counts a step without running it)"
+    )
     return "\n".join(
         [
             f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
@@ -214,12 +230,7 @@ def _flops(m):
                 f"as the batch grows ({tokens:,} tokens here)"
             ),
             _ran_in_versus_math(m),
-            wrap(
-                f"achieved: {m.step_seconds:.3f} s per step (profiled), "
-                f"{tokens / m.step_seconds:,.0f} tokens/s, "
-                f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
-                "(6N + 12·L·C·T per token)"
-            ),
+            achieved,
         ]
     )
 
@@ -272,8 +283,29 @@ def _why_ran_in_differs(opts):
 
 
 def _state_memory(m):
-    return state_memory_table(
-        m.persistent, m.n_params, m.dtype, "measured: the buffers the model and AdamW allocated"
+    source = "measured: the buffers the model and AdamW allocated"
+    if m.world_size == 1 and not m.zero:
+        return state_memory_table(m.persistent, m.n_params, m.dtype, source)
+    R = m.world_size
+    return "\n\n".join(
+        [
+            state_memory_table(
+                m.persistent,
+                m.n_params,
+                m.dtype,
+                source + (f", rank 0 of {R} counted on the meta device" if R > 1 else ""),
+                zero=m.zero,
+                ranks=m.ranks,
+                elements=m.elements,
+                padding=m.padding,
+            ),
+            communication_table(
+                m.collectives,
+                predicted_collectives(m.elements, m.dtype, m.zero, R),
+                R,
+                timed=m.device != "meta",
+            ),
+        ]
     )
 
 
@@ -336,10 +368,11 @@ def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, element
     return "\n".join(lines)
 
 
-def communication_table(collectives, predicted, world):
+def communication_table(collectives, predicted, world, timed=True):
     """Bytes each rank sends in one step, per collective, predicted (predicted_collectives)
     beside measured (the distributed.Collective records of a step that ran), with the time
-    and the achieved bus bandwidth (NCCL's busbw: bytes sent / time)."""
+    and the achieved bus bandwidth (NCCL's busbw: bytes sent / time); timed=False (a world
+    counted on the meta device) leaves those two out."""
     ran = {}
     for c in collectives:
         r = ran.setdefault((c.name, c.what), [0, 0, 0.0, 0.0])
@@ -357,7 +390,7 @@ def communication_table(collectives, predicted, world):
                 f"{nbytes:,}",
                 f"{expect:,.0f}",
                 f"{sent:,.0f}",
-                f"{seconds * 1e3:.2f}",
+                f"{seconds * 1e3:.2f}" if timed else "-",
                 f"{sent / seconds / 1e9:.2f}" if seconds else "-",
             )
         )
@@ -369,7 +402,7 @@ def communication_table(collectives, predicted, world):
             "",
             f"{total[0]:,.0f}",
             f"{total[1]:,.0f}",
-            f"{total[2] * 1e3:.2f}",
+            f"{total[2] * 1e3:.2f}" if timed else "-",
             f"{total[1] / total[2] / 1e9:.2f}" if total[2] else "-",
         )
     )
@@ -457,7 +490,9 @@ def _memory_trades(m, budget_bytes):
     """The tracker's peak predicted beside measured, and what the three options buy: the
     largest batch at this T that fits the budget under each combination."""
     c = m.config
-    predicted = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, m.options)
+    predicted = predicted_peak_bytes(
+        c, m.batch_size, m.seq_len, m.dtype, m.options, m.zero, m.world_size
+    )
     rows = []
     for opts in OPTION_GRID:
         peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
@@ -476,7 +511,7 @@ def _memory_trades(m, budget_bytes):
         [
             "-- peak memory of the step (the tracker, temporaries included) and the three trades",
             f"  measured peak {m.peak_bytes:,} bytes ({m.peak_bytes / 1e6:,.1f} MB); predicted "
-            f"{predicted:,} ({predicted / 1e6:,.1f} MB: the persistent state, everything saved, "
+            f"{predicted:,.0f} ({predicted / 1e6:,.1f} MB: the persistent state, everything saved, "
             f"and the largest transient), {m.peak_bytes / predicted:.3f}x",
             f"  largest batch at T = {m.seq_len:,} in a budget of {budget_bytes / 1e9:,.1f} GB "
             f"({m.dtype}), from the predicted peak:",
@@ -519,7 +554,8 @@ def _launches(m):
     total = sum(p["launches"] for p in phases.values())
     rows.append(("training step: total", total, "", ""))
     decode = len(m.decode.launches)
-    rows.append(("decode step (M = 1)", decode, "", f"{m.decode_seconds * 1e3:.1f} ms measured"))
+    timed = f"{m.decode_seconds * 1e3:.1f} ms measured" if m.device != "meta" else ""
+    rows.append(("decode step (M = 1)", decode, "", timed))
     return "\n".join(
         [
             f"-- kernel launches (per layer: {layers[0]}, from the tape)",
