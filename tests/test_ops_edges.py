@@ -583,3 +583,31 @@ def test_2_byte_var(dtype):
     np.testing.assert_allclose(
         got.astype(np.float64), a.astype(np.float64).var(1, ddof=1), rtol=2e-2
     )
+
+
+# ---------------------------------------------------------------- the meta device
+
+
+def test_the_new_ops_count_on_meta_what_they_count_on_the_cpu():
+    """Forward and backward of each new op on the meta device: the CPU's shapes, dtypes and
+    launches (names, FLOPs, exps, bytes)."""
+    cases = [
+        *[lambda x, op=op: getattr(F, op)(x) for op in UNARY],
+        lambda x: F.softmax(x, 0),
+        lambda x: F.log_softmax(x, -1),
+        lambda x: F.amax(x, (0, 2)),
+        lambda x: F.max(x, 1).values,
+        lambda x: F.var(x, -1),
+        lambda x: x / F.exp(x),
+    ]
+    a = np.abs(randn(2, 3, 4, dtype=np.float32)) + 0.1
+    for fn in cases:
+        runs = []
+        for device in ("cpu", "meta"):
+            x = Tensor(a, device=device, requires_grad=True)
+            with Profiler() as prof:
+                y = fn(x)
+                y.backward(np.ones(y.shape, np.float32))
+            launches = [(la.name, la.flops, la.exps, la.bytes) for la in prof.launches]
+            runs.append((y.shape, y.dtype, x.grad.shape, x.grad.dtype, launches))
+        assert runs[0] == runs[1]

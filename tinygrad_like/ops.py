@@ -145,7 +145,7 @@ _UNARY = {op: type(op.capitalize(), (Unary,), {"op": op, "name": op}) for op in 
 
 def _rows(a):
     """a made C-contiguous for a row kernel: itself when it is, else one counted copy."""
-    return a if a.flags.c_contiguous else launch("contiguous", a)
+    return a if _stand_in(a).flags.c_contiguous else launch("contiguous", a)
 
 
 class Softmax(Function):
@@ -236,13 +236,17 @@ class Cast(Function):
 # ---------------------------------------------------------------- views (no kernels)
 
 
+def _stand_in(x):
+    """A NumPy array with x's (any backend's) shape and strides over one element of memory, for
+    NumPy to answer layout questions on (it only computes strides, reads nothing)."""
+    return np.lib.stride_tricks.as_strided(np.empty(1, x.dtype), x.shape, x.strides)
+
+
 def _can_view(x, shape):
     """Whether x (either backend) can take shape without a copy: always when contiguous, and
-    e.g. when splitting the last dimension of a column slice. NumPy decides, on a stand-in with
-    x's shape and strides over one element of memory (it only computes strides, reads nothing)."""
-    stand_in = np.lib.stride_tricks.as_strided(np.empty(1, x.dtype), x.shape, x.strides)
+    e.g. when splitting the last dimension of a column slice. NumPy decides, on a stand-in."""
     try:
-        np.reshape(stand_in, shape, copy=False)
+        np.reshape(_stand_in(x), shape, copy=False)
         return True
     except ValueError:
         return False

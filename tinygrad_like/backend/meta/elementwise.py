@@ -5,6 +5,7 @@ import builtins  # `sum` below is a kernel
 
 import numpy as np
 
+from ..contract import unary_op
 from .array import MetaArray
 from .runtime import like, new
 
@@ -33,6 +34,40 @@ div = _binary("div")
 
 def neg(a):
     return like(a)
+
+
+# ---- div's gradient, the unary ops, max
+
+
+def div_bwd(a, b, dy):
+    return new(dy.shape, np.result_type(*[x.dtype for x in (a, b, dy) if isinstance(x, MetaArray)]))
+
+
+def unary_fwd(x, op):
+    unary_op(op)
+    return like(x)
+
+
+def unary_bwd(x, dy, op):
+    unary_op(op)
+    return like(x)
+
+
+def amax(a, axis=None, keepdims=False):
+    return sum(a, axis, keepdims)  # the sum's shape and dtype
+
+
+def argmax(a, axis):
+    """int64 indices, the axis kept (size 1)."""
+    return new(tuple(1 if i == axis % a.ndim else n for i, n in enumerate(a.shape)), np.int64)
+
+
+def amax_bwd(x, y, dy, axis):
+    return like(x)
+
+
+def max_bwd(dy, idx, shape, axis):
+    return new(tuple(shape), dy.dtype)
 
 
 def contiguous(a):
