@@ -120,7 +120,7 @@ def argmax(a, axis):
 
 
 def amax_bwd(x, y, dy, axis):
-    hit = x == y
+    hit = f32(x) == f32(y)
     count = hit.sum(axis=axis, keepdims=True, dtype=dtypes.compute_dtype(x.dtype))
     return cupy.where(hit, f32(dy) / count, 0).astype(x.dtype, copy=False)
 
@@ -129,7 +129,7 @@ def max_bwd(dy, idx, shape, axis):
     positions = cupy.arange(shape[axis]).reshape(
         [-1 if i == axis else 1 for i in range(len(shape))]
     )
-    return cupy.where(positions == idx, dy, cupy.zeros((), dy.dtype))
+    return cupy.where(positions == idx, f32(dy), 0).astype(dy.dtype, copy=False)  # exact
 
 
 def contiguous(a):
