@@ -646,6 +646,41 @@ def test_flash_attention(dtype, Tq, Tk):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("H,Hkv", [(4, 2), (3, 1)], ids=["GQA", "MQA"])
+@pytest.mark.parametrize("Tq,Tk", [(65, 65), (1, 70), (20, 100)], ids=["T=65", "decode", "prompt"])
+def test_flash_attention_grouped_query(dtype, H, Hkv, Tq, Tk):
+    """k, v with Hkv heads for q's H (query head h reads kv head h // G, G = H / Hkv), against
+    cpu.flash_attention_fwd / _bwd (tested against a float64 reference in test_gqa.py). The
+    forward and dq are those of k and v repeated to H heads, bit for bit (each block reads its
+    kv head as the repeat would give it); dk, dv are the repeat's summed over each group, up to
+    rounding (one block sums the G heads, in acc_t)."""
+    B, D, G = 2, 32, H // Hkv
+    q, dout = (rand((B, Tq, H, D), dtype, seed=s).swapaxes(1, 2) for s in (1, 2))
+    k, v = (rand((B, Hkv, Tk, D), dtype, seed=s) for s in (3, 4))
+    stat = dtypes.compute_dtype(dtype)
+    (out, lse), (out_ref, lse_ref) = both("flash_attention_fwd", q, k, v, 0.125)
+    close(out, out_ref)
+    close(lse, lse_ref, stat)
+    args = (q, k, v, out_ref, lse_ref, dout, 0.125)
+    got, ref = both("flash_attention_bwd", *args)
+    assert [g.shape for g in got] == [q.shape, k.shape, v.shape]
+    terms = 0.125 * float((np.abs(f64(dout)) @ np.abs(f64(np.repeat(v, G, 1))).mT).max())
+    for g, r, other in zip(got, ref, (k, q, None)):
+        close(g, r, magnitude=0.0 if other is None else G * terms * float(np.abs(f64(other)).max()))
+    kr, vr = (np.repeat(a, G, axis=1) for a in (k, v))  # Hugging Face's repeat_kv
+    repeated = cuda.flash_attention_fwd(*[dev(a) for a in (q, kr, vr)], 0.125)
+    for a, b in zip((out, lse), repeated):
+        np.testing.assert_array_equal(cuda.to_numpy(a), cuda.to_numpy(b))
+    dq, dk, dv = cuda.flash_attention_bwd(
+        *[dev(a) for a in (q, kr, vr, out_ref, lse_ref, dout)], 0.125
+    )
+    np.testing.assert_array_equal(cuda.to_numpy(got[0]), cuda.to_numpy(dq))
+    for g, full in zip(got[1:], (dk, dv)):
+        summed = f64(cuda.to_numpy(full)).reshape(B, Hkv, G, Tk, D).sum(2).astype(dtype)
+        close(g, summed, magnitude=G * terms * float(np.abs(f64(q)).max()))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 @pytest.mark.parametrize(
     "B,H,Tq,Tk", [(0, 3, 5, 5), (2, 0, 5, 5), (2, 3, 0, 5), (2, 3, 0, 0)], ids=str
 )

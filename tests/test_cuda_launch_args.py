@@ -204,16 +204,18 @@ def softmax_rows(cuda, dtype):
 @drives("flash_attention_fwd", "flash_attention_bwd")
 def flash_attention(cuda, dtype):
     stat = dtypes.compute_dtype(dtype)
-    for B, H, Tq, Tk, D in [
-        (2, 3, 65, 65, 64),
-        (1, 2, 1, 70, 64),
-        (1, 1, 130, 130, 24),
-        (1, 1, 20, 150, 8),
-    ]:  # ragged, decode, prompt + cache
+    for B, H, Hkv, Tq, Tk, D in [
+        (2, 3, 3, 65, 65, 64),
+        (1, 2, 2, 1, 70, 64),
+        (1, 1, 1, 130, 130, 24),
+        (1, 1, 1, 20, 150, 8),
+        (2, 4, 2, 65, 65, 64),
+        (1, 3, 1, 1, 70, 16),
+    ]:  # ragged, decode, prompt + cache; grouped-query, multi-query decode
         for layout in LAYOUTS:
             q, dout, out, k, v = (
-                place(cuda, rand((B, H, T, D), dtype, seed), layout)
-                for seed, T in enumerate((Tq, Tq, Tq, Tk, Tk))
+                place(cuda, rand((B, heads, T, D), dtype, seed), layout)
+                for seed, (heads, T) in enumerate(((H, Tq),) * 3 + ((Hkv, Tk),) * 2)
             )
             cuda.flash_attention_fwd(q, k, v, 0.125)
             lse = place(cuda, rand((B, H, Tq), stat), layout)
@@ -423,6 +425,19 @@ def test_cross_entropy_fwd_bwd_refuses_an_out_it_cannot_write(cuda, launches):
     ):
         with pytest.raises(ValueError, match="C-contiguous"):
             cuda.cross_entropy_fwd_bwd(logits, t, cuda.asarray(np.ones(1, F32)), out=out)
+    assert launches == []
+
+
+def test_flash_attention_refuses_heads_that_do_not_group(cuda, launches):
+    """k and v need a number of heads that divides q's (grouped-query attention), and one
+    shape; refused on the host, with the shapes named."""
+    q = cuda.asarray(rand((1, 4, 8, 16), F32))
+    for k, v in [((1, 3, 8, 16),) * 2, ((1, 2, 8, 16), (1, 4, 8, 16)), ((2, 2, 8, 16),) * 2]:
+        need = "need (B, H, Tq, D) and (B, Hkv, Tk, D) with H a multiple of Hkv and Tk >= Tq"
+        with pytest.raises(ValueError, match=re.escape(f"k {k}, v {v}: {need}")):
+            cuda.flash_attention_fwd(
+                q, cuda.asarray(rand(k, F32)), cuda.asarray(rand(v, F32)), 0.25
+            )
     assert launches == []
 
 

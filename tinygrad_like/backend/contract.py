@@ -68,10 +68,11 @@ def _per_output(result, *args, **kw):
 
 
 def flash_scores(q, k):
-    """Scores the flash kernels compute for q (B, H, Tq, D), k (B, H, Tk, D): each block of
-    FLASH_BQ queries against the keys up to its last query's position. The masked corner of
-    each diagonal block is computed and counted; the key blocks after a query block are skipped
-    and not counted."""
+    """Scores the flash kernels compute for q (B, H, Tq, D), k (B, Hkv, Tk, D): each block of
+    FLASH_BQ queries of each of the H query heads against the keys up to its last query's
+    position (per query head: grouped-query attention, Hkv < H, computes as many as Hkv = H).
+    The masked corner of each diagonal block is computed and counted; the key blocks after a
+    query block are skipped and not counted."""
     (B, H, Tq, _), Tk, bq = q.shape, k.shape[-2], FLASH_BQ
     return (
         B
@@ -369,6 +370,8 @@ def log_softmax_bwd(y, dy):
 # ---------------------------------------------------------------- attention
 # Per computed score (flash_scores): forward QK^T and PV (2D + 2D) + 5 for the online softmax;
 # backward QK^T again, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (5 x 2D) + 4 for P and dS.
+# Grouped-query attention: k, v (and dk, dv) have Hkv heads, a divisor of q's H, query head h
+# reading kv head h // (H / Hkv): FLOPs count per query head, bytes count k and v as they are.
 
 
 @kernel(
@@ -377,8 +380,9 @@ def log_softmax_bwd(y, dy):
     exps=lambda r, q, k, *a: flash_scores(q, k),
 )
 def flash_attention_fwd(q, k, v, scale):
-    """q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq -> out (B, H, Tq, D) = softmax(scale q
-    k^T, future keys masked) v, and lse (B, H, Tq) fp32 (fp64 for fp64), saved for backward."""
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D), Tk >= Tq, H a multiple of Hkv -> out
+    (B, H, Tq, D) = softmax(scale q k^T, future keys masked) v with query head h against kv head
+    h // (H / Hkv), and lse (B, H, Tq) fp32 (fp64 for fp64), saved for backward."""
 
 
 @kernel(
@@ -387,7 +391,8 @@ def flash_attention_fwd(q, k, v, scale):
     exps=lambda r, q, k, *a: flash_scores(q, k),  # P recomputed from lse
 )
 def flash_attention_bwd(q, k, v, out, lse, dout, scale):
-    """-> dq, dk, dv of flash_attention_fwd, from its inputs, its out and lse, and dout."""
+    """-> dq (B, H, Tq, D), dk and dv (B, Hkv, Tk, D) (summed over the query heads of each kv
+    head) of flash_attention_fwd, from its inputs, its out and lse, and dout."""
 
 
 # ---------------------------------------------------------------- embedding
