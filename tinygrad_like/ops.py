@@ -446,10 +446,10 @@ def _attention_inputs(ctx, q, k, v):
     multiple of Hkv, the grouped-query attention the kernels run. The (B, H, T, D) views a
     model passes go through as they are."""
     ctx.metas = _meta(q), _meta(k), _meta(v)
-    n = max(q.ndim, k.ndim, v.ndim, 3)
+    n = builtins.max(q.ndim, k.ndim, v.ndim, 3)
     q, k, v = (a.reshape((1,) * (n - a.ndim) + a.shape) for a in (q, k, v))
     ctx.lead = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
-    Hkv = max(k.shape[-3], v.shape[-3])
+    Hkv = builtins.max(k.shape[-3], v.shape[-3])
     H = Hkv if q.shape[-3] == 1 else q.shape[-3]  # one head broadcast, or a multiple of Hkv
 
     def full(a, heads):
@@ -461,7 +461,7 @@ def _attention_inputs(ctx, q, k, v):
 
     q, k, v = full(q, H), full(k, Hkv), full(v, Hkv)
     ctx.shapes = q.shape, k.shape, v.shape
-    ctx.out_shape = (ctx.lead + q.shape[1:])[-max(len(m[0]) for m in ctx.metas) :]
+    ctx.out_shape = (ctx.lead + q.shape[1:])[-builtins.max(len(m[0]) for m in ctx.metas) :]
     return q, k, v
 
 
@@ -988,7 +988,7 @@ def scaled_dot_product_attention(q, k, v, flash=False, scale=None):
     if q.dtype != k.dtype or k.dtype != v.dtype:
         raise TypeError(f"{shapes}: need one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     H, Hk, Hv = (a.shape[-3] if a.ndim > 2 else 1 for a in (q, k, v))
-    Hkv = max(Hk, Hv)
+    Hkv = builtins.max(Hk, Hv)
     try:
         np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
         np.broadcast_shapes(k.shape[:-2], v.shape[:-2])
