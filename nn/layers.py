@@ -57,3 +57,32 @@ class Dropout(Module):
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
+
+
+class RMSNorm(Module):
+    """Llama's RMSNorm: x / sqrt(mean(x^2) + eps) * weight, no mean subtracted, no bias."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = Parameter(np.ones(dim, np.float32))
+
+    def forward(self, x):
+        return F.rms_norm(x, self.weight, self.eps)
+
+
+class TransposedLinear(Module):
+    """y = x W^T, no bias, with W (out_features, in_features): PyTorch's nn.Linear layout, in
+    which Llama's checkpoints store every projection (F.linear(transposed=True): the same three
+    GEMMs as Linear's, each 2 M K N). padded_to stores W with zero rows up to that many, as
+    Embedding does (the LM head's aligned vocabulary)."""
+
+    def __init__(self, in_features, out_features, std=0.02, rng=None, padded_to=None):
+        super().__init__()
+        rng = rng or np.random.default_rng(0)
+        weight = np.zeros((padded_to or out_features, in_features), np.float32)
+        weight[:out_features] = rng.normal(0.0, std, (out_features, in_features))
+        self.weight = Parameter(weight, rows=out_features if padded_to else None)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, transposed=True)
