@@ -406,3 +406,38 @@ def test_a_config_without_key_value_heads_is_multi_head(tmp_path):
     path.write_text(json.dumps(d))
     cfg = hf.read_config(tmp_path)
     assert cfg.num_key_value_heads == 4 and cfg.rms_norm_eps == 1e-6  # Hugging Face's defaults
+
+
+# ---------------------------------------------------------------- the accounting
+
+
+@pytest.mark.parametrize(
+    "options",
+    [ExecutionOptions(), ExecutionOptions(attention="naive", lm_head="plain")],
+    ids=["flash-fused", "naive-plain"],
+)
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_accounting_predicts_what_a_llama_step_measures(cfg, options):
+    """Parameters by piece, the bytes each layer and the whole tape save, and the tracker's
+    peak, predicted from the config alone, equal what a real step measured."""
+    from training import measure, predictions, report
+
+    m = measure.measure(cfg, "fp32", batch_size=2, seq_len=20, warmup=0, options=options)
+    measured = predictions.count_pieces(m.parameters)
+    for key, _, _, n in predictions.parameter_pieces(cfg):
+        assert measured[key] == n, key
+    per_layer = measure.group(m.tape, lambda r: measure.layer_of(r["scope"]))
+    assert measure.block_layers(m.tape) == ["model.layers.0", "model.layers.1"]
+    block = per_layer["model.layers.0"]["saved_bytes"] / 40
+    assert block == predictions.predicted_activation_bytes(cfg, 20, "fp32", options)
+    assert sum(r["saved_bytes"] for r in m.tape) == predictions.predicted_saved_bytes(
+        cfg, 2, 20, "fp32", options
+    )
+    assert m.peak_bytes == pytest.approx(
+        predictions.predicted_peak_bytes(cfg, 2, 20, "fp32", options), rel=1e-3
+    )
+    gemm, bias = predictions.gemm_flops(cfg, 2, 20)
+    assert bias == 0
+    text = report.format_report(m, budget_bytes=1e9)
+    assert "the embedding and the LM head are stored 128 x 32" in text
+    assert "2·Hkv·D" in text  # the Llama convention, not GPT-2's
