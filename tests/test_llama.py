@@ -441,3 +441,48 @@ def test_accounting_predicts_what_a_llama_step_measures(cfg, options):
     text = report.format_report(m, budget_bytes=1e9)
     assert "the embedding and the LM head are stored 128 x 32" in text
     assert "2·Hkv·D" in text  # the Llama convention, not GPT-2's
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL (as in test_training.py)."""
+
+
+def test_the_trainer_trains_resumes_and_fine_tunes_the_llama_preset(
+    shakespeare, tmp_path, monkeypatch
+):
+    """--model llama-tiny: the preset picks the family; the checkpoint is a LlamaForCausalLM
+    directory that resumes exactly and is fine-tuned from (--init-from)."""
+    from training import checkpoint
+    from training.loop import RunConfig, Trainer
+
+    def run(out, **kw):
+        cfg = dict(model="llama-tiny", data_dir=shakespeare, batch_size=4, seq_len=16, lr=1e-2)
+        cfg.update(min_lr=1e-3, warmup=5, eval_iters=4, out=str(out), quiet=True, report=False)
+        return Trainer(RunConfig(**{**cfg, **kw}))
+
+    tr = run(tmp_path / "a", steps=40, eval_every=40)
+    assert isinstance(tr.model, Llama)
+    initial, history = tr.evaluate(), tr.run()
+    assert history[-1]["val_loss"] < initial - 1.5, (initial, history[-1]["val_loss"])
+    ck = checkpoint.find_checkpoint(str(tmp_path / "a"))
+    assert json.loads(open(f"{ck}/config.json").read())["model_type"] == "llama"
+    # killed after its step-20 checkpoint, then resumed: the uninterrupted run's losses
+    real_save = Trainer.save
+
+    def save_then_die(self):
+        path = real_save(self)
+        if self.step == 20:
+            raise Killed
+        return path
+
+    monkeypatch.setattr(Trainer, "save", save_then_die)
+    with pytest.raises(Killed):
+        run(tmp_path / "b", steps=40, eval_every=40, save_every=20).run()
+    monkeypatch.setattr(Trainer, "save", real_save)
+    resumed = run(tmp_path / "b", steps=40, eval_every=40, resume=str(tmp_path / "b")).run()
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in history[20:]]
+    tuned = run(tmp_path / "c", steps=2, eval_every=0, init_from=ck, model=None)
+    assert isinstance(tuned.model, Llama) and tuned.model.config == tr.model.config

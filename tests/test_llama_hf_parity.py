@@ -108,3 +108,31 @@ def test_greedy_generation_matches(tmp_path, cfg):
         pad_token_id=0,
     )
     np.testing.assert_array_equal(got, ref.numpy())
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_directory_transformers_wrote_loads_with_its_logits(tmp_path, tied):
+    """LlamaForCausalLM's own save_pretrained (a tied model writes no lm_head.weight) read by
+    nn.from_pretrained, which picks the family from config.json."""
+    import nn
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=90,
+        max_position_embeddings=16,
+        tie_word_embeddings=tied,
+        initializer_range=0.2,
+    )
+    theirs = transformers.LlamaForCausalLM(config).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = nn.from_pretrained(tmp_path, dtype="fp64")
+    assert isinstance(ours, Llama) and ours.config.num_key_value_heads == 2
+    x, _ = batch(ours.config, T=16)
+    with torch.no_grad():
+        ref = theirs.double()(torch.from_numpy(x)).logits.numpy()
+    np.testing.assert_allclose(ours(x)[0].numpy(), ref, rtol=1e-6, atol=1e-6)
