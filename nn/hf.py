@@ -121,9 +121,9 @@ def check_dir(path):
     missing = [f for f in (CONFIG, WEIGHTS) if not os.path.isfile(os.path.join(path, f))]
     if missing:
         raise FileNotFoundError(
-            f"{path} is not a GPT-2 checkpoint: expected {CONFIG} and {WEIGHTS} in it "
+            f"{path} is not a checkpoint: expected {CONFIG} and {WEIGHTS} in it "
             f"(missing: {', '.join(missing)}). Train one with examples/train_gpt2.py --out DIR, "
-            "or point at a Hugging Face GPT-2 directory."
+            "or point at a Hugging Face GPT-2 or Llama directory."
         )
 
 
