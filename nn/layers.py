@@ -35,6 +35,19 @@ def parameter(shape, init, rows=None):
     return Parameter(init(), rows=rows)
 
 
+def _normal_rows(rows, cols, std, rng, padded_to=None):
+    """A (padded_to or rows, cols) Parameter: N(0, std) draws for the first rows (the unpadded
+    table's draws, whatever the padding), zero rows after them."""
+    shape = (padded_to or rows, cols)
+
+    def init():
+        table = np.zeros(shape, np.float32)
+        table[:rows] = rng.normal(0.0, std, (rows, cols))
+        return table
+
+    return parameter(shape, init, rows=rows)
+
+
 class Linear(Module):
     """y = x W + b with W (in_features, out_features): GPT-2's Conv1D layout, so the forward
     GEMM is X (M, in) @ W (in, out) with no transpose."""
@@ -61,14 +74,7 @@ class Embedding(Module):
         super().__init__()
         rng = rng or np.random.default_rng(0)
         self.num_embeddings = num_embeddings
-        shape = (padded_to or num_embeddings, embedding_dim)
-
-        def init():
-            table = np.zeros(shape, np.float32)
-            table[:num_embeddings] = rng.normal(0.0, std, (num_embeddings, embedding_dim))
-            return table
-
-        self.weight = parameter(shape, init, rows=num_embeddings)
+        self.weight = _normal_rows(num_embeddings, embedding_dim, std, rng, padded_to)
 
     def forward(self, idx):
         return F.embedding(idx, self.weight, self.num_embeddings)
@@ -92,3 +98,30 @@ class Dropout(Module):
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
+
+
+class RMSNorm(Module):
+    """Llama's RMSNorm: x / sqrt(mean(x^2) + eps) * weight, no mean subtracted, no bias."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = parameter((dim,), lambda: np.ones(dim, np.float32))
+
+    def forward(self, x):
+        return F.rms_norm(x, self.weight, self.eps)
+
+
+class TransposedLinear(Module):
+    """y = x W^T, no bias, with W (out_features, in_features): PyTorch's nn.Linear layout, in
+    which Llama's checkpoints store every projection (F.linear(transposed=True): the same three
+    GEMMs as Linear's, each 2 M K N). padded_to stores W with zero rows up to that many, as
+    Embedding does (the LM head's aligned vocabulary)."""
+
+    def __init__(self, in_features, out_features, std=0.02, rng=None, padded_to=None):
+        super().__init__()
+        rng = rng or np.random.default_rng(0)
+        self.weight = _normal_rows(out_features, in_features, std, rng, padded_to)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, transposed=True)

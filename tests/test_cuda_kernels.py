@@ -721,3 +721,31 @@ def test_flash_attention_head_dim_128(dtype):
     terms = 0.125 * float((np.abs(f64(dout)) @ np.abs(f64(v)).swapaxes(-1, -2)).max())
     for g, r, other in zip(got, ref, (k, q, None)):
         close(g, r, magnitude=0.0 if other is None else terms * float(np.abs(f64(other)).max()))
+
+
+# ---------------------------------------------------------------- Llama's kernels
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_swiglu(dtype):
+    g, u = rand((7, 1001), dtype, scale=3.0, seed=1), rand((7, 1001), dtype, seed=2)
+    dy = rand((7, 1001), dtype, seed=3)
+    close(*both("swiglu_fwd", g, u))
+    (dg, du), (dg_ref, du_ref) = both("swiglu_bwd", g, u, dy)
+    close(dg, dg_ref)
+    close(du, du_ref)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("T,start", [(37, 0), (1, 40)])  # a prompt, a decode step's one row
+def test_rotary(dtype, T, start):
+    acc = dtypes.compute_dtype(dtype)
+    angles = np.outer(np.arange(48), 10000.0 ** (-np.arange(0, 24, 2) / 24))  # (48, 12)
+    cos, sin = (t(angles)[start : start + T].astype(acc) for t in (np.cos, np.sin))
+    x = rand((2, 3, T, 24), dtype, scale=2.0, seed=1)
+    close(*both("rotary_fwd", x, cos, sin))
+    close(*both("rotary_bwd", x, cos, sin))
+    # q as the model passes it: (B, T, H, D) viewed as (B, H, T, D)
+    xt = rand((2, T, 3, 24), dtype, seed=2)
+    got = cuda.rotary_fwd(dev(xt).transpose(0, 2, 1, 3), dev(cos), dev(sin))
+    close(got, cpu.rotary_fwd(xt.transpose(0, 2, 1, 3), cos, sin))

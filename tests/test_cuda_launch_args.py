@@ -253,6 +253,26 @@ def embedding(cuda, dtype):
             cuda.embedding_bwd(dout, place(cuda, idx, layout), V)
 
 
+@drives("rotary_fwd", "rotary_bwd")
+def rotary(cuda, dtype):
+    acc = dtypes.compute_dtype(dtype)
+    for B, H, T, D in [(2, 3, 37, 24), (1, 2, 1, 64), (1, 1, 5, 2)]:  # ragged, decode, one pair
+        for layout in LAYOUTS:
+            x = place(cuda, rand((B, H, T, D), dtype), layout)
+            cos, sin = (place(cuda, rand((T, D // 2), acc, seed), layout) for seed in (1, 2))
+            cuda.rotary_fwd(x, cos, sin)
+            cuda.rotary_bwd(x, cos, sin)
+
+
+@drives("swiglu_fwd", "swiglu_bwd")
+def swiglu(cuda, dtype):
+    for shape in [(7, 1001), (1, 1)]:
+        for layout in LAYOUTS:
+            g, u, dy = (place(cuda, rand(shape, dtype, seed), layout) for seed in range(3))
+            cuda.swiglu_fwd(g, u)
+            cuda.swiglu_bwd(g, u, dy)
+
+
 @drives("grad_norm_sq")
 def grad_norm_sq(cuda, dtype):
     for n in (300_007, 257, 1):

@@ -690,6 +690,35 @@ class Dropout(Function):
         return launch("mul", g, ctx.saved[0]), None, None
 
 
+class Rotary(Function):
+    """Rotary position embeddings of x (B, H, T, D) (Llama's rotate-half convention) by the
+    tables cos, sin (T, D/2) of its positions. Saves nothing of x: the backward is the
+    opposite turn of dy. The tables are the model's constants (like a weight, not an
+    activation), kept on the context rather than saved."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.cos, ctx.sin = cos, sin
+        return launch("rotary_fwd", x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("rotary_bwd", g, ctx.cos, ctx.sin), None, None
+
+
+class SwiGLU(Function):
+    """silu(gate) * up, Llama's MLP nonlinearity, one record: saves gate and up."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return launch("swiglu_fwd", gate, up)
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("swiglu_bwd", *ctx.saved, g)  # dgate, dup
+
+
 # ---------------------------------------------------------------- the functional API
 
 
@@ -1196,3 +1225,30 @@ def max(x, dim=None, keepdim=False):
     idx = launch("argmax", x.data, d)  # (..., 1, ...): not differentiable, no record
     values = Max.apply(x, idx, d, keepdim)
     return MaxResult(values, Tensor(idx if keepdim else idx.reshape(values.shape)))
+
+
+def apply_rotary(x, cos, sin, start=0):
+    """Rotary position embeddings (Hugging Face Llama's rotate-half convention) of x (B, H, T,
+    D) at positions start .. start + T - 1: cos, sin are tables (positions, D/2) of the angles
+    (arrays of x's device in its compute dtype, or Tensors), of which rows start .. start + T
+    are read (a KV-cache decode step starts past the cached positions)."""
+    cos, sin = (t.data if isinstance(t, Tensor) else t for t in (cos, sin))
+    T, D = x.shape[-2:]
+    if x.ndim != 4 or D % 2 or cos.shape[1:] != (D // 2,) or sin.shape != cos.shape:
+        raise ValueError(
+            f"apply_rotary: x {x.shape}, cos {cos.shape}, sin {sin.shape}: need x (B, H, T, D) "
+            f"of an even D and tables (positions, D/2) of one shape"
+        )
+    if start < 0 or start + T > cos.shape[0]:
+        raise ValueError(
+            f"apply_rotary: positions {start} .. {start + T - 1} are outside the tables' "
+            f"{cos.shape[0]} positions"
+        )
+    return Rotary.apply(x, cos[start : start + T], sin[start : start + T])
+
+
+def swiglu(gate, up):
+    """silu(gate) * up (Llama's SwiGLU MLP: down(silu(gate(x)) * up(x)))."""
+    if gate.shape != up.shape:
+        raise ValueError(f"swiglu: gate {gate.shape} and up {up.shape} differ in shape")
+    return SwiGLU.apply(gate, up)

@@ -48,4 +48,4 @@ def generation_bytes(config, dtype, tokens, device):
     host), and the KV cache's keys and values."""
     size = dtypes.as_dtype(dtype).itemsize
     weights = predictions.stored_elements(config) * (4 + (4 if device == "cpu" else size))
-    return weights + 2 * config.n_layer * tokens * config.n_embd * size
+    return weights + tokens * config.kv_cache_bytes_per_token(size)

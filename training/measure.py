@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nn import GPT2, ExecutionOptions, KVCache
+from nn import ExecutionOptions, KVCache, build
 from optim import AdamW, LossScaler
 from tinygrad_like import TAPE, backend, distributed, dtypes, kernels, no_grad, profiler
 from tinygrad_like.memory import PERSISTENT, TRACKER
@@ -210,7 +210,7 @@ def _build(config, dtype, device, options, zero, world_size, rank=0):
     comm = distributed.MetaWorld(rank, world_size) if world_size > 1 else None
     gc.collect()  # so the tracker's deltas below are this model's buffers only
     before = dict(TRACKER.current)
-    model = GPT2(config, device=device, options=options)
+    model = build(config, device=device, options=options)
     optimizer = AdamW(model.named_parameters(), dtype=dtype, comm=comm, zero=zero)
     gc.collect()  # the per-parameter tensors the flat buffers replaced
     return model, optimizer, {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
@@ -235,7 +235,8 @@ def _decode_step(model, x):
     prompt = x[:1, : min(x.shape[1], model.config.n_positions - 1)]
     model.eval()
     with no_grad():
-        cache = KVCache(model.config, 1, prompt.shape[1] + 1, model.transformer.wte.weight)
+        like = model.get_input_embeddings().weight
+        cache = KVCache(model.config, 1, prompt.shape[1] + 1, like)
         model(prompt, cache=cache, last_only=True)
         t0 = time.perf_counter()
         with Profiler(timing=True) as prof:
@@ -250,7 +251,7 @@ def _decode_step(model, x):
 def layer_of(scope):
     """transformer.h.3.mlp.c_fc -> transformer.h.3; a scope outside the blocks is its own
     layer (the model's own ops, such as the embedding sum, have the empty scope)."""
-    match = re.match(r"(.*\.h\.\d+)(\.|$)", scope)
+    match = re.match(r"(.*\.(?:h|layers)\.\d+)(\.|$)", scope)
     return match.group(1) if match else (scope or "(model)")
 
 
@@ -274,5 +275,5 @@ def block_layers(records):
     return [
         name
         for name in group(records, lambda r: layer_of(r["scope"]))
-        if re.search(r"\.h\.\d+$", name)
+        if re.search(r"\.(?:h|layers)\.\d+$", name)
     ]

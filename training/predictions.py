@@ -1,4 +1,5 @@
-"""Predictions of the accounting report from a GPT-2 configuration alone (no model is built):
+"""Predictions of the accounting report from a configuration alone, GPT-2's or Llama's (no
+model is built):
 parameter counts by piece, GEMM and attention FLOPs, persistent training state, per-step
 collectives, saved activations and the peak of a training step under each memory trade, and
 the largest batch that fits a memory budget. training/report.py prints them beside what a real
@@ -9,12 +10,14 @@ import re
 from dataclasses import replace
 
 import tinygrad_like.ops as F
-from nn import ExecutionOptions
+from nn import ExecutionOptions, LlamaConfig
 from tinygrad_like import dtypes
 
 
 def parameter_pieces(config):
     """[(key, piece, shape, parameters)]: the rows of ACCOUNTING.md's table for this config."""
+    if isinstance(config, LlamaConfig):
+        return _llama_pieces(config)
     V, P, L, C = config.vocab_size, config.n_positions, config.n_layer, config.n_embd
     block = [
         ("qkv", "per block: QKV projection", f"{C:,} x {3 * C:,} + {3 * C:,}", 3 * C * C + 3 * C),
@@ -35,6 +38,32 @@ def parameter_pieces(config):
     return rows + [("total", "total", "", total)]
 
 
+def _llama_pieces(config):
+    V, L, C, F = config.vocab_size, config.n_layer, config.n_embd, config.intermediate_size
+    kv = config.n_kv_head * config.head_dim
+    block = [
+        (
+            "qkv",
+            "per block: Q, K, V projections",
+            f"{C:,} x ({C:,} + 2 x {kv:,})",
+            C * (C + 2 * kv),
+        ),
+        ("attn_out", "per block: attention output", f"{C:,} x {C:,}", C * C),
+        ("mlp_up", "per block: MLP gate and up", f"2 x {C:,} x {F:,}", 2 * C * F),
+        ("mlp_down", "per block: MLP down", f"{F:,} x {C:,}", F * C),
+        ("block_ln", "per block: two RMSNorms", f"2 x {C:,}", 2 * C),
+    ]
+    per_block = sum(row[3] for row in block)
+    rows = [
+        ("wte", "token embedding", f"{V:,} x {C:,}", V * C),
+        *block,
+        ("blocks", f"{L} blocks", f"{L} x {per_block:,}", L * per_block),
+        ("ln_f", "final RMSNorm", f"{C:,}", C),
+        ("lm_head", "LM head (untied)", f"{V:,} x {C:,}", V * C),
+    ]
+    return rows + [("total", "total", "", 2 * V * C + L * per_block + C)]
+
+
 # which parameter names each piece counts in a built model (per-block pieces: block 0)
 _PIECE_NAMES = {
     "wte": r"transformer\.wte\.",
@@ -48,13 +77,26 @@ _PIECE_NAMES = {
     "ln_f": r"transformer\.ln_f\.",
     "total": r"",
 }
+_LLAMA_PIECE_NAMES = {
+    "wte": r"model\.embed_tokens\.",
+    "qkv": r"model\.layers\.0\.self_attn\.[qkv]_proj\.",
+    "attn_out": r"model\.layers\.0\.self_attn\.o_proj\.",
+    "mlp_up": r"model\.layers\.0\.mlp\.(gate|up)_proj\.",
+    "mlp_down": r"model\.layers\.0\.mlp\.down_proj\.",
+    "block_ln": r"model\.layers\.0\.(input|post_attention)_layernorm\.",
+    "blocks": r"model\.layers\.",
+    "ln_f": r"model\.norm\.",
+    "lm_head": r"lm_head\.",
+    "total": r"",
+}
 
 
 def count_pieces(parameters):
     """piece key -> parameters counted in the model's own tensors ({name: elements})."""
+    llama = any(name.startswith("model.") for name in parameters)
     return {
         key: sum(n for name, n in parameters.items() if re.match(pattern, name))
-        for key, pattern in _PIECE_NAMES.items()
+        for key, pattern in (_LLAMA_PIECE_NAMES if llama else _PIECE_NAMES).items()
     }
 
 
@@ -72,10 +114,16 @@ def gemm_flops(config, batch_size, seq_len):
     V, L, C, H = config.padded_vocab_size, config.n_layer, config.n_embd, config.n_head
     B, T = batch_size, seq_len
     M = B * T
-    linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # c_attn, c_proj, c_fc, mlp.c_proj
-    attention = 2 * (2 * B * H * T * T * (C // H))  # scores and probs·V
+    if isinstance(config, LlamaConfig):  # q, k, v, o, gate, up, down; no biases
+        kv, F = config.n_kv_head * config.head_dim, config.intermediate_size
+        linears = [(C, C), (C, kv), (C, kv), (C, C), (C, F), (C, F), (F, C)]
+        biased = 0
+    else:
+        linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # c_attn, c_proj, c_fc, c_proj
+        biased = 1
+    attention = 2 * (2 * B * H * T * T * (C // H))  # scores and probs·V, every query head
     gemm = L * (sum(2 * M * k * n for k, n in linears) + attention) + 2 * M * C * V
-    bias = L * M * sum(n for _, n in linears)
+    bias = biased * L * M * sum(n for _, n in linears)
     return gemm, bias
 
 
@@ -114,10 +162,25 @@ def predicted_activation_bytes(config, seq_len, dtype, options):
     size, C, H = dtypes.as_dtype(dtype).itemsize, config.n_embd, config.n_head
     if options.recompute:
         return C * size
+    if isinstance(config, LlamaConfig):
+        return _llama_activation_bytes(config, seq_len, size, options)
     stats = 2 * 2 * 4  # two layernorms' fp32 mean and rstd
     if options.attention == "flash":
         return 17 * C * size + 4 * H + stats
     return (16 * C + H * seq_len) * size + stats
+
+
+def _llama_activation_bytes(config, seq_len, size, options):
+    """A Llama block's saved bytes per token (report.LLAMA_ACTIVATION_CONVENTION): the two
+    RMSNorms' inputs and outputs (4C) and fp32 rstd, q after rotary (C), k after rotary and
+    v (2·Hkv·D), o_proj's input (C), the SwiGLU's gate and up and down_proj's input (3F); flash
+    adds its output (C) and an fp32 log-sum-exp per head, naive the H·T probabilities."""
+    C, H = config.n_embd, config.n_head
+    kv, F = config.n_kv_head * config.head_dim, config.intermediate_size
+    elements = 6 * C + 2 * kv + 3 * F
+    if options.attention == "flash":
+        return (elements + C) * size + 4 * H + 2 * 4
+    return (elements + H * seq_len) * size + 2 * 4
 
 
 def predicted_head_bytes(config, tokens, dtype, options):
@@ -132,11 +195,14 @@ def predicted_head_bytes(config, tokens, dtype, options):
 
 def predicted_saved_bytes(config, batch_size, seq_len, dtype, options):
     """Everything the tape holds at the end of a forward: the blocks, the head and loss, ln_f's
-    input and stats, and the embeddings' int64 ids (wte's per token, wpe's per position)."""
+    (Llama: the final norm's) input and stats, and the embeddings' int64 ids (wte's per token,
+    GPT-2's wpe's per position)."""
     tokens, size = batch_size * seq_len, dtypes.as_dtype(dtype).itemsize
     blocks = config.n_layer * predicted_activation_bytes(config, seq_len, dtype, options)
-    ln_f = config.n_embd * size + 2 * 4
-    ids = 8 * (tokens + seq_len)
+    if isinstance(config, LlamaConfig):  # the final RMSNorm's input and rstd; no positions
+        ln_f, ids = config.n_embd * size + 4, 8 * tokens
+    else:
+        ln_f, ids = config.n_embd * size + 2 * 4, 8 * (tokens + seq_len)
     return tokens * (blocks + ln_f) + ids + predicted_head_bytes(config, tokens, dtype, options)
 
 
@@ -177,8 +243,8 @@ def _stored_parameters(config):
 
 
 def stored_elements(config):
-    """The elements each buffer of the persistent state holds: the parameters and wte's
-    padding rows."""
+    """The elements each buffer of the persistent state holds: the parameters and the padding
+    rows (wte's; Llama's embedding's and LM head's)."""
     return config.padding_cost()["elements"] + _stored_parameters(config)
 
 

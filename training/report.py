@@ -1,4 +1,4 @@
-"""Predicted beside measured: the figures of ACCOUNTING.md for one GPT-2 configuration.
+"""Predicted beside measured: the figures of ACCOUNTING.md for one configuration (GPT-2 or Llama).
 
 Predicted numbers come from the config alone (the formulas). Measured numbers come from a real
 training step and a real decode step on a fresh model of that config: FLOPs, bytes and launches
@@ -15,6 +15,7 @@ a trainer's weights, optimizer state or data position; the twin costs 16 bytes p
 while it lives.
 """
 
+from nn import LlamaConfig
 from tinygrad_like import backend
 from tinygrad_like import peaks as machine_peaks
 from tinygrad_like.distributed import sent_bytes
@@ -54,6 +55,9 @@ SAVES = {
     "mul": "its array operands",
     "div": "its array operands",
     "dropout": "the mask",
+    "rmsnorm": "its input x, fp32 rstd per row",
+    "flashattention": "q, k, v and its output, fp32 log-sum-exp per query and head",
+    "swiglu": "gate and up",
 }
 ACTIVATION_CONVENTION = {  # per layer, per token, under each option
     "naive": "ln_1 input C + fp32 mean, rstd; c_attn input C; q, k, v 3C; attention "
@@ -65,6 +69,16 @@ ACTIVATION_CONVENTION = {  # per layer, per token, under each option
     "term that grows with T.",
     "recompute": "each block saves only its input, C elements; the rest of a block's "
     "activations live only while that block's backward re-runs its forward.",
+}
+LLAMA_ACTIVATION_CONVENTION = {  # per layer, per token, under each option
+    "naive": "input_layernorm input C + fp32 rstd; q/k/v_proj input C (one buffer); q after "
+    "rotary C, k after rotary and v 2·Hkv·D; attention probabilities H·T; o_proj input C; "
+    "post_attention_layernorm input C + fp32 rstd; gate/up_proj input C; SwiGLU gate and up "
+    "2F; down_proj input F. Rotary, residual adds and views save nothing. Total "
+    "(6·C + 2·Hkv·D + 3·F + H·T) elements + 8 bytes.",
+    "flash": "as naive, but attention saves its output (C) and an fp32 log-sum-exp per head "
+    "instead of the H·T probabilities: (7·C + 2·Hkv·D + 3·F) elements + 4·H + 8 bytes.",
+    "recompute": ACTIVATION_CONVENTION["recompute"],
 }
 HEAD_CONVENTION = {  # what the LM head and the loss save, per token, by _head()
     "plain": "the head's input C, the logits Vp (B·T x Vp, the largest tensor of the step), "
@@ -154,14 +168,19 @@ def _parameters(m):
             table(("piece", "shape", "predicted", "measured", "equal"), rows, "llrrr"),
             f"  fp32 weights: {total * 4:,} bytes ({total * 4 / 1e6:,.0f} MB)",
             wrap(
-                f"wte is stored {c.padded_vocab_size:,} x {c.n_embd:,} (the vocabulary padded to a "
-                f"multiple of 64 for aligned LM-head GEMMs): {pad['elements']:,} zero elements "
-                f"that are not parameters, yet cost 16 bytes each in the training state "
+                f"{_padded(c)} stored {c.padded_vocab_size:,} x {c.n_embd:,} (the vocabulary "
+                f"padded to a multiple of 64 for aligned LM-head GEMMs): {pad['elements']:,} zero "
+                f"elements that are not parameters, yet cost 16 bytes each in the training state "
                 f"({16 * pad['elements']:,} bytes) and {pad['forward_flops_per_token']:,} + "
                 f"{pad['backward_flops_per_token']:,} GEMM FLOPs per token (forward + backward)"
             ),
         ]
     )
+
+
+def _padded(config):
+    """What stores the padded vocabulary: GPT-2's tied wte, Llama's embedding and LM head."""
+    return "the embedding and the LM head are" if isinstance(config, LlamaConfig) else "wte is"
 
 
 def _flops(m):
@@ -460,7 +479,9 @@ def _activations(m):
     predicted = predicted_activation_bytes(c, m.seq_len, m.dtype, opts)
     head_predicted = predicted_head_bytes(c, tokens, m.dtype, opts)
     saved_predicted = predicted_saved_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
-    convention = ACTIVATION_CONVENTION["recompute" if opts.recompute else opts.attention]
+    llama = isinstance(c, LlamaConfig)
+    conventions = LLAMA_ACTIVATION_CONVENTION if llama else ACTIVATION_CONVENTION
+    convention = conventions["recompute" if opts.recompute else opts.attention]
     return "\n".join(
         [
             f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}; "

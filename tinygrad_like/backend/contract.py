@@ -269,6 +269,18 @@ def sum(a, axis=None, keepdims=False):
     """Sum over axes, accumulated in fp32 (fp64 for fp64), result in a's dtype."""
 
 
+@kernel("elementwise", flops=_per_element(5), exps=_per_element(1))
+def swiglu_fwd(gate, up):
+    """Llama's SwiGLU: silu(gate) * up = gate sigmoid(gate) up, gate and up of one shape. One
+    exp per element."""
+
+
+@kernel("elementwise", flops=_per_element(11), exps=_per_element(1))
+def swiglu_bwd(gate, up, dy):
+    """-> (dgate, dup): dgate = dy up s (1 + gate (1 - s)), dup = dy gate s, s = sigmoid(gate)
+    recomputed."""
+
+
 # ---------------------------------------------------------------- rownorm
 
 
@@ -407,6 +419,24 @@ def embedding_fwd(weight, idx):
 @kernel("embedding", flops=_per_element(1))
 def embedding_bwd(dout, idx, num_embeddings):
     """dout (..., C) -> dweight (V, C), rows of repeated ids summed in a fixed order."""
+
+
+# ---------------------------------------------------------------- rotary
+# Rotary position embeddings, Hugging Face Llama's rotate-half convention: a head's D channels
+# are D/2 pairs (i, i + D/2), each turned by the angle of its frequency at the token's position.
+# The tables cos, sin (T, D/2) are in the compute dtype (fp32, fp64 for fp64), one row per
+# position of x; a KV-cache decode step passes the rows of its positions.
+
+
+@kernel("rotary", flops=_per_element(3))
+def rotary_fwd(x, cos, sin):
+    """x (B, H, T, D) -> y (B, H, T, D): with x1 = x[..., :D/2], x2 = x[..., D/2:],
+    y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin, computed in fp32 and rounded once."""
+
+
+@kernel("rotary", flops=_per_element(3))
+def rotary_bwd(dy, cos, sin):
+    """dx of rotary_fwd (the inverse turn): dx1 = dy1 cos + dy2 sin, dx2 = dy2 cos - dy1 sin."""
 
 
 # ---------------------------------------------------------------- adamw

@@ -268,3 +268,47 @@ def dropout_fwd(x, p, seed):
     keep = np.random.default_rng(seed).random(x.shape, dtype=np.float32) >= p
     mask = (keep / np.float32(1.0 - p)).astype(x.dtype)
     return mul(x, mask), mask
+
+
+def _sigmoid(gf):
+    """s = 1 / (1 + exp(-g)) in a fresh buffer (exp of a large -g overflows to inf: s = 0)."""
+    s = np.negative(gf)
+    with np.errstate(over="ignore"):
+        np.exp(s, out=s)
+    s += 1.0
+    return np.divide(1.0, s, out=s)
+
+
+def swiglu_fwd(gate, up):
+    """Llama's SwiGLU: silu(gate) * up = gate sigmoid(gate) up, in fp32, rounded once."""
+
+    def body(out, g, u):
+        gf = f32(g)
+        s = _sigmoid(gf)
+        s *= gf
+        _into(out, s, f32(u), np.multiply)
+
+    return _elementwise(gate, up, body=body)
+
+
+def swiglu_bwd(gate, up, dy):
+    """-> (dgate, dup): with s = sigmoid(gate), dup = dy gate s and
+    dgate = dy up s (1 + gate (1 - s)) (the derivative of silu, gate s)."""
+    dgate, dup = np.empty(gate.shape, gate.dtype), np.empty(gate.shape, gate.dtype)
+    flat = [a.reshape(-1) for a in (dgate, dup, gate, up, dy)]
+
+    def body(lo, hi):
+        dg, du, g, u, d = (a[lo:hi] for a in flat)
+        gf, df = f32(g), f32(d)
+        s = _sigmoid(gf)
+        silu = gf * s
+        _into(du, silu, df, np.multiply)
+        ds = np.subtract(1.0, s)  # s (1 + g (1 - s))
+        ds *= gf
+        ds += 1.0
+        ds *= s
+        ds *= f32(u)
+        _into(dg, ds, df, np.multiply)
+
+    in_parallel(gate.size, body)
+    return dgate, dup

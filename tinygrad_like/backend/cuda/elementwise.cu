@@ -182,3 +182,40 @@ void* tg_instances_elementwise[] = {
     (void*)&dropout_fwd<double>,
 };
 #endif
+
+// Llama's SwiGLU, silu(gate) * up with s = sigmoid(gate) = 1 / (1 + exp(-gate)) (exp of a large
+// -gate is inf: s = 0, as NumPy gives). Same formulas and order as cpu/elementwise.py's swiglu_fwd
+// and swiglu_bwd.
+template <typename A> __device__ __forceinline__ A swiglu_sigmoid(A g) { return A(1) / (tg_exp(-g) + A(1)); }
+
+// y = (s gate) up. gate, up, y: (n,).
+template <typename T>
+__global__ void swiglu_fwd(const T* gate, const T* up, T* y, long long n) {
+    typedef acc_t<T> A;
+    const long long i = global_index();
+    if (i >= n) return;
+    const A g = to_acc(gate[i]);
+    y[i] = from_acc<T>(swiglu_sigmoid(g) * g * to_acc(up[i]));
+}
+
+// dup = (gate s) dy, dgate = ((1 - s) gate + 1) s up dy. gate, up, dy, dgate, dup: (n,).
+template <typename T>
+__global__ void swiglu_bwd(const T* gate, const T* up, const T* dy, T* dgate, T* dup, long long n) {
+    typedef acc_t<T> A;
+    const long long i = global_index();
+    if (i >= n) return;
+    const A g = to_acc(gate[i]), d = to_acc(dy[i]), s = swiglu_sigmoid(g);
+    dup[i] = from_acc<T>(g * s * d);
+    dgate[i] = from_acc<T>(((A(1) - s) * g + A(1)) * s * to_acc(up[i]) * d);
+}
+
+#ifdef TG_CHECK_INSTANTIATE
+// SwiGLU's variants, listed as the ones above (runtime.py reads every list after the first
+// TG_CHECK_INSTANTIATE).
+void* tg_instances_elementwise_swiglu[] = {
+    (void*)&swiglu_fwd<float>, (void*)&swiglu_fwd<__half>, (void*)&swiglu_fwd<__nv_bfloat16>,
+    (void*)&swiglu_fwd<double>,
+    (void*)&swiglu_bwd<float>, (void*)&swiglu_bwd<__half>, (void*)&swiglu_bwd<__nv_bfloat16>,
+    (void*)&swiglu_bwd<double>,
+};
+#endif

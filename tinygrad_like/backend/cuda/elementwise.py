@@ -209,3 +209,31 @@ def dropout_fwd(x, p, seed):
         key,
     )
     return y, mask
+
+
+def swiglu_fwd(gate, up):
+    gate, up = cupy.ascontiguousarray(gate), cupy.ascontiguousarray(up, dtype=gate.dtype)
+    y = cupy.empty_like(gate)
+    launch_flat(
+        "elementwise.cu", "swiglu_fwd", (gate.dtype,), y.size, gate, up, y, np.int64(y.size)
+    )
+    return y
+
+
+def swiglu_bwd(gate, up, dy):
+    gate = cupy.ascontiguousarray(gate)
+    up, dy = (cupy.ascontiguousarray(a, dtype=gate.dtype) for a in (up, dy))
+    dgate, dup = cupy.empty_like(gate), cupy.empty_like(gate)
+    launch_flat(
+        "elementwise.cu",
+        "swiglu_bwd",
+        (gate.dtype,),
+        gate.size,
+        gate,
+        up,
+        dy,
+        dgate,
+        dup,
+        np.int64(gate.size),
+    )
+    return dgate, dup

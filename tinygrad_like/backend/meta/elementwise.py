@@ -124,3 +124,12 @@ def gelu_bwd(x, dy):
 def dropout_fwd(x, p, seed):
     """-> (y, mask), both of x's shape and dtype."""
     return like(x), like(x)
+
+
+def swiglu_fwd(gate, up):
+    return like(gate)
+
+
+def swiglu_bwd(gate, up, dy):
+    """-> (dgate, dup)."""
+    return like(gate), like(up)
