@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tinygrad_like.ops as F
-from nn import GPT2, ExecutionOptions, GPT2Config
+from nn import GPT2, ExecutionOptions, GPT2Config, LlamaConfig, build, from_preset
 from optim import AdamW, LossScaler, clip_grad_norm_
 from scripts import accounting
 from tinygrad_like import Tensor, backend, distributed, no_grad
@@ -26,6 +26,8 @@ from training.predictions import predicted_collectives, predicted_state_bytes
 TINY = GPT2Config.from_preset("gpt2-tiny")  # L=2, C=32, H=2, context 64
 SMALL_VOCAB = GPT2Config(n_layer=1, n_head=3, n_embd=48, n_positions=80, vocab_size=300)
 DROPOUT = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=500, dropout=0.1)
+LLAMA = from_preset("llama-tiny")  # L=2, C=32, 4 query heads sharing 2 K/V heads
+LLAMA_MHA = LlamaConfig(1, 48, 3, 3, 80, 300, 80)  # one K/V head per query head
 
 CASES = [  # config, dtype, batch, seq_len, options
     (TINY, "fp32", 1, 64, ExecutionOptions()),
@@ -35,8 +37,12 @@ CASES = [  # config, dtype, batch, seq_len, options
     (SMALL_VOCAB, "fp32", 5, 64, ExecutionOptions(lm_head_design="recompute")),  # 2 head blocks
     (SMALL_VOCAB, "bf16", 6, 70, ExecutionOptions(lm_head="plain", recompute=True)),
     (DROPOUT, "bf16", 2, 33, ExecutionOptions()),
+    (LLAMA, "fp32", 2, 40, ExecutionOptions()),
+    (LLAMA, "bf16", 3, 64, ExecutionOptions(attention="naive", lm_head="plain")),
+    (LLAMA, "bf16", 1, 33, ExecutionOptions(recompute=True, lm_head_design="recompute")),
+    (LLAMA_MHA, "fp32", 5, 64, ExecutionOptions(attention="naive", recompute=True)),
 ]
-IDS = [f"{c.n_embd}C-{d}-B{b}xT{t}-{o.attention}-{o.lm_head}" for c, d, b, t, o in CASES]
+IDS = [f"{type(c).__name__}-{c.n_embd}C-{d}-B{b}xT{t}-{o.attention}-{o.lm_head}" for c, d, b, t, o in CASES]
 
 
 def _launches(prof):
@@ -68,7 +74,7 @@ def test_a_measured_step_counts_on_meta_what_it_counts_on_the_cpu(case):
 def _recorded_step(device, config, dtype, B, T, options, comm=None, zero=0):
     """One training step after a warm-up: every buffer's birth and death as (tag, bytes), the
     peak per tag above the step's start, the launches and the collectives."""
-    model = GPT2(config, device=device, options=options)
+    model = build(config, device=device, options=options)
     optimizer = AdamW(model.named_parameters(), dtype=dtype, comm=comm, zero=zero)
     x, y = measure.random_batch(config.vocab_size, B, T)
     step.train_on(model, optimizer, [(x, y)])
@@ -85,7 +91,7 @@ def _recorded_step(device, config, dtype, B, T, options, comm=None, zero=0):
     return [(tag, delta) for _, tag, delta in events[len(TAGS) :]], peaks, _launches(prof), sent
 
 
-@pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])
+@pytest.mark.parametrize("case", CASES[:4] + CASES[7:9], ids=IDS[:4] + IDS[7:9])
 def test_every_allocation_and_free_is_the_cpus(case):
     cpu = _recorded_step("cpu", *case)
     assert len(cpu[0]) > 100
@@ -150,6 +156,14 @@ def test_a_model_builds_on_meta_without_drawing_or_allocating():
     assert time.perf_counter() - t0 < 1.0
     assert all(isinstance(p.data, MetaArray) for p in model.parameters())
     assert model.num_parameters() == GPT2Config.from_preset("gpt2-xl").num_parameters()
+
+
+def test_the_reference_7b_builds_on_meta_at_once():
+    config = from_preset("llama-7b")
+    t0 = time.perf_counter()
+    model = build(config, device="meta")
+    assert time.perf_counter() - t0 < 1.0
+    assert model.num_parameters() == config.num_parameters() == 6_738_415_616
 
 
 def test_the_cpu_model_is_drawn_as_before():
