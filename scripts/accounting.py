@@ -11,13 +11,13 @@ decode step with a KV cache; see training/report.py for what each section measur
 
 import time
 
-from nn import GPT2Config
 from training import fits, measure, predictions, report
 from training.args import (
     ArgumentParser,
     add_step_args,
     batch_from_args,
     check_model_args,
+    config_from_args,
     options_from_args,
     user_errors,
 )
@@ -57,7 +57,7 @@ def main(argv=None):
             raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
         if args.budget_gb is not None and not 0 < args.budget_gb < float("inf"):
             raise ValueError(f"--budget-gb must be a positive number, got {args.budget_gb}")
-        config = GPT2Config.from_preset(args.model)
+        config = config_from_args(args)
         batch = batch_from_args(args, config.vocab_size)
         shape = (config, args.batch_size, args.seq_len, args.dtype)
         fits.check(  # before minutes of building a model that cannot be held

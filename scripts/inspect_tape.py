@@ -13,7 +13,7 @@ owns (gradients summed across uses, added into each .grad) are the backward phas
 
 import json
 
-from nn import GPT2Config, build, from_pretrained
+from nn import build, from_pretrained
 from tinygrad_like import dtypes
 from tinygrad_like.profiler import Profiler
 from training.args import (
@@ -21,6 +21,7 @@ from training.args import (
     add_step_args,
     batch_from_args,
     check_model_args,
+    config_from_args,
     options_from_args,
     user_errors,
 )
@@ -51,7 +52,7 @@ def build_model(args, device):
         return from_pretrained(
             find_checkpoint(args.checkpoint), dtype=args.dtype, device=device, **options
         )
-    config = GPT2Config.from_preset(args.model)  # the preset's family: GPT-2 or Llama
+    config = config_from_args(args)  # the preset's family: GPT-2 or Llama
     return build(config, device=device, **options).to(dtype=args.dtype)
 
 

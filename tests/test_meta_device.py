@@ -42,7 +42,10 @@ CASES = [  # config, dtype, batch, seq_len, options
     (LLAMA, "bf16", 1, 33, ExecutionOptions(recompute=True, lm_head_design="recompute")),
     (LLAMA_MHA, "fp32", 5, 64, ExecutionOptions(attention="naive", recompute=True)),
 ]
-IDS = [f"{type(c).__name__}-{c.n_embd}C-{d}-B{b}xT{t}-{o.attention}-{o.lm_head}" for c, d, b, t, o in CASES]
+IDS = [
+    f"{type(c).__name__}-{c.n_embd}C-{d}-B{b}xT{t}-{o.attention}-{o.lm_head}"
+    for c, d, b, t, o in CASES
+]
 
 
 def _launches(prof):

@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import sys
 
-from nn import PRESETS, ExecutionOptions, GPT2Config
+from nn import PRESETS, ExecutionOptions, LlamaConfig, from_preset
 from nn.options import CHOICES
 from tinygrad_like import backend, distributed, dtypes
 
@@ -70,6 +70,21 @@ def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
     p.add_argument(
         "--device", help=f"{' or '.join(backend.DEVICES)} (default: cuda when a GPU is usable)"
     )
+    p.add_argument(
+        "--n-kv-head",
+        type=int,
+        help="a Llama preset with this many key/value heads (grouped-query attention; "
+        "default: the preset's)",
+    )
+
+
+def config_from_args(args):
+    """The --model preset's config, with --n-kv-head for a Llama preset."""
+    if args.n_kv_head is None:
+        return from_preset(args.model)
+    if not isinstance(from_preset(args.model), LlamaConfig):
+        raise ValueError(f"--n-kv-head applies to a Llama preset, not {args.model}")
+    return from_preset(args.model, num_key_value_heads=args.n_kv_head)
 
 
 def add_option_args(p):
@@ -132,7 +147,7 @@ def check_model_args(args, model_from_checkpoint=False):
     args.device = backend.check_device(args.device or backend.default_device())
     check_measurable(args.device, args.dtype)
     if not model_from_checkpoint:
-        GPT2Config.from_preset(args.model).check_context(args.seq_len, "--seq-len")
+        config_from_args(args).check_context(args.seq_len, "--seq-len")
 
 
 def check_dtype(name):

@@ -105,6 +105,7 @@ class Measurement:
     decode: Profiler  # one M = 1 decode step with a KV cache
     decode_seconds: float
     prompt_len: int
+    kv_cache_bytes_per_token: int  # the decode step's cache: its buffers' bytes per position
     peak: float  # FLOP/s the MFU divides by (None on meta: nothing ran)
     peak_name: str
     zero: int  # AdamW's ZeRO stage
@@ -170,7 +171,7 @@ def measure(
     with Profiler(timing=True) as prof, optimizer.comm.recording() as collectives:
         tape, activations, unowned, (_, _, skipped) = watched(train_step)
     step_seconds = time.perf_counter() - t0
-    decode, decode_seconds, prompt_len = _decode_step(model, x)
+    decode, decode_seconds, prompt_len, kv_bytes = _decode_step(model, x)
     peak, peak_name = mfu.device_peak(device, dtype)
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
     return Measurement(
@@ -193,6 +194,7 @@ def measure(
         decode,
         decode_seconds,
         prompt_len,
+        kv_bytes,
         peak,
         peak_name,
         zero,
@@ -231,7 +233,8 @@ def _step_peak(train_step, persistent_bytes):
 
 def _decode_step(model, x):
     """Fill a KV cache with a prompt (the batch's first row), then profile one more token:
-    the M = 1 step of generation. -> (profiler, seconds, prompt length)."""
+    the M = 1 step of generation. -> (profiler, seconds, prompt length, the cache's bytes per
+    position: every layer's K and V buffers over their length)."""
     prompt = x[:1, : min(x.shape[1], model.config.n_positions - 1)]
     model.eval()
     with no_grad():
@@ -242,7 +245,8 @@ def _decode_step(model, x):
         with Profiler(timing=True) as prof:
             model(prompt[:, -1:], cache=cache, last_only=True)
         seconds = time.perf_counter() - t0
-    return prof, seconds, prompt.shape[1]
+    kv_bytes = sum(a.nbytes for a in cache.k + cache.v) // cache.max_len
+    return prof, seconds, prompt.shape[1], kv_bytes
 
 
 # ---------------------------------------------------------------- the tape, grouped

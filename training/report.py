@@ -22,7 +22,7 @@ from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
-from . import roofline
+from . import lecture, roofline
 from .data import DataLoader
 from .measure import Measurement, block_layers, group, layer_of, measure
 from .predictions import (
@@ -133,6 +133,8 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
         _memory_trades(m, budget_bytes),
         _launches(m),
     ]
+    if isinstance(c, LlamaConfig):  # the course's reference 7B is of this family
+        sections.append(lecture.format_lecture(m, budget_bytes))
     if m.device == "meta":  # counted, not run: nothing was timed
         note = "meta device: the step was counted, not run; no times, no census by time"
         return "\n\n".join([head] + sections + [f"-- ({note})"])
