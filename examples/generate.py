@@ -1,6 +1,6 @@
-"""Sample text from a GPT-2 checkpoint: one written by examples/train_gpt2.py (its --out
-folder), by save_pretrained, or a Hugging Face GPT-2 directory. Streams tokens as they come,
-then prints prompt and generation speed."""
+"""Sample text from a GPT-2 or Llama checkpoint: one written by examples/train_gpt2.py (its --out
+folder), by save_pretrained, or a Hugging Face GPT-2 or Llama directory. Streams tokens as they
+come, then prints prompt and generation speed."""
 
 import itertools
 import sys
@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from nn import GPT2
+from nn import from_pretrained
 from nn.hf import read_config
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
@@ -69,7 +69,7 @@ def main(argv=None):
             f"loading {ckpt} in {args.dtype} and generating {tokens} positions",
             "use a smaller checkpoint or fewer --max-new-tokens",
         )
-        model = GPT2.from_pretrained(ckpt, dtype=args.dtype, device=device)
+        model = from_pretrained(ckpt, dtype=args.dtype, device=device)  # either family
     for i in range(args.num_samples):
         title = f"--- sample {i + 1}" if args.num_samples > 1 else "---"
         with user_errors():  # the dtype's overflow (inf logits) found while sampling

@@ -42,6 +42,11 @@ class GPT2Config:
     def from_preset(cls, name, **overrides):
         return from_preset(name, **overrides)
 
+    # LlamaConfig's names for the attention's shape (the KV cache reads them): every head has
+    # its own keys and values
+    n_kv_head = property(lambda self: self.n_head)
+    head_dim = property(lambda self: self.n_embd // self.n_head)
+
     @property
     def padded_vocab_size(self):
         """Vp: the rows wte stores and the logits' columns (derived: config.json keeps V)."""

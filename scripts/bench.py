@@ -151,6 +151,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     with user_errors():
         check_model_args(args)
+        if args.device == "meta":
+            raise ValueError(
+                "--device meta counts a step without running it, so there is nothing to time: "
+                "count it with python scripts/accounting.py --device meta"
+            )
         options_from_args(args)
         for name in ("steps", "rounds", "prompt_len", "new_tokens", "gen_batch", "gen_repeats"):
             if getattr(args, name) <= 0:

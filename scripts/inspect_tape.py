@@ -13,7 +13,7 @@ owns (gradients summed across uses, added into each .grad) are the backward phas
 
 import json
 
-from nn import GPT2, GPT2Config
+from nn import build, from_pretrained
 from tinygrad_like import dtypes
 from tinygrad_like.profiler import Profiler
 from training.args import (
@@ -21,6 +21,7 @@ from training.args import (
     add_step_args,
     batch_from_args,
     check_model_args,
+    config_from_args,
     options_from_args,
     user_errors,
 )
@@ -31,14 +32,15 @@ from training.tables import table
 
 def parse_args(argv=None):
     p = ArgumentParser(
-        description="List the autograd tape of one GPT-2 forward pass with "
+        description="List the autograd tape of one GPT-2 or Llama forward pass with "
         "FLOPs and saved bytes per record, op kind and layer."
     )
     add_step_args(p, model="gpt2-mini")
     p.add_argument(
         "--checkpoint",
         metavar="DIR",
-        help="instead of --model: a training run's folder or a Hugging Face GPT-2 directory",
+        help="instead of --model: a training run's folder or a Hugging Face GPT-2 or Llama "
+        "directory",
     )
     p.add_argument("--json", metavar="PATH", help="also write the listing and totals as JSON")
     return p.parse_args(argv)
@@ -47,10 +49,11 @@ def parse_args(argv=None):
 def build_model(args, device):
     options = options_from_args(args)
     if args.checkpoint:
-        return GPT2.from_pretrained(
+        return from_pretrained(
             find_checkpoint(args.checkpoint), dtype=args.dtype, device=device, **options
         )
-    return GPT2(GPT2Config.from_preset(args.model), device=device, **options).to(dtype=args.dtype)
+    config = config_from_args(args)  # the preset's family: GPT-2 or Llama
+    return build(config, device=device, **options).to(dtype=args.dtype)
 
 
 def inspect(model, x, y):

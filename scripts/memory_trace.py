@@ -37,7 +37,9 @@ PHASE_COLORS = {
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description="Chrome trace and memory plot of a few GPT-2 training steps.")
+    p = ArgumentParser(
+        description="Chrome trace and memory plot of a few training steps (GPT-2 or Llama preset)."
+    )
     add_model_args(p, model="gpt2-mini", batch_size=4, seq_len=64)
     p.add_argument("--steps", type=int, default=3, help="training steps traced (default 3)")
     p.add_argument(

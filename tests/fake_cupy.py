@@ -121,6 +121,9 @@ _ARRAY_FUNCTIONS = (
     "multiply",
     "divide",
     "negative",
+    "max",
+    "argmax",
+    "where",
 )
 
 # ---------------------------------------------------------------- kernels

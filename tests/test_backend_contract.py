@@ -1,9 +1,9 @@
-"""The backend contract (backend/contract.py) holds: both backend/cpu and backend/cuda define
-every declared kernel in the module of its family, and every host function in runtime, with the
-stub's signature; no family module has a public function outside the contract unnoticed; every
-kernel the packages launch is declared and every declared kernel is launched; the CUDA backend
-imports nothing from the CPU backend. The CUDA package is imported over the NumPy stand-in for
-CuPy (tests/fake_cupy.py), so this runs without a GPU.
+"""The backend contract (backend/contract.py) holds: backend/cpu, backend/cuda and backend/meta
+define every declared kernel in the module of its family, and every host function in runtime,
+with the stub's signature; no family module has a public function outside the contract
+unnoticed; every kernel the packages launch is declared and every declared kernel is launched;
+the CUDA and meta backends import nothing from the CPU backend. The CUDA package is imported
+over the NumPy stand-in for CuPy (tests/fake_cupy.py), so this runs without a GPU.
 """
 
 import ast
@@ -15,7 +15,7 @@ import fake_cupy
 import pytest
 
 from tinygrad_like import dtypes
-from tinygrad_like.backend import contract, cpu
+from tinygrad_like.backend import contract, cpu, meta
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKEND = ROOT / "tinygrad_like" / "backend"
@@ -43,9 +43,9 @@ def _module(backend, where):
 
 
 @pytest.mark.parametrize("name", list(contract.KERNELS))
-def test_both_backends_define_the_kernel_in_its_family_with_its_signature(cuda, name):
+def test_every_backend_defines_the_kernel_in_its_family_with_its_signature(cuda, name):
     k = contract.KERNELS[name]
-    for be in (cpu, cuda):
+    for be in (cpu, cuda, meta):
         fn = getattr(_module(be, k.family), name, None)
         assert callable(fn), f"{be.__name__}.{k.family} has no {name}"
         assert getattr(be, name) is fn
@@ -53,8 +53,8 @@ def test_both_backends_define_the_kernel_in_its_family_with_its_signature(cuda, 
 
 
 @pytest.mark.parametrize("name", list(contract.HOST))
-def test_both_backends_define_the_host_function_in_runtime(cuda, name):
-    for be in (cpu, cuda):
+def test_every_backend_defines_the_host_function_in_runtime(cuda, name):
+    for be in (cpu, cuda, meta):
         fn = getattr(_module(be, "runtime"), name)
         assert getattr(be, name) is fn
         assert _shape(fn) == _shape(contract.HOST[name]), f"{be.name}.{name}"
@@ -77,7 +77,7 @@ def _public_functions(module):
 def test_no_family_module_has_a_kernel_outside_the_contract(cuda, family):
     """A kernel added to one backend only fails here (or, once declared, in the tests above)."""
     declared = {k.name for k in contract.KERNELS.values() if k.family == family}
-    for be in (cpu, cuda):
+    for be in (cpu, cuda, meta):
         extra = _public_functions(_module(be, family)) - declared
         assert extra == EXTRAS.get((be.name, family), set()), f"{be.name}.{family}"
 
@@ -87,8 +87,9 @@ def test_each_cuda_family_has_its_cu_file():
         assert (BACKEND / "cuda" / f"{family}.cu").is_file(), family
 
 
-def test_the_cuda_backend_imports_nothing_of_the_cpu_backend():
-    for path in sorted((BACKEND / "cuda").glob("*.py")):
+@pytest.mark.parametrize("backend", ["cuda", "meta"])
+def test_the_other_backends_import_nothing_of_the_cpu_backend(backend):
+    for path in sorted((BACKEND / backend).glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""] + [a.name for a in node.names]
@@ -133,3 +134,5 @@ def test_a_missing_kernel_fails_at_import(tmp_path, monkeypatch):
 
 def test_supported_dtypes_are_the_training_formats(cuda):
     assert cpu.supported_dtypes() == cuda.supported_dtypes() == dtypes.TRAINING
+    # fp16 trains with a loss scaler whose overflow skip reads the gradient norm: no values
+    assert meta.supported_dtypes() == tuple(d for d in dtypes.TRAINING if d != "fp16")

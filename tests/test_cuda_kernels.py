@@ -40,7 +40,7 @@ else:
     cupy = cuda = None  # set by the module fixture below
 
 from tinygrad_like import dtypes  # noqa: E402
-from tinygrad_like.backend import cpu  # noqa: E402
+from tinygrad_like.backend import contract, cpu  # noqa: E402
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the GPU's own machinery (no CPU equivalent)")
 
@@ -265,6 +265,62 @@ def test_gelu(dtype):
     x, dy = rand((7, 1001), dtype, scale=3.0, seed=1), rand((7, 1001), dtype, seed=2)
     close(*both("gelu_fwd", x))
     close(*both("gelu_bwd", x, dy))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_div_bwd(dtype):
+    """-(dy (a / b)) / b, with |b| up to 1000: b * b would overflow fp16 (the kernel path, a
+    scalar numerator, and the broadcasting fallback)."""
+    a, dy = rand((7, 1001), dtype, seed=1), rand((7, 1001), dtype, seed=2)
+    b = (
+        np.random.default_rng(3).uniform(256, 1000, (7, 1001)) * np.sign(rand((7, 1001), F32))
+    ).astype(dtype)
+    got, ref = both("div_bwd", a, b, dy)
+    close(got, ref)
+    exact = -f64(dy) * f64(a) / f64(b) ** 2
+    assert np.all(cuda.to_numpy(got)[np.abs(exact) > 1e-6] != 0)  # not flushed to 0
+    close(*both("div_bwd", 2.5, b, dy))
+    close(*both("div_bwd", a, b[:, :1], dy))
+
+
+# the unary ops' inputs: log, sqrt and rsqrt on (0.1, 4), the others on normal values
+UNARY_INPUT = {"log": True, "sqrt": True, "rsqrt": True}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("op", list(contract.UNARY_OPS))
+def test_unary(dtype, op):
+    x = rand((7, 1001), dtype, scale=2.0, seed=1)  # exp(8) fits fp16
+    if UNARY_INPUT.get(op):
+        x = (np.abs(x.astype(np.float64)) + 0.1).astype(dtype)
+    dy = rand((7, 1001), dtype, seed=2)
+    close(*both("unary_fwd", x, op))
+    close(*both("unary_bwd", x, dy, op))
+    close(*both("unary_fwd", x.T, op))  # non-contiguous
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_amax_argmax_and_their_gradients(dtype):
+    x = rand((5, 33, 17), dtype, seed=1)
+    x[:, 3] = x[:, 4]  # ties
+    for axis in [(0, 2), (1,), (0, 1, 2)]:
+        (y, y_ref) = both("amax", x, axis=axis, keepdims=True)
+        close(y, y_ref)
+        dy = rand(y_ref.shape, dtype, seed=2)
+        close(*both("amax_bwd", x, y_ref, dy, axis))
+    got, ref = both("argmax", x, 1)
+    np.testing.assert_array_equal(cuda.to_numpy(got), ref)
+    close(*both("max_bwd", rand((5, 1, 17), dtype, seed=3), ref, x.shape, 1))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("shape", [(3, 37, 70), (4, 1), (2, 1500)], ids=str)
+def test_softmax_and_log_softmax_rows(dtype, shape):
+    x, dy = rand(shape, dtype, scale=3.0, seed=1), rand(shape, dtype, seed=2)
+    for fwd, bwd in [("softmax_fwd", "softmax_bwd"), ("log_softmax_fwd", "log_softmax_bwd")]:
+        got, ref = both(fwd, x)
+        close(got, ref)
+        close(*both(bwd, ref, dy))
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
@@ -590,6 +646,41 @@ def test_flash_attention(dtype, Tq, Tk):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("H,Hkv", [(4, 2), (3, 1)], ids=["GQA", "MQA"])
+@pytest.mark.parametrize("Tq,Tk", [(65, 65), (1, 70), (20, 100)], ids=["T=65", "decode", "prompt"])
+def test_flash_attention_grouped_query(dtype, H, Hkv, Tq, Tk):
+    """k, v with Hkv heads for q's H (query head h reads kv head h // G, G = H / Hkv), against
+    cpu.flash_attention_fwd / _bwd (tested against a float64 reference in test_gqa.py). The
+    forward and dq are those of k and v repeated to H heads, bit for bit (each block reads its
+    kv head as the repeat would give it); dk, dv are the repeat's summed over each group, up to
+    rounding (one block sums the G heads, in acc_t)."""
+    B, D, G = 2, 32, H // Hkv
+    q, dout = (rand((B, Tq, H, D), dtype, seed=s).swapaxes(1, 2) for s in (1, 2))
+    k, v = (rand((B, Hkv, Tk, D), dtype, seed=s) for s in (3, 4))
+    stat = dtypes.compute_dtype(dtype)
+    (out, lse), (out_ref, lse_ref) = both("flash_attention_fwd", q, k, v, 0.125)
+    close(out, out_ref)
+    close(lse, lse_ref, stat)
+    args = (q, k, v, out_ref, lse_ref, dout, 0.125)
+    got, ref = both("flash_attention_bwd", *args)
+    assert [g.shape for g in got] == [q.shape, k.shape, v.shape]
+    terms = 0.125 * float((np.abs(f64(dout)) @ np.abs(f64(np.repeat(v, G, 1))).mT).max())
+    for g, r, other in zip(got, ref, (k, q, None)):
+        close(g, r, magnitude=0.0 if other is None else G * terms * float(np.abs(f64(other)).max()))
+    kr, vr = (np.repeat(a, G, axis=1) for a in (k, v))  # Hugging Face's repeat_kv
+    repeated = cuda.flash_attention_fwd(*[dev(a) for a in (q, kr, vr)], 0.125)
+    for a, b in zip((out, lse), repeated):
+        np.testing.assert_array_equal(cuda.to_numpy(a), cuda.to_numpy(b))
+    dq, dk, dv = cuda.flash_attention_bwd(
+        *[dev(a) for a in (q, kr, vr, out_ref, lse_ref, dout)], 0.125
+    )
+    np.testing.assert_array_equal(cuda.to_numpy(got[0]), cuda.to_numpy(dq))
+    for g, full in zip(got[1:], (dk, dv)):
+        summed = f64(cuda.to_numpy(full)).reshape(B, Hkv, G, Tk, D).sum(2).astype(dtype)
+        close(g, summed, magnitude=G * terms * float(np.abs(f64(q)).max()))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 @pytest.mark.parametrize(
     "B,H,Tq,Tk", [(0, 3, 5, 5), (2, 0, 5, 5), (2, 3, 0, 5), (2, 3, 0, 0)], ids=str
 )
@@ -630,3 +721,31 @@ def test_flash_attention_head_dim_128(dtype):
     terms = 0.125 * float((np.abs(f64(dout)) @ np.abs(f64(v)).swapaxes(-1, -2)).max())
     for g, r, other in zip(got, ref, (k, q, None)):
         close(g, r, magnitude=0.0 if other is None else terms * float(np.abs(f64(other)).max()))
+
+
+# ---------------------------------------------------------------- Llama's kernels
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_swiglu(dtype):
+    g, u = rand((7, 1001), dtype, scale=3.0, seed=1), rand((7, 1001), dtype, seed=2)
+    dy = rand((7, 1001), dtype, seed=3)
+    close(*both("swiglu_fwd", g, u))
+    (dg, du), (dg_ref, du_ref) = both("swiglu_bwd", g, u, dy)
+    close(dg, dg_ref)
+    close(du, du_ref)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("T,start", [(37, 0), (1, 40)])  # a prompt, a decode step's one row
+def test_rotary(dtype, T, start):
+    acc = dtypes.compute_dtype(dtype)
+    angles = np.outer(np.arange(48), 10000.0 ** (-np.arange(0, 24, 2) / 24))  # (48, 12)
+    cos, sin = (t(angles)[start : start + T].astype(acc) for t in (np.cos, np.sin))
+    x = rand((2, 3, T, 24), dtype, scale=2.0, seed=1)
+    close(*both("rotary_fwd", x, cos, sin))
+    close(*both("rotary_bwd", x, cos, sin))
+    # q as the model passes it: (B, T, H, D) viewed as (B, H, T, D)
+    xt = rand((2, T, 3, 24), dtype, seed=2)
+    got = cuda.rotary_fwd(dev(xt).transpose(0, 2, 1, 3), dev(cos), dev(sin))
+    close(got, cpu.rotary_fwd(xt.transpose(0, 2, 1, 3), cos, sin))

@@ -12,6 +12,7 @@ that the stand-in refuses them.
 """
 
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -26,7 +27,10 @@ F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.fl
 FLOATS = [F32, F16, BF16, F64]
 ids = dtypes.name
 # Run by CuPy itself in backend/cuda (copies, fills, concatenation, sums, index gradients).
-NO_CUSTOM_KERNEL = {"contiguous", "copy", "fill", "concat", "index_bwd", "sum"}
+NO_CUSTOM_KERNEL = {
+    *("contiguous", "copy", "fill", "concat", "index_bwd", "sum"),
+    *("amax", "argmax", "amax_bwd", "max_bwd"),
+}
 # fp64 GEMMs and casts from fp64 go to cuBLAS / astype: no launch of ours (driver, dtype).
 CUPY_ONLY = {("gemms", F64), ("cast", F64)}
 LAYOUTS = ("contiguous", "transposed", "offset")
@@ -113,6 +117,28 @@ def binary(cuda, dtype):
         cuda.add(place(cuda, a), place(cuda, b[..., :1]))  # broadcasting: CuPy's
 
 
+@drives("div_bwd")
+def div_bwd(cuda, dtype):
+    for shape in [(37, 129), (1,), (5, 3)]:
+        a, dy = rand(shape, dtype, seed=1), rand(shape, dtype, seed=3)
+        b = (np.abs(rand(shape, F32, seed=2)) + 1).astype(dtype)  # no overflow in the fallback
+        for layout in LAYOUTS:  # transposed: CuPy's ufuncs; the others: the custom kernel
+            da, db, ddy = (place(cuda, v, layout) for v in (a, b, dy))
+            cuda.div_bwd(da, db, ddy)
+            cuda.div_bwd(2.5, db, ddy)  # a scalar numerator: the null pointer
+        cuda.div_bwd(place(cuda, a), place(cuda, b[..., :1]), place(cuda, dy))  # broadcasting
+
+
+@drives("unary_fwd", "unary_bwd")
+def unary(cuda, dtype):
+    for shape in [(7, 1001), (1,), ()]:
+        for layout in LAYOUTS:
+            x, dy = place(cuda, rand(shape, dtype), layout), place(cuda, rand(shape, dtype), layout)
+            for op in contract.UNARY_OPS:
+                cuda.unary_fwd(x, op)
+                cuda.unary_bwd(x, dy, op)
+
+
 @drives("cast")
 def cast(cuda, dtype):
     for dst in FLOATS:
@@ -163,19 +189,33 @@ def softmax(cuda, dtype):
             cuda.softmax_causal_bwd(s, dp, 0.125)
 
 
+@drives("softmax_fwd", "softmax_bwd", "log_softmax_fwd", "log_softmax_bwd")
+def softmax_rows(cuda, dtype):
+    for shape in [(2, 37, 70), (1, 1), (3, 1), (4, 33)]:  # ragged, one element, C = 1, > a warp
+        for layout in LAYOUTS:
+            x, dy = place(cuda, rand(shape, dtype), layout), place(cuda, rand(shape, dtype), layout)
+            for fwd, bwd in [
+                (cuda.softmax_fwd, cuda.softmax_bwd),
+                (cuda.log_softmax_fwd, cuda.log_softmax_bwd),
+            ]:
+                bwd(fwd(x), dy)
+
+
 @drives("flash_attention_fwd", "flash_attention_bwd")
 def flash_attention(cuda, dtype):
     stat = dtypes.compute_dtype(dtype)
-    for B, H, Tq, Tk, D in [
-        (2, 3, 65, 65, 64),
-        (1, 2, 1, 70, 64),
-        (1, 1, 130, 130, 24),
-        (1, 1, 20, 150, 8),
-    ]:  # ragged, decode, prompt + cache
+    for B, H, Hkv, Tq, Tk, D in [
+        (2, 3, 3, 65, 65, 64),
+        (1, 2, 2, 1, 70, 64),
+        (1, 1, 1, 130, 130, 24),
+        (1, 1, 1, 20, 150, 8),
+        (2, 4, 2, 65, 65, 64),
+        (1, 3, 1, 1, 70, 16),
+    ]:  # ragged, decode, prompt + cache; grouped-query, multi-query decode
         for layout in LAYOUTS:
             q, dout, out, k, v = (
-                place(cuda, rand((B, H, T, D), dtype, seed), layout)
-                for seed, T in enumerate((Tq, Tq, Tq, Tk, Tk))
+                place(cuda, rand((B, heads, T, D), dtype, seed), layout)
+                for seed, (heads, T) in enumerate(((H, Tq),) * 3 + ((Hkv, Tk),) * 2)
             )
             cuda.flash_attention_fwd(q, k, v, 0.125)
             lse = place(cuda, rand((B, H, Tq), stat), layout)
@@ -211,6 +251,26 @@ def embedding(cuda, dtype):
             cuda.embedding_fwd(weight, place(cuda, idx.astype(np.int32), layout))
             dout = place(cuda, rand(shape + (C,), dtype), layout)
             cuda.embedding_bwd(dout, place(cuda, idx, layout), V)
+
+
+@drives("rotary_fwd", "rotary_bwd")
+def rotary(cuda, dtype):
+    acc = dtypes.compute_dtype(dtype)
+    for B, H, T, D in [(2, 3, 37, 24), (1, 2, 1, 64), (1, 1, 5, 2)]:  # ragged, decode, one pair
+        for layout in LAYOUTS:
+            x = place(cuda, rand((B, H, T, D), dtype), layout)
+            cos, sin = (place(cuda, rand((T, D // 2), acc, seed), layout) for seed in (1, 2))
+            cuda.rotary_fwd(x, cos, sin)
+            cuda.rotary_bwd(x, cos, sin)
+
+
+@drives("swiglu_fwd", "swiglu_bwd")
+def swiglu(cuda, dtype):
+    for shape in [(7, 1001), (1, 1)]:
+        for layout in LAYOUTS:
+            g, u, dy = (place(cuda, rand(shape, dtype, seed), layout) for seed in range(3))
+            cuda.swiglu_fwd(g, u)
+            cuda.swiglu_bwd(g, u, dy)
 
 
 @drives("grad_norm_sq")
@@ -285,6 +345,31 @@ def test_the_cupy_kernels_launch_nothing_of_ours(cuda, launches):
     cuda.concat([a, a[:, :3]], 1)
     cuda.index_bwd(place(cuda, rand((4, 3), F32)), (4, 7), (slice(None), slice(1, 4)))
     cuda.sum(a, axis=(0, 1))
+    y = cuda.amax(a, axis=(0, 2), keepdims=True)
+    cuda.amax_bwd(a, y, y, (0, 2))
+    idx = cuda.argmax(place(cuda, rand((5, 33, 17), BF16)), 1)
+    cuda.max_bwd(place(cuda, rand((5, 1, 17), F16)), idx, (5, 33, 17), 1)
+    assert launches == []
+
+
+def test_unary_ops_are_numbered_as_in_the_contract(cuda):
+    """elementwise.cu's UnaryOp enum names contract.UNARY_OPS in order: the index is the
+    template argument the backend passes."""
+    source = (KERNEL_DIR / "elementwise.cu").read_text()
+    enum = re.search(r"enum UnaryOp \{([^}]*)\}", source).group(1)
+    numbered = dict(re.findall(r"(\w+) = (\d+)", enum))
+    assert {name.lower(): int(i) for name, i in numbered.items()} == {
+        op: contract.unary_op(op) for op in contract.UNARY_OPS
+    }
+    with pytest.raises(ValueError, match="unknown unary op 'gelu'"):
+        cuda.unary_fwd(cuda.empty(3, F32), "gelu")
+
+
+def test_row_kernels_without_rows_launch_nothing(cuda, launches):
+    for kernel in (cuda.softmax_fwd, cuda.log_softmax_fwd):
+        assert kernel(cuda.empty((0, 5), F32)).shape == (0, 5)
+    for op in contract.UNARY_OPS:
+        assert cuda.unary_fwd(cuda.empty((3, 0), F16), op).shape == (3, 0)
     assert launches == []
 
 
@@ -360,6 +445,19 @@ def test_cross_entropy_fwd_bwd_refuses_an_out_it_cannot_write(cuda, launches):
     ):
         with pytest.raises(ValueError, match="C-contiguous"):
             cuda.cross_entropy_fwd_bwd(logits, t, cuda.asarray(np.ones(1, F32)), out=out)
+    assert launches == []
+
+
+def test_flash_attention_refuses_heads_that_do_not_group(cuda, launches):
+    """k and v need a number of heads that divides q's (grouped-query attention), and one
+    shape; refused on the host, with the shapes named."""
+    q = cuda.asarray(rand((1, 4, 8, 16), F32))
+    for k, v in [((1, 3, 8, 16),) * 2, ((1, 2, 8, 16), (1, 4, 8, 16)), ((2, 2, 8, 16),) * 2]:
+        need = "need (B, H, Tq, D) and (B, Hkv, Tk, D) with H a multiple of Hkv and Tk >= Tq"
+        with pytest.raises(ValueError, match=re.escape(f"k {k}, v {v}: {need}")):
+            cuda.flash_attention_fwd(
+                q, cuda.asarray(rand(k, F32)), cuda.asarray(rand(v, F32)), 0.25
+            )
     assert launches == []
 
 

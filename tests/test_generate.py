@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tinygrad_like as tg
-from nn import GPT2, GPT2Config, KVCache, gpt2
+from nn import GPT2, GPT2Config, KVCache, lm
 from nn.sampling import sample
 from tinygrad_like import TAPE, dtypes
 
@@ -124,7 +124,7 @@ def test_generation_never_samples_a_padding_id(monkeypatch, kwargs):
     assert 1e3 > np.sqrt(C) * np.linalg.norm(wte.numpy()[:V], axis=1).max()  # the trap
     seen = []
     monkeypatch.setattr(
-        gpt2, "sample", lambda logits, *a: seen.append(logits.shape) or sample(logits, *a)
+        lm, "sample", lambda logits, *a: seen.append(logits.shape) or sample(logits, *a)
     )
     out = model.generate(np.array([[1, 2, 3], [5, 6, 7]]), 8, seed=0, **kwargs)
     assert out.max() < V and seen == [(2, V)] * 8

@@ -16,6 +16,7 @@ from gradcheck import gradcheck
 import tinygrad_like as tg
 from tinygrad_like import TAPE, Tensor, dtypes, ops
 from tinygrad_like.autograd import Function
+from tinygrad_like.backend import contract
 from tinygrad_like.kernels import launch
 from tinygrad_like.profiler import Profiler
 
@@ -381,6 +382,55 @@ def test_gelu(rng):
 
 def test_gelu_0d():
     gradcheck(ops.gelu, np.array(0.7))
+
+
+# ---------------------------------------------------------------- issue 26's ops (PyTorch's names)
+
+
+@pytest.mark.parametrize("op", list(contract.UNARY_OPS))
+@pytest.mark.parametrize("shape", [(3, 4), ()], ids=["3x4", "0d"])
+def test_unary(rng, op, shape):
+    a = 2 * randn(rng, *shape, 2)  # the last dim: a transposed (non-contiguous) view below
+    if op in ("log", "sqrt", "rsqrt"):
+        a = np.abs(a) + 0.2
+    if op == "relu":  # away from the kink
+        a = np.where(np.abs(a) < 0.1, 0.5, a)
+    gradcheck(getattr(ops, op), np.array(a[..., 0]))  # a copy: 0-d stays 0-d
+    if shape:
+        gradcheck(lambda x: getattr(ops, op)(x.T), a.T)
+
+
+@pytest.mark.parametrize("fn", [ops.softmax, ops.log_softmax], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_over_any_dim(rng, fn, dim):
+    gradcheck(lambda x: fn(x, dim), 2 * randn(rng, 2, 3, 4))
+
+
+@pytest.mark.parametrize("fn", [ops.softmax, ops.log_softmax], ids=["softmax", "log_softmax"])
+def test_softmax_0d_and_transposed_input(rng, fn):
+    gradcheck(lambda x: fn(x, 0), randn(rng))
+    gradcheck(lambda x: fn(x.T, 1), randn(rng, 3, 5))  # a non-contiguous row input
+
+
+@pytest.mark.parametrize("dim, keepdim", [(1, False), ((0, 2), True), ((), False), (-1, True)])
+def test_amax(rng, dim, keepdim):
+    gradcheck(lambda x: ops.amax(x, dim, keepdim), randn(rng, 2, 3, 4))  # no ties
+
+
+@pytest.mark.parametrize("dim, keepdim", [(0, False), (-1, True)])
+def test_max_with_dim(rng, dim, keepdim):
+    gradcheck(lambda x: ops.max(x, dim, keepdim).values, randn(rng, 3, 4))
+
+
+@pytest.mark.parametrize("dim, correction", [(None, 1), (0, 1), ((0, 2), 0), (-1, 2)])
+def test_var(rng, dim, correction):
+    gradcheck(lambda x: ops.var(x, dim, correction=correction), randn(rng, 2, 3, 4))
+
+
+def test_reductions_of_0d_and_over_no_dims(rng):
+    gradcheck(lambda x: ops.sum(x, 0), randn(rng))
+    gradcheck(lambda x: ops.mean(x, ()), randn(rng, 2, 3))
+    gradcheck(lambda x: ops.transpose(x, 0, 0) * 2.0, randn(rng))
 
 
 def _layer_norm_ref(x, w, b, eps=1e-5):

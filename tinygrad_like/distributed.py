@@ -2,6 +2,7 @@
 counting point every collective passes through (as kernels.launch is for kernels).
 
     Communicator          a world of one: every collective is the identity (no MPI needed)
+    MetaWorld             one rank of R on the meta device, in one process: counted, not run
     MPICommunicator       CPU ranks: mpi4py over Open MPI (pip install -e '.[dist]')
     NCCLCommunicator      GPU ranks: NCCL through CuPy, its unique id broadcast over MPI;
                           host (NumPy) buffers still travel over MPI
@@ -92,12 +93,13 @@ class Communicator:
 
     def sum_scalar(self, value, what=""):
         """The sum over ranks of a host float (a loss), counted as an 8-byte all_reduce; the
-        value itself in a world of one (no collective, nothing counted)."""
+        value itself in a world of one (no collective, nothing counted). None (the meta device
+        has no loss) stays None, the collective counted."""
         if self.size == 1:
             return value
-        buf = np.array([value], np.float64)
+        buf = np.array([0.0 if value is None else value], np.float64)
         self.all_reduce(buf, what)
-        return float(buf[0])
+        return None if value is None else float(buf[0])
 
     def abort(self, code):
         sys.exit(code)
@@ -141,6 +143,27 @@ class Communicator:
         if self._records is not None:
             sent = sent_bytes(name, nbytes, self.size)
             self._records.append(Collective(name, what, nbytes, sent, seconds))
+        return result
+
+
+class MetaWorld(Communicator):
+    """Rank `rank` of a world of `size` ranks, all in this one process, for the meta device
+    (its buffers hold no values, so nothing needs to move): every collective is counted as
+    that rank of `size` runs it, and reduce_scatter hands back the rank's own chunk, where
+    NCCL leaves it. AdamW's ZeRO code runs on it unchanged, so a rank's bytes and sends in a
+    world of R are counted without R processes. The calls take no time worth recording."""
+
+    engine = "meta"
+
+    def _reduce_scatter(self, buf):
+        n = buf.size // self.size
+        return buf[self.rank * n : (self.rank + 1) * n]
+
+    def _counted(self, name, what, nbytes, call, *args):
+        result = call(*args)
+        if self._records is not None:
+            sent = sent_bytes(name, nbytes, self.size)
+            self._records.append(Collective(name, what, nbytes, sent, 0.0))
         return result
 
 

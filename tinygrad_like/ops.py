@@ -10,12 +10,15 @@ Over 500 lines on purpose: it is the whole list of differentiable ops, each forw
 backward (tinygrad's mlops.py), so that one file answers "what can the tape record".
 """
 
+import builtins  # `sum` and `max` below are ops
 import math
+from collections import namedtuple
 
 import numpy as np
 
 from . import backend, dtypes, profiler, rng
 from .autograd import Function, is_grad_enabled
+from .backend.contract import UNARY_OPS
 from .kernels import launch
 from .rng import get_rng_state, manual_seed, set_rng_state  # noqa: F401 (F.manual_seed, ...)
 from .tensor import Tensor
@@ -104,11 +107,8 @@ class Div(Function):
         a, b = ctx.saved
         ma, mb = ctx.metas
         da = _unbroadcast(launch("div", g, b), *ma) if ma else None
-        db = None
-        if mb:  # d(a/b)/db = -a / b^2
-            db = _unbroadcast(
-                launch("neg", launch("div", launch("mul", g, a), launch("mul", b, b))), *mb
-            )
+        # d(a/b)/db = -a / b^2, in one kernel: b * b in fp16 overflows for |b| >= 256
+        db = _unbroadcast(launch("div_bwd", a, b, g), *mb) if mb else None
         return da, db
 
 
@@ -122,16 +122,99 @@ class Neg(Function):
         return launch("neg", g)
 
 
+class Unary(Function):
+    """One of contract.UNARY_OPS (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, relu): one kernel
+    pair for all, op'(x) recomputed from the saved input. _UNARY makes one subclass per op, so
+    the tape names the op."""
+
+    op = None
+
+    @classmethod
+    def forward(cls, ctx, x):
+        ctx.save_for_backward(x)
+        return launch("unary_fwd", x, cls.op)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        (x,) = ctx.saved
+        return launch("unary_bwd", x, g, cls.op)
+
+
+_UNARY = {op: type(op.capitalize(), (Unary,), {"op": op, "name": op}) for op in UNARY_OPS}
+
+
+def _rows(a):
+    """a made C-contiguous for a row kernel: itself when it is, else one counted copy."""
+    return a if _stand_in(a).flags.c_contiguous else launch("contiguous", a)
+
+
+class Softmax(Function):
+    """softmax over the last axis (the functional API moves the dim there); saves the output."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = launch("softmax_fwd", _rows(x))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("softmax_bwd", ctx.saved[0], _rows(g))
+
+
+class LogSoftmax(Function):
+    """log_softmax over the last axis; saves the output."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = launch("log_softmax_fwd", _rows(x))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("log_softmax_bwd", ctx.saved[0], _rows(g))
+
+
+class Amax(Function):
+    """The max over axes (normalized, _axes); the gradient is shared evenly by ties, as in
+    PyTorch's amax (and max without a dim)."""
+
+    @staticmethod
+    def forward(ctx, x, axes, keepdim):
+        y = launch("amax", x, axis=axes, keepdims=True)  # reduced axes kept: (..., 1, ...)
+        ctx.save_for_backward(x, y)
+        ctx.axes = axes
+        return y if keepdim else y.reshape([n for i, n in enumerate(x.shape) if i not in axes])
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved
+        return launch("amax_bwd", x, y, g.reshape(y.shape), ctx.axes)
+
+
+class Max(Function):
+    """max along one dim (normalized) given idx, its argmax (axis kept, not differentiable): the
+    gradient goes to the index, as torch.max(x, dim)."""
+
+    @staticmethod
+    def forward(ctx, x, idx, dim, keepdim):
+        ctx.save_for_backward(idx)
+        ctx.shape, ctx.dim = x.shape, dim
+        return launch("amax", x, axis=dim, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved
+        g = g.reshape(idx.shape)  # the dim kept
+        return launch("max_bwd", g, idx, ctx.shape, ctx.dim), None, None, None
+
+
 class Sum(Function):
     @staticmethod
-    def forward(ctx, x, axis, keepdims):
-        ctx.shape = x.shape
-        ctx.axis = (
-            tuple(range(x.ndim))
-            if axis is None
-            else tuple(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
-        )
-        return launch("sum", x, axis=ctx.axis, keepdims=keepdims)
+    def forward(ctx, x, axes, keepdims):  # axes: normalized (_axes)
+        ctx.shape, ctx.axis = x.shape, axes
+        return launch("sum", x, axis=axes, keepdims=keepdims)
 
     @staticmethod
     def backward(ctx, g):
@@ -153,13 +236,17 @@ class Cast(Function):
 # ---------------------------------------------------------------- views (no kernels)
 
 
+def _stand_in(x):
+    """A NumPy array with x's (any backend's) shape and strides over one element of memory, for
+    NumPy to answer layout questions on (it only computes strides, reads nothing)."""
+    return np.lib.stride_tricks.as_strided(np.empty(1, x.dtype), x.shape, x.strides)
+
+
 def _can_view(x, shape):
     """Whether x (either backend) can take shape without a copy: always when contiguous, and
-    e.g. when splitting the last dimension of a column slice. NumPy decides, on a stand-in with
-    x's shape and strides over one element of memory (it only computes strides, reads nothing)."""
-    stand_in = np.lib.stride_tricks.as_strided(np.empty(1, x.dtype), x.shape, x.strides)
+    e.g. when splitting the last dimension of a column slice. NumPy decides, on a stand-in."""
     try:
-        np.reshape(stand_in, shape, copy=False)
+        np.reshape(_stand_in(x), shape, copy=False)
         return True
     except ValueError:
         return False
@@ -168,6 +255,12 @@ def _can_view(x, shape):
 def _reshape(x, shape):
     """A view when the strides allow one, else an explicit, counted copy first."""
     return (x if _can_view(x, shape) else launch("contiguous", x)).reshape(shape)
+
+
+def _matrix(a):
+    """a (..., K) as (M, K), M the product of the leading dims: a view when the strides allow
+    (-1 would be ambiguous for K = 0)."""
+    return _reshape(a, (math.prod(a.shape[:-1]), a.shape[-1]))
 
 
 class Reshape(Function):
@@ -241,7 +334,7 @@ class MatMul(Function):
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
         if b.ndim == 2 and a.ndim > 2:  # fold the batch into M: one 2-D GEMM
-            y = launch("matmul", _reshape(a, (-1, a.shape[-1])), b)
+            y = launch("matmul", _matrix(a), b)
             return y.reshape(*a.shape[:-1], b.shape[-1])
         return launch("matmul", a, b)
 
@@ -249,7 +342,7 @@ class MatMul(Function):
     def backward(ctx, g):
         a, b = ctx.saved
         if b.ndim == 2 and a.ndim > 2:
-            g2, a2 = _reshape(g, (-1, g.shape[-1])), _reshape(a, (-1, a.shape[-1]))
+            g2, a2 = _matrix(g), _matrix(a)
             return launch("matmul_nt", g2, b).reshape(a.shape), launch("matmul_tn", a2, g2)
         da = launch("matmul_nt", g, b)  # dA = dY B^T
         db = launch("matmul_tn", a, g)  # dB = A^T dY
@@ -265,7 +358,7 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias=None, transposed=False):
-        x2 = _reshape(x, (-1, x.shape[-1]))  # (M, K), M = B*T
+        x2 = _matrix(x)  # (M, K), M = B*T
         ctx.save_for_backward(x2, weight)
         ctx.x_shape, ctx.has_bias, ctx.transposed = x.shape, bias is not None, transposed
         if transposed:  # (M, K) @ (N, K)^T
@@ -281,7 +374,7 @@ class Linear(Function):
     @staticmethod
     def backward(ctx, g):
         x2, weight = ctx.saved
-        g2 = _reshape(g, (-1, g.shape[-1]))  # (M, N)
+        g2 = _matrix(g)  # (M, N)
         if ctx.transposed:
             dx = launch("matmul", g2, weight)  # (M, N) @ (N, K)
             dweight = launch("matmul_tn", g2, x2)  # (M, N)^T @ (M, K) -> (N, K)
@@ -344,49 +437,109 @@ class RMSNorm(Function):
         return launch("rmsnorm_bwd", g, *ctx.saved)
 
 
+def _attention_inputs(ctx, q, k, v):
+    """q (..., H, Tq, D), k and v (..., Hkv, Tk, D), as scaled_dot_product_attention checked
+    them -> q (B, H, Tq, D), k and v (B, Hkv, Tk, D), the shapes the kernels take: missing dims
+    read as 1, the leading dims (ctx.lead) merged into B. An operand broadcast along a leading
+    dim, or a q of one head against several kv heads, is copied out to its full shape (one
+    counted copy; _attention_grads sums its gradient back). Kv heads are never repeated: H is a
+    multiple of Hkv, the grouped-query attention the kernels run. The (B, H, T, D) views a
+    model passes go through as they are."""
+    ctx.metas = _meta(q), _meta(k), _meta(v)
+    n = builtins.max(q.ndim, k.ndim, v.ndim, 3)
+    q, k, v = (a.reshape((1,) * (n - a.ndim) + a.shape) for a in (q, k, v))
+    ctx.lead = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    Hkv = builtins.max(k.shape[-3], v.shape[-3])
+    H = Hkv if q.shape[-3] == 1 else q.shape[-3]  # one head broadcast, or a multiple of Hkv
+
+    def full(a, heads):
+        shape = ctx.lead + (heads,) + a.shape[-2:]
+        if a.shape != shape:  # dst[...] = a broadcasts; counted as a read of a, a write of dst
+            a = launch("copy", backend.of(a).empty(shape, a.dtype), a)
+        batched = (math.prod(ctx.lead), heads) + a.shape[-2:]
+        return a if a.shape == batched else _reshape(a, batched)
+
+    q, k, v = full(q, H), full(k, Hkv), full(v, Hkv)
+    ctx.shapes = q.shape, k.shape, v.shape
+    ctx.out_shape = (ctx.lead + q.shape[1:])[-builtins.max(len(m[0]) for m in ctx.metas) :]
+    return q, k, v
+
+
+def _attention_out(ctx, out):
+    """out (B, H, Tq, D) -> in the inputs' leading dims (*lead, H, Tq, D)."""
+    return out if out.shape == ctx.out_shape else out.reshape(ctx.out_shape)
+
+
+def _attention_grads(ctx, *grads):
+    """dq, dk, dv (in any shape holding _attention_inputs' (B, heads, T, D)) -> each in its
+    operand's shape and dtype, summed over the dims the operand was broadcast along."""
+    result = []
+    for g, full, (shape, dtype) in zip(grads, ctx.shapes, ctx.metas):
+        broadcast = g.size != math.prod(shape)
+        result.append(
+            _unbroadcast(_reshape(g, ctx.lead + full[1:] if broadcast else shape), shape, dtype)
+        )
+    return tuple(result)
+
+
 class Attention(Function):
-    """Causal scaled-dot-product attention, fused into one tape record.
-    q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq (Tk > Tq when decoding with a KV cache).
-    Saves q, k, v and the probabilities (B, H, Tq, Tk). Masked scores are computed, not
-    skipped: forward 4*Tq*Tk*D FLOPs per head, backward twice that."""
+    """Causal scaled-dot-product attention, fused into one tape record: q (B, H, Tq, D), k and v
+    (B, Hkv, Tk, D) (see _attention_inputs for other shapes), Tk >= Tq (Tk > Tq when decoding
+    with a KV cache). Grouped-query attention: kv head j serves the G = H / Hkv query heads
+    j G ... j G + G - 1, whose queries, one head after another, are the (G Tq) rows of one GEMM
+    against it (no repeated k, v; the backward's dk and dv sum over the group inside their
+    GEMMs). Saves q, k, v and the probabilities (B, H, Tq, Tk). Masked scores are computed, not
+    skipped: forward 4*Tq*Tk*D FLOPs per query head, backward twice that, whatever Hkv."""
 
     @staticmethod
-    def forward(ctx, q, k, v):
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = launch("matmul_nt", q, k)  # (B, H, Tq, Tk)
-        probs = launch("softmax_causal_fwd", scores, scale)
-        ctx.save_for_backward(q, k, v, probs)
-        ctx.scale = scale
-        return launch("matmul", probs, v)  # (B, H, Tq, D)
+    def forward(ctx, q, k, v, scale):
+        q, k, v = _attention_inputs(ctx, q, k, v)
+        (B, H, Tq, D), (Hkv, Tk) = q.shape, k.shape[1:3]
+        ctx.scale, ctx.heads = scale, (B, H, Tq, Tk)
+        # (B, Hkv, G Tq, D): a view of a contiguous q; a counted copy when G > 1 of a transposed
+        # one ((B, T, H, D) -> (B, H, T, D), as models make them)
+        qg = _reshape(q, (B, Hkv, (H // Hkv if Hkv else 1) * Tq, D))
+        scores = launch("matmul_nt", qg, k)  # (B, Hkv, G Tq, Tk)
+        probs = launch("softmax_causal_fwd", scores.reshape(ctx.heads), scale)  # (B, H, Tq, Tk)
+        probs = probs.reshape(scores.shape)
+        ctx.save_for_backward(qg, k, v, probs)
+        return _attention_out(ctx, launch("matmul", probs, v).reshape(q.shape))
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, probs = ctx.saved
-        dprobs = launch("matmul_nt", g, v)  # (B, H, Tq, Tk)
-        dv = launch("matmul_tn", probs, g)  # (B, H, Tk, D)
-        dscores = launch("softmax_causal_bwd", probs, dprobs, ctx.scale)
-        dq = launch("matmul", dscores, k)  # (B, H, Tq, D)
-        dk = launch("matmul_tn", dscores, q)  # (B, H, Tk, D)
-        return dq, dk, dv
+        qg, k, v, probs = ctx.saved
+        g = _reshape(g, qg.shape)  # (B, Hkv, G Tq, D), a copy as q's when G > 1
+        dprobs = launch("matmul_nt", g, v)  # (B, Hkv, G Tq, Tk)
+        dv = launch("matmul_tn", probs, g)  # (B, Hkv, Tk, D), summed over the group
+        dscores = launch(
+            "softmax_causal_bwd", probs.reshape(ctx.heads), dprobs.reshape(ctx.heads), ctx.scale
+        ).reshape(probs.shape)
+        dq = launch("matmul", dscores, k)  # (B, Hkv, G Tq, D)
+        dk = launch("matmul_tn", dscores, qg)  # (B, Hkv, Tk, D), summed over the group
+        return _attention_grads(ctx, dq, dk, dv) + (None,)
 
 
 class FlashAttention(Function):
     """Attention's function in blocks (FlashAttention-2): q (B, H, Tq, D), k and v
-    (B, H, Tk, D), Tk >= Tq, as Attention. The (Tq, Tk) scores never exist beyond one block
-    pair; the record saves q, k, v, the output and one log-sum-exp per query (B, H, Tq) fp32,
-    from which the backward recomputes each block's probabilities: O(T·D) bytes per head, not
-    O(T²). The key blocks past each query block are skipped (FLOPs: contract.flash_scores)."""
+    (B, Hkv, Tk, D), Tk >= Tq, grouped-query as Attention (the kernels read kv head h // G for
+    query head h). The (Tq, Tk) scores never exist beyond one block pair; the record saves q, k,
+    v, the output and one log-sum-exp per query (B, H, Tq) fp32, from which the backward
+    recomputes each block's probabilities: O(T·D) bytes per head, not O(T²). The key blocks past
+    each query block are skipped (FLOPs: contract.flash_scores)."""
 
     @staticmethod
-    def forward(ctx, q, k, v):
-        ctx.scale = 1.0 / math.sqrt(q.shape[-1])
-        out, lse = launch("flash_attention_fwd", q, k, v, ctx.scale)  # (B, H, Tq, D), (B, H, Tq)
+    def forward(ctx, q, k, v, scale):
+        q, k, v = _attention_inputs(ctx, q, k, v)
+        ctx.scale = scale
+        out, lse = launch("flash_attention_fwd", q, k, v, scale)  # (B, H, Tq, D), (B, H, Tq)
         ctx.save_for_backward(q, k, v, out, lse)
-        return out
+        return _attention_out(ctx, out)
 
     @staticmethod
     def backward(ctx, g):
-        return launch("flash_attention_bwd", *ctx.saved, g, ctx.scale)  # dq, dk, dv
+        g = _reshape(g, ctx.shapes[0])  # (B, H, Tq, D)
+        dq, dk, dv = launch("flash_attention_bwd", *ctx.saved, g, ctx.scale)
+        return _attention_grads(ctx, dq, dk, dv) + (None,)
 
 
 class CrossEntropy(Function):
@@ -537,6 +690,35 @@ class Dropout(Function):
         return launch("mul", g, ctx.saved[0]), None, None
 
 
+class Rotary(Function):
+    """Rotary position embeddings of x (B, H, T, D) (Llama's rotate-half convention) by the
+    tables cos, sin (T, D/2) of its positions. Saves nothing of x: the backward is the
+    opposite turn of dy. The tables are the model's constants (like a weight, not an
+    activation), kept on the context rather than saved."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.cos, ctx.sin = cos, sin
+        return launch("rotary_fwd", x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("rotary_bwd", g, ctx.cos, ctx.sin), None, None
+
+
+class SwiGLU(Function):
+    """silu(gate) * up, Llama's MLP nonlinearity, one record: saves gate and up."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return launch("swiglu_fwd", gate, up)
+
+    @staticmethod
+    def backward(ctx, g):
+        return launch("swiglu_bwd", *ctx.saved, g)  # dgate, dup
+
+
 # ---------------------------------------------------------------- the functional API
 
 
@@ -586,27 +768,101 @@ def view(x, shape):
     return Reshape.apply(x, shape, False)
 
 
+# ---- dims, as PyTorch takes them
+
+
+def _dim(dim, ndim):
+    """dim in [-ndim, ndim - 1] wrapped into [0, ndim), as PyTorch (a 0-d tensor takes -1 and
+    0 as if it had one dim); anything else is an IndexError in PyTorch's words."""
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"dim must be an int, got {dim!r}")
+    n = builtins.max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
+        )
+    return int(dim) % n
+
+
+def _dims(dims, ndim):
+    """Each of dims normalized (_dim), none repeated."""
+    out = [_dim(d, ndim) for d in dims]
+    for d in out:
+        if out.count(d) > 1:
+            raise ValueError(f"dim {d} appears multiple times in the list of dims {tuple(dims)}")
+    return tuple(out)
+
+
+def _axes(dim, ndim):
+    """The axes a reduction over dim covers: every axis for None or () (PyTorch's meaning;
+    NumPy's () reduces none), else the dims normalized (_dims). A 0-d tensor's dim 0 or -1
+    covers no axis."""
+    if dim is None or (isinstance(dim, (tuple, list)) and not dim):
+        return tuple(range(ndim))
+    return tuple(
+        d for d in _dims(dim if isinstance(dim, (tuple, list)) else (dim,), ndim) if d < ndim
+    )
+
+
+def _reduction(dim, keepdim, axis, keepdims):
+    """PyTorch's (dim, keepdim), also given as NumPy's (axis, keepdims), the names sum and mean
+    took first."""
+    if axis is not None:
+        if dim is not None:
+            raise TypeError("give dim or axis, not both")
+        dim = axis
+    return dim, keepdim if keepdims is None else keepdims
+
+
 def permute(x, dims):
-    return Permute.apply(x, tuple(d % x.ndim for d in dims))
+    """torch.permute: the dims reordered (a view); dims lists each dim once."""
+    dims = tuple(dims)
+    if len(dims) != x.ndim:
+        raise ValueError(f"permute: {len(dims)} dims {dims} for a tensor of shape {x.shape}")
+    return Permute.apply(x, _dims(dims, x.ndim))
 
 
-def sum(x, axis=None, keepdims=False):
-    return Sum.apply(x, axis, keepdims)
+def sum(x, dim=None, keepdim=False, *, axis=None, keepdims=None):
+    """torch.sum: over dim (an int or a tuple; None or () sums everything)."""
+    dim, keepdim = _reduction(dim, keepdim, axis, keepdims)
+    return Sum.apply(x, _axes(dim, x.ndim), keepdim)
 
 
-def mean(x, axis=None, keepdims=False):
-    axes = range(x.ndim) if axis is None else ((axis,) if isinstance(axis, int) else axis)
+def mean(x, dim=None, keepdim=False, *, axis=None, keepdims=None):
+    """torch.mean: over dim (an int or a tuple; None or () averages everything); nan over no
+    elements, as PyTorch."""
+    dim, keepdim = _reduction(dim, keepdim, axis, keepdims)
+    axes = _axes(dim, x.ndim)
     n = math.prod(x.shape[a] for a in axes)
-    return mul(sum(x, axis, keepdims), 1.0 / n)
+    return mul(Sum.apply(x, axes, keepdim), 1.0 / n if n else math.nan)
+
+
+def var(x, dim=None, correction=1, keepdim=False):
+    """torch.var: sum((x - mean)^2) / max(0, n - correction) over dim (None or (): all), by
+    default unbiased (correction=1). A composite of mean, sub, mul and sum, each launch
+    counted. With n - correction <= 0 it divides by zero as PyTorch does: inf, or nan where the
+    sum is 0 (one element)."""
+    axes = _axes(dim, x.ndim)
+    d = sub(x, mean(x, axes, keepdim=True))
+    s = Sum.apply(mul(d, d), axes, keepdim)
+    dof = builtins.max(0, math.prod(x.shape[a] for a in axes) - correction)
+    return mul(s, 1.0 / dof if dof else math.inf)
 
 
 def transpose(x, dim0=-2, dim1=-1):
+    """Swap dims dim0 and dim1 (a view). The defaults, the last two dims, are this API's
+    (PyTorch's transpose names both)."""
+    dim0, dim1 = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
     dims = list(range(x.ndim))
-    dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+    if x.ndim:
+        dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
     return permute(x, dims)
 
 
 def getitem(x, index):
+    """x[index] for a basic index: ints, slices, None and ... only (a view; its gradient writes
+    dy back). Unlike PyTorch, no indexing by tensors, lists or booleans: gather rows with
+    embedding()."""
     items = index if isinstance(index, tuple) else (index,)
     if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items):
         raise TypeError(
@@ -617,23 +873,50 @@ def getitem(x, index):
 
 
 def split(x, split_size, dim=-1):
-    """Like torch.split: chunks of split_size (an int) or of the listed sizes along dim."""
+    """Like torch.split: chunks of split_size (an int) or of the listed sizes along dim. The
+    default dim is the last (this API's; PyTorch's is 0)."""
+    if x.ndim == 0:
+        raise ValueError("split: a 0-d tensor has no dim to split")
+    dim = _dim(dim, x.ndim)
+    if isinstance(split_size, int) and split_size <= 0:
+        raise ValueError(f"split: split_size must be a positive int, got {split_size}")
     n = x.shape[dim]
     sizes = (
         [split_size] * (n // split_size) + ([n % split_size] if n % split_size else [])
         if isinstance(split_size, int)
         else list(split_size)
     )
-    if np.sum(sizes) != n:
+    if np.sum(sizes) != n or any(k < 0 for k in sizes):
         raise ValueError(f"split: sizes {sizes} do not add up to dimension {dim} of size {n}")
-    return Split.apply(x, sizes, dim % x.ndim)
+    return Split.apply(x, sizes, dim)
 
 
 def cat(tensors, dim=0):
-    return Concat.apply(*tensors, axis=dim % tensors[0].ndim)
+    """torch.cat: tensors of one ndim (at least 1), equal but in dim, joined along dim."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat: expected a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise ValueError(
+                f"cat: zero-dimensional tensor (at position {i}) cannot be concatenated"
+            )
+        if t.ndim != tensors[0].ndim or any(
+            n != m
+            for k, (n, m) in enumerate(zip(t.shape, tensors[0].shape))
+            if k != _dim(dim, t.ndim)
+        ):
+            raise ValueError(
+                f"cat: tensor {i} of shape {t.shape} does not match tensor 0 of shape "
+                f"{tensors[0].shape} outside dim {dim}"
+            )
+    return Concat.apply(*tensors, axis=_dim(dim, tensors[0].ndim))
 
 
 def matmul(a, b):
+    """a (..., M, K) @ b (..., K, N). Unlike torch.matmul, both operands need 2 dims or more
+    (no 1-D vector forms) and batch dims must be equal, or one side 2-D (no broadcasting of
+    batch dims)."""
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"matmul: {a.shape} @ {b.shape}: both operands need at least 2 dims")
     if a.shape[-1] != b.shape[-2]:
@@ -665,6 +948,10 @@ def linear(x, weight, bias=None, transposed=False):
 def embedding(idx, weight, num_embeddings=None):
     """idx (...) int token ids -> weight rows (..., C). Ids must be < num_embeddings: all of
     weight's rows by default, fewer when the rows past it are padding."""
+    if weight.ndim != 2:
+        raise ValueError(
+            f"embedding: weight must be (num_embeddings, embedding_dim), got shape {weight.shape}"
+        )
     n = weight.shape[0] if num_embeddings is None else num_embeddings
     ids = idx.data if isinstance(idx, Tensor) else idx
     if not hasattr(ids, "__cuda_array_interface__"):  # host ids (lists too): check, then move
@@ -679,15 +966,22 @@ def embedding(idx, weight, num_embeddings=None):
 
 
 def gelu(x):
-    """GELU, tanh approximation (GPT-2's)."""
+    """GELU, always the tanh approximation (GPT-2's): PyTorch's gelu(x, approximate="tanh").
+    PyTorch's default is the exact erf form."""
     return GELU.apply(x)
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
-    if x.shape[-1] != weight.shape[0]:
-        raise ValueError(
-            f"layer_norm: input {x.shape} has {x.shape[-1]} features, weight has {weight.shape[0]}"
-        )
+    """Layer norm over the last dim only, with a weight and a bias of (C,): PyTorch's
+    layer_norm(x, (C,), weight, bias, eps). No normalized_shape of several dims."""
+    C = x.shape[-1] if x.ndim else None
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None or p.shape != (C,):
+            got = None if p is None else p.shape
+            raise ValueError(
+                f"layer_norm: input {x.shape} has {C} features, {name} has shape {got}: "
+                f"need a {name} of ({C},)"
+            )
     return LayerNorm.apply(x, weight, bias, eps)
 
 
@@ -702,15 +996,48 @@ def rms_norm(x, weight, eps=1e-6):
     return RMSNorm.apply(x, weight, eps)
 
 
-def scaled_dot_product_attention(q, k, v, flash=False):
-    """Causal attention over (B, H, T, D) tensors (the only kind GPT-2 uses). flash=True runs
-    it in blocks (FlashAttention), saving one number per query instead of the probabilities."""
-    if q.shape[-1] != k.shape[-1] or k.shape != v.shape or k.shape[-2] < q.shape[-2]:
+def scaled_dot_product_attention(q, k, v, flash=False, scale=None):
+    """Causal attention softmax(scale q k^T, future keys masked) v of q (..., H, Tq, D) and k, v
+    (..., Hkv, Tk, D), Tk >= Tq -> (..., H, Tq, D); scale defaults to 1 / sqrt(D). Grouped-query
+    attention when Hkv < H (a divisor of it; Hkv = 1 is multi-query attention): kv head j
+    serves query heads j G ... j G + G - 1, G = H / Hkv (Hugging Face's repeat_kv order),
+    without copying k and v G times. The leading dims broadcast (NumPy's rules), and so does a
+    q of one head against several kv heads. flash=True runs it in blocks (FlashAttention),
+    saving one number per query instead of the probabilities.
+    As torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+    enable_gqa=True) when Tq = Tk; by design it differs in that it is
+    - always causal, and has no attn_mask and no dropout_p;
+    - aligned bottom-right when there are fewer queries than keys: query i is at position
+      Tk - Tq + i and sees keys 0 ... Tk - Tq + i (a KV-cache decode step), where PyTorch's
+      is_causal aligns the mask top-left (query i sees keys 0 ... i);
+    - grouped-query whenever Hkv divides H, as PyTorch's only with enable_gqa=True."""
+    shapes = f"attention: q {q.shape}, k {k.shape}, v {v.shape}"
+    if min(q.ndim, k.ndim, v.ndim) < 2:
+        raise ValueError(f"{shapes}: need q (..., Tq, D) and k, v (..., Tk, D)")
+    if q.dtype != k.dtype or k.dtype != v.dtype:
+        raise TypeError(f"{shapes}: need one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    H, Hk, Hv = (a.shape[-3] if a.ndim > 2 else 1 for a in (q, k, v))
+    Hkv = builtins.max(Hk, Hv)
+    try:
+        np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+        np.broadcast_shapes(k.shape[:-2], v.shape[:-2])
+    except ValueError:
         raise ValueError(
-            f"attention: q {q.shape}, k {k.shape}, v {v.shape}: need equal head "
-            "dims, k and v of one shape, and at least as many keys as queries"
-        )
-    return (FlashAttention if flash else Attention).apply(q, k, v)
+            f"{shapes}: need leading dims (and k's and v's heads) that broadcast"
+        ) from None
+    for bad, need in [
+        (q.shape[-1] != k.shape[-1], "equal head dims D"),
+        (k.shape[-2:] != v.shape[-2:], "k and v of one (Tk, D)"),
+        (k.shape[-2] < q.shape[-2], "at least as many keys as queries"),
+        (
+            H != 1 and (H % Hkv if Hkv else H),
+            f"q's {H} heads a multiple of k and v's {Hkv} (grouped-query attention), or 1",
+        ),
+    ]:
+        if bad:
+            raise ValueError(f"{shapes}: need {need}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return (FlashAttention if flash else Attention).apply(q, k, v, scale)
 
 
 def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
@@ -723,20 +1050,35 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
         raise ValueError(f"{fn}: n_classes {V} must be in [1, {Vp}] for {what}")
     if t.shape != (N,):
         raise ValueError(f"{fn}: {what} need targets of shape ({N},), got {t.shape}")
-    t = np.where(t == ignore_index, -1, t).astype(np.int64)
-    bad = t[(t < -1) | (t >= V)]
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: targets must be integer class ids, got {t.dtype}")
+    ignored = t == ignore_index
+    bad = t[~ignored & ((t < 0) | (t >= V))]  # -1 is a class id like any other unless ignored
     if bad.size:
-        raise ValueError(f"target id {int(bad[0])} out of range for vocab {V}")
+        raise ValueError(
+            f"target id {int(bad[0])} out of range for vocab {V} (ignore_index is {ignore_index})"
+        )
+    t = np.where(ignored, -1, t).astype(np.int64)
     count = int((t >= 0).sum())
     if count == 0:
-        raise ValueError(f"{fn}: every target is ignored (-1), so the mean is undefined")
+        raise ValueError(
+            f"{fn}: every target is ignored ({ignore_index}), so the mean is undefined"
+        )
     return backend.of(like.data).asarray(t), count, V
 
 
 def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
     """Mean over the targets that are not ignore_index; logits (N, Vp), targets (N,). The
     classes are the first n_classes columns (default all Vp); the rest are padding, given no
-    probability (the padded LM head, see GPT2Config.padded_vocab_size)."""
+    probability (the padded LM head, see GPT2Config.padded_vocab_size). Unlike PyTorch's: only
+    the (N, C) form (not (C,) nor (N, C, d...)), and ignore_index defaults to -1 (PyTorch's
+    -100); any other negative target is out of range."""
+    if logits.ndim != 2:
+        raise ValueError(
+            f"cross_entropy: logits of shape {logits.shape}: takes (N, C) logits with (N,) "
+            "targets (PyTorch's (N, C, d...) form is not supported): for (B, T, V) logits pass "
+            "logits.reshape(-1, V) and targets.reshape(-1)"
+        )
     N, Vp = logits.shape
     t, count, V = _class_targets(
         "cross_entropy", f"logits {logits.shape}", targets, N, Vp, n_classes, ignore_index, logits
@@ -776,8 +1118,137 @@ def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, de
 
 
 def dropout(x, p=0.0, training=True):
+    """Inverted dropout: zero with probability p, scale the rest by 1 / (1 - p). The default p
+    is 0.0, off (PyTorch's is 0.5)."""
     if not training or p == 0.0:
         return x
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     return Dropout.apply(x, p, rng.next_seed())
+
+
+# ---- unary ops, softmax over any dim, max (PyTorch's names and signatures)
+
+
+def _unary(op, x):
+    if not dtypes.is_float(x.dtype):
+        raise TypeError(f"{op}: needs a floating-point tensor, got {x.dtype}")
+    return _UNARY[op].apply(x)
+
+
+def exp(x):
+    return _unary("exp", x)
+
+
+def log(x):
+    return _unary("log", x)
+
+
+def sqrt(x):
+    return _unary("sqrt", x)
+
+
+def rsqrt(x):
+    return _unary("rsqrt", x)
+
+
+def tanh(x):
+    return _unary("tanh", x)
+
+
+def sigmoid(x):
+    return _unary("sigmoid", x)
+
+
+def silu(x):
+    """x sigmoid(x) (SwiSH), Llama's MLP activation."""
+    return _unary("silu", x)
+
+
+def relu(x):
+    return _unary("relu", x)
+
+
+def _over_dim(fn, x, dim):
+    """fn, a Function over the last axis, applied over dim: dim swapped last (a view; the
+    kernel's input is made contiguous by a counted copy when it is not), and back. A 0-d
+    tensor is one row of one element."""
+    if not dtypes.is_float(x.dtype):
+        raise TypeError(f"{fn.__name__.lower()}: needs a floating-point tensor, got {x.dtype}")
+    d = _dim(dim, x.ndim)
+    if x.ndim == 0:
+        return reshape(fn.apply(reshape(x, (1,))), ())
+    if d == x.ndim - 1:
+        return fn.apply(x)
+    return transpose(fn.apply(transpose(x, d, -1)), d, -1)
+
+
+def softmax(x, dim):
+    """torch.softmax over dim: exp(x - max) / sum(exp(x - max)); a row of -inf is nan."""
+    return _over_dim(Softmax, x, dim)
+
+
+def log_softmax(x, dim):
+    """torch.log_softmax over dim: x - max - log(sum(exp(x - max)))."""
+    return _over_dim(LogSoftmax, x, dim)
+
+
+def _nonempty(fn, x, axes):
+    for a in axes:
+        if x.shape[a] == 0:
+            raise IndexError(f"{fn}(): Expected reduction dim {a} to have non-zero size")
+
+
+def amax(x, dim=(), keepdim=False):
+    """torch.amax: the max over dim (an int or a tuple; () or None: every dim); a NaN is the
+    max. The gradient is shared evenly by tied maxima."""
+    axes = _axes(dim, x.ndim)
+    _nonempty("amax", x, axes)
+    return Amax.apply(x, axes, keepdim)
+
+
+MaxResult = namedtuple("max", ["values", "indices"])  # torch.return_types.max
+
+
+def max(x, dim=None, keepdim=False):
+    """torch.max: without dim, the max of every element (as amax, ties sharing the gradient);
+    with dim, (values, indices) along it, indices (int64) of the first max, the gradient going
+    to the index."""
+    if dim is None:
+        return amax(x)
+    if x.ndim == 0:  # one element, dim 0 or -1
+        _dim(dim, 0)
+        values, indices = max(reshape(x, (1,)), 0)
+        return MaxResult(reshape(values, ()), reshape(indices, ()))
+    d = _dim(dim, x.ndim)
+    _nonempty("max", x, (d,))
+    idx = launch("argmax", x.data, d)  # (..., 1, ...): not differentiable, no record
+    values = Max.apply(x, idx, d, keepdim)
+    return MaxResult(values, Tensor(idx if keepdim else idx.reshape(values.shape)))
+
+
+def apply_rotary(x, cos, sin, start=0):
+    """Rotary position embeddings (Hugging Face Llama's rotate-half convention) of x (B, H, T,
+    D) at positions start .. start + T - 1: cos, sin are tables (positions, D/2) of the angles
+    (arrays of x's device in its compute dtype, or Tensors), of which rows start .. start + T
+    are read (a KV-cache decode step starts past the cached positions)."""
+    cos, sin = (t.data if isinstance(t, Tensor) else t for t in (cos, sin))
+    T, D = x.shape[-2:]
+    if x.ndim != 4 or D % 2 or cos.shape[1:] != (D // 2,) or sin.shape != cos.shape:
+        raise ValueError(
+            f"apply_rotary: x {x.shape}, cos {cos.shape}, sin {sin.shape}: need x (B, H, T, D) "
+            f"of an even D and tables (positions, D/2) of one shape"
+        )
+    if start < 0 or start + T > cos.shape[0]:
+        raise ValueError(
+            f"apply_rotary: positions {start} .. {start + T - 1} are outside the tables' "
+            f"{cos.shape[0]} positions"
+        )
+    return Rotary.apply(x, cos[start : start + T], sin[start : start + T])
+
+
+def swiglu(gate, up):
+    """silu(gate) * up (Llama's SwiGLU MLP: down(silu(gate(x)) * up(x)))."""
+    if gate.shape != up.shape:
+        raise ValueError(f"swiglu: gate {gate.shape} and up {up.shape} differ in shape")
+    return SwiGLU.apply(gate, up)

@@ -19,8 +19,10 @@ class Tensor:
             data = data.data
         be = backend.get(device) if device is not None else None
         if be is None:
-            is_array = hasattr(data, "__array_interface__") or hasattr(
-                data, "__cuda_array_interface__"
+            is_array = (
+                hasattr(data, "__array_interface__")
+                or hasattr(data, "__cuda_array_interface__")
+                or not backend.holds_values(data)
             )
             be = backend.of(data) if is_array else backend.get(backend.default_device())
         if dtype is None and not hasattr(data, "dtype"):
@@ -170,11 +172,47 @@ class Tensor:
     def __getitem__(self, index):
         return ops.getitem(self, index)
 
-    def sum(self, axis=None, keepdims=False):
-        return ops.sum(self, axis, keepdims)
+    def sum(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        return ops.sum(self, dim, keepdim, axis=axis, keepdims=keepdims)
 
-    def mean(self, axis=None, keepdims=False):
-        return ops.mean(self, axis, keepdims)
+    def mean(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        return ops.mean(self, dim, keepdim, axis=axis, keepdims=keepdims)
+
+    def var(self, dim=None, correction=1, keepdim=False):
+        return ops.var(self, dim, correction, keepdim)
+
+    def amax(self, dim=(), keepdim=False):
+        return ops.amax(self, dim, keepdim)
+
+    def max(self, dim=None, keepdim=False):
+        return ops.max(self, dim, keepdim)
+
+    def exp(self):
+        return ops.exp(self)
+
+    def log(self):
+        return ops.log(self)
+
+    def sqrt(self):
+        return ops.sqrt(self)
+
+    def rsqrt(self):
+        return ops.rsqrt(self)
+
+    def tanh(self):
+        return ops.tanh(self)
+
+    def sigmoid(self):
+        return ops.sigmoid(self)
+
+    def relu(self):
+        return ops.relu(self)
+
+    def softmax(self, dim):
+        return ops.softmax(self, dim)
+
+    def log_softmax(self, dim):
+        return ops.log_softmax(self, dim)
 
     def reshape(self, *shape):
         return ops.reshape(self, _shape_arg(shape))
@@ -193,6 +231,7 @@ class Tensor:
 
     @property
     def T(self):
+        """The last two dims swapped (PyTorch's .mT; PyTorch's .T reverses every dim)."""
         return ops.transpose(self, -2, -1)
 
 

@@ -7,12 +7,12 @@ import contextlib
 import dataclasses
 import sys
 
-from nn import PRESETS, ExecutionOptions, GPT2Config
+from nn import PRESETS, ExecutionOptions, LlamaConfig, from_preset
 from nn.options import CHOICES
 from tinygrad_like import backend, distributed, dtypes
 
 from .data import DataLoader
-from .measure import random_batch
+from .measure import check_measurable, random_batch
 
 BAD_INPUT = (ValueError, FileNotFoundError, RuntimeError)  # what a user's mistake raises
 
@@ -70,6 +70,21 @@ def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
     p.add_argument(
         "--device", help=f"{' or '.join(backend.DEVICES)} (default: cuda when a GPU is usable)"
     )
+    p.add_argument(
+        "--n-kv-head",
+        type=int,
+        help="a Llama preset with this many key/value heads (grouped-query attention; "
+        "default: the preset's)",
+    )
+
+
+def config_from_args(args):
+    """The --model preset's config, with --n-kv-head for a Llama preset."""
+    if args.n_kv_head is None:
+        return from_preset(args.model)
+    if not isinstance(from_preset(args.model), LlamaConfig):
+        raise ValueError(f"--n-kv-head applies to a Llama preset, not {args.model}")
+    return from_preset(args.model, num_key_value_heads=args.n_kv_head)
 
 
 def add_option_args(p):
@@ -112,7 +127,11 @@ def add_data_arg(p):
 
 
 def batch_from_args(args, vocab_size):
-    """(x, y) (B, T): the first batch of --data (seed 0), or random ids when it is not given."""
+    """(x, y) (B, T): the first batch of --data (seed 0), or random ids when it is not given.
+    The meta device refuses --data: it would drop the ids (a step's counts do not depend on
+    them)."""
+    if args.data and args.device == "meta":
+        raise backend.meta.NoValues("--data (a token file)")
     if args.data:
         return DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
     return random_batch(vocab_size, args.batch_size, args.seq_len)
@@ -126,8 +145,9 @@ def check_model_args(args, model_from_checkpoint=False):
         )
     check_dtype(args.dtype)
     args.device = backend.check_device(args.device or backend.default_device())
+    check_measurable(args.device, args.dtype)
     if not model_from_checkpoint:
-        GPT2Config.from_preset(args.model).check_context(args.seq_len, "--seq-len")
+        config_from_args(args).check_context(args.seq_len, "--seq-len")
 
 
 def check_dtype(name):

@@ -98,7 +98,8 @@ def model_of(init_from, model=None):
     recorded as the run's --model; ValueError when --model names another: the weights are the
     checkpoint's whatever --model says."""
     config = read_config(checkpoint.find_checkpoint(init_from))
-    shape = dict(dropout=0.0, layer_norm_epsilon=1e-5)  # what a preset leaves at its default
+    # what a GPT-2 preset leaves at its default (a Llama preset sets every field)
+    shape = dict(dropout=0.0, layer_norm_epsilon=1e-5) if isinstance(config, GPT2Config) else {}
     held = next((k for k, v in PRESETS.items() if dataclasses.replace(config, **shape) == v), None)
     if model is not None and model != held:
         raise ValueError(
@@ -195,6 +196,11 @@ def validate(cfg):
     check_dtype(cfg.dtype)
     cfg.execution_options()
     backend.check_device(cfg.device)
+    if cfg.device == "meta":
+        raise backend.meta.NoValues(
+            "training (token files, loss values); count a step with "
+            "python scripts/accounting.py --device meta"
+        )
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:
         raise ValueError(

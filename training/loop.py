@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from tqdm import tqdm
 
-from nn import GPT2, ExecutionOptions, GPT2Config
+import nn
+from nn import ExecutionOptions, GPT2Config
 from nn.hf import read_config, read_state
 from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
@@ -157,16 +158,16 @@ class Trainer:
             if source
             else GPT2Config.from_preset(cfg.model)
         )
-        if source is None:
+        if source is None:  # the preset's family: GPT-2 or Llama
             config = GPT2Config.from_preset(cfg.model)
-            return GPT2(config, seed=cfg.seed, device=self.device, options=self.options)
+            return nn.build(config, seed=cfg.seed, device=self.device, options=self.options)
         ckpt = checkpoint.find_checkpoint(source)
         if cfg.resume:  # verifies every file's sha256 first
             self.resume_state = checkpoint.load_trainer_state(ckpt)
             self.resumed_from = ckpt
         else:
             checkpoint.verify(ckpt)
-        model = GPT2(read_config(ckpt), seed=cfg.seed, device=self.device, options=self.options)
+        model = nn.build(read_config(ckpt), seed=cfg.seed, device=self.device, options=self.options)
         model.load_state_dict(read_state(ckpt))  # fp32 master: any --dtype can follow
         return model
 

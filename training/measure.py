@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nn import GPT2, ExecutionOptions, KVCache
+from nn import ExecutionOptions, KVCache, build
 from optim import AdamW, LossScaler
-from tinygrad_like import TAPE, dtypes, kernels, no_grad, profiler
+from tinygrad_like import TAPE, backend, distributed, dtypes, kernels, no_grad, profiler
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import Profiler
 
@@ -101,12 +101,34 @@ class Measurement:
     unowned: dict  # phase -> that step's launches outside any record (Unowned)
     step: Profiler  # the profiled training step
     step_seconds: float
-    skipped: bool  # the fp16 loss scaler skipped the profiled step (overflow)
+    skipped: bool  # the fp16 loss scaler skipped the profiled step (overflow); None on meta
     decode: Profiler  # one M = 1 decode step with a KV cache
     decode_seconds: float
     prompt_len: int
-    peak: float  # FLOP/s the MFU divides by
+    kv_cache_bytes_per_token: int  # the decode step's cache: its buffers' bytes per position
+    peak: float  # FLOP/s the MFU divides by (None on meta: nothing ran)
     peak_name: str
+    zero: int  # AdamW's ZeRO stage
+    world_size: int  # R: the ranks of the world (R > 1 on the meta device only)
+    ranks: list  # every rank's persistent dict (rank 0's is persistent)
+    elements: int  # AdamW's flat buffer length (the padded vocabulary, the shards' padding)
+    padding: int  # elements added to split the flat buffers into R equal shards
+    collectives: list  # the profiled step's distributed.Collective records
+
+
+def check_measurable(device, dtype, world_size=1):
+    """Refuse fp16 on the meta device (meta.NoValues): its loss scaler skips a step on an
+    overflow, a decision that needs the gradient norm's value; and a world of R > 1 ranks
+    anywhere else (one process runs one rank: a real world runs under mpirun)."""
+    if device == "meta" and dtype == "fp16":
+        raise backend.meta.NoValues("fp16's loss scaler (it skips a step on an overflow)")
+    if world_size < 1:
+        raise ValueError(f"--world-size must be >= 1, got {world_size}")
+    if world_size > 1 and device != "meta":
+        raise ValueError(
+            f"--world-size {world_size} is counted on the meta device only (--device meta); "
+            "a real world of ranks trains under mpirun (examples/train_gpt2.py)"
+        )
 
 
 def measure(
@@ -118,19 +140,24 @@ def measure(
     batch=None,
     warmup=1,
     options=None,
+    zero=0,
+    world_size=1,
 ):
     """Build a model (run with options, ExecutionOptions) and AdamW for config, run `warmup`
     untimed steps (CUDA compiles kernels on first use), then one profiled training step and
-    one profiled decode step.
-    batch: (x, y) token ids of shape (batch_size, seq_len); random when None."""
+    one profiled decode step. On the meta device (shapes only) the same step is counted
+    without running: its times are the host's shape arithmetic, not a run's.
+    batch: (x, y) token ids of shape (batch_size, seq_len); random when None.
+    zero: AdamW's ZeRO stage; world_size R > 1 (the meta device only) counts rank 0 of R
+    ranks (distributed.MetaWorld), and every rank's persistent bytes."""
     dtype = dtypes.name(dtypes.as_dtype(dtype))
-    gc.collect()  # so the tracker's deltas below are this model's buffers only
-    before = dict(TRACKER.current)
-    model = GPT2(config, device=device, options=options)
-    optimizer = AdamW(model.named_parameters(), dtype=dtype)
+    check_measurable(device, dtype, world_size)
+    model, optimizer, persistent = _build(config, dtype, device, options, zero, world_size)
+    ranks = [persistent] + [
+        _build(config, dtype, device, options, zero, world_size, rank)[2]
+        for rank in range(1, world_size)
+    ]
     scaler = LossScaler() if dtype == "fp16" else None
-    gc.collect()  # the per-parameter tensors the flat buffers replaced
-    persistent = {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
     x, y = batch if batch is not None else random_batch(config.vocab_size, batch_size, seq_len)
 
     def train_step(watch=None):
@@ -141,10 +168,10 @@ def measure(
     peak_bytes = _step_peak(train_step, sum(persistent.values()))
     gc.collect()
     t0 = time.perf_counter()
-    with Profiler(timing=True) as prof:
+    with Profiler(timing=True) as prof, optimizer.comm.recording() as collectives:
         tape, activations, unowned, (_, _, skipped) = watched(train_step)
     step_seconds = time.perf_counter() - t0
-    decode, decode_seconds, prompt_len = _decode_step(model, x)
+    decode, decode_seconds, prompt_len, kv_bytes = _decode_step(model, x)
     peak, peak_name = mfu.device_peak(device, dtype)
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
     return Measurement(
@@ -167,9 +194,28 @@ def measure(
         decode,
         decode_seconds,
         prompt_len,
+        kv_bytes,
         peak,
         peak_name,
+        zero,
+        world_size,
+        ranks,
+        optimizer.numel,
+        optimizer.padding,
+        collectives,
     )
+
+
+def _build(config, dtype, device, options, zero, world_size, rank=0):
+    """-> (model, its AdamW as rank `rank` of world_size, the persistent bytes per tracker tag
+    the two allocated)."""
+    comm = distributed.MetaWorld(rank, world_size) if world_size > 1 else None
+    gc.collect()  # so the tracker's deltas below are this model's buffers only
+    before = dict(TRACKER.current)
+    model = build(config, device=device, options=options)
+    optimizer = AdamW(model.named_parameters(), dtype=dtype, comm=comm, zero=zero)
+    gc.collect()  # the per-parameter tensors the flat buffers replaced
+    return model, optimizer, {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
 
 
 def _step_peak(train_step, persistent_bytes):
@@ -187,17 +233,20 @@ def _step_peak(train_step, persistent_bytes):
 
 def _decode_step(model, x):
     """Fill a KV cache with a prompt (the batch's first row), then profile one more token:
-    the M = 1 step of generation. -> (profiler, seconds, prompt length)."""
+    the M = 1 step of generation. -> (profiler, seconds, prompt length, the cache's bytes per
+    position: every layer's K and V buffers over their length)."""
     prompt = x[:1, : min(x.shape[1], model.config.n_positions - 1)]
     model.eval()
     with no_grad():
-        cache = KVCache(model.config, 1, prompt.shape[1] + 1, model.transformer.wte.weight)
+        like = model.get_input_embeddings().weight
+        cache = KVCache(model.config, 1, prompt.shape[1] + 1, like)
         model(prompt, cache=cache, last_only=True)
         t0 = time.perf_counter()
         with Profiler(timing=True) as prof:
             model(prompt[:, -1:], cache=cache, last_only=True)
         seconds = time.perf_counter() - t0
-    return prof, seconds, prompt.shape[1]
+    kv_bytes = sum(a.nbytes for a in cache.k + cache.v) // cache.max_len
+    return prof, seconds, prompt.shape[1], kv_bytes
 
 
 # ---------------------------------------------------------------- the tape, grouped
@@ -206,7 +255,7 @@ def _decode_step(model, x):
 def layer_of(scope):
     """transformer.h.3.mlp.c_fc -> transformer.h.3; a scope outside the blocks is its own
     layer (the model's own ops, such as the embedding sum, have the empty scope)."""
-    match = re.match(r"(.*\.h\.\d+)(\.|$)", scope)
+    match = re.match(r"(.*\.(?:h|layers)\.\d+)(\.|$)", scope)
     return match.group(1) if match else (scope or "(model)")
 
 
@@ -230,5 +279,5 @@ def block_layers(records):
     return [
         name
         for name in group(records, lambda r: layer_of(r["scope"]))
-        if re.search(r"\.h\.\d+$", name)
+        if re.search(r"\.(?:h|layers)\.\d+$", name)
     ]

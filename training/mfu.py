@@ -11,7 +11,10 @@ from tinygrad_like import backend, peaks
 
 
 def device_peak(device, dtype_name):
-    """-> (FLOP/s, a phrase naming where the number comes from)."""
+    """-> (FLOP/s, a phrase naming where the number comes from); None on the meta device,
+    which runs nothing."""
+    if device == "meta":
+        return None, "no peak: the meta device runs nothing"
     if device == "cpu":
         cached = peaks.get("cpu")
         rate = cached.flops("fp32")

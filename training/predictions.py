@@ -1,4 +1,5 @@
-"""Predictions of the accounting report from a GPT-2 configuration alone (no model is built):
+"""Predictions of the accounting report from a configuration alone, GPT-2's or Llama's (no
+model is built):
 parameter counts by piece, GEMM and attention FLOPs, persistent training state, per-step
 collectives, saved activations and the peak of a training step under each memory trade, and
 the largest batch that fits a memory budget. training/report.py prints them beside what a real
@@ -8,12 +9,14 @@ step measured.
 import re
 
 import tinygrad_like.ops as F
-from nn import ExecutionOptions, GPT2Config
+from nn import ExecutionOptions, GPT2Config, LlamaConfig
 from tinygrad_like import dtypes
 
 
 def parameter_pieces(config):
     """[(key, piece, shape, parameters)]: the rows of ACCOUNTING.md's table for this config."""
+    if isinstance(config, LlamaConfig):
+        return _llama_pieces(config)
     V, P, L, C = config.vocab_size, config.n_positions, config.n_layer, config.n_embd
     block = [
         ("qkv", "per block: QKV projection", f"{C:,} x {3 * C:,} + {3 * C:,}", 3 * C * C + 3 * C),
@@ -34,6 +37,32 @@ def parameter_pieces(config):
     return rows + [("total", "total", "", total)]
 
 
+def _llama_pieces(config):
+    V, L, C, F = config.vocab_size, config.n_layer, config.n_embd, config.intermediate_size
+    kv = config.n_kv_head * config.head_dim
+    block = [
+        (
+            "qkv",
+            "per block: Q, K, V projections",
+            f"{C:,} x ({C:,} + 2 x {kv:,})",
+            C * (C + 2 * kv),
+        ),
+        ("attn_out", "per block: attention output", f"{C:,} x {C:,}", C * C),
+        ("mlp_up", "per block: MLP gate and up", f"2 x {C:,} x {F:,}", 2 * C * F),
+        ("mlp_down", "per block: MLP down", f"{F:,} x {C:,}", F * C),
+        ("block_ln", "per block: two RMSNorms", f"2 x {C:,}", 2 * C),
+    ]
+    per_block = sum(row[3] for row in block)
+    rows = [
+        ("wte", "token embedding", f"{V:,} x {C:,}", V * C),
+        *block,
+        ("blocks", f"{L} blocks", f"{L} x {per_block:,}", L * per_block),
+        ("ln_f", "final RMSNorm", f"{C:,}", C),
+        ("lm_head", "LM head (untied)", f"{V:,} x {C:,}", V * C),
+    ]
+    return rows + [("total", "total", "", 2 * V * C + L * per_block + C)]
+
+
 # which parameter names each piece counts in a built model (per-block pieces: block 0)
 _PIECE_NAMES = {
     "wte": r"transformer\.wte\.",
@@ -47,13 +76,26 @@ _PIECE_NAMES = {
     "ln_f": r"transformer\.ln_f\.",
     "total": r"",
 }
+_LLAMA_PIECE_NAMES = {
+    "wte": r"model\.embed_tokens\.",
+    "qkv": r"model\.layers\.0\.self_attn\.[qkv]_proj\.",
+    "attn_out": r"model\.layers\.0\.self_attn\.o_proj\.",
+    "mlp_up": r"model\.layers\.0\.mlp\.(gate|up)_proj\.",
+    "mlp_down": r"model\.layers\.0\.mlp\.down_proj\.",
+    "block_ln": r"model\.layers\.0\.(input|post_attention)_layernorm\.",
+    "blocks": r"model\.layers\.",
+    "ln_f": r"model\.norm\.",
+    "lm_head": r"lm_head\.",
+    "total": r"",
+}
 
 
 def count_pieces(parameters):
     """piece key -> parameters counted in the model's own tensors ({name: elements})."""
+    llama = any(name.startswith("model.") for name in parameters)
     return {
         key: sum(n for name, n in parameters.items() if re.match(pattern, name))
-        for key, pattern in _PIECE_NAMES.items()
+        for key, pattern in (_LLAMA_PIECE_NAMES if llama else _PIECE_NAMES).items()
     }
 
 
@@ -71,10 +113,16 @@ def gemm_flops(config, batch_size, seq_len):
     V, L, C, H = config.padded_vocab_size, config.n_layer, config.n_embd, config.n_head
     B, T = batch_size, seq_len
     M = B * T
-    linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # c_attn, c_proj, c_fc, mlp.c_proj
-    attention = 2 * (2 * B * H * T * T * (C // H))  # scores and probs·V
+    if isinstance(config, LlamaConfig):  # q, k, v, o, gate, up, down; no biases
+        kv, F = config.n_kv_head * config.head_dim, config.intermediate_size
+        linears = [(C, C), (C, kv), (C, kv), (C, C), (C, F), (C, F), (F, C)]
+        biased = 0
+    else:
+        linears = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # c_attn, c_proj, c_fc, c_proj
+        biased = 1
+    attention = 2 * (2 * B * H * T * T * (C // H))  # scores and probs·V, every query head
     gemm = L * (sum(2 * M * k * n for k, n in linears) + attention) + 2 * M * C * V
-    bias = L * M * sum(n for _, n in linears)
+    bias = biased * L * M * sum(n for _, n in linears)
     return gemm, bias
 
 
@@ -116,7 +164,7 @@ def predicted_collectives(numel, dtype, zero, world, micro_batches=1):
 # shapes, so the prediction lists the candidates (step_moments), each as the tensors alive at
 # that moment, one line per tensor, and takes the largest. The family-specific part is what one
 # block saves and what its backward holds, with what its embeddings and final norm save
-# (_gpt2, one function per family in FAMILIES); the rest (the LM head and the loss,
+# (_gpt2, _llama: one function per family in FAMILIES); the rest (the LM head and the loss,
 # recomputation, the persistent state, the moments' bookkeeping) is any decoder's.
 # Shapes: N = B·T rows, C channels, H heads, Vp the padded vocabulary, s the dtype's itemsize.
 
@@ -126,11 +174,13 @@ def _gpt2(config, batch_size, seq_len, size, attention):
     inputs and final_norm: (what, bytes) the embeddings and ln_f save.
     saved: [(what, bytes)], what one block's records save for its backward (a buffer saved by
     two records counts once).
-    moments: {name: (freed, extra, holds_upstream)} for each moment of the last block's
+    moments: {name: (freed, extra, holds_upstream, copied)} for each moment of the last block's
     backward that may be the step's largest: bytes of `saved` released by then, the gradients
-    alive then [(what, bytes)], and whether the backward itself still holds the (B, T, C)
-    gradient that came in. The other moments hold less: after mlp.c_proj the gradients are no
-    larger, and the activations fall by more than they grow."""
+    alive then [(what, bytes)], whether the backward itself still holds the (B, T, C)
+    gradient that came in, and whether the first residual's summed gradient is still in use
+    (then, recomputing, the checkpoint's input leaf holds its own copy of it too). The other
+    moments hold less: after mlp.c_proj the gradients are no larger, and the activations fall
+    by more than they grow."""
     B, T, C, H = batch_size, seq_len, config.n_embd, config.n_head
     N = B * T
     x, stats = N * C * size, 2 * N * 4  # one (B, T, C) tensor; a layernorm's fp32 mean, rstd
@@ -159,6 +209,7 @@ def _gpt2(config, batch_size, seq_len, size, attention):
                 ("mlp.c_proj's db (C,)", C * size),
             ],
             True,  # the residual add passed it on to both its inputs
+            False,
         )
     }
     if attention == "naive":  # grows with T²; the flash backward's blocks are not tracked
@@ -171,13 +222,95 @@ def _gpt2(config, batch_size, seq_len, size, attention):
                 ("dq, dk, dv (B, H, T, D)", 3 * x),
             ],
             False,
+            False,
         )
     inputs = ("the embeddings' ids (B, T) and positions (T,), int64", 8 * (N + T))
     final_norm = ("ln_f: its input (B, T, C), mean and rstd (B, T) fp32", x + stats)
     return inputs, saved, moments, final_norm
 
 
-FAMILIES = {GPT2Config: _gpt2}  # config class -> its part of the predictions
+def _llama(config, batch_size, seq_len, size, attention):
+    """Llama's part (nn/llama.py), as _gpt2's: (inputs, saved, moments, final_norm). Rotary
+    and the residual adds save nothing; its backward may peak at down_proj, at the SwiGLU
+    (dgate and dup beside gate and up, when B·T > C), at naive attention, or with an MLP
+    narrower than C at gate_proj and up_proj or o_proj (their dx beside a small dW); the other
+    moments hold less (measured on random shapes of every option, tests/test_predictions.py)."""
+    B, T, C, H = batch_size, seq_len, config.n_embd, config.n_head
+    N, kv, Fw = B * T, config.n_kv_head * config.head_dim, config.intermediate_size
+    x, rstd = N * C * size, N * 4  # one (B, T, C) tensor; an RMSNorm's fp32 rstd (B, T)
+    f = N * Fw * size  # one (B, T, F) tensor
+    probs = B * H * T * T * size  # (B, H, T, T)
+    saved = [("input_layernorm: its input x (B, T, C), rstd (B, T) fp32", x + rstd)]
+    saved += [("q/k/v_proj: their input, the norm's output (B·T, C)", x)]
+    saved += [("attention: q after rotary (B, H, T, D)", x)]
+    saved += [("attention: k after rotary, v (B, Hkv, T, D)", 2 * N * kv * size)]
+    if attention == "naive":
+        saved += [("attention: the probabilities (B, H, T, T)", probs)]
+    else:
+        saved += [("attention: its output (B, H, T, D), the lse (B, H, T) fp32", x + B * H * T * 4)]
+    if attention == "naive" or (T > 1 and H > 1):  # else (B, T, H, D) is a view of (B, H, T, D)
+        saved += [("o_proj: its input, attention's output made contiguous (B, T, C)", x)]
+    saved += [
+        ("post_attention_layernorm: its input (B, T, C), rstd", x + rstd),
+        ("gate/up_proj: their input, the norm's output (B·T, C)", x),
+        ("swiglu: gate and up, the projections' outputs (B·T, F) each", 2 * f),
+        ("down_proj: its input, swiglu's output (B·T, F)", f),
+    ]
+    moments = {
+        "the last block's backward: down_proj": (
+            0,
+            [("down_proj's dx (B·T, F)", f), ("down_proj's dW (C, F)", C * Fw * size)],
+            True,  # the residual add passed it on to both its inputs
+            False,
+        ),
+        "the last block's backward: swiglu": (
+            f,  # down_proj's input
+            [("down_proj's dx (B·T, F)", f), ("swiglu's dgate and dup (B·T, F) each", 2 * f)],
+            True,
+            False,
+        ),
+        "the last block's backward: gate_proj and up_proj": (  # the largest when F is small
+            3 * f,  # swiglu's and down_proj's saved tensors
+            [
+                ("the first projection's dx (B·T, C)", x),
+                ("the second's dx (B·T, C)", x),
+                ("the second's upstream gradient, dgate or dup (B·T, F)", f),
+                ("the second's dW (F, C)", Fw * C * size),
+            ],
+            True,
+            False,
+        ),
+        "the last block's backward: o_proj": (  # the largest when F is small beside C
+            sum(b for _, b in saved[-4:]),  # the norm's and the MLP's saved tensors
+            [
+                ("the residual stream's gradient, summed (B, T, C)", x),
+                ("o_proj's dx (B·T, C)", x),
+                ("o_proj's dW (C, C)", C * C * size),
+            ],
+            False,
+            True,
+        ),
+    }
+    if attention == "naive":  # grows with T²; the flash backward's blocks are not tracked
+        moments["the last block's backward: attention"] = (
+            sum(b for _, b in saved[5:]),  # o_proj's, the norm's and the MLP's saved tensors
+            [
+                ("the residual stream's gradient, summed (B, T, C)", x),
+                ("o_proj's dx, the attention's upstream gradient (B, T, C)", x),
+                *([("that gradient copied to q's groups (B, Hkv, G·T, D)", x)] * (kv < C)),
+                ("dprobs and dscores (B, H, T, T)", 2 * probs),
+                ("dq (B, H, T, D)", x),
+                ("dk, dv (B, Hkv, T, D)", 2 * N * kv * size),
+            ],
+            False,
+            False,
+        )
+    inputs = ("the embedding's ids (B, T), int64", 8 * N)
+    final_norm = ("norm: its input (B, T, C), rstd (B, T) fp32", x + rstd)
+    return inputs, saved, moments, final_norm
+
+
+FAMILIES = {GPT2Config: _gpt2, LlamaConfig: _llama}  # config class -> its part of the predictions
 
 
 def _family(config, batch_size, seq_len, size, attention):
@@ -339,7 +472,7 @@ def _block_moments(config, B, T, size, options, ids, loss):
     _, block_saved, moments, _ = _family(config, B, T, size, options.attention)
     block = sum(b for _, b in block_saved)
     out = {}
-    for name, (freed, extra, holds_upstream) in moments.items():
+    for name, (freed, extra, holds_upstream, copied) in moments.items():
         lines = [
             ids,
             (f"the other {L - 1} blocks' saved", (L - 1) * (x if options.recompute else block)),
@@ -352,6 +485,8 @@ def _block_moments(config, B, T, size, options, ids, loss):
             ]
         if holds_upstream or options.recompute:
             lines += [("the block's upstream gradient, the final norm's dx (B, T, C)", x)]
+        if copied and options.recompute:  # autograd._accumulate_leaf
+            lines += [("the checkpoint's input's gradient, a copy of the summed one", x)]
         out[name] = lines + extra + loss
     return out
 
@@ -367,9 +502,9 @@ def step_moments(config, batch_size, seq_len, dtype, options, zero=0, world=1):
     the embeddings' backward (wte's (Vp, C) gradient, less than any head moment's), the
     optimizer's step (nothing but the state). A kernel's own scratch (a NumPy temporary inside
     it, the flash backward's blocks) is no buffer the tracker sees; dropout (0 in every preset)
-    is not counted. Exact for the tracker on one rank on every shape measured
-    (tests/test_predictions.py); the division by the ranks and ZeRO-2's full gradient buffer
-    are derived, not measured."""
+    is not counted. Exact for the tracker on every shape measured (tests/test_predictions.py:
+    GPT-2 and Llama on one rank; the 7B's rank 0 of 8 under ZeRO-1 and ZeRO-2, counted on the
+    meta device)."""
     B, T = batch_size, seq_len
     size, fp16 = dtypes.as_dtype(dtype).itemsize, dtypes.as_dtype(dtype) == dtypes.float16
     N, C, Vp = B * T, config.n_embd, config.padded_vocab_size
@@ -414,8 +549,8 @@ def _stored_parameters(config):
 
 
 def stored_elements(config):
-    """The elements each buffer of the persistent state holds: the parameters and wte's
-    padding rows."""
+    """The elements each buffer of the persistent state holds: the parameters and the padding
+    rows (wte's; Llama's embedding's and LM head's)."""
     return config.padding_cost()["elements"] + _stored_parameters(config)
 
 
@@ -427,11 +562,13 @@ OPTION_GRID = [  # the eight combinations of the three trades
 ]
 
 
-def largest_batch(config, seq_len, dtype, budget_bytes, options):
-    """The largest batch at seq_len whose predicted peak fits the budget (0 if none)."""
+def largest_batch(config, seq_len, dtype, budget_bytes, options, zero=0, world=1):
+    """The largest batch at seq_len whose predicted peak fits the budget (0 if none); under
+    ZeRO the budget is each rank's, against each rank's persistent state."""
 
     def fits(b):
-        return predicted_peak_bytes(config, b, seq_len, dtype, options) <= budget_bytes
+        peak = predicted_peak_bytes(config, b, seq_len, dtype, options, zero, world)
+        return peak <= budget_bytes
 
     lo, hi = 0, 1
     while fits(hi) and hi < 1 << 20:

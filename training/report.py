@@ -1,4 +1,4 @@
-"""Predicted beside measured: the figures of ACCOUNTING.md for one GPT-2 configuration.
+"""Predicted beside measured: the figures of ACCOUNTING.md for one configuration (GPT-2 or Llama).
 
 Predicted numbers come from the config alone (the formulas). Measured numbers come from a real
 training step and a real decode step on a fresh model of that config: FLOPs, bytes and launches
@@ -15,13 +15,14 @@ a trainer's weights, optimizer state or data position; the twin costs 16 bytes p
 while it lives.
 """
 
+from nn import LlamaConfig
 from tinygrad_like import backend
 from tinygrad_like import peaks as machine_peaks
 from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
-from . import roofline
+from . import lecture, roofline
 from .data import DataLoader
 from .measure import Measurement, block_layers, group, layer_of, measure
 from .predictions import (
@@ -32,6 +33,7 @@ from .predictions import (
     largest_batch,
     parameter_pieces,
     predicted_activation_bytes,
+    predicted_collectives,
     predicted_head_bytes,
     predicted_peak,
     predicted_peak_bytes,
@@ -54,6 +56,9 @@ SAVES = {
     "mul": "its array operands",
     "div": "its array operands",
     "dropout": "the mask",
+    "rmsnorm": "its input x, fp32 rstd per row",
+    "flashattention": "q, k, v and its output, fp32 log-sum-exp per query and head",
+    "swiglu": "gate and up",
 }
 ACTIVATION_CONVENTION = {  # per layer, per token, under each option
     "naive": "ln_1 input C + fp32 mean, rstd; c_attn input C; q, k, v 3C; attention "
@@ -65,6 +70,16 @@ ACTIVATION_CONVENTION = {  # per layer, per token, under each option
     "term that grows with T.",
     "recompute": "each block saves only its input, C elements; the rest of a block's "
     "activations live only while that block's backward re-runs its forward.",
+}
+LLAMA_ACTIVATION_CONVENTION = {  # per layer, per token, under each option
+    "naive": "input_layernorm input C + fp32 rstd; q/k/v_proj input C (one buffer); q after "
+    "rotary C, k after rotary and v 2·Hkv·D; attention probabilities H·T; o_proj input C; "
+    "post_attention_layernorm input C + fp32 rstd; gate/up_proj input C; SwiGLU gate and up "
+    "2F; down_proj input F. Rotary, residual adds and views save nothing. Total "
+    "(6·C + 2·Hkv·D + 3·F + H·T) elements + 8 bytes.",
+    "flash": "as naive, but attention saves its output (C) and an fp32 log-sum-exp per head "
+    "instead of the H·T probabilities: (7·C + 2·Hkv·D + 3·F) elements + 4·H + 8 bytes.",
+    "recompute": ACTIVATION_CONVENTION["recompute"],
 }
 HEAD_CONVENTION = {  # what the LM head and the loss save, per token, by _head()
     "plain": "the head's input C, the logits Vp (B·T x Vp, the largest tensor of the step), "
@@ -95,7 +110,7 @@ def for_trainer(trainer):
 
 
 def default_budget_bytes(device):
-    """The memory a run may use: the GPU's, or 8 GB on a CPU."""
+    """The memory a run may use: the GPU's, or 8 GB on a CPU (and on meta)."""
     if device == "cuda":
         return backend.get("cuda").xp.cuda.Device().mem_info[1]
     return 8 * 10**9
@@ -111,7 +126,6 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
     if m.skipped:
         head += "\n(the fp16 loss scaler skipped the profiled step for an overflow)"
     budget_bytes = budget_bytes or default_budget_bytes(m.device)
-    peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
     sections = [
         _parameters(m),
         _flops(m),
@@ -119,6 +133,14 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
         _activations(m),
         _memory_trades(m, budget_bytes),
         _launches(m),
+    ]
+    if isinstance(c, LlamaConfig):  # the course's reference 7B is of this family
+        sections.append(lecture.format_lecture(m, budget_bytes))
+    if m.device == "meta":  # counted, not run: nothing was timed
+        note = "meta device: the step was counted, not run; no times, no census by time"
+        return "\n\n".join([head] + sections + [f"-- ({note})"])
+    peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
+    sections += [
         "-- " + peaks.describe(),
         format_census(
             roofline.census(m.step, peaks, m.dtype),
@@ -149,14 +171,19 @@ def _parameters(m):
             table(("piece", "shape", "predicted", "measured", "equal"), rows, "llrrr"),
             f"  fp32 weights: {total * 4:,} bytes ({total * 4 / 1e6:,.0f} MB)",
             wrap(
-                f"wte is stored {c.padded_vocab_size:,} x {c.n_embd:,} (the vocabulary padded to a "
-                f"multiple of 64 for aligned LM-head GEMMs): {pad['elements']:,} zero elements "
-                f"that are not parameters, yet cost 16 bytes each in the training state "
+                f"{_padded(c)} stored {c.padded_vocab_size:,} x {c.n_embd:,} (the vocabulary "
+                f"padded to a multiple of 64 for aligned LM-head GEMMs): {pad['elements']:,} zero "
+                f"elements that are not parameters, yet cost 16 bytes each in the training state "
                 f"({16 * pad['elements']:,} bytes) and {pad['forward_flops_per_token']:,} + "
                 f"{pad['backward_flops_per_token']:,} GEMM FLOPs per token (forward + backward)"
             ),
         ]
     )
+
+
+def _padded(config):
+    """What stores the padded vocabulary: GPT-2's tied wte, Llama's embedding and LM head."""
+    return "the embedding and the LM head are" if isinstance(config, LlamaConfig) else "wte is"
 
 
 def _flops(m):
@@ -185,6 +212,16 @@ def _flops(m):
             (phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens), f"{got / 1e9:,.3f}")
         )
     step_flops = c.flops_per_token(m.seq_len) * tokens
+    achieved = (
+        wrap(
+            f"achieved: {m.step_seconds:.3f} s per step (profiled), "
+            f"{tokens / m.step_seconds:,.0f} tokens/s, "
+            f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
+            "(6N + 12·L·C·T per token)"
+        )
+        if m.peak is not None  # else the meta device: nothing ran
+        else "  achieved: - (the meta device counts a step without running it)"
+    )
     return "\n".join(
         [
             f"-- FLOPs per token as multiples of N = {n:,} (measured: one profiled training step)",
@@ -215,12 +252,7 @@ def _flops(m):
                 f"as the batch grows ({tokens:,} tokens here)"
             ),
             _ran_in_versus_math(m),
-            wrap(
-                f"achieved: {m.step_seconds:.3f} s per step (profiled), "
-                f"{tokens / m.step_seconds:,.0f} tokens/s, "
-                f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
-                "(6N + 12·L·C·T per token)"
-            ),
+            achieved,
         ]
     )
 
@@ -273,8 +305,29 @@ def _why_ran_in_differs(opts):
 
 
 def _state_memory(m):
-    return state_memory_table(
-        m.persistent, m.n_params, m.dtype, "measured: the buffers the model and AdamW allocated"
+    source = "measured: the buffers the model and AdamW allocated"
+    if m.world_size == 1 and not m.zero:
+        return state_memory_table(m.persistent, m.n_params, m.dtype, source)
+    R = m.world_size
+    return "\n\n".join(
+        [
+            state_memory_table(
+                m.persistent,
+                m.n_params,
+                m.dtype,
+                source + (f", rank 0 of {R} counted on the meta device" if R > 1 else ""),
+                zero=m.zero,
+                ranks=m.ranks,
+                elements=m.elements,
+                padding=m.padding,
+            ),
+            communication_table(
+                m.collectives,
+                predicted_collectives(m.elements, m.dtype, m.zero, R),
+                R,
+                timed=m.device != "meta",
+            ),
+        ]
     )
 
 
@@ -337,10 +390,11 @@ def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, element
     return "\n".join(lines)
 
 
-def communication_table(collectives, predicted, world):
+def communication_table(collectives, predicted, world, timed=True):
     """Bytes each rank sends in one step, per collective, predicted (predicted_collectives)
     beside measured (the distributed.Collective records of a step that ran), with the time
-    and the achieved bus bandwidth (NCCL's busbw: bytes sent / time)."""
+    and the achieved bus bandwidth (NCCL's busbw: bytes sent / time); timed=False (a world
+    counted on the meta device) leaves those two out."""
     ran = {}
     for c in collectives:
         r = ran.setdefault((c.name, c.what), [0, 0, 0.0, 0.0])
@@ -358,7 +412,7 @@ def communication_table(collectives, predicted, world):
                 f"{nbytes:,}",
                 f"{expect:,.0f}",
                 f"{sent:,.0f}",
-                f"{seconds * 1e3:.2f}",
+                f"{seconds * 1e3:.2f}" if timed else "-",
                 f"{sent / seconds / 1e9:.2f}" if seconds else "-",
             )
         )
@@ -370,7 +424,7 @@ def communication_table(collectives, predicted, world):
             "",
             f"{total[0]:,.0f}",
             f"{total[1]:,.0f}",
-            f"{total[2] * 1e3:.2f}",
+            f"{total[2] * 1e3:.2f}" if timed else "-",
             f"{total[1] / total[2] / 1e9:.2f}" if total[2] else "-",
         )
     )
@@ -428,7 +482,9 @@ def _activations(m):
     predicted = predicted_activation_bytes(c, m.seq_len, m.dtype, opts)
     head_predicted = predicted_head_bytes(c, tokens, m.dtype, opts)
     saved_predicted = predicted_saved_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
-    convention = ACTIVATION_CONVENTION["recompute" if opts.recompute else opts.attention]
+    llama = isinstance(c, LlamaConfig)
+    conventions = LLAMA_ACTIVATION_CONVENTION if llama else ACTIVATION_CONVENTION
+    convention = conventions["recompute" if opts.recompute else opts.attention]
     return "\n".join(
         [
             f"-- activations saved for backward ({m.dtype}, B={m.batch_size}, T={m.seq_len}; "
@@ -458,11 +514,13 @@ def _memory_trades(m, budget_bytes):
     """The tracker's peak predicted beside measured, and what the three options buy: the
     largest batch at this T that fits the budget under each combination."""
     c = m.config
-    at, predicted = predicted_peak(c, m.batch_size, m.seq_len, m.dtype, m.options)
+    at, predicted = predicted_peak(
+        c, m.batch_size, m.seq_len, m.dtype, m.options, m.zero, m.world_size
+    )
     rows = []
     for opts in OPTION_GRID:
-        peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
-        batch = largest_batch(c, m.seq_len, m.dtype, budget_bytes, opts)
+        peak = predicted_peak_bytes(c, m.batch_size, m.seq_len, m.dtype, opts, m.zero, m.world_size)
+        batch = largest_batch(c, m.seq_len, m.dtype, budget_bytes, opts, m.zero, m.world_size)
         rows.append(
             (
                 opts.attention,
@@ -477,7 +535,7 @@ def _memory_trades(m, budget_bytes):
         [
             "-- peak memory of the step (the tracker, temporaries included) and the three trades",
             f"  measured peak {m.peak_bytes:,} bytes ({m.peak_bytes / 1e6:,.1f} MB); predicted "
-            f"{predicted:,} ({predicted / 1e6:,.1f} MB), {m.peak_bytes / predicted:.3f}x; "
+            f"{predicted:,.0f} ({predicted / 1e6:,.1f} MB), {m.peak_bytes / predicted:.3f}x; "
             f"predicted at {at} (the persistent state and the tensors alive then)",
             f"  largest batch at T = {m.seq_len:,} in a budget of {budget_bytes / 1e9:,.1f} GB "
             f"({m.dtype}), from the predicted peak:",
@@ -520,7 +578,8 @@ def _launches(m):
     total = sum(p["launches"] for p in phases.values())
     rows.append(("training step: total", total, "", ""))
     decode = len(m.decode.launches)
-    rows.append(("decode step (M = 1)", decode, "", f"{m.decode_seconds * 1e3:.1f} ms measured"))
+    timed = f"{m.decode_seconds * 1e3:.1f} ms measured" if m.device != "meta" else ""
+    rows.append(("decode step (M = 1)", decode, "", timed))
     return "\n".join(
         [
             f"-- kernel launches (per layer: {layers[0]}, from the tape)",

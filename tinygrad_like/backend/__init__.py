@@ -1,16 +1,17 @@
-"""Device selection. Two backends implement one kernel contract (contract.py): cpu/ (NumPy, the
-reference) and cuda/ (CuPy and the project's own .cu kernels). CuPy is imported only when CUDA
-is asked for or auto-detected, so the package never needs it.
+"""Device selection. Three backends implement one kernel contract (contract.py): cpu/ (NumPy,
+the reference), cuda/ (CuPy and the project's own .cu kernels) and meta/ (shapes and dtypes
+without data: it counts a step without running it). CuPy is imported only when CUDA is asked
+for or auto-detected, so the package never needs it.
 
-TG_DEVICE=cpu|cuda picks the default; without it the default is cuda when CuPy sees a GPU.
+TG_DEVICE=cpu|cuda|meta picks the default; without it the default is cuda when CuPy sees a GPU.
 """
 
 import os
 from functools import lru_cache
 
-from . import cpu
+from . import cpu, meta
 
-DEVICES = ("cpu", "cuda")
+DEVICES = ("cpu", "cuda", "meta")
 
 
 @lru_cache(maxsize=None)
@@ -47,6 +48,8 @@ def get(device: str):
     """The backend module for a device name."""
     if device == "cpu":
         return cpu
+    if device == "meta":
+        return meta
     check_device(device)
     from . import cuda
 
@@ -54,5 +57,13 @@ def get(device: str):
 
 
 def of(array):
-    """The backend that owns an array (NumPy arrays live on the CPU, everything else on CUDA)."""
-    return cpu if isinstance(array, (cpu.np.ndarray, cpu.np.generic)) else get("cuda")
+    """The backend that owns an array (NumPy arrays live on the CPU, MetaArrays on meta,
+    everything else on CUDA)."""
+    if isinstance(array, (cpu.np.ndarray, cpu.np.generic)):
+        return cpu
+    return meta if isinstance(array, meta.MetaArray) else get("cuda")
+
+
+def holds_values(array) -> bool:
+    """Whether an array has values to read back (every device's but meta's)."""
+    return not isinstance(array, meta.MetaArray)

@@ -68,10 +68,11 @@ def _per_output(result, *args, **kw):
 
 
 def flash_scores(q, k):
-    """Scores the flash kernels compute for q (B, H, Tq, D), k (B, H, Tk, D): each block of
-    FLASH_BQ queries against the keys up to its last query's position. The masked corner of
-    each diagonal block is computed and counted; the key blocks after a query block are skipped
-    and not counted."""
+    """Scores the flash kernels compute for q (B, H, Tq, D), k (B, Hkv, Tk, D): each block of
+    FLASH_BQ queries of each of the H query heads against the keys up to its last query's
+    position (per query head: grouped-query attention, Hkv < H, computes as many as Hkv = H).
+    The masked corner of each diagonal block is computed and counted; the key blocks after a
+    query block are skipped and not counted."""
     (B, H, Tq, _), Tk, bq = q.shape, k.shape[-2], FLASH_BQ
     return (
         B
@@ -146,6 +147,76 @@ def neg(a):
     """-a."""
 
 
+# ---- div's gradient, the unary ops, max (PyTorch's names)
+
+
+@kernel("elementwise", flops=_per_output)
+def div_bwd(a, b, dy):
+    """-dy a / b^2, the gradient of a / b with respect to b (dy's shape: broadcast), computed
+    as -(dy (a / b)) / b in fp32 for 2-byte operands and rounded once (b * b in fp16 overflows
+    for |b| >= 256). a may be a Python scalar. 4 FLOPs per output."""
+
+
+# The unary ops: one kernel pair, the op named by its PyTorch name. op -> (forward FLOPs,
+# forward exps, backward FLOPs, backward exps) per element; the backward recomputes op(x) from
+# x where its derivative needs it (exp, tanh, sigmoid, silu), so it counts that again. A log
+# per element counts as an exp (one transcendental each); sqrt as a FLOP, as above.
+UNARY_OPS = {
+    "exp": (1, 1, 2, 1),  # exp(x); dy exp(x)
+    "log": (1, 1, 1, 0),  # log(x); dy / x
+    "sqrt": (1, 0, 3, 0),  # sqrt(x); dy 0.5 / sqrt(x)
+    "rsqrt": (2, 0, 5, 0),  # 1 / sqrt(x); dy -0.5 / sqrt(x) / x
+    "tanh": (1, 1, 4, 1),  # tanh(x); dy (1 - t^2)
+    "sigmoid": (4, 1, 7, 1),  # s = 1 / (1 + exp(-x)); dy s (1 - s)
+    "silu": (5, 1, 9, 1),  # x s; dy s (1 + x (1 - s))
+    "relu": (1, 0, 1, 0),  # x > 0 ? x : 0 (NaN stays NaN); x > 0 ? dy : 0
+}
+
+
+def unary_op(op):
+    """The index of op in UNARY_OPS (elementwise.cu's UnaryOp), or a ValueError naming them."""
+    if op not in UNARY_OPS:
+        raise ValueError(f"unknown unary op {op!r}: use one of {', '.join(UNARY_OPS)}")
+    return list(UNARY_OPS).index(op)
+
+
+def _unary(column):
+    return lambda r, x, *a, op=None: UNARY_OPS[a[-1] if op is None else op][column] * x.size
+
+
+@kernel("elementwise", flops=_unary(0), exps=_unary(1))
+def unary_fwd(x, op):
+    """op(x) elementwise for op in UNARY_OPS, in fp32 for 2-byte x and rounded once."""
+
+
+@kernel("elementwise", flops=_unary(2), exps=_unary(3))
+def unary_bwd(x, dy, op):
+    """dx = dy op'(x), op'(x) from the forward's input x."""
+
+
+@kernel("elementwise", flops=_per_element(1))
+def amax(a, axis=None, keepdims=False):
+    """The max over axes (NaN if any is NaN), in a's dtype."""
+
+
+@kernel("elementwise", flops=_per_element(1))
+def argmax(a, axis):
+    """int64 index of the first max along axis (a NaN counts as the max), axis kept (size 1)."""
+
+
+@kernel("elementwise", flops=_per_element(3))
+def amax_bwd(x, y, dy, axis):
+    """Gradient of amax over axis: dx = dy (x == y) / count(x == y over axis), spread evenly
+    over ties as PyTorch's amax; y and dy keep the reduced axes (size 1). In fp32 for 2-byte
+    x, rounded once."""
+
+
+@kernel("elementwise")
+def max_bwd(dy, idx, shape, axis):
+    """Gradient of max along axis with indices idx: zeros of shape with dy at idx (dy and idx
+    keep the axis, size 1)."""
+
+
 @kernel("elementwise", flops=_per_element(8), exps=_per_element(1))
 def gelu_fwd(x):
     """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). One tanh per
@@ -196,6 +267,18 @@ def index_bwd(dy, shape, index):
 @kernel("elementwise", flops=_per_element(1))
 def sum(a, axis=None, keepdims=False):
     """Sum over axes, accumulated in fp32 (fp64 for fp64), result in a's dtype."""
+
+
+@kernel("elementwise", flops=_per_element(5), exps=_per_element(1))
+def swiglu_fwd(gate, up):
+    """Llama's SwiGLU: silu(gate) * up = gate sigmoid(gate) up, gate and up of one shape. One
+    exp per element."""
+
+
+@kernel("elementwise", flops=_per_element(11), exps=_per_element(1))
+def swiglu_bwd(gate, up, dy):
+    """-> (dgate, dup): dgate = dy up s (1 + gate (1 - s)), dup = dy gate s, s = sigmoid(gate)
+    recomputed."""
 
 
 # ---------------------------------------------------------------- rownorm
@@ -272,9 +355,35 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
     fp32, dlogits (N, Vp)); dlogits are written into out when given (which may be logits)."""
 
 
+# softmax and log_softmax over the last axis of (..., C) rows (ops moves the dim last).
+
+
+@kernel("softmax", flops=_per_element(5), exps=_per_element(1))
+def softmax_fwd(x):
+    """x (..., C) -> softmax over the last axis: exp(x - max) / sum(exp(x - max))."""
+
+
+@kernel("softmax", flops=_per_element(4))
+def softmax_bwd(y, dy):
+    """dx = y (dy - sum(dy y over the row)), from the forward's output y."""
+
+
+@kernel("softmax", flops=_per_element(5), exps=_per_element(1))
+def log_softmax_fwd(x):
+    """x (..., C) -> x - max - log(sum(exp(x - max))) over the last axis (a log per row, left
+    out of the exps)."""
+
+
+@kernel("softmax", flops=_per_element(4), exps=_per_element(1))
+def log_softmax_bwd(y, dy):
+    """dx = dy - exp(y) sum(dy over the row), from the forward's output y."""
+
+
 # ---------------------------------------------------------------- attention
 # Per computed score (flash_scores): forward QK^T and PV (2D + 2D) + 5 for the online softmax;
 # backward QK^T again, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (5 x 2D) + 4 for P and dS.
+# Grouped-query attention: k, v (and dk, dv) have Hkv heads, a divisor of q's H, query head h
+# reading kv head h // (H / Hkv): FLOPs count per query head, bytes count k and v as they are.
 
 
 @kernel(
@@ -283,8 +392,9 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
     exps=lambda r, q, k, *a: flash_scores(q, k),
 )
 def flash_attention_fwd(q, k, v, scale):
-    """q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq -> out (B, H, Tq, D) = softmax(scale q
-    k^T, future keys masked) v, and lse (B, H, Tq) fp32 (fp64 for fp64), saved for backward."""
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D), Tk >= Tq, H a multiple of Hkv -> out
+    (B, H, Tq, D) = softmax(scale q k^T, future keys masked) v with query head h against kv head
+    h // (H / Hkv), and lse (B, H, Tq) fp32 (fp64 for fp64), saved for backward."""
 
 
 @kernel(
@@ -293,7 +403,8 @@ def flash_attention_fwd(q, k, v, scale):
     exps=lambda r, q, k, *a: flash_scores(q, k),  # P recomputed from lse
 )
 def flash_attention_bwd(q, k, v, out, lse, dout, scale):
-    """-> dq, dk, dv of flash_attention_fwd, from its inputs, its out and lse, and dout."""
+    """-> dq (B, H, Tq, D), dk and dv (B, Hkv, Tk, D) (summed over the query heads of each kv
+    head) of flash_attention_fwd, from its inputs, its out and lse, and dout."""
 
 
 # ---------------------------------------------------------------- embedding
@@ -310,6 +421,24 @@ def embedding_bwd(dout, idx, num_embeddings):
     """dout (..., C) -> dweight (V, C), rows of repeated ids summed in a fixed order."""
 
 
+# ---------------------------------------------------------------- rotary
+# Rotary position embeddings, Hugging Face Llama's rotate-half convention: a head's D channels
+# are D/2 pairs (i, i + D/2), each turned by the angle of its frequency at the token's position.
+# The tables cos, sin (T, D/2) are in the compute dtype (fp32, fp64 for fp64), one row per
+# position of x; a KV-cache decode step passes the rows of its positions.
+
+
+@kernel("rotary", flops=_per_element(3))
+def rotary_fwd(x, cos, sin):
+    """x (B, H, T, D) -> y (B, H, T, D): with x1 = x[..., :D/2], x2 = x[..., D/2:],
+    y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin, computed in fp32 and rounded once."""
+
+
+@kernel("rotary", flops=_per_element(3))
+def rotary_bwd(dy, cos, sin):
+    """dx of rotary_fwd (the inverse turn): dx1 = dy1 cos + dy2 sin, dx2 = dy2 cos - dy1 sin."""
+
+
 # ---------------------------------------------------------------- adamw
 
 
@@ -318,7 +447,10 @@ def grad_norm_sq(grad):
     """Sum of squares of a flat gradient buffer in fp32 -> (1,); not finite on overflow."""
 
 
-@kernel("adamw", flops=_per_element(12), writes=(0, 2, 3, 4))  # master, m, v, working
+# master, m, v and the working copy written in place; the working copy is only written (from
+# master), not read: 28 bytes per parameter for a 2-byte dtype (read 4 + 2 + 4 + 4, write
+# 4 + 4 + 4 + 2), the lecture's "roughly 28 bytes per parameter".
+@kernel("adamw", flops=_per_element(12), writes=(0, 2, 3, 4), skips=(4,))
 def adamw_step(
     master,
     grad,

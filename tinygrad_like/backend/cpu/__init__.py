@@ -2,9 +2,9 @@
 numerical reference the CUDA backend is tested against.
 
 One module per kernel family, named as the .cu files are and each beside its CUDA twin in
-reading order: gemm, elementwise, rownorm, softmax, attention, embedding, adamw; runtime holds
-what is not a kernel (the host functions, malloc's settings, the thread pool, the BLAS's
-threads). The package exposes exactly the contract's names, gathered by contract.implement.
+reading order: gemm, elementwise, rownorm, softmax, attention, rotary, embedding, adamw;
+runtime holds what is not a kernel (the host functions, malloc's settings, the thread pool, the
+BLAS's threads). The package exposes exactly the contract's names, gathered by contract.implement.
 """
 
 import numpy as np

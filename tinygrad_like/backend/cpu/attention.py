@@ -1,10 +1,13 @@
 """Causal attention in blocks on the CPU (attention.cu's twin), FlashAttention-2 (Dao 2023):
 the scores of a (query block, key block) pair live only while that pair is worked on, so memory
 is O(T·D) per head, never the (Tq, Tk) matrix, and key blocks wholly after a query block are
-skipped. Each pair is a few batched matmuls over a range of the B*H heads at once. Query i is
-at position Tk - Tq + i, as in softmax_causal_fwd (Tq < Tk: a KV-cache decode step or a prompt
-after one). Blocks are contract.FLASH_BQ queries by contract.FLASH_BK keys, read at each call
-(the FLOP count follows them; a test shrinks them to make ragged blocks).
+skipped. Each pair is a few batched matmuls over a range of the B*Hkv kv heads at once. Query i
+is at position Tk - Tq + i, as in softmax_causal_fwd (Tq < Tk: a KV-cache decode step or a
+prompt after one). Grouped-query attention (k, v with Hkv heads, a divisor of q's H): query head
+h reads kv head h // G, G = H / Hkv, and a kv head's G query heads are the columns of one
+GEMM against it (_grouped), never a repeated k or v. Blocks are contract.FLASH_BQ queries by
+contract.FLASH_BK keys, read at each call (the FLOP count follows them; a test shrinks them to
+make ragged blocks).
 
 Smaller blocks pay NumPy's per-call overhead more often; larger ones compute more of the masked
 half of each diagonal block. The scores of a pair are kept transposed, sT (heads, keys,
@@ -40,21 +43,44 @@ def _flash_pair(Tq, Tk, i0, i1, j0, dtype):
     return j1, _CAUSAL_MASKS_T[key][j0:j1, i0:i1]
 
 
-def _heads_t(a, scale=None):
-    """a (B, H, T, D) (any strides) -> (B, H, D, T) contiguous in the compute dtype, times
-    scale if given."""
+def _by_group(a, Hkv):
+    """a (B, H, T, X) as a view (B, Hkv, T, G, X), G = H / Hkv: [:, j, t, g] is position t of
+    query head j G + g, the g-th of the G heads that kv head j serves."""
+    B, H, T, X = a.shape
+    return a.reshape(B, Hkv, H // Hkv if Hkv else 1, T, X).swapaxes(2, 3)
+
+
+def _grouped(a, Hkv, scale=None, transposed=False):
+    """a (B, H, T, D) (any strides), H = G Hkv -> (B, Hkv, T G, D) contiguous in the compute
+    dtype, times scale if given: row t G + g holds position t of query head j G + g; with
+    transposed=True, (B, Hkv, D, T G). A block of queries is then one range of rows (columns)
+    that holds it in all G heads of a group: one GEMM against their kv head, and dk, dv summed
+    over the group inside it. G = 1 (one kv head per query head): a's (transposed) copy."""
     B, H, T, D = a.shape
-    out = np.empty((B, H, D, T), dtype=dtypes.compute_dtype(a.dtype))
+    src = _by_group(a, Hkv)  # (B, Hkv, T, G, D)
+    if transposed:
+        src = src.transpose(0, 1, 4, 2, 3)  # (B, Hkv, D, T, G)
+    out = np.empty(src.shape, dtype=dtypes.compute_dtype(a.dtype))
     if scale is None:
-        np.copyto(out, a.swapaxes(-1, -2))
+        np.copyto(out, src)
     else:
-        np.multiply(f32(a).swapaxes(-1, -2), scale, out=out)
-    return out
+        np.multiply(f32(src), scale, out=out)
+    rows = T * (H // Hkv if Hkv else 1)
+    return out.reshape(B, Hkv, D, rows) if transposed else out.reshape(B, Hkv, rows, D)
+
+
+def _masked(sT, maskT, G):
+    """Add a pair's mask (keys, bq) (None: nothing masked) to its scores sT (..., keys, bq G),
+    in place: the G heads of a query are masked alike."""
+    if maskT is not None:
+        by_query = sT.reshape(*sT.shape[:-1], maskT.shape[-1], G)  # a view of the GEMM's result
+        by_query += maskT[..., None]
 
 
 def _by_heads(H, body, work):
-    """Run body(h0, h1) over head ranges, one per core when the work (scores per head) is large
-    enough, with BLAS on one thread. Heads are independent, so the split changes no result.
+    """Run body(h0, h1) over ranges of the H (kv) heads, one per core when the work (scores per
+    kv head) is large enough, with BLAS on one thread. Heads are independent, so the split
+    changes no result (one kv head, multi-query attention, runs on one core).
     (q, k, v come in as strided views of the (B, T, 3C) projection, so the kernels index
     (B, H', ...) ranges of them rather than reshape to B*H heads, which would copy.)"""
     with one_blas_thread():
@@ -62,40 +88,43 @@ def _by_heads(H, body, work):
 
 
 def flash_attention_fwd(q, k, v, scale):
-    """q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq -> out (B, H, Tq, D) =
-    softmax(scale q k^T, future keys masked) v, and lse (B, H, Tq) fp32 (fp64 for fp64): the
-    log-sum-exp of each query's scaled scores, all that backward needs of the softmax.
-    Per query block, over its key blocks in order, the online softmax keeps m (running max),
-    lsum (running sum of exp(s - m)), both (B, H', 1, bq) over the heads [h0, h1), and o
-    (running sum of exp(s - m) v, (B, H', bq, D)); a block with a larger max rescales lsum and o by
-    exp(m_old - m_new). Key 0 is in the first block and every query sees it, so m is finite
-    from then on (no -inf minus -inf); that first block sets m, lsum and o directly (what the
-    update gives from m = -inf, lsum = o = 0, bit for bit)."""
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D), Tk >= Tq, H a multiple of Hkv -> out
+    (B, H, Tq, D) = softmax(scale q k^T, future keys masked) v, query head h against kv head
+    h // G (G = H / Hkv), and lse (B, H, Tq) fp32 (fp64 for fp64): the log-sum-exp of each
+    query's scaled scores, all that backward needs of the softmax. A kv head's G query heads
+    run together, as the columns of _grouped's layout. Per query block, over its key blocks in
+    order, the online softmax keeps m (running max), lsum (running sum of exp(s - m)), both
+    (B, H', 1, bq G) over the kv heads [h0, h1), and o (running sum of exp(s - m) v,
+    (B, H', bq G, D)); a block with a larger max rescales lsum and o by exp(m_old - m_new). Key
+    0 is in the first block and every query sees it, so m is finite from then on (no -inf
+    minus -inf); that first block sets m, lsum and o directly (what the update gives from
+    m = -inf, lsum = o = 0, bit for bit)."""
     B, H, Tq, D = q.shape
-    Tk = k.shape[-2]
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = H // Hkv if Hkv else 1
     acc = dtypes.compute_dtype(q.dtype)
-    qT = _heads_t(q, acc.type(scale))  # (B, H, D, Tq), scaled
-    ks, vs = f32(k), f32(v)  # (B, H, Tk, D)
+    qT = _grouped(q, Hkv, acc.type(scale), transposed=True)  # (B, Hkv, D, Tq G), scaled
+    ks, vs = f32(k), f32(v)  # (B, Hkv, Tk, D)
     out = np.empty(q.shape, dtype=q.dtype)
     lse = np.empty(q.shape[:-1], dtype=acc)
+    out_g, lse_g = _by_group(out, Hkv), _by_group(lse[..., None], Hkv)  # (B, Hkv, Tq, G, D | 1)
 
     bq, bk = contract.FLASH_BQ, contract.FLASH_BK
 
     def heads(h0, h1):
         for i0 in range(0, Tq, bq):
             i1 = min(i0 + bq, Tq)
-            qTi = qT[:, h0:h1, :, i0:i1]  # (B, H', D, bq)
+            qTi = qT[:, h0:h1, :, i0 * G : i1 * G]  # (B, H', D, bq G)
             for j0 in range(0, Tk - Tq + i1, bk):  # no key after the block
                 j1, maskT = _flash_pair(Tq, Tk, i0, i1, j0, acc)
-                sT = np.matmul(ks[:, h0:h1, j0:j1], qTi)  # (B, H', n, bq) = s^T
-                if maskT is not None:
-                    sT += maskT
+                sT = np.matmul(ks[:, h0:h1, j0:j1], qTi)  # (B, H', n, bq G) = s^T
+                _masked(sT, maskT, G)
                 if j0 == 0:
-                    m = sT.max(axis=-2, keepdims=True)  # (B, H', 1, bq)
+                    m = sT.max(axis=-2, keepdims=True)  # (B, H', 1, bq G)
                     sT -= m
                     np.exp(sT, out=sT)  # p^T, unnormalized
                     lsum = sT.sum(axis=-2, keepdims=True)
-                    o = np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])  # (B, H', bq, D)
+                    o = np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])  # (B, H', bq G, D)
                     continue
                 m_new = np.maximum(m, sT.max(axis=-2, keepdims=True))
                 sT -= m_new
@@ -103,73 +132,75 @@ def flash_attention_fwd(q, k, v, scale):
                 alpha = np.exp(m - m_new)
                 lsum *= alpha
                 lsum += sT.sum(axis=-2, keepdims=True)
-                o *= alpha.swapaxes(-1, -2)  # (B, H', bq, 1)
+                o *= alpha.swapaxes(-1, -2)  # (B, H', bq G, 1)
                 o += np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])
                 m = m_new
-            if out.dtype == acc:
-                np.divide(o, lsum.swapaxes(-1, -2), out=out[:, h0:h1, i0:i1])
-            else:
-                o /= lsum.swapaxes(-1, -2)
-                out[:, h0:h1, i0:i1] = o
-            lse[:, h0:h1, i0:i1] = (m + np.log(lsum))[..., 0, :]
+            o /= lsum.swapaxes(-1, -2)
+            shape = (B, h1 - h0, i1 - i0, G)  # the block's rows t G + g as (t, g)
+            out_g[:, h0:h1, i0:i1] = o.reshape(*shape, D)
+            lse_g[:, h0:h1, i0:i1] = (m + np.log(lsum)).reshape(*shape, 1)
 
-    _by_heads(H, heads, B * Tq * Tk)
+    _by_heads(Hkv, heads, B * G * Tq * Tk)
     return out, lse
 
 
 def flash_attention_bwd(q, k, v, out, lse, dout, scale):
-    """-> dq (B, H, Tq, D), dk and dv (B, H, Tk, D) of flash_attention_fwd, from its inputs, its
-    out and lse, and dout (B, H, Tq, D). FlashAttention-2's backward: with Di = rowsum(dout *
+    """-> dq (B, H, Tq, D), dk and dv (B, Hkv, Tk, D) of flash_attention_fwd, from its inputs,
+    its out and lse, and dout (B, H, Tq, D). FlashAttention-2's backward: with Di = rowsum(dout *
     out) (B, H, Tq), each block pair's probabilities are recomputed as p = exp(s - lse), then
     dv += p^T dout, dp = dout v^T, ds = p (dp - Di), dq += scale ds k, dk += scale ds^T q, over
-    the same block pairs as the forward. Key blocks are the outer loop, as in attention.cu: a
-    key block's dk, dv are complete after one sweep of its query blocks; dq is summed over
-    the key blocks in order. The first term of each sum is written, not added to zeros (the
-    same bits, one pass fewer). p and ds are kept
-    transposed, (B, H', keys, queries), as the forward's scores."""
+    the same block pairs as the forward, a kv head's G query heads together (_grouped's layout:
+    dk and dv sum over the group inside the GEMMs). Key blocks are the outer loop, as in
+    attention.cu: a key block's dk, dv are complete after one sweep of its query blocks; dq is
+    summed over the key blocks in order. The first term of each sum is written, not added to
+    zeros (the same bits, one pass fewer). p and ds are kept transposed, (B, H', keys, queries
+    G), as the forward's scores."""
     B, H, Tq, D = q.shape
-    Tk = k.shape[-2]
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = H // Hkv if Hkv else 1
     acc = dtypes.compute_dtype(q.dtype)
     scale = acc.type(scale)
-    ks, vs, dos = f32(k), f32(v), f32(dout)  # (B, H, T, D)
-    Di = np.einsum("bhtd,bhtd->bht", dos, f32(out), dtype=acc)[..., None, :]
-    lseT = lse.astype(acc, copy=False)[..., None, :]  # Di, lseT: (B, H, 1, Tq)
-    qT, doT = _heads_t(q, scale), _heads_t(dout)  # (B, H, D, Tq)
-    qh = f32(q) * scale  # (B, H, Tq, D)
-    dq = np.empty(q.shape, dtype=acc)  # set by key block 0 (every query sees key 0)
+    ks, vs = f32(k), f32(v)  # (B, Hkv, Tk, D)
+    Di = np.einsum("bhtd,bhtd->bht", f32(dout), f32(out), dtype=acc)[..., None]
+    DiT, lseT = (_grouped(a, Hkv, transposed=True) for a in (Di, lse[..., None]))
+    qT = _grouped(q, Hkv, scale, transposed=True)  # (B, Hkv, D, Tq G); DiT, lseT (.., 1, ..)
+    doT = _grouped(dout, Hkv, transposed=True)
+    qh, dos = _grouped(q, Hkv, scale), _grouped(dout, Hkv)  # (B, Hkv, Tq G, D)
+    dq = np.empty(qh.shape, dtype=acc)  # set by key block 0 (every query sees key 0)
     # dk, dv: set by each key block's first query block; no queries (Tq = 0): zeros, as the
     # CUDA kernel writes them
-    alloc = np.zeros if Tq == 0 else np.empty
+    alloc = np.zeros if Tq * G == 0 else np.empty
     dk, dv = alloc(k.shape, dtype=acc), alloc(v.shape, dtype=acc)
 
     bq, bk = contract.FLASH_BQ, contract.FLASH_BK
 
     def heads(h0, h1):
         # Query blocks are taken a few at a time (span queries), as many as keep p^T and ds^T
-        # (B, H', bk, span) near CHUNK elements: fewer, larger GEMMs (NumPy calls BLAS once per
-        # head and pair). The queries are independent, so only dk and dv's sums change order.
-        span = bq * max(1, CHUNK // max(1, B * (h1 - h0) * bk * bq))  # B = 0: no work
+        # (B, H', bk, span G) near CHUNK elements: fewer, larger GEMMs (NumPy calls BLAS once
+        # per head and pair). The queries are independent, so only dk and dv's sums change
+        # order.
+        span = bq * max(1, CHUNK // max(1, B * (h1 - h0) * G * bk * bq))  # B = 0: no work
         for j0 in range(0, Tk, bk):
             kj, vj = ks[:, h0:h1, j0 : j0 + bk], vs[:, h0:h1, j0 : j0 + bk]
             dkj, dvj = dk[:, h0:h1, j0 : j0 + bk], dv[:, h0:h1, j0 : j0 + bk]
             first = max(0, j0 - (Tk - Tq)) // bq * bq  # the first query block
             for i0 in range(first, Tq, span):  # that sees key j0
                 i1 = min(i0 + span, Tq)
+                cols = slice(i0 * G, i1 * G)  # the queries [i0, i1) in the group's G heads
                 j1, maskT = _flash_pair(Tq, Tk, i0, i1, j0, acc)
                 n = j1 - j0  # the keys it sees
-                pT = np.matmul(kj[..., :n, :], qT[:, h0:h1, :, i0:i1])  # (B, H', n, bq)
-                if maskT is not None:
-                    pT += maskT
-                pT -= lseT[:, h0:h1, :, i0:i1]
+                pT = np.matmul(kj[..., :n, :], qT[:, h0:h1, :, cols])  # (B, H', n, span G)
+                _masked(pT, maskT, G)
+                pT -= lseT[:, h0:h1, :, cols]
                 np.exp(pT, out=pT)  # p^T
-                dsT = np.matmul(vj[..., :n, :], doT[:, h0:h1, :, i0:i1])  # dp^T
-                dsT -= Di[:, h0:h1, :, i0:i1]
+                dsT = np.matmul(vj[..., :n, :], doT[:, h0:h1, :, cols])  # dp^T
+                dsT -= DiT[:, h0:h1, :, cols]
                 dsT *= pT  # ds^T
                 if j0 == 0:
-                    np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :], out=dq[:, h0:h1, i0:i1])
+                    np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :], out=dq[:, h0:h1, cols])
                 else:
-                    dq[:, h0:h1, i0:i1] += np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :])
-                doi, qi = dos[:, h0:h1, i0:i1], qh[:, h0:h1, i0:i1]  # qi carries the scale
+                    dq[:, h0:h1, cols] += np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :])
+                doi, qi = dos[:, h0:h1, cols], qh[:, h0:h1, cols]  # qi carries the scale
                 if i0 == first:
                     np.matmul(pT, doi, out=dvj[..., :n, :])
                     np.matmul(dsT, qi, out=dkj[..., :n, :])
@@ -180,5 +211,7 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
                     dkj[..., :n, :] += np.matmul(dsT, qi)
         dq[:, h0:h1] *= scale
 
-    _by_heads(H, heads, B * Tq * Tk)
-    return rounded(dq, q.dtype), rounded(dk, k.dtype), rounded(dv, v.dtype)
+    _by_heads(Hkv, heads, B * G * Tq * Tk)
+    dq_heads = np.empty(q.shape, dtype=q.dtype)
+    _by_group(dq_heads, Hkv)[...] = dq.reshape(B, Hkv, Tq, G, D)  # rounded once
+    return dq_heads, rounded(dk, k.dtype), rounded(dv, v.dtype)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ... import dtypes
+from ..contract import unary_op
 from .runtime import CHUNK, f32, in_parallel, rounded
 
 
@@ -60,6 +61,91 @@ div = _binary(np.divide)
 
 def neg(a):
     return np.asarray(np.negative(a))
+
+
+# ---------------------------------------------------------------- div's gradient, unary ops, max
+# (elementwise.cu's div_bwd and unary_fwd / unary_bwd; amax, argmax and their gradients are
+# CuPy's own reductions on CUDA, the same formulas.)
+
+
+def div_bwd(a, b, dy):
+    """-dy a / b^2 as -(dy (a / b)) / b, in fp32 for 2-byte operands and rounded once (b * b in
+    fp16 overflows for |b| >= 256). a may be a Python scalar; the result has dy's shape."""
+    dtype = np.result_type(*[x.dtype for x in (a, b, dy) if isinstance(x, np.ndarray)])
+    af, bf, dyf = f32(a), f32(b), f32(dy)
+    with np.errstate(all="ignore"):  # b = 0 gives inf / nan, as PyTorch, without a warning
+        db = -(dyf * (af / bf)) / bf
+    return rounded(np.asarray(db), dtype)
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+# op -> (forward(x), backward(x, dy)) on x in fp32 (fp64 for fp64): elementwise.cu's
+# unary_value and unary_grad, term for term; the FLOPs per element are contract.UNARY_OPS'.
+UNARY = {
+    "exp": (np.exp, lambda x, dy: dy * np.exp(x)),
+    "log": (np.log, lambda x, dy: dy / x),
+    "sqrt": (np.sqrt, lambda x, dy: dy * 0.5 / np.sqrt(x)),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), lambda x, dy: dy * -0.5 / np.sqrt(x) / x),
+    "tanh": (np.tanh, lambda x, dy: dy * (1 - np.tanh(x) * np.tanh(x))),
+    "sigmoid": (_sigmoid, lambda x, dy: dy * _sigmoid(x) * (1 - _sigmoid(x))),
+    "silu": (
+        lambda x: x * _sigmoid(x),
+        lambda x, dy: dy * _sigmoid(x) * (1 + x * (1 - _sigmoid(x))),
+    ),
+    "relu": (lambda x: np.where(x <= 0, 0, x), lambda x, dy: np.where(x > 0, dy, 0)),
+}
+
+
+def _unary_kernel(x, others, formula):
+    """formula(x, *others) over flat blocks in parallel, in fp32 for 2-byte x, rounded once.
+    log(0) = -inf, sqrt(-1) = nan and exp's overflow to inf are PyTorch's values, so NumPy's
+    warnings about them are silenced (np.errstate is per thread)."""
+
+    def body(out, x, *others):
+        with np.errstate(all="ignore"):
+            out[...] = formula(f32(x), *[f32(o) for o in others])
+
+    return _elementwise(x, *others, body=body)
+
+
+def unary_fwd(x, op):
+    """op(x) for op in contract.UNARY_OPS."""
+    unary_op(op)
+    return _unary_kernel(x, (), UNARY[op][0])
+
+
+def unary_bwd(x, dy, op):
+    """dx = dy op'(x)."""
+    unary_op(op)
+    return _unary_kernel(x, (dy.astype(x.dtype, copy=False),), UNARY[op][1])
+
+
+def amax(a, axis=None, keepdims=False):
+    """The max over axes; NaN propagates, as in PyTorch."""
+    return np.asarray(np.max(a, axis=axis, keepdims=keepdims))
+
+
+def argmax(a, axis):
+    """int64 index of the first max along axis (NaN counts as the max), the axis kept."""
+    return np.argmax(a, axis=axis, keepdims=True).astype(np.int64)
+
+
+def amax_bwd(x, y, dy, axis):
+    """dx = dy (x == y) / count(x == y over axis): ties share the gradient evenly."""
+    hit = x == y
+    count = hit.sum(axis=axis, keepdims=True, dtype=dtypes.compute_dtype(x.dtype))
+    with np.errstate(all="ignore"):  # a NaN row has no hit: 0 / 0, masked out below
+        dx = np.where(hit, f32(dy) / count, 0)
+    return rounded(dx, x.dtype)
+
+
+def max_bwd(dy, idx, shape, axis):
+    """Zeros of shape with dy (axis kept, size 1) at idx along axis."""
+    positions = np.arange(shape[axis]).reshape([-1 if i == axis else 1 for i in range(len(shape))])
+    return np.where(positions == idx, dy, np.zeros((), dy.dtype))
 
 
 def contiguous(a):
@@ -182,3 +268,47 @@ def dropout_fwd(x, p, seed):
     keep = np.random.default_rng(seed).random(x.shape, dtype=np.float32) >= p
     mask = (keep / np.float32(1.0 - p)).astype(x.dtype)
     return mul(x, mask), mask
+
+
+def _sigmoid(gf):
+    """s = 1 / (1 + exp(-g)) in a fresh buffer (exp of a large -g overflows to inf: s = 0)."""
+    s = np.negative(gf)
+    with np.errstate(over="ignore"):
+        np.exp(s, out=s)
+    s += 1.0
+    return np.divide(1.0, s, out=s)
+
+
+def swiglu_fwd(gate, up):
+    """Llama's SwiGLU: silu(gate) * up = gate sigmoid(gate) up, in fp32, rounded once."""
+
+    def body(out, g, u):
+        gf = f32(g)
+        s = _sigmoid(gf)
+        s *= gf
+        _into(out, s, f32(u), np.multiply)
+
+    return _elementwise(gate, up, body=body)
+
+
+def swiglu_bwd(gate, up, dy):
+    """-> (dgate, dup): with s = sigmoid(gate), dup = dy gate s and
+    dgate = dy up s (1 + gate (1 - s)) (the derivative of silu, gate s)."""
+    dgate, dup = np.empty(gate.shape, gate.dtype), np.empty(gate.shape, gate.dtype)
+    flat = [a.reshape(-1) for a in (dgate, dup, gate, up, dy)]
+
+    def body(lo, hi):
+        dg, du, g, u, d = (a[lo:hi] for a in flat)
+        gf, df = f32(g), f32(d)
+        s = _sigmoid(gf)
+        silu = gf * s
+        _into(du, silu, df, np.multiply)
+        ds = np.subtract(1.0, s)  # s (1 + g (1 - s))
+        ds *= gf
+        ds += 1.0
+        ds *= s
+        ds *= f32(u)
+        _into(dg, ds, df, np.multiply)
+
+    in_parallel(gate.size, body)
+    return dgate, dup

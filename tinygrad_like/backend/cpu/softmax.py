@@ -169,3 +169,60 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
 
     in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
     return losses, dlogits
+
+
+# ---------------------------------------------------------------- softmax over any dim
+# The rows of x (..., C): ops.softmax / ops.log_softmax move the dim last. In the compute dtype
+# a block of rows at a time (softmax.cu's twins: one warp per row). A row of -inf is NaN, as in
+# PyTorch, without NumPy's warning.
+
+
+def _over_rows(x, *others, row):
+    """row(x_rows, *other_rows) -> out_rows over the (N, C) rows of x (..., C) in parallel, each
+    block of rows copied to the compute dtype (row works in place) -> out (..., C) in x's
+    dtype, rounded once."""
+    C = x.shape[-1]
+    N = x.size // C if C else 0
+    flat = [a.reshape(N, C) for a in (x,) + others]
+    out, acc = np.empty((N, C), x.dtype), dtypes.compute_dtype(x.dtype)
+
+    def rows(lo, hi):
+        with np.errstate(all="ignore"):
+            out[lo:hi] = row(*[a[lo:hi].astype(acc) for a in flat])
+
+    if x.size:
+        in_parallel(N, rows, per_row=C)
+    return out.reshape(x.shape)
+
+
+def _softmax_row(s):
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
+
+
+def _log_softmax_row(s):
+    s -= s.max(axis=-1, keepdims=True)
+    s -= np.log(np.exp(s).sum(axis=-1, keepdims=True))
+    return s
+
+
+def softmax_fwd(x):
+    """x (..., C) -> exp(x - max) / sum(exp(x - max)) over the last axis."""
+    return _over_rows(x, row=_softmax_row)
+
+
+def softmax_bwd(y, dy):
+    """dx = y (dy - sum(dy y)) over the last axis."""
+    return _over_rows(y, dy, row=lambda y, dy: (dy - (dy * y).sum(axis=-1, keepdims=True)) * y)
+
+
+def log_softmax_fwd(x):
+    """x (..., C) -> x - max - log(sum(exp(x - max))) over the last axis."""
+    return _over_rows(x, row=_log_softmax_row)
+
+
+def log_softmax_bwd(y, dy):
+    """dx = dy - exp(y) sum(dy) over the last axis."""
+    return _over_rows(y, dy, row=lambda y, dy: dy - np.exp(y) * dy.sum(axis=-1, keepdims=True))

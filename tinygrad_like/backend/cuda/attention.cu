@@ -3,19 +3,23 @@
 // online softmax, the same causal rule (query i is at position Tk - Tq + i, so Tq < Tk serves a
 // KV-cache decode step), keys past a query tile's last query skipped, everything in acc_t<T>.
 //
-// Layout: q, dq, out, dout (BH, Tq, D) and k, v, dk, dv (BH, Tk, D), contiguous (attention.py makes
-// them so); lse and Di (BH, Tq) in acc_t<T>. One block of 256 threads per (tile, batch·head):
-// grid (tiles, BH). A tile is TILE<A> queries or keys: 64 in fp32 (contract.FLASH_BQ), 32 in fp64 so
-// that the shared memory of the backward's six D-wide tiles fits (D = 64: 134 KB fp32, 117 KB
-// fp64). Tiles live in dynamic shared memory in acc_t<T>, rows padded to D + 1 so that threads
-// walking a column of a tile hit different banks. Straightforward loops, no tensor cores: each
-// thread computes every 256th element of a tile product.
+// Layout: q, dq, out, dout (BH, Tq, D) and k, v, dk, dv (BHkv, Tk, D), contiguous (attention.py
+// makes them so); lse and Di (BH, Tq) in acc_t<T>. Grouped-query attention: with G = H / Hkv, query
+// head bh = b H + h reads kv head bh / G = b Hkv + h / G (G = 1: one kv head per query head). One
+// block of 256 threads per (tile, batch·head): grid (tiles, BH), for dk, dv (tiles, BHkv), each
+// block summing over the G query heads of its kv head (no atomics). A tile is TILE<A> queries or
+// keys: 64 in fp32 (contract.FLASH_BQ), 32 in fp64 so that the shared memory of the backward's six
+// D-wide tiles fits (D = 64: 134 KB fp32, 117 KB fp64). Tiles live in dynamic shared memory in
+// acc_t<T>, rows padded to D + 1 so that threads walking a column of a tile hit different banks.
+// Straightforward loops, no tensor cores: each thread computes every 256th element of a tile
+// product.
 //
 // The backward is two kernels plus a row-dot, deterministic: flash_attention_bwd_dkdv (one block
-// per key tile) sums dk, dv over the query tiles in order, flash_attention_bwd_dq (one block per
-// query tile) sums dq over the key tiles in order. FlashAttention-2 instead adds dq from the
-// key-tile blocks with fp32 atomics, which saves recomputing q k^T and dout v^T (7 tile GEMMs
-// here instead of 5) but makes dq's rounding depend on the order the blocks run in.
+// per key tile of a kv head) sums dk, dv over its query heads and their query tiles in order,
+// flash_attention_bwd_dq (one block per query tile) sums dq over the key tiles in order.
+// FlashAttention-2 instead adds dq from the key-tile blocks with fp32 atomics, which saves
+// recomputing q k^T and dout v^T (7 tile GEMMs here instead of 5) but makes dq's rounding depend on
+// the order the blocks run in.
 #include "common.cuh"
 
 template <typename A> __host__ __device__ constexpr int tile() { return sizeof(A) == 8 ? 32 : 64; }
@@ -52,7 +56,8 @@ __device__ void score_tile(A* s, const A* q, const A* k, int nq, int nk, int qpo
     }
 }
 
-// Forward, as cpu.flash_attention_fwd. Block (query tile, bh): q tile scaled into shared
+// Forward, as cpu.flash_attention_fwd. Block (query tile, bh), against kv head bh / G (the CPU
+// runs a kv head's G query heads in one GEMM; the same sums): q tile scaled into shared
 // memory; per key tile up to the tile's last query: s = q k^T (masked), then one warp per row
 // updates the running max m and sum lsum and turns s into p = exp(s - m_new), then
 // o = o * exp(m_old - m_new) + p v. At the end out = o / lsum, lse = m + log(lsum).
@@ -60,7 +65,7 @@ __device__ void score_tile(A* s, const A* q, const A* k, int nq, int nk, int qpo
 // m, lsum, alpha: TILE.
 template <typename T>
 __global__ void flash_attention_fwd(const T* q, const T* k, const T* v, T* out, acc_t<T>* lse,
-                                    int Tq, int Tk, int D, acc_t<T> scale) {
+                                    int Tq, int Tk, int D, int G, acc_t<T> scale) {
     typedef acc_t<T> A;
     constexpr int TILE = tile<A>();
     extern __shared__ __align__(16) unsigned char smem[];
@@ -71,11 +76,11 @@ __global__ void flash_attention_fwd(const T* q, const T* k, const T* v, T* out, 
     A* m = s + TILE * (TILE + 1);
     A* lsum = m + TILE;
     A* alpha = lsum + TILE;
-    const long long bh = blockIdx.y;
+    const long long bh = blockIdx.y, kvh = bh / G;  // query head, its kv head
     const int i0 = blockIdx.x * TILE, nq = min(TILE, Tq - i0), qpos = Tk - Tq + i0;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    k += bh * Tk * D;
-    v += bh * Tk * D;
+    k += kvh * Tk * D;
+    v += kvh * Tk * D;
     load_rows(qs, q + bh * Tq * D, i0, nq, D, scale);
     for (int e = threadIdx.x; e < TILE * (D + 1); e += blockDim.x) o[e] = 0;
     for (int r = threadIdx.x; r < TILE; r += blockDim.x) {
@@ -163,14 +168,14 @@ __device__ void dscores_tile(A* ds, const A* p, const A* dout, const A* v, const
     }
 }
 
-// dq, as cpu.flash_attention_bwd's dq, one block per (query tile, bh): over the key tiles the
-// tile sees, in order: p from s = q k^T and lse, ds = p (dout v^T - Di), dq += ds k; then
-// dq *= scale. Shared: q (scaled), dout, dq, k, v: TILE x (D + 1); p, ds: TILE x (TILE + 1);
-// lse, Di: TILE.
+// dq, as cpu.flash_attention_bwd's dq, one block per (query tile, bh), against kv head bh / G:
+// over the key tiles the tile sees, in order: p from s = q k^T and lse, ds = p (dout v^T - Di),
+// dq += ds k; then dq *= scale. Shared: q (scaled), dout, dq, k, v: TILE x (D + 1); p, ds:
+// TILE x (TILE + 1); lse, Di: TILE.
 template <typename T>
 __global__ void flash_attention_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
                                        const acc_t<T>* lse, const acc_t<T>* Di, T* dq, int Tq,
-                                       int Tk, int D, acc_t<T> scale) {
+                                       int Tk, int D, int G, acc_t<T> scale) {
     typedef acc_t<T> A;
     constexpr int TILE = tile<A>();
     extern __shared__ __align__(16) unsigned char smem[];
@@ -183,10 +188,10 @@ __global__ void flash_attention_bwd_dq(const T* q, const T* k, const T* v, const
     A* ds = p + TILE * (TILE + 1);
     A* lse_rows = ds + TILE * (TILE + 1);
     A* Di_rows = lse_rows + TILE;
-    const long long bh = blockIdx.y;
+    const long long bh = blockIdx.y, kvh = bh / G;  // query head, its kv head
     const int i0 = blockIdx.x * TILE, nq = min(TILE, Tq - i0), qpos = Tk - Tq + i0;
-    k += bh * Tk * D;
-    v += bh * Tk * D;
+    k += kvh * Tk * D;
+    v += kvh * Tk * D;
     load_rows(qs, q + bh * Tq * D, i0, nq, D, scale);
     load_rows(dos, dout + bh * Tq * D, i0, nq, D, A(1));
     for (int e = threadIdx.x; e < TILE * (D + 1); e += blockDim.x) dqs[e] = 0;
@@ -220,15 +225,16 @@ __global__ void flash_attention_bwd_dq(const T* q, const T* k, const T* v, const
         dq[e] = from_acc<T>(dqs[(e / D) * (D + 1) + e % D] * scale);
 }
 
-// dk, dv, as cpu.flash_attention_bwd's, one block per (key tile, bh): over the query tiles
-// that see the tile's first key, in order: p, ds as in _dq, dv += p^T dout, dk += ds^T q (q
-// scaled, so dk carries the scale). Only each query tile's keys up to its last query are used,
-// as in the forward. Shared: k, v, dk, dv, q, dout: TILE x (D + 1); p, ds: TILE x (TILE + 1);
-// lse, Di: TILE.
+// dk, dv, as cpu.flash_attention_bwd's, one block per (key tile, kv head kvh): over the G query
+// heads kvh G ... kvh G + G - 1 that read it, and for each over the query tiles that see the
+// tile's first key, in order: p, ds as in _dq, dv += p^T dout, dk += ds^T q (q scaled, so dk
+// carries the scale). Only each query tile's keys up to its last query are used, as in the
+// forward. The CPU sums a key tile's G query heads inside one GEMM: the same terms. Shared: k,
+// v, dk, dv, q, dout: TILE x (D + 1); p, ds: TILE x (TILE + 1); lse, Di: TILE.
 template <typename T>
 __global__ void flash_attention_bwd_dkdv(const T* q, const T* k, const T* v, const T* dout,
                                          const acc_t<T>* lse, const acc_t<T>* Di, T* dk, T* dv,
-                                         int Tq, int Tk, int D, acc_t<T> scale) {
+                                         int Tq, int Tk, int D, int G, acc_t<T> scale) {
     typedef acc_t<T> A;
     constexpr int TILE = tile<A>();
     extern __shared__ __align__(16) unsigned char smem[];
@@ -242,44 +248,44 @@ __global__ void flash_attention_bwd_dkdv(const T* q, const T* k, const T* v, con
     A* ds = p + TILE * (TILE + 1);
     A* lse_rows = ds + TILE * (TILE + 1);
     A* Di_rows = lse_rows + TILE;
-    const long long bh = blockIdx.y;
+    const long long kvh = blockIdx.y;
     const int j0 = blockIdx.x * TILE, nk_tile = min(TILE, Tk - j0);
-    q += bh * Tq * D;
-    dout += bh * Tq * D;
-    load_rows(ks, k + bh * Tk * D, j0, nk_tile, D, A(1));
-    load_rows(vs, v + bh * Tk * D, j0, nk_tile, D, A(1));
+    load_rows(ks, k + kvh * Tk * D, j0, nk_tile, D, A(1));
+    load_rows(vs, v + kvh * Tk * D, j0, nk_tile, D, A(1));
     for (int e = threadIdx.x; e < TILE * (D + 1); e += blockDim.x) dks[e] = dvs[e] = 0;
     const int first = max(0, j0 - (Tk - Tq)) / TILE * TILE;  // the first query tile that sees j0
-    for (int i0 = first; i0 < Tq; i0 += TILE) {
-        const int nq = min(TILE, Tq - i0), qpos = Tk - Tq + i0;
-        const int nk = min(nk_tile, qpos + nq - j0);  // the keys this query tile sees
-        __syncthreads();
-        load_rows(qs, q, i0, nq, D, scale);
-        load_rows(dos, dout, i0, nq, D, A(1));
-        for (int r = threadIdx.x; r < nq; r += blockDim.x) {
-            lse_rows[r] = lse[bh * Tq + i0 + r];
-            Di_rows[r] = Di[bh * Tq + i0 + r];
-        }
-        __syncthreads();
-        score_tile(p, qs, ks, nq, nk, qpos, j0, D);
-        __syncthreads();
-        probs_tile(p, lse_rows, nq);
-        __syncthreads();
-        dscores_tile(ds, p, dos, vs, Di_rows, nq, nk, D);
-        __syncthreads();
-        for (int e = threadIdx.x; e < nk * D; e += blockDim.x) {
-            const int c = e / D, d = e % D;
-            A dk_acc = dks[c * (D + 1) + d], dv_acc = dvs[c * (D + 1) + d];
-            for (int r = 0; r < nq; ++r) {
-                dv_acc += p[r * (TILE + 1) + c] * dos[r * (D + 1) + d];
-                dk_acc += ds[r * (TILE + 1) + c] * qs[r * (D + 1) + d];
+    for (long long bh = kvh * G; bh < (kvh + 1) * G; ++bh) {  // the query heads that read kvh
+        for (int i0 = first; i0 < Tq; i0 += TILE) {
+            const int nq = min(TILE, Tq - i0), qpos = Tk - Tq + i0;
+            const int nk = min(nk_tile, qpos + nq - j0);  // the keys this query tile sees
+            __syncthreads();
+            load_rows(qs, q + bh * Tq * D, i0, nq, D, scale);
+            load_rows(dos, dout + bh * Tq * D, i0, nq, D, A(1));
+            for (int r = threadIdx.x; r < nq; r += blockDim.x) {
+                lse_rows[r] = lse[bh * Tq + i0 + r];
+                Di_rows[r] = Di[bh * Tq + i0 + r];
             }
-            dks[c * (D + 1) + d] = dk_acc;
-            dvs[c * (D + 1) + d] = dv_acc;
+            __syncthreads();
+            score_tile(p, qs, ks, nq, nk, qpos, j0, D);
+            __syncthreads();
+            probs_tile(p, lse_rows, nq);
+            __syncthreads();
+            dscores_tile(ds, p, dos, vs, Di_rows, nq, nk, D);
+            __syncthreads();
+            for (int e = threadIdx.x; e < nk * D; e += blockDim.x) {
+                const int c = e / D, d = e % D;
+                A dk_acc = dks[c * (D + 1) + d], dv_acc = dvs[c * (D + 1) + d];
+                for (int r = 0; r < nq; ++r) {
+                    dv_acc += p[r * (TILE + 1) + c] * dos[r * (D + 1) + d];
+                    dk_acc += ds[r * (TILE + 1) + c] * qs[r * (D + 1) + d];
+                }
+                dks[c * (D + 1) + d] = dk_acc;
+                dvs[c * (D + 1) + d] = dv_acc;
+            }
         }
     }
     __syncthreads();
-    const long long off = (bh * Tk + j0) * D;
+    const long long off = (kvh * Tk + j0) * D;
     for (int e = threadIdx.x; e < nk_tile * D; e += blockDim.x) {
         dk[off + e] = from_acc<T>(dks[(e / D) * (D + 1) + e % D]);
         dv[off + e] = from_acc<T>(dvs[(e / D) * (D + 1) + e % D]);

@@ -1,5 +1,6 @@
 """Causal attention in blocks on CUDA (attention.cu): one block per (tile of queries or keys,
-head), the tiles in dynamic shared memory.
+head), the tiles in dynamic shared memory. Grouped-query attention: k and v have Hkv heads, a
+divisor of q's H; query head h reads kv head h // G, G = H / Hkv.
 """
 
 import cupy
@@ -26,25 +27,29 @@ def _smem_optin(device):
 
 
 def _attention_shapes(q, k, v):
-    """-> B, H, Tq, Tk, D of q (B, H, Tq, D), k and v (B, H, Tk, D) with Tk >= Tq, else raise."""
+    """-> B, H, Hkv, Tq, Tk, D of q (B, H, Tq, D), k and v (B, Hkv, Tk, D) with H a multiple of
+    Hkv and Tk >= Tq, else raise."""
     if (
         q.ndim != 4
         or k.shape != v.shape
-        or k.shape[:2] + k.shape[3:] != q.shape[:2] + q.shape[3:]
+        or k.ndim != 4
+        or (k.shape[0], k.shape[3]) != (q.shape[0], q.shape[3])
+        or (q.shape[1] % k.shape[1] if k.shape[1] else q.shape[1])
         or k.shape[2] < q.shape[2]
     ):
         raise ValueError(
             f"flash attention: q {q.shape}, k {k.shape}, v {v.shape}: need "
-            "(B, H, Tq, D) and (B, H, Tk, D) with Tk >= Tq"
+            "(B, H, Tq, D) and (B, Hkv, Tk, D) with H a multiple of Hkv and Tk >= Tq"
         )
     B, H, Tq, D = q.shape
     if B * H > 65535:  # grid y
         raise ValueError(f"flash attention: {B * H} heads is more than one grid holds (65535)")
-    return B, H, Tq, k.shape[2], D
+    return B, H, k.shape[1], Tq, k.shape[2], D
 
 
 def _flash(kernel, dtype, n, BH, D, *args):
-    """Launch an attention.cu kernel: one block per (tile of the n queries or keys, head)."""
+    """Launch an attention.cu kernel: one block per (tile of the n queries or keys, head), BH
+    heads (query heads, or kv heads for dk, dv)."""
     acc = dtypes.compute_dtype(dtype)
     tile = 32 if acc.itemsize == 8 else 64  # attention.cu's tile<A>()
     wide, square, rows = _FLASH_SMEM[kernel]
@@ -62,10 +67,10 @@ def _flash(kernel, dtype, n, BH, D, *args):
 
 
 def flash_attention_fwd(q, k, v, scale):
-    """q (B, H, Tq, D), k and v (B, H, Tk, D), Tk >= Tq -> out (B, H, Tq, D), lse (B, H, Tq)
-    fp32 (fp64 for fp64), as cpu.flash_attention_fwd; one block per (query tile, head)."""
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D), Tk >= Tq -> out (B, H, Tq, D), lse (B, H, Tq)
+    fp32 (fp64 for fp64), as cpu.flash_attention_fwd; one block per (query tile, query head)."""
     check_same_dtype(q, k, v)
-    B, H, Tq, Tk, D = _attention_shapes(q, k, v)
+    B, H, Hkv, Tq, Tk, D = _attention_shapes(q, k, v)
     q, k, v = (cupy.ascontiguousarray(a) for a in (q, k, v))  # GPT-2's are transposed views
     acc = dtypes.compute_dtype(q.dtype)
     out, lse = cupy.empty_like(q), cupy.empty((B, H, Tq), dtype=acc)
@@ -83,18 +88,20 @@ def flash_attention_fwd(q, k, v, scale):
         np.int32(Tq),
         np.int32(Tk),
         np.int32(D),
+        np.int32(H // Hkv if Hkv else 1),
         acc.type(scale),
     )
     return out, lse
 
 
 def flash_attention_bwd(q, k, v, out, lse, dout, scale):
-    """-> dq (B, H, Tq, D), dk, dv (B, H, Tk, D), as cpu.flash_attention_bwd. Three launches:
-    Di = rowsum(dout * out), then dq (one block per query tile) and dk, dv (one block per key
-    tile), each summed over the other side's tiles in a fixed order: deterministic, at the
-    price of recomputing the scores and dout v^T once more (see attention.cu)."""
+    """-> dq (B, H, Tq, D), dk, dv (B, Hkv, Tk, D), as cpu.flash_attention_bwd. Three launches:
+    Di = rowsum(dout * out), then dq (one block per query tile of a query head) and dk, dv (one
+    block per key tile of a kv head, over its G query heads), each summed over the other side's
+    tiles in a fixed order: deterministic, at the price of recomputing the scores and dout v^T
+    once more (see attention.cu)."""
     check_same_dtype(q, k, v, out, dout)
-    B, H, Tq, Tk, D = _attention_shapes(q, k, v)
+    B, H, Hkv, Tq, Tk, D = _attention_shapes(q, k, v)
     if out.shape != q.shape or dout.shape != q.shape or lse.shape != q.shape[:-1]:
         raise ValueError(
             f"flash attention backward: out {out.shape}, dout {dout.shape} and "
@@ -105,7 +112,11 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
     lse = cupy.ascontiguousarray(lse, dtype=acc)
     Di = cupy.empty(lse.shape, dtype=acc)
     dq, dk, dv = cupy.empty_like(q), cupy.empty_like(k), cupy.empty_like(v)
-    rows, sizes = B * H * Tq, (np.int32(Tq), np.int32(Tk), np.int32(D), acc.type(scale))
+    G = H // Hkv if Hkv else 1
+    rows, sizes = (
+        B * H * Tq,
+        (np.int32(Tq), np.int32(Tk), np.int32(D), np.int32(G), acc.type(scale)),
+    )
     launch_per_row(
         "attention.cu",
         "flash_attention_bwd_rowdot",
@@ -119,6 +130,6 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
     )
     _flash("flash_attention_bwd_dq", q.dtype, Tq, B * H, D, q, k, v, dout, lse, Di, dq, *sizes)
     _flash(
-        "flash_attention_bwd_dkdv", q.dtype, Tk, B * H, D, q, k, v, dout, lse, Di, dk, dv, *sizes
+        "flash_attention_bwd_dkdv", q.dtype, Tk, B * Hkv, D, q, k, v, dout, lse, Di, dk, dv, *sizes
     )
     return dq, dk, dv

@@ -7,6 +7,7 @@ import cupy
 import numpy as np
 
 from ... import dtypes
+from ..contract import unary_op
 from .runtime import CTYPES, HALF, NULL, TRAINING, acc_type, f32, launch_flat
 
 
@@ -57,6 +58,78 @@ div = _binary(3, cupy.divide)
 
 def neg(a):
     return mul(a, -1.0) if a.dtype in CTYPES else cupy.negative(a)
+
+
+# ---------------------------------------------------------------- div's gradient, unary ops, max
+# div_bwd and the unary ops run elementwise.cu's kernels; amax, argmax and their gradients are
+# CuPy's reductions and ufuncs (in fp32 for 2-byte inputs), cpu/elementwise.py's formulas.
+
+
+def div_bwd(a, b, dy):
+    """-(dy (a / b)) / b, as cpu.div_bwd. a (or a scalar), b and dy of one shape, dtype and
+    C-contiguous run elementwise.cu's div_bwd; broadcasting runs CuPy's ufuncs in fp32."""
+    dtype = np.result_type(*[x.dtype for x in (a, b, dy) if isinstance(x, cupy.ndarray)])
+    arrays = [x for x in (a, b, dy) if isinstance(x, cupy.ndarray)]
+    if dtype in CTYPES and all(
+        x.dtype == dtype and x.shape == dy.shape and x.flags.c_contiguous for x in arrays
+    ):
+        db = cupy.empty(dy.shape, dtype=dtype)
+        scalar = acc_type(dtype)(0 if isinstance(a, cupy.ndarray) else a)
+        launch_flat(
+            "elementwise.cu",
+            "div_bwd",
+            (dtype,),
+            db.size,
+            a if isinstance(a, cupy.ndarray) else NULL,
+            scalar,
+            b,
+            dy,
+            db,
+            np.int64(db.size),
+        )
+        return db
+    db = -(f32(dy) * (f32(a) / f32(b))) / f32(b)
+    return db.astype(dtype, copy=False)
+
+
+def _unary(kernel, op, x, *others):
+    """elementwise.cu's kernel<T, op> over x and others (same shape, made contiguous) -> out."""
+    x = cupy.ascontiguousarray(x)
+    others = [cupy.ascontiguousarray(o, dtype=x.dtype) for o in others]
+    out = cupy.empty_like(x)
+    launch_flat(
+        "elementwise.cu", kernel, (x.dtype, unary_op(op)), x.size, x, *others, out, np.int64(x.size)
+    )
+    return out
+
+
+def unary_fwd(x, op):
+    return _unary("unary_fwd", op, x)
+
+
+def unary_bwd(x, dy, op):
+    return _unary("unary_bwd", op, x, dy)
+
+
+def amax(a, axis=None, keepdims=False):
+    return cupy.max(f32(a), axis=axis, keepdims=keepdims).astype(a.dtype, copy=False)
+
+
+def argmax(a, axis):
+    return cupy.argmax(f32(a), axis=axis, keepdims=True).astype(np.int64, copy=False)
+
+
+def amax_bwd(x, y, dy, axis):
+    hit = f32(x) == f32(y)
+    count = hit.sum(axis=axis, keepdims=True, dtype=dtypes.compute_dtype(x.dtype))
+    return cupy.where(hit, f32(dy) / count, 0).astype(x.dtype, copy=False)
+
+
+def max_bwd(dy, idx, shape, axis):
+    positions = cupy.arange(shape[axis]).reshape(
+        [-1 if i == axis else 1 for i in range(len(shape))]
+    )
+    return cupy.where(positions == idx, f32(dy), 0).astype(dy.dtype, copy=False)  # exact
 
 
 def contiguous(a):
@@ -136,3 +209,31 @@ def dropout_fwd(x, p, seed):
         key,
     )
     return y, mask
+
+
+def swiglu_fwd(gate, up):
+    gate, up = cupy.ascontiguousarray(gate), cupy.ascontiguousarray(up, dtype=gate.dtype)
+    y = cupy.empty_like(gate)
+    launch_flat(
+        "elementwise.cu", "swiglu_fwd", (gate.dtype,), y.size, gate, up, y, np.int64(y.size)
+    )
+    return y
+
+
+def swiglu_bwd(gate, up, dy):
+    gate = cupy.ascontiguousarray(gate)
+    up, dy = (cupy.ascontiguousarray(a, dtype=gate.dtype) for a in (up, dy))
+    dgate, dup = cupy.empty_like(gate), cupy.empty_like(gate)
+    launch_flat(
+        "elementwise.cu",
+        "swiglu_bwd",
+        (gate.dtype,),
+        gate.size,
+        gate,
+        up,
+        dy,
+        dgate,
+        dup,
+        np.int64(gate.size),
+    )
+    return dgate, dup

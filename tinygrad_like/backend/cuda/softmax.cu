@@ -168,6 +168,67 @@ __global__ void cross_entropy_fwd_bwd(const T* logits, const long long* targets,
                                  : from_acc<T>(A(0));
 }
 
+// ---------------------------------------------------------------- softmax over any dim
+// Rows of x (rows, C) (ops moves the dim last). Launch: one warp per row, 8 rows per 256-thread
+// block, as softmax_causal_fwd. The row's max m and s = sum(exp(x - m)) come from the online
+// pass (online_add, warp_merge); cpu/softmax.py subtracts the final max first, the same values
+// to rounding.
+
+// y = exp(x - m) / s, as cpu.softmax_fwd. x, y: (rows, C).
+template <typename T>
+__global__ void softmax_fwd(const T* x, T* y, int rows, int C) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long long off = (long long)row * C;
+    A m = neg_inf<A>(), s = 0;
+    for (int c = lane; c < C; c += 32) online_add(m, s, to_acc(x[off + c]));
+    warp_merge(m, s);
+    for (int c = lane; c < C; c += 32) y[off + c] = from_acc<T>(tg_exp(to_acc(x[off + c]) - m) / s);
+}
+
+// y = x - m - log(s), as cpu.log_softmax_fwd. x, y: (rows, C).
+template <typename T>
+__global__ void log_softmax_fwd(const T* x, T* y, int rows, int C) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long long off = (long long)row * C;
+    A m = neg_inf<A>(), s = 0;
+    for (int c = lane; c < C; c += 32) online_add(m, s, to_acc(x[off + c]));
+    warp_merge(m, s);
+    const A lse = m + tg_log(s);
+    for (int c = lane; c < C; c += 32) y[off + c] = from_acc<T>(to_acc(x[off + c]) - lse);
+}
+
+// dx = (dy - sum(dy y)) y, as cpu.softmax_bwd. y, dy, dx: (rows, C).
+template <typename T>
+__global__ void softmax_bwd(const T* y, const T* dy, T* dx, int rows, int C) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long long off = (long long)row * C;
+    A dot = 0;
+    for (int c = lane; c < C; c += 32) dot += to_acc(dy[off + c]) * to_acc(y[off + c]);
+    dot = warp_sum(dot);
+    for (int c = lane; c < C; c += 32)
+        dx[off + c] = from_acc<T>((to_acc(dy[off + c]) - dot) * to_acc(y[off + c]));
+}
+
+// dx = dy - exp(y) sum(dy), as cpu.log_softmax_bwd. y, dy, dx: (rows, C).
+template <typename T>
+__global__ void log_softmax_bwd(const T* y, const T* dy, T* dx, int rows, int C) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long long off = (long long)row * C;
+    A total = 0;
+    for (int c = lane; c < C; c += 32) total += to_acc(dy[off + c]);
+    total = warp_sum(total);
+    for (int c = lane; c < C; c += 32)
+        dx[off + c] = from_acc<T>(to_acc(dy[off + c]) - tg_exp(to_acc(y[off + c])) * total);
+}
+
 #ifdef TG_CHECK_INSTANTIATE
 // Every variant softmax.py launches (see elementwise.cu).
 void* tg_instances_softmax[] = {
@@ -181,5 +242,13 @@ void* tg_instances_softmax[] = {
     (void*)&cross_entropy_bwd<__nv_bfloat16>, (void*)&cross_entropy_bwd<double>,
     (void*)&cross_entropy_fwd_bwd<float>, (void*)&cross_entropy_fwd_bwd<__half>,
     (void*)&cross_entropy_fwd_bwd<__nv_bfloat16>, (void*)&cross_entropy_fwd_bwd<double>,
+    (void*)&softmax_fwd<float>, (void*)&softmax_fwd<__half>,
+    (void*)&softmax_fwd<__nv_bfloat16>, (void*)&softmax_fwd<double>,
+    (void*)&softmax_bwd<float>, (void*)&softmax_bwd<__half>,
+    (void*)&softmax_bwd<__nv_bfloat16>, (void*)&softmax_bwd<double>,
+    (void*)&log_softmax_fwd<float>, (void*)&log_softmax_fwd<__half>,
+    (void*)&log_softmax_fwd<__nv_bfloat16>, (void*)&log_softmax_fwd<double>,
+    (void*)&log_softmax_bwd<float>, (void*)&log_softmax_bwd<__half>,
+    (void*)&log_softmax_bwd<__nv_bfloat16>, (void*)&log_softmax_bwd<double>,
 };
 #endif

@@ -131,3 +131,35 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
             ),
         )
     return losses, dlogits
+
+
+# ---------------------------------------------------------------- softmax over any dim
+# Rows of (..., C) over the last axis, one warp per row (softmax.cu), as cpu/softmax.py.
+
+
+def _rows(kernel, x, *others):
+    """softmax.cu's kernel<T> over the rows of x (and others of its shape) -> out (..., C)."""
+    check_same_dtype(x, *others)
+    x, rows, C = as_rows(x)
+    out = cupy.empty_like(x)
+    others = [cupy.ascontiguousarray(o) for o in others]
+    launch_per_row(
+        "softmax.cu", kernel, x.dtype, rows, x, *others, out, np.int32(rows), np.int32(C)
+    )
+    return out
+
+
+def softmax_fwd(x):
+    return _rows("softmax_fwd", x)
+
+
+def softmax_bwd(y, dy):
+    return _rows("softmax_bwd", y, dy)
+
+
+def log_softmax_fwd(x):
+    return _rows("log_softmax_fwd", x)
+
+
+def log_softmax_bwd(y, dy):
+    return _rows("log_softmax_bwd", y, dy)

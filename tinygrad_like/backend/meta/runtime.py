@@ -1,0 +1,89 @@
+"""What the meta backend needs that is not a kernel: the host functions of the contract, and
+new(), the one way its kernels make an output.
+
+Rules every meta kernel follows: it returns what its CPU twin returns, with the same shapes and
+dtypes (statistics such as layernorm's mean and rstd and per-token losses fp32, the compute
+dtype), the same tuples, and the same arguments back where the CPU kernel returns one it wrote
+in place (copy, fill, out=); it computes nothing and reads nothing.
+"""
+
+import time
+import weakref
+
+import numpy as np
+
+from ... import dtypes
+from ...memory import root
+from .array import MetaArray, NoValues
+
+
+def new(shape, dtype):
+    """A fresh output: an array that owns its (absent) memory, as np.empty's."""
+    return MetaArray(shape, dtype)
+
+
+def like(a, dtype=None):
+    return MetaArray(a.shape, a.dtype if dtype is None else dtype)
+
+
+def supported_dtypes():
+    """fp16 trains with a loss scaler whose overflow skip needs the gradient norm's value."""
+    return tuple(d for d in dtypes.TRAINING if d != "fp16")
+
+
+# ---------------------------------------------------------------- arrays and timing (HOST)
+
+
+def asarray(data, dtype=None):
+    """Host data to the meta device: its shape and dtype; the values stay behind. A NumPy
+    array that np.asarray returns as it is (the CPU's asarray: its device memory is the host's)
+    gives its twin, so the memory tracker sees the buffers the CPU sees."""
+    if isinstance(data, MetaArray):
+        return data if dtype is None or np.dtype(dtype) == data.dtype else like(data, dtype)
+    host = np.asarray(data, dtype=dtype)
+    return _twin(host) if host is data else new(host.shape, host.dtype)
+
+
+_twins = {}  # id(host array) -> its MetaArray, while the host array lives
+
+
+def _twin(host):
+    """The meta array of a host NumPy array: one per host buffer while it lives (the same ids
+    moved every step are one buffer, as on the CPU), a view of it for a view."""
+    owner = root(host)
+    twin = _twins.get(id(owner))
+    if twin is None:
+        twin = _twins[id(owner)] = MetaArray(owner.shape, owner.dtype, owner.strides)
+        weakref.finalize(owner, _twins.pop, id(owner))
+    return twin if owner is host else MetaArray(host.shape, host.dtype, host.strides, twin)
+
+
+def to_numpy(a):
+    raise NoValues("reading an array back to the host")
+
+
+def empty(shape, dtype):
+    return new((shape,) if isinstance(shape, int) else shape, dtype)
+
+
+def synchronize():
+    pass
+
+
+class _Timer:
+    """The host's time of the shape arithmetic: meta launches run nothing to time."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.t1 = None
+
+    def stop(self):
+        self.t1 = time.perf_counter()
+        return self
+
+    def seconds(self):
+        return self.t1 - self.t0
+
+
+def start_timer():
+    return _Timer()
