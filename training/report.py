@@ -481,7 +481,7 @@ def _activations(m):
     tape_total = sum(r["saved_bytes"] for r in m.tape)
     predicted = predicted_activation_bytes(c, m.seq_len, m.dtype, opts)
     head_predicted = predicted_head_bytes(c, tokens, m.dtype, opts)
-    saved_predicted = predicted_saved_bytes(c, m.batch_size, m.seq_len, m.dtype, opts)
+    saved_predicted = predicted_saved_bytes(c, m.batch_size, m.seq_len, m.dtype, opts, m.world_size)
     llama = isinstance(c, LlamaConfig)
     conventions = LLAMA_ACTIVATION_CONVENTION if llama else ACTIVATION_CONVENTION
     convention = conventions["recompute" if opts.recompute else opts.attention]
