@@ -9,13 +9,12 @@ import math
 import numpy as np
 
 import tinygrad_like.ops as F
-from tinygrad_like import autograd, backend
+from tinygrad_like import autograd
 
 from .config import GPT2Config
-from .layers import Dropout, Embedding, LayerNorm, Linear, building_on
+from .layers import Dropout, Embedding, LayerNorm, Linear
 from .lm import CausalLM, KVCache  # noqa: F401 (nn.gpt2.KVCache)
 from .module import Module, ModuleList
-from .options import ExecutionOptions
 
 
 class CausalSelfAttention(Module):
@@ -89,16 +88,8 @@ class GPT2(CausalLM):
 
     config_class = GPT2Config
 
-    def __init__(self, config: GPT2Config, seed=0, device=None, options=None):
-        super().__init__()
-        self.config = config
-        self.options = options or ExecutionOptions()
-        rng = np.random.default_rng(seed)
-        device = device or backend.default_device()
-        with building_on(device):  # on meta: shape-only parameters, nothing drawn
-            self.transformer = Transformer(config, rng, self.options)
-        self.name_scopes()
-        self.to(device=device)
+    def make_modules(self, config, rng):
+        self.transformer = Transformer(config, rng, self.options)
         # the LM head is tied to the token embedding: logits = x @ wte^T, no parameter of its own
 
     def get_input_embeddings(self):

@@ -13,10 +13,9 @@ import tinygrad_like.ops as F
 from tinygrad_like import autograd, backend, dtypes
 
 from .config import LlamaConfig
-from .layers import Embedding, RMSNorm, TransposedLinear, building_on
+from .layers import Embedding, RMSNorm, TransposedLinear
 from .lm import CausalLM
 from .module import Module, ModuleList
-from .options import ExecutionOptions
 
 
 class LlamaRotaryEmbedding(Module):
@@ -125,19 +124,11 @@ class Llama(CausalLM):
 
     config_class = LlamaConfig
 
-    def __init__(self, config: LlamaConfig, seed=0, device=None, options=None):
-        super().__init__()
-        self.config = config
-        self.options = options or ExecutionOptions()
-        rng = np.random.default_rng(seed)
-        device = device or backend.default_device()
-        with building_on(device):  # on meta: shape-only parameters, nothing drawn
-            self.model = LlamaModel(config, rng, self.options)
-            self.lm_head = TransposedLinear(
-                config.hidden_size, config.vocab_size, rng=rng, padded_to=config.padded_vocab_size
-            )  # (Vp, C)
-        self.name_scopes()
-        self.to(device=device)
+    def make_modules(self, config, rng):
+        self.model = LlamaModel(config, rng, self.options)
+        self.lm_head = TransposedLinear(
+            config.hidden_size, config.vocab_size, rng=rng, padded_to=config.padded_vocab_size
+        )  # (Vp, C)
 
     def get_input_embeddings(self):
         return self.model.embed_tokens

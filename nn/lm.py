@@ -15,7 +15,9 @@ import tinygrad_like.ops as F
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
 
 from . import hf
+from .layers import building_on
 from .module import Module
+from .options import ExecutionOptions
 from .sampling import check_sampling, sample
 
 
@@ -41,10 +43,26 @@ class KVCache:
 
 
 class CausalLM(Module):
-    """config: what the model is (its shapes); options: how it runs (ExecutionOptions), both
-    set by the family's __init__. config_class: the config a family is built from."""
+    """config: what the model is (its shapes); options: how it runs (ExecutionOptions, the
+    training run's defaults when None), read by its modules as they are built. A family
+    supplies config_class (the config it is built from) and make_modules(config, rng), which
+    makes its modules drawing from rng in order; they are made for device (on meta, shape-only
+    parameters with nothing drawn) and then moved there."""
 
     config_class = None
+
+    def __init__(self, config, seed=0, device=None, options=None):
+        super().__init__()
+        self.config = config
+        self.options = options or ExecutionOptions()
+        device = device or backend.default_device()
+        with building_on(device):
+            self.make_modules(config, np.random.default_rng(seed))
+        self.name_scopes()
+        self.to(device=device)
+
+    def make_modules(self, config, rng):
+        raise NotImplementedError
 
     def get_input_embeddings(self):
         raise NotImplementedError

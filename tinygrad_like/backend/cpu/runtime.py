@@ -14,12 +14,12 @@ Rules every CPU kernel follows (backend/cuda matches them):
 import ctypes
 import ctypes.util
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ... import dtypes
+from ..host_timer import HostTimer
 
 
 def keep_freed_memory():
@@ -67,23 +67,8 @@ def synchronize():
     pass
 
 
-class _Timer:
-    """Host timer; the CUDA backend returns CUDA events with the same .seconds()."""
-
-    def __init__(self):
-        self.t0 = time.perf_counter()
-        self.t1 = None
-
-    def stop(self):
-        self.t1 = time.perf_counter()
-        return self
-
-    def seconds(self):
-        return self.t1 - self.t0
-
-
 def start_timer():
-    return _Timer()
+    return HostTimer()
 
 
 def f32(a):

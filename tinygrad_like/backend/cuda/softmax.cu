@@ -174,22 +174,10 @@ __global__ void cross_entropy_fwd_bwd(const T* logits, const long long* targets,
 // pass (online_add, warp_merge); cpu/softmax.py subtracts the final max first, the same values
 // to rounding.
 
-// y = exp(x - m) / s, as cpu.softmax_fwd. x, y: (rows, C).
-template <typename T>
-__global__ void softmax_fwd(const T* x, T* y, int rows, int C) {
-    typedef acc_t<T> A;
-    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    const long long off = (long long)row * C;
-    A m = neg_inf<A>(), s = 0;
-    for (int c = lane; c < C; c += 32) online_add(m, s, to_acc(x[off + c]));
-    warp_merge(m, s);
-    for (int c = lane; c < C; c += 32) y[off + c] = from_acc<T>(tg_exp(to_acc(x[off + c]) - m) / s);
-}
-
-// y = x - m - log(s), as cpu.log_softmax_fwd. x, y: (rows, C).
-template <typename T>
-__global__ void log_softmax_fwd(const T* x, T* y, int rows, int C) {
+// One row per warp, forward: y = exp(x - m) / s (softmax, as cpu.softmax_fwd) or
+// y = x - m - log(s) (LOG: log_softmax, as cpu.log_softmax_fwd). x, y: (rows, C).
+template <typename T, bool LOG>
+__device__ void softmax_row_fwd(const T* x, T* y, int rows, int C) {
     typedef acc_t<T> A;
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -198,35 +186,48 @@ __global__ void log_softmax_fwd(const T* x, T* y, int rows, int C) {
     for (int c = lane; c < C; c += 32) online_add(m, s, to_acc(x[off + c]));
     warp_merge(m, s);
     const A lse = m + tg_log(s);
-    for (int c = lane; c < C; c += 32) y[off + c] = from_acc<T>(to_acc(x[off + c]) - lse);
+    for (int c = lane; c < C; c += 32) {
+        const A v = to_acc(x[off + c]);
+        y[off + c] = from_acc<T>(LOG ? v - lse : tg_exp(v - m) / s);
+    }
 }
 
-// dx = (dy - sum(dy y)) y, as cpu.softmax_bwd. y, dy, dx: (rows, C).
+// Backward, y the forward's output: dx = (dy - sum(dy y)) y (softmax) or
+// dx = dy - exp(y) sum(dy) (LOG). y, dy, dx: (rows, C).
+template <typename T, bool LOG>
+__device__ void softmax_row_bwd(const T* y, const T* dy, T* dx, int rows, int C) {
+    typedef acc_t<T> A;
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long long off = (long long)row * C;
+    A total = 0;  // sum(dy y), or sum(dy)
+    for (int c = lane; c < C; c += 32)
+        total += to_acc(dy[off + c]) * (LOG ? A(1) : to_acc(y[off + c]));
+    total = warp_sum(total);
+    for (int c = lane; c < C; c += 32) {
+        const A g = to_acc(dy[off + c]), v = to_acc(y[off + c]);
+        dx[off + c] = from_acc<T>(LOG ? g - tg_exp(v) * total : (g - total) * v);
+    }
+}
+
+template <typename T>
+__global__ void softmax_fwd(const T* x, T* y, int rows, int C) {
+    softmax_row_fwd<T, false>(x, y, rows, C);
+}
+
+template <typename T>
+__global__ void log_softmax_fwd(const T* x, T* y, int rows, int C) {
+    softmax_row_fwd<T, true>(x, y, rows, C);
+}
+
 template <typename T>
 __global__ void softmax_bwd(const T* y, const T* dy, T* dx, int rows, int C) {
-    typedef acc_t<T> A;
-    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    const long long off = (long long)row * C;
-    A dot = 0;
-    for (int c = lane; c < C; c += 32) dot += to_acc(dy[off + c]) * to_acc(y[off + c]);
-    dot = warp_sum(dot);
-    for (int c = lane; c < C; c += 32)
-        dx[off + c] = from_acc<T>((to_acc(dy[off + c]) - dot) * to_acc(y[off + c]));
+    softmax_row_bwd<T, false>(y, dy, dx, rows, C);
 }
 
-// dx = dy - exp(y) sum(dy), as cpu.log_softmax_bwd. y, dy, dx: (rows, C).
 template <typename T>
 __global__ void log_softmax_bwd(const T* y, const T* dy, T* dx, int rows, int C) {
-    typedef acc_t<T> A;
-    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    const long long off = (long long)row * C;
-    A total = 0;
-    for (int c = lane; c < C; c += 32) total += to_acc(dy[off + c]);
-    total = warp_sum(total);
-    for (int c = lane; c < C; c += 32)
-        dx[off + c] = from_acc<T>(to_acc(dy[off + c]) - tg_exp(to_acc(y[off + c])) * total);
+    softmax_row_bwd<T, true>(y, dy, dx, rows, C);
 }
 
 #ifdef TG_CHECK_INSTANTIATE

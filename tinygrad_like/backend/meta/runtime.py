@@ -7,13 +7,13 @@ dtype), the same tuples, and the same arguments back where the CPU kernel return
 in place (copy, fill, out=); it computes nothing and reads nothing.
 """
 
-import time
 import weakref
 
 import numpy as np
 
 from ... import dtypes
 from ...memory import root
+from ..host_timer import HostTimer
 from .array import MetaArray, NoValues
 
 
@@ -70,20 +70,5 @@ def synchronize():
     pass
 
 
-class _Timer:
-    """The host's time of the shape arithmetic: meta launches run nothing to time."""
-
-    def __init__(self):
-        self.t0 = time.perf_counter()
-        self.t1 = None
-
-    def stop(self):
-        self.t1 = time.perf_counter()
-        return self
-
-    def seconds(self):
-        return self.t1 - self.t0
-
-
 def start_timer():
-    return _Timer()
+    return HostTimer()
