@@ -140,11 +140,11 @@ def figures(m, budget_bytes):
             "the decode step's cache, per position",
         ),
         (
-            f"KV cache positions beside the weights in {_gb(budget_bytes)}",
+            f"KV cache tokens in {_gb(budget_bytes)}",
             f"({_gb(budget_bytes)} - {itemsize}N) / KV = "
             f"{_fit(budget_bytes - n_paper * itemsize, c.kv_cache_bytes_per_token(itemsize))}",
             _fit(budget_bytes - m.persistent["weights"], m.kv_cache_bytes_per_token),
-            f"one sequence of that many, or B sequences of 1/B of it ({m.dtype} cache; "
+            f"beside the weights: one sequence of that many or B of 1/B of it ({m.dtype} cache; "
             "training/decode.py's kv_budget for the other dtypes)",
         ),
         (
