@@ -1,8 +1,11 @@
 """Sample text from a GPT-2 or Llama checkpoint: one written by examples/train_gpt2.py (its --out
 folder), by save_pretrained, or a Hugging Face GPT-2 or Llama directory. Streams tokens as they
-come, then prints prompt and generation speed."""
+come, then prints prompt and generation speed. Several --prompt texts of one token length are
+decoded as one batch (the attention has no padding mask, so a batch is never padded: prompts of
+other lengths are refused, to be run separately); each sequence is printed when all are done.
+--stats adds the decode accounting (training/decode.py): ms per token, tokens/s, bytes per token
+counted by the kernels beside the weights-plus-cache floor, and the fraction of its bound."""
 
-import itertools
 import sys
 import time
 
@@ -12,10 +15,11 @@ from nn import from_pretrained
 from nn.hf import read_config
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
-from tinygrad_like import backend
+from tinygrad_like import backend, dtypes, peaks
 from training import fits
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
+from training.decode import StepMeter, stats
 
 NO_CHECKPOINT = """error: no --checkpoint given. Either
   train one:   python examples/train_gpt2.py --out out   (then --checkpoint out)
@@ -26,7 +30,11 @@ NO_CHECKPOINT = """error: no --checkpoint given. Either
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     p.add_argument("--checkpoint", help="folder with config.json + model.safetensors")
-    p.add_argument("--prompt", default="\n", help="text to continue (default a newline)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        help="text to continue (default a newline); repeat it for a batch of one token length",
+    )
     p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to sample (default 100)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="sample from the k likeliest (200)")
@@ -35,7 +43,12 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1337, help="sampling seed (sample i uses seed + i)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
     p.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 weights (default fp32)")
-    return p.parse_args(argv)
+    p.add_argument("--kv-dtype", help="fp32, fp16 or bf16 KV cache (default --dtype)")
+    p.add_argument("--stats", action="store_true", help="print the decode accounting")
+    args = p.parse_args(argv)
+    args.prompt = args.prompt or ["\n"]
+    args.kv_dtype = args.kv_dtype or args.dtype
+    return args
 
 
 def main(argv=None):
@@ -52,10 +65,10 @@ def main(argv=None):
         device = backend.check_device(args.device or backend.default_device())
         ckpt = find_checkpoint(args.checkpoint)
         verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
+        if args.kv_dtype not in dtypes.TRAINING:  # fp8 needs a scaled format and its kernels
+            raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(dtypes.TRAINING)}")
         tok = get_tokenizer()
-        prompt = np.array([tok.encode(args.prompt, allow_special=True)])
-        if prompt.size == 0:
-            raise ValueError("--prompt is empty: give at least one character")
+        prompt = batch([tok.encode(text, allow_special=True) for text in args.prompt])
         # all checked before the model is loaded and the prompt printed: an error never
         # follows half an output
         config, tokens = read_config(ckpt), prompt.shape[1] + args.max_new_tokens
@@ -64,7 +77,7 @@ def main(argv=None):
             f"--prompt of {prompt.shape[1]} tokens + --max-new-tokens {args.max_new_tokens} =",
         )
         fits.check(
-            fits.generation_bytes(config, args.dtype, tokens, device),
+            fits.generation_bytes(config, args.dtype, tokens, device, args.kv_dtype, len(prompt)),
             device,
             f"loading {ckpt} in {args.dtype} and generating {tokens} positions",
             "use a smaller checkpoint or fewer --max-new-tokens",
@@ -76,34 +89,72 @@ def main(argv=None):
             stream(model, tok, prompt, args, args.seed + i, title)
 
 
+def batch(prompts):
+    """Token id lists -> (B, T) ids; the prompts must be of one length T (never padded)."""
+    lengths = sorted({len(ids) for ids in prompts})
+    if lengths[0] == 0:
+        raise ValueError("--prompt is empty: give at least one character")
+    if len(lengths) > 1:
+        raise ValueError(
+            f"--prompt texts of {', '.join(map(str, lengths))} tokens: a batch needs prompts of "
+            "one token length (the attention has no padding mask); run the others separately"
+        )
+    return np.array(prompts)
+
+
 def stream(model, tok, prompt, args, seed, title):
-    """Print the title and the prompt, then each token as it is sampled; then the two speeds.
-    The first token comes before anything is printed: a forward that fails on the prompt prints
-    only its error, and one that fails later ends the line first."""
-    tokens = model.generate_stream(
-        prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, seed
+    """Print the title and the prompt, then each token as it is sampled; then the two speeds
+    (and with --stats the decode accounting). The first token comes before anything is
+    printed: a forward that fails on the prompt prints only its error, and one that fails later
+    ends the line first. A batch (B > 1) prints each sequence when all are done."""
+    B, T = prompt.shape
+    meter = StepMeter(
+        model.generate_stream(
+            prompt,
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k,
+            args.top_p,
+            seed,
+            args.kv_dtype,
+        )
     )
+    tokens = iter(meter)
     t0 = time.perf_counter()
     first = next(tokens)
     t_first = time.perf_counter()
-    print(title)
-    print(args.prompt, end="", flush=True)
-    ids, shown = [], ""
+    ids = [[int(t)] for t in first]
+    if B == 1:
+        print(title)
+        print(args.prompt[0], end="", flush=True)
+        shown = tok.decode(ids[0])
+        print(shown, end="", flush=True)
     try:
-        for token in itertools.chain([first], tokens):
-            ids.append(int(token[0]))
-            text = tok.decode(ids)  # decode the whole tail: a character can span tokens
-            print(text[len(shown) :], end="", flush=True)
-            shown = text
+        for token in tokens:
+            for row, t in zip(ids, token):
+                row.append(int(t))
+            if B == 1:
+                text = tok.decode(ids[0])  # decode the whole tail: a character can span tokens
+                print(text[len(shown) :], end="", flush=True)
+                shown = text
     except ValueError:
         print(flush=True)
         raise
     t_end = time.perf_counter()
-    decode_rate = (len(ids) - 1) / (t_end - t_first) if len(ids) > 1 else float("nan")
+    for b in range(B if B > 1 else 0):
+        print(f"{title} (prompt {b + 1} of {B})")
+        print(args.prompt[b] + tok.decode(ids[b]))
+    n = len(ids[0])
+    decode_rate = B * (n - 1) / (t_end - t_first) if n > 1 else float("nan")
     print(
-        f"\n--- prompt: {prompt.shape[1]} tokens at {prompt.shape[1] / (t_first - t0):,.1f} "
-        f"tokens/s; generated: {len(ids)} tokens at {decode_rate:,.1f} tokens/s"
+        f"\n--- prompt: {B} x {T} tokens at {B * T / (t_first - t0):,.1f} "
+        f"tokens/s; generated: {B} x {n} tokens at {decode_rate:,.1f} tokens/s"
     )
+    if args.stats:
+        weights = model.get_input_embeddings().weight
+        peak = peaks.get(weights.device)
+        lines = stats(meter, model.config, weights.dtype, args.kv_dtype, B, T, peak)
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -32,9 +32,10 @@ class CausalSelfAttention(Module):
         H = self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C), views
         q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-        if cache is not None:  # decoding: attend to the past
-            k, v = cache.append(layer, k, v)  # (B, H, Tpast + T, D)
-        y = F.scaled_dot_product_attention(q, k, v, self.flash)  # (B, H, T, D)
+        if cache is not None:  # decoding: attend to the past (B, H, Tpast + T, D)
+            y = cache.attention(layer, q, k, v, self.flash)  # (B, H, T, D)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, self.flash)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

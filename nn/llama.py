@@ -65,9 +65,10 @@ class LlamaAttention(Module):
         v = self.v_proj(x).reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q = F.apply_rotary(q, cos, sin, start)  # (B, H, T, D)
         k = F.apply_rotary(k, cos, sin, start)  # (B, Hkv, T, D)
-        if cache is not None:  # decoding: attend to the past
-            k, v = cache.append(layer, k, v)  # (B, Hkv, Tpast + T, D)
-        y = F.scaled_dot_product_attention(q, k, v, self.flash)  # (B, H, T, D)
+        if cache is not None:  # decoding: attend to the past (B, Hkv, Tpast + T, D)
+            y = cache.attention(layer, q, k, v, self.flash)  # (B, H, T, D)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, self.flash)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 import tinygrad_like.ops as F
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
+from tinygrad_like.memory import TRACKER
 
 from . import hf
 from .layers import building_on
@@ -24,22 +25,42 @@ from .sampling import check_sampling, sample
 class KVCache:
     """Keys and values of the positions seen so far, per layer: (B, Hkv, max_len, D) each
     (Hkv = H for GPT-2; Llama's grouped-query attention stores only its Hkv heads).
-    Under no_grad only: the prompt fills it once, then each decode step appends one position."""
+    Under no_grad only: the prompt fills it once, then each decode step appends one position.
+    dtype: the cache's number format (default the model's, like's): a narrower one holds and
+    streams fewer bytes per token. Its buffers are the memory tracker's "kv_cache"."""
 
-    def __init__(self, config, batch, max_len, like):
+    def __init__(self, config, batch, max_len, like, dtype=None):
+        if dtype is not None and dtypes.name(dtypes.as_dtype(dtype)) not in dtypes.TRAINING:
+            raise ValueError(  # fp8 would need a scale per block and kernels that apply it
+                f"a KV cache in {dtype}: use one of {', '.join(dtypes.TRAINING)}"
+            )
+        self.dtype = dtypes.as_dtype(dtype or like.dtype)
         shape = (batch, config.n_kv_head, max_len, config.head_dim)
         empty = backend.of(like.data).empty
-        self.k = [empty(shape, like.dtype) for _ in range(config.n_layer)]
-        self.v = [empty(shape, like.dtype) for _ in range(config.n_layer)]
+        self.k = [empty(shape, self.dtype) for _ in range(config.n_layer)]
+        self.v = [empty(shape, self.dtype) for _ in range(config.n_layer)]
+        for a in self.k + self.v:
+            TRACKER.register(a, "kv_cache")
         self.length = 0  # positions already stored (before the current forward)
         self.max_len = max_len
 
     def append(self, layer, k, v):
-        """Store this step's k, v (B, Hkv, T, D); return all keys and values so far as views."""
+        """Store this step's k, v (B, Hkv, T, D), cast to the cache's dtype by a counted kernel
+        when it differs; return all keys and values so far as views."""
         start, end = self.length, self.length + k.shape[2]
-        kernels.launch("copy", self.k[layer][:, :, start:end], k.data)
-        kernels.launch("copy", self.v[layer][:, :, start:end], v.data)
+        for buf, new in ((self.k[layer], k.data), (self.v[layer], v.data)):
+            if new.dtype != self.dtype:
+                new = kernels.launch("cast", new, self.dtype)
+            kernels.launch("copy", buf[:, :, start:end], new)
         return Tensor(self.k[layer][:, :, :end]), Tensor(self.v[layer][:, :, :end])
+
+    def attention(self, layer, q, k, v, flash=False):
+        """Causal attention of q (B, H, T, D) over the cache after appending k, v: computed in
+        the cache's dtype (q cast to it, the output cast back to q's), so the cache is read in
+        its own format, never a widened copy of it; q and the output are one position each in
+        a decode step, the cache all of them."""
+        k, v = self.append(layer, k, v)
+        return F.scaled_dot_product_attention(q.to(self.dtype), k, v, flash).to(q.dtype)
 
 
 class CausalLM(Module):
@@ -141,18 +162,24 @@ class CausalLM(Module):
         hf.save_pretrained(path, self.config, self.state_dict() if state is None else state)
 
     # ---- generation
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None):
+    def generate(
+        self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, kv_dtype=None
+    ):
         """-> (B, T + max_new_tokens) int64 ids: the prompt then the sampled continuation."""
         idx = _prompt(idx)
-        new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, seed))
+        new = list(
+            self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, seed, kv_dtype)
+        )
         return np.concatenate([idx] + [t[:, None] for t in new], axis=1)
 
     def generate_stream(
-        self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None
+        self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, kv_dtype=None
     ):
         """An iterator over each new token column (B,) as it is sampled. The prompt goes
-        through the model once, filling the KV cache; then every step feeds just the one new
-        token. Bad arguments raise here, not at the first next()."""
+        through the model once, filling the KV cache (in kv_dtype, default the model's dtype);
+        then every step feeds just the one new token. The B prompts are of one length T (the
+        attention is causal with no padding mask: a batch is never padded). Bad arguments raise
+        here, not at the first next()."""
         idx = _prompt(idx)
         check_sampling(temperature, top_k, top_p)
         B, T = idx.shape
@@ -164,7 +191,8 @@ class CausalLM(Module):
                 f"{T + max_new_tokens} is longer than the context of "
                 f"{self.config.n_positions}"
             )
-        cache = KVCache(self.config, B, T + max_new_tokens, self.get_input_embeddings().weight)
+        like = self.get_input_embeddings().weight
+        cache = KVCache(self.config, B, T + max_new_tokens, like, kv_dtype)
         return self._decode(
             idx, max_new_tokens, cache, temperature, top_k, top_p, np.random.default_rng(seed)
         )

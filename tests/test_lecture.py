@@ -44,6 +44,8 @@ def test_the_loss_tensor_and_the_kv_cache(plain):
     rows = {row[0]: row for row in lecture.figures(plain, 80e9)}
     assert "2.10 GB" in rows["loss tensor at 32,768 tokens"][2]
     assert "exceeds 80.00 GB by 27.81 GB" in rows["persistent training state"][3]
+    fit = rows["KV cache tokens in 80.00 GB"]
+    assert fit[1].endswith("= 126,883") and fit[2] == "126,882"  # the norms' 0.26 MB
     assert lecture.lecture_activation_bytes_per_token(plain.config) == 3_686_400
 
 

@@ -2,7 +2,8 @@
 
 Tags: the persistent training state (weights, gradients, master, adam_m, adam_v), the arrays
 the tape saves for backward (activations) and everything else kernels make (temporaries,
-tracked only while a trace is recording, since that costs a finalizer per launch). An array no
+tracked only while a trace is recording, since that costs a finalizer per launch), and a
+generation's KV cache (nn/lm.py's KVCache, its keys and values for every position). An array no
 kernel made (the caller's token ids, which the CPU uses as they are) counts while a record
 saves it, and is forgotten after: it is the caller's memory, before and after the step.
 
@@ -14,7 +15,16 @@ finalizer, so the numbers follow the real lifetimes Python gives the arrays.
 import time
 import weakref
 
-TAGS = ("weights", "gradients", "master", "adam_m", "adam_v", "activations", "temporaries")
+TAGS = (
+    "weights",
+    "gradients",
+    "master",
+    "adam_m",
+    "adam_v",
+    "activations",
+    "temporaries",
+    "kv_cache",
+)
 PERSISTENT = TAGS[:5]
 
 

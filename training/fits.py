@@ -42,10 +42,12 @@ def check(needed, device, what, fix):
         )
 
 
-def generation_bytes(config, dtype, tokens, device):
-    """Loading a checkpoint and generating `tokens` positions: the fp32 model as built, beside
-    the file's fp32 arrays (on a CPU) or its cast to dtype (on a GPU, the arrays are on the
-    host), and the KV cache's keys and values."""
+def generation_bytes(config, dtype, tokens, device, kv_dtype=None, batch=1):
+    """Loading a checkpoint and generating `tokens` positions of `batch` sequences: the fp32
+    model as built, beside the file's fp32 arrays (on a CPU) or its cast to dtype (on a GPU,
+    the arrays are on the host), and the KV cache's keys and values in kv_dtype (default
+    dtype)."""
     size = dtypes.as_dtype(dtype).itemsize
+    kv_size = dtypes.as_dtype(kv_dtype or dtype).itemsize
     weights = predictions.stored_elements(config) * (4 + (4 if device == "cpu" else size))
-    return weights + tokens * config.kv_cache_bytes_per_token(size)
+    return weights + batch * tokens * config.kv_cache_bytes_per_token(kv_size)

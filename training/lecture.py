@@ -36,6 +36,10 @@ def _gb(nbytes):
     return f"{nbytes / 1e9:,.2f} GB"
 
 
+def _fit(free_bytes, per_token):
+    return f"{max(0, free_bytes // per_token):,.0f}"
+
+
 def _ratio(measured, predicted):
     return f"{measured / predicted:.4f}x" if predicted else "-"
 
@@ -134,6 +138,14 @@ def figures(m, budget_bytes):
             f"2·L·Hkv·D·2 = {c.kv_cache_bytes_per_token(2) / 1024:,.0f} KiB",
             f"{m.kv_cache_bytes_per_token / 1024:,.0f} KiB ({m.dtype})",
             "the decode step's cache, per position",
+        ),
+        (
+            f"KV cache tokens in {_gb(budget_bytes)}",
+            f"({_gb(budget_bytes)} - {itemsize}N) / KV = "
+            f"{_fit(budget_bytes - n_paper * itemsize, c.kv_cache_bytes_per_token(itemsize))}",
+            _fit(budget_bytes - m.persistent["weights"], m.kv_cache_bytes_per_token),
+            f"beside the weights: one sequence of that many or B of 1/B of it ({m.dtype} cache; "
+            "training/decode.py's kv_budget for the other dtypes)",
         ),
         (
             "attention crossover S",

@@ -1,0 +1,267 @@
+"""Decoding where bytes decide (training/decode.py, nn/lm.py's KVCache): the KV cache in another
+dtype (greedy tokens against an fp32 cache, the tracker's bytes against the prediction, the
+casts counted), batched decode against each prompt alone, the decode step's GEMMs and floor
+against what the kernels counted, generate.py --stats and its refusals, the sweep's smoke run,
+and the meta device's 7B cache beside its weights in 80 GB.
+"""
+
+import re
+
+import numpy as np
+import pytest
+from test_faults import script_main
+from test_generate import CFG, randomized
+from test_llama import GQA
+from test_llama import randomized as randomized_llama
+
+import tinygrad_like as tg
+from nn import KVCache, from_preset
+from tinygrad_like import dtypes
+from tinygrad_like.memory import TRACKER
+from tinygrad_like.profiler import GEMMS, Profiler
+from training import decode, predictions
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return randomized(CFG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return randomized_llama(GQA, seed=0)
+
+
+def prompts(cfg, B, T, seed=3):
+    return np.random.default_rng(seed).integers(0, cfg.vocab_size, (B, T))
+
+
+# ---------------------------------------------------------------- the cache's dtype
+
+
+def forced_agreement(model, want, T, kv_dtype):
+    """Teacher forcing: feed the fp32 cache's greedy sequence want (B, T + n) through a cache
+    in kv_dtype and say, per step, whether its argmax picks want's next token (B, n) bools."""
+    B, n = want.shape[0], want.shape[1] - T
+    cache = KVCache(model.config, B, want.shape[1], model.get_input_embeddings().weight, kv_dtype)
+    model.eval()
+    picked, feed = [], want[:, :T]
+    with tg.no_grad():
+        for i in range(n):
+            logits, _ = model(feed, cache=cache, last_only=True)
+            picked.append(logits.numpy()[:, -1].argmax(-1))
+            feed = want[:, T + i : T + i + 1]
+    return np.stack(picked, 1) == want[:, T:]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp16"])
+def test_a_narrower_cache_decodes_the_fp32_caches_greedy_tokens(family, kv_dtype, request):
+    """A 2-byte cache rounds every key and value (bf16: 8 bits of mantissa). Of 4 x 12 greedy
+    choices made from fp32's own prefixes, all agree here but one (Llama, bf16: 47 of 48);
+    free-running, one flip changes all that follows (Llama, bf16: 42 of 48 agree)."""
+    model = request.getfixturevalue(family)
+    p = prompts(model.config, 4, 5)
+    want = model.generate(p, 12, temperature=0)
+    agree = forced_agreement(model, want, 5, kv_dtype)
+    assert agree.sum() >= agree.size - 1
+    got = model.generate(p, 12, temperature=0, kv_dtype=kv_dtype)
+    np.testing.assert_array_equal(got[:, 5], want[:, 5])  # the prompt's own step: no flip
+
+
+def test_the_cache_is_read_in_its_own_dtype(gpt2):
+    """The attention kernel reads a bf16 cache as bf16 (q cast to it, its output cast back):
+    its bytes are half the fp32 cache's for the cached part, and every cast is a counted
+    launch (k and v into the cache, q and the output out of it)."""
+    p = prompts(CFG, 1, 6)
+    counted = {}
+    for kv in ("fp32", "bf16"):
+        cache = KVCache(CFG, 1, 7, gpt2.get_input_embeddings().weight, kv)
+        gpt2.eval()
+        with tg.no_grad():
+            gpt2(p, cache=cache, last_only=True)
+            with Profiler() as prof:
+                gpt2(p[:, -1:], cache=cache, last_only=True)
+        counted[kv] = prof.census()
+        assert cache.k[0].dtype == dtypes.as_dtype(kv)
+    by_name = {kv: {r["kernel"]: r for r in rows} for kv, rows in counted.items()}
+    assert "cast" not in by_name["fp32"]
+    assert by_name["bf16"]["cast"]["calls"] == 4 * CFG.n_layer  # k, v, q, the output
+    attention = [name for name in by_name["fp32"] if "attention" in name]
+    assert attention
+    for name in attention:
+        assert by_name["bf16"][name]["bytes"] < by_name["fp32"][name]["bytes"]
+
+
+@pytest.mark.parametrize("cfg", [CFG, GQA, from_preset("gpt2-tiny")], ids=["gpt2", "gqa", "tiny"])
+@pytest.mark.parametrize("kv_dtype", dtypes.TRAINING)
+def test_the_trackers_cache_bytes_equal_the_prediction(cfg, kv_dtype):
+    """Per token per layer: K and V of Hkv heads of D values, 2 Hkv D itemsize bytes
+    (config.kv_cache_bytes_per_token / n_layer), registered as the tracker's kv_cache and
+    released with the cache."""
+    B, T = 3, 10
+    before = TRACKER.current["kv_cache"]
+    like = tg.Tensor(np.zeros((2, 2), np.float32))
+    cache = KVCache(cfg, B, T, like, kv_dtype)
+    held = TRACKER.current["kv_cache"] - before
+    per_layer = cfg.kv_cache_bytes_per_token(dtypes.as_dtype(kv_dtype).itemsize) // cfg.n_layer
+    assert held == B * T * cfg.n_layer * per_layer
+    assert per_layer == 2 * cfg.n_kv_head * cfg.head_dim * dtypes.as_dtype(kv_dtype).itemsize
+    del cache
+    assert TRACKER.current["kv_cache"] == before
+
+
+@pytest.mark.parametrize("bad", ["fp8", "int8", "fp64", "float8"])
+def test_a_cache_dtype_it_cannot_hold_is_refused(gpt2, bad):
+    with pytest.raises(ValueError, match="use one of fp32, fp16, bf16"):
+        gpt2.generate(prompts(CFG, 1, 3), 2, kv_dtype=bad)
+
+
+# ---------------------------------------------------------------- batched decode
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("kv_dtype", [None, "bf16"])
+def test_batched_greedy_decode_equals_each_prompt_alone(family, kv_dtype, request):
+    model = request.getfixturevalue(family)
+    p = prompts(model.config, 5, 4, seed=11)
+    together = model.generate(p, 10, temperature=0, kv_dtype=kv_dtype)
+    for b in range(5):
+        alone = model.generate(p[b : b + 1], 10, temperature=0, kv_dtype=kv_dtype)
+        np.testing.assert_array_equal(together[b : b + 1], alone)
+
+
+# ---------------------------------------------------------------- counted against predicted
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("B", [1, 3])
+def test_the_decode_steps_gemms_are_the_predicted_ones(family, B, request):
+    """Every GEMM launch of a decode step is one of decode_gemms' rows, with its FLOPs and
+    bytes, as many times a step as the row says; and the step moves at least its floor."""
+    model = request.getfixturevalue(family)
+    meter = decode.StepMeter(model.generate_stream(prompts(model.config, B, 4), 3, temperature=0))
+    list(meter)
+    launches = [launch for launch in meter.steps[1][1] if launch.name in GEMMS]
+    got = sorted((launch.flops, launch.bytes) for launch in launches)
+    want = sorted(
+        decode.gemm_counts(B, K, N, 4, bias)
+        for _, K, N, count, bias in decode.decode_gemms(model.config)
+        for _ in range(count)
+    )
+    assert got == want
+    floor = decode.stream_bytes(model.config, 4, 4, B, 4 + 1)
+    assert floor <= meter.step_bytes(1) < 2 * floor
+
+
+def test_the_streamed_weights_are_the_stored_ones_but_the_gathered_table():
+    gpt2, llama = from_preset("gpt2"), from_preset("llama-7b")
+    assert decode.streamed_weight_elements(gpt2) == predictions.stored_elements(gpt2) - 1024 * 768
+    gathered = llama.padded_vocab_size * llama.hidden_size
+    assert decode.streamed_weight_elements(llama) == predictions.stored_elements(llama) - gathered
+
+
+def test_the_compute_bound_batch_is_where_the_intensity_meets_the_ridge():
+    K, N, size, ridge = 768, 3072, 4, 20.0
+    B = decode.compute_bound_batch(K, N, size, ridge)
+    flops, nbytes = 2 * B * K * N, (B * K + K * N + B * N) * size
+    assert flops / nbytes == pytest.approx(ridge)
+    assert decode.compute_bound_batch(K, N, size, 2 * K * N / (size * (K + N))) is None
+
+
+# ---------------------------------------------------------------- generate.py
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    randomized(CFG, seed=0).save_pretrained(path)
+    return str(path)
+
+
+def generate_py(argv, capsys):
+    """-> (exit code, stdout, stderr) of examples/generate.py."""
+    code = 0
+    try:
+        script_main("examples/generate.py")(argv)
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_py_stats(checkpoint, capsys):
+    code, out, err = generate_py(
+        ["--checkpoint", checkpoint, "--prompt", "!#", "--max-new-tokens", "6", "--stats"]
+        + ["--temperature", "0", "--kv-dtype", "bf16"],
+        capsys,
+    )
+    assert code == 0, err
+    stats = out[out.index("--- stats") :].splitlines()
+    assert "weights fp32, KV cache bf16, B = 1" in stats[0] and "GB/s" in stats[0]
+    assert stats[1].startswith("prompt: 2 tokens x 1") and "ms/token" in stats[1]
+    assert stats[2].startswith("decode: 5 steps of 1 tokens") and "tokens/s" in stats[2]
+    assert stats[3].startswith("bytes: ") and "MB/token moved" in stats[3]
+    assert stats[4].startswith("bound: ") and "of the bound" in stats[4]
+
+
+def test_generate_py_decodes_a_batch_as_each_prompt_alone(checkpoint, capsys):
+    argv = ["--checkpoint", checkpoint, "--max-new-tokens", "5", "--temperature", "0"]
+    code, out, err = generate_py(argv + ["--prompt", "!#", "--prompt", "(%"], capsys)
+    assert code == 0, err
+    texts = [line for line in out.splitlines() if line.startswith(("!#", "(%"))]
+    assert len(texts) == 2 and "--- (prompt 2 of 2)" in out
+    for prompt, text in zip(("!#", "(%"), texts):
+        code, alone, err = generate_py(argv + ["--prompt", prompt], capsys)
+        assert code == 0 and alone.splitlines()[1] == text
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--kv-dtype", "fp8"], "--kv-dtype fp8: use one of fp32, fp16, bf16"),
+        (["--prompt", "!#", "--prompt", "!"], "prompts of one token length"),
+        (["--prompt", "!", "--prompt", ""], "--prompt is empty"),
+    ],
+)
+def test_generate_py_refuses_in_one_line(checkpoint, capsys, argv, words):
+    code, out, err = generate_py(["--checkpoint", checkpoint, *argv], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and words in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- the sweep and the meta device
+
+
+def test_decode_sweep_smoke(capsys):
+    script_main("scripts/decode_sweep.py")(
+        ["--model", "gpt2-tiny", "--batches", "1,2", "--new-tokens", "3", "--seq-len", "4"]
+    )
+    out = capsys.readouterr().out
+    assert "ridge point" in out and "predicted B" in out and "measured B" in out
+    for name, *_ in decode.decode_gemms(from_preset("gpt2-tiny")):
+        assert re.search(rf"^ +2  {name} +\d", out, re.M), name
+
+
+def test_decode_sweep_refuses_bad_batches(capsys):
+    with pytest.raises(SystemExit) as e:
+        script_main("scripts/decode_sweep.py")(["--model", "gpt2-tiny", "--batches", "1,x"])
+    assert e.value.code == 2 and "--batches" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kv_dtype, itemsize", [("bf16", 2), ("fp32", 4)])
+def test_the_reference_7bs_cache_beside_its_weights_in_80_gb(kv_dtype, itemsize):
+    """Counted on the meta device: 2 L Hkv D bytes per token (512 KiB in bf16, 16 KiB per
+    layer), and the positions that fit beside the bf16 weights in 80 GB."""
+    c = from_preset("llama-7b")
+    got = decode.kv_budget(c, "bf16", kv_dtype, 80e9)
+    assert got["weights"] == 2 * predictions.stored_elements(c)
+    assert (
+        got["kv_per_token"] == 2 * 32 * 32 * 128 * itemsize == c.kv_cache_bytes_per_token(itemsize)
+    )
+    assert got["kv_per_token_per_layer"] == 2 * 32 * 128 * itemsize
+    assert got["tokens_that_fit"] == int((80e9 - got["weights"]) // got["kv_per_token"])
+    assert got["tokens_that_fit"] == (126_882 if itemsize == 2 else 63_441)
+    gqa = decode.kv_budget(from_preset("llama-7b", num_key_value_heads=8), "bf16", kv_dtype)
+    assert gqa["kv_per_token"] * 4 == got["kv_per_token"]
+    assert "126,882" in decode.format_kv_budget(c, "llama-7b")
