@@ -76,34 +76,43 @@ def softmax_causal_bwd(probs, dprobs, scale):
 
 
 @device
-def _exp_sum(x, m, e, acc):
-    """e[c] = exp(x[c] - m) over the row (e may be x itself) -> sum(e)."""
+def _exp_sum(x, shift, e, acc):
+    """e[c] = exp(x[c] - shift) over the row -> sum(e). Called with e = x for the in-place
+    kernel, so that LLVM sees one array and vectorizes (two views of one row would make it
+    fall back to its scalar loop)."""
     for c in range(x.shape[0]):
-        e[c] = exp(x[c] - m)
+        e[c] = exp(x[c] - shift)
     return row_sum(e, acc)
 
 
 @kernel
-def _ce(logits, targets, V, dloss, lse_in, losses, lse_out, dlogits, forward, backward):
+def _ce(logits, targets, V, dloss, lse_in, losses, lse_out, dlogits, forward, backward, in_place):
     # forward only: losses, lse_out; backward only: dlogits from lse_in; both: losses and
-    # dlogits from one exp per logit (e / s is the softmax). logits (N, Vp), the first V read.
+    # dlogits from one exp per logit (e / s is the softmax). logits (N, Vp), the first V read;
+    # in_place: dlogits is logits.
     A = logits.dtype.type
     for row in prange(logits.shape[0]):
         x, t, acc = logits[row, :V], targets[row], np.empty(LANES, A)
         d = dloss if t >= 0 else A(0)
-        e = np.empty(V, A) if not backward else dlogits[row, :V]
+        m, picked, shift = A(0), A(0), lse_in[row]  # backward only: softmax from the lse
         if forward:
             m = row_max(x, acc)
-            picked = x[max(t, 0)]  # both read before e overwrites x (out = logits)
-            s = _exp_sum(x, m, e, acc)
+            picked = x[max(t, 0)]  # both read before the exps overwrite x (in place)
+            shift = m
+        if in_place:
+            s = _exp_sum(x, shift, x, acc)
+        elif backward:
+            s = _exp_sum(x, shift, dlogits[row, :V], acc)
+        else:
+            s = _exp_sum(x, shift, np.empty(V, A), acc)
+        coef = d
+        if forward:
             lse = np.log(s) + m
             losses[row] = lse - picked if t >= 0 else A(0)
             lse_out[row] = lse
             coef = d / s
-        else:
-            _exp_sum(x, lse_in[row], e, acc)  # softmax, from the lse
-            coef = d
         if backward:
+            e = dlogits[row, :V]
             for c in range(V):
                 e[c] *= coef
             if t >= 0:
@@ -129,6 +138,7 @@ def _cross_entropy(
     else:
         dl = x if x is not logits else np.empty((N, Vp), acc)  # 2-byte: into the fp32 copy
     lse_in = lse_out if lse is None else lse
+    in_place = dl is x
     _ce(
         x,
         np.ascontiguousarray(targets, dtype=np.int64),
@@ -140,6 +150,7 @@ def _cross_entropy(
         dl,
         forward,
         backward,
+        in_place,
     )
     if backward and dl.dtype != logits.dtype:
         dl = rounded(dl, logits.dtype, out=out)
