@@ -9,7 +9,9 @@ bits for any core count. The compiled code is cached on disk beside this package
 (cache=True): the first run compiles each kernel once per dtype and prints a line saying so.
 Numba checks a cached kernel against its own file only, not the device functions it calls, so
 the cache lives in a directory named by a hash of this package's sources (any edit, a fresh
-cache): $NUMBA_CACHE_DIR if set, else ~/.cache/tinygrad_like/numba-<hash>.
+cache): $NUMBA_CACHE_DIR if set, else ~/.cache/tinygrad_like/numba-<hash>. Numba has no fp16
+or bf16 on the CPU, so 2-byte arrays reach these kernels widened to fp32 by NumPy (runtime.f32)
+and their results are rounded once by NumPy (runtime.rounded), as before.
 """
 
 import hashlib
@@ -37,6 +39,11 @@ def _cache_dir():
 
 if "NUMBA_CACHE_DIR" not in os.environ:
     numba.config.CACHE_DIR = _cache_dir()
+# Numba's own thread pool rather than OpenMP's, whose idle threads spin after each kernel and
+# slow the OpenBLAS GEMM that follows (a GPT-2 step 20% slower on 2 cores). It runs kernels
+# launched from one thread at a time, as the training loop does. NUMBA_THREADING_LAYER wins.
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "workqueue"
 numba.set_num_threads(max(1, min(THREADS, numba.config.NUMBA_NUM_THREADS)))
 
 LANES = 16  # the accumulators of a row sum: one AVX-512 register of fp32, two of AVX2

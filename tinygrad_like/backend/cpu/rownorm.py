@@ -75,8 +75,8 @@ def _norm_bwd(dy, x, weight, mean, rstd, centred, dx, partial):
 
 
 def _norm_backward(dy, x, weight, mean, rstd):
-    """dx and the (2, C) sums (dweight, dbias) of layernorm's backward, or RMSNorm's when mean is
-    None: _norm_bwd's block partials added in block order."""
+    """dx and the (blocks, 2, C) partial sums of dweight and dbias of layernorm's backward, or
+    RMSNorm's when mean is None (_norm_bwd); the callers add them in block order."""
     C = x.shape[-1]
     stat = dtypes.compute_dtype(x.dtype)
     dys = np.ascontiguousarray(f32(dy.reshape(-1, C)))
@@ -87,7 +87,7 @@ def _norm_backward(dy, x, weight, mean, rstd):
     means = rstd.reshape(-1) if mean is None else mean.reshape(-1)
     w = f32(weight).astype(stat)
     _norm_bwd(dys, xs, w, means, rstd.reshape(-1), mean is not None, dx, partial)
-    return rounded(dx, x.dtype).reshape(x.shape), partial.sum(axis=0)
+    return rounded(dx, x.dtype).reshape(x.shape), partial
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
@@ -95,7 +95,8 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     With xhat = (x - mean) rstd and g = dy * weight:
     dx = rstd (g - mean(g) - xhat mean(g xhat)), dweight = sum(dy xhat), dbias = sum(dy).
     dweight and dbias are summed per row block, then over the blocks in order."""
-    dx, (dweight, dbias) = _norm_backward(dy, x, weight, mean, rstd)
+    dx, partial = _norm_backward(dy, x, weight, mean, rstd)
+    dweight, dbias = partial[:, 0].sum(axis=0), partial[:, 1].sum(axis=0)  # (C,) each, no views
     return dx, rounded(dweight, weight.dtype), rounded(dbias, weight.dtype)
 
 
@@ -129,5 +130,5 @@ def rmsnorm_bwd(dy, x, weight, rstd):
     """-> dx (..., C), dweight (C,). With xhat = x rstd and g = dy * weight:
     dx = rstd (g - xhat mean(g xhat)), dweight = sum(dy xhat), summed per row block, then over
     the blocks in order."""
-    dx, (dweight, _) = _norm_backward(dy, x, weight, None, rstd)
-    return dx, rounded(dweight, weight.dtype)
+    dx, partial = _norm_backward(dy, x, weight, None, rstd)
+    return dx, rounded(partial[:, 0].sum(axis=0), weight.dtype)
