@@ -8,7 +8,7 @@ from numba import prange
 from ... import dtypes
 from ..contract import check_targets
 from .compiled import LANES, device, exp, kernel, row_max, row_sum
-from .runtime import f32, in_parallel, rounded
+from .runtime import f32, in_parallel
 
 _CAUSAL_MASKS = {}
 
@@ -72,7 +72,7 @@ def softmax_causal_bwd(probs, dprobs, scale):
 # precompute design) runs cross_entropy_fwd_bwd instead: both in one pass, one exp per logit.
 # One row per prange iteration, as softmax.cu's block per row; the exps of a row are summed over
 # fixed lanes (compiled.row_sum), so the forward's and fwd_bwd's sums, and losses, are the same
-# bits. 2-byte logits are widened to fp32 first and dlogits rounded once at the end.
+# bits. 2-byte logits are widened to fp32 a block of rows at a time, dlogits rounded once.
 
 
 @device
@@ -120,6 +120,11 @@ def _ce(logits, targets, V, dloss, lse_in, losses, lse_out, dlogits, forward, ba
             dlogits[row, V:] = 0  # no gradient to padding
 
 
+# 2-byte logits are widened to fp32 this many rows at a time (51 MB at Vp = 50,304), never
+# all N rows at once; fp32 logits are read where they are, every row in one launch.
+_WIDEN_ROWS = 256
+
+
 def _cross_entropy(
     logits, targets, dloss, n_classes, lse=None, forward=True, backward=False, out=None
 ):
@@ -128,32 +133,24 @@ def _cross_entropy(
     N, Vp = logits.shape
     V = Vp if n_classes is None else n_classes
     check_targets(targets, V)
-    x = np.ascontiguousarray(f32(logits))
     d = acc.type(0 if dloss is None else np.asarray(dloss).reshape(-1)[0])
+    targets = np.ascontiguousarray(targets, dtype=np.int64)
     losses, lse_out = np.empty(N, dtype=acc), np.empty(N, dtype=acc)
-    if not backward:
-        dl = np.empty((0, Vp), acc)
-    elif out is not None and out.dtype == acc:
-        dl = out
-    else:
-        dl = x if x is not logits else np.empty((N, Vp), acc)  # 2-byte: into the fp32 copy
     lse_in = lse_out if lse is None else lse
-    in_place = dl is x
-    _ce(
-        x,
-        np.ascontiguousarray(targets, dtype=np.int64),
-        V,
-        d,
-        lse_in,
-        losses,
-        lse_out,
-        dl,
-        forward,
-        backward,
-        in_place,
-    )
-    if backward and dl.dtype != logits.dtype:
-        dl = rounded(dl, logits.dtype, out=out)
+    none = np.empty((0, Vp), acc)
+    if logits.dtype == acc:
+        x = np.ascontiguousarray(logits)
+        dl = none if not backward else out if out is not None else np.empty((N, Vp), acc)
+        _ce(x, targets, V, d, lse_in, losses, lse_out, dl, forward, backward, dl is x)
+        return losses, lse_out, dl if backward else None
+    dl = None if not backward else out if out is not None else np.empty((N, Vp), logits.dtype)
+    for lo in range(0, N, _WIDEN_ROWS):
+        rows = slice(lo, min(lo + _WIDEN_ROWS, N))
+        x = f32(logits[rows])  # (rows, Vp) fp32, its dlogits written over it
+        args = (lse_in[rows], losses[rows], lse_out[rows], x if backward else none)
+        _ce(x, targets[rows], V, d, *args, forward, backward, backward)
+        if backward:
+            dl[rows] = x  # rounded once to the output's dtype
     return losses, lse_out, dl
 
 
