@@ -338,8 +338,8 @@ def test_cross_entropy_over_the_first_n_classes_of_padded_rows(rng, dtype):
 )
 @pytest.mark.parametrize("dtype", [pytest.param(F32, id="fp32")] + HALF)
 def test_cross_entropy_fwd_bwd_equals_fwd_then_bwd(rng, dtype, N, V, Vp):
-    """The one-pass kernel against the two it replaces in the fused head, on ragged chunks
-    (cpu.softmax._CE_ROWS) and blocks over the cores, ignored targets and huge padding columns that
+    """The one-pass kernel against the two it replaces in the fused head, on
+    rows over the cores, ignored targets and huge padding columns that
     reading them would show: the losses bit for bit, dlogits to the fused head's fp32
     tolerance before rounding (dloss / s scales exp(logit - max), where the backward rounds
     logit - lse, up to ~2^-19 here, before its exp), 0 in the padding and in ignored rows; in

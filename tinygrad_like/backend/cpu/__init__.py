@@ -1,4 +1,5 @@
-"""The CPU backend: every kernel of the contract (backend/contract.py) as vectorized NumPy, the
+"""The CPU backend: every kernel of the contract (backend/contract.py) in NumPy, or as a loop
+compiled by Numba (compiled.py) where NumPy would make one pass per operator: the
 numerical reference the CUDA backend is tested against.
 
 One module per kernel family, named as the .cu files are and each beside its CUDA twin in

@@ -3,30 +3,62 @@ fused AdamW update over the flat fp32 buffers, in cache-sized chunks, one block 
 """
 
 import numpy as np
+from numba import prange
 
-from .runtime import f32, in_parallel, one_blas_thread
+from .compiled import LANES, kernel, row_dot
+from .runtime import f32
 
 _NORM_PART = 1 << 18  # elements per partial sum of grad_norm_sq (1 MB of fp32)
+
+
+@kernel
+def _sum_squares(g, partials):
+    # one fixed part of _NORM_PART elements per iteration (adamw.cu's sum_partials, a block
+    # each), its squares summed over the lanes of compiled.row_dot
+    for p in prange(partials.shape[0]):
+        part = g[p * _NORM_PART : (p + 1) * _NORM_PART]
+        partials[p] = row_dot(part, part, np.empty(LANES, g.dtype))
 
 
 def grad_norm_sq(grad):
     """Sum of squares of a flat gradient buffer in fp32 -> array (1,). inf/nan in the gradient
     make it non-finite, so the same number serves clipping and the overflow check."""
-    g = f32(grad)
-    # A dot product per fixed part of _NORM_PART elements, the parts shared among the cores
-    # (one core streams at half the memory bandwidth), then the partials summed in order: the
-    # parts depend only on the size, so the result is the same for any core count.
-    n_parts = -(-g.shape[0] // _NORM_PART)
-    partials = np.zeros(n_parts, dtype=g.dtype)
-
-    def parts(p0, p1):
-        for p in range(p0, p1):
-            part = g[p * _NORM_PART : (p + 1) * _NORM_PART]
-            partials[p] = np.dot(part, part)
-
-    with one_blas_thread():  # each dot on its own thread: no OpenBLAS split either
-        in_parallel(n_parts, parts, per_row=_NORM_PART)
+    g = np.ascontiguousarray(f32(grad))
+    # partial sums over fixed parts, then the partials in order: the parts depend only on the
+    # size, so the result is the same for any core count
+    partials = np.zeros(-(-g.shape[0] // _NORM_PART), dtype=g.dtype)
+    _sum_squares(g, partials)
     return np.array([np.sum(partials)], dtype=g.dtype)
+
+
+@kernel
+def _adamw(
+    master,
+    grad,
+    m,
+    v,
+    n_decay,
+    coef,
+    beta1,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    decay,
+    lr_bc1,
+    inv_sqrt_bc2,
+):
+    # one element per iteration in adamw.cu's order (each scalar already rounded to master's
+    # dtype, as there): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, decay, the update
+    for i in prange(master.shape[0]):
+        g = grad[i] * coef
+        mi = m[i] * beta1 + one_minus_beta1 * g
+        vi = v[i] * beta2 + one_minus_beta2 * (g * g)
+        w = master[i]
+        if i < n_decay:
+            w *= decay
+        w -= mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps) * lr_bc1
+        m[i], v[i], master[i] = mi, vi, w
 
 
 def adamw_step(
@@ -65,29 +97,19 @@ def adamw_step(
     # the bias corrections fold into two scalars: update = lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
     bc1, bc2 = 1 - beta1**step, 1 - beta2**step
     acc = master.dtype.type
-    decay, lr_c, v_c = acc(1 - lr * weight_decay), acc(lr / bc1), acc(1 / np.sqrt(bc2))
-
-    # one cache-sized chunk at a time: every buffer is read and written once per step, with no
-    # N-sized temporaries
-    def chunk(lo, hi):
-        g = np.multiply(grad[lo:hi], acc(g_coef), dtype=master.dtype)  # unscaled, clipped
-        mc, vc, wc = m[lo:hi], v[lo:hi], master[lo:hi]
-        mc *= beta1
-        d = np.multiply(g, 1 - beta1)
-        mc += d  # m = b1 m + (1 - b1) g
-        g *= g
-        g *= 1 - beta2
-        vc *= beta2
-        vc += g  # v = b2 v + (1 - b2) g^2
-        if weight_decay and lo < n_decay:  # decoupled decay, 2-D weights only
-            wc[: n_decay - lo] *= decay
-        np.sqrt(vc, out=d)
-        d *= v_c
-        d += eps
-        np.divide(mc, d, out=d)
-        d *= lr_c
-        wc -= d
-        if working is not None:
-            working[lo:hi] = wc
-
-    in_parallel(master.shape[0], chunk)
+    scalars = (
+        g_coef,
+        beta1,
+        1 - beta1,
+        beta2,
+        1 - beta2,
+        eps,
+        1 - lr * weight_decay if weight_decay else 1.0,
+        lr / bc1,
+        1 / np.sqrt(bc2),
+    )
+    # 2-byte gradients are widened first, and the working copy refreshed from master after
+    g = np.ascontiguousarray(f32(grad), dtype=master.dtype)
+    _adamw(master, g, m, v, n_decay if weight_decay else 0, *[acc(s) for s in scalars])
+    if working is not None:
+        working[...] = master

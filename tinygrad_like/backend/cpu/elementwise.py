@@ -6,9 +6,11 @@ and sums. Large contiguous operands run in flat blocks, one per core (runtime.in
 import math
 
 import numpy as np
+from numba import prange
 
 from ... import dtypes
 from ..contract import unary_op
+from .compiled import kernel, tanh
 from .runtime import CHUNK, f32, in_parallel, rounded
 
 
@@ -193,21 +195,6 @@ def sum(a, axis=None, keepdims=False):
     return rounded(np.asarray(total), a.dtype)
 
 
-_GELU_C = math.sqrt(2.0 / math.pi)  # a Python float: fp32 arrays stay fp32, fp64 stay exact
-
-
-def _gelu_tanh(xf, x2=None):
-    """t = tanh(sqrt(2/pi) (x + 0.044715 x^3)), in a fresh buffer (x*x*x, not x**3: NumPy's
-    float32 power is ~25x slower than two multiplies). x2: x*x when the caller has it."""
-    t = xf * xf if x2 is None else x2 * 0.044715
-    if x2 is None:
-        t *= 0.044715
-    t += 1.0
-    t *= xf
-    t *= _GELU_C
-    return np.tanh(t, out=t)
-
-
 def _elementwise(x, *others, body):
     """Run body(out_block, x_block, *other_blocks) over flat blocks in parallel -> out."""
     out = np.empty(x.shape, dtype=x.dtype)
@@ -225,41 +212,42 @@ def _into(out, a, b, ufunc):
         out[...] = ufunc(a, b, out=a)
 
 
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+@kernel
+def _gelu(x, dy, out, backward):
+    # one element per iteration, as elementwise.cu's thread per element, in its order:
+    # t = tanh(((x x 0.044715 + 1) x) c); forward (t + 1) x 0.5, backward
+    # ((t + 1) 0.5 + inner (1 - t^2)) dy with inner = ((x x 3 0.044715 + 1) x) 0.5 c
+    A = x.dtype.type
+    for i in prange(x.shape[0]):
+        v = x[i]
+        t = tanh((v * v * A(0.044715) + A(1)) * v * A(_GELU_C))
+        if backward:
+            inner = (v * v * A(3 * 0.044715) + A(1)) * v * A(0.5 * _GELU_C)
+            out[i] = ((t + A(1)) * A(0.5) + inner * (A(1) - t * t)) * dy[i]
+        else:
+            out[i] = (t + A(1)) * v * A(0.5)
+
+
+def _run_gelu(x, dy):
+    """_gelu over x (and dy) flattened, in the compute dtype -> out in x's dtype, rounded once."""
+    xf = np.ascontiguousarray(f32(x)).reshape(-1)
+    dyf = xf if dy is None else np.ascontiguousarray(f32(dy)).reshape(-1)
+    out = np.empty(xf.shape, dtype=xf.dtype)
+    _gelu(xf, dyf, out, dy is not None)
+    return rounded(out, x.dtype).reshape(x.shape)
+
+
 def gelu_fwd(x):
     """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-
-    def body(out, x):
-        xf = f32(x)
-        t = _gelu_tanh(xf)
-        t += 1.0
-        t *= xf
-        _into(out, t, 0.5, np.multiply)
-
-    return _elementwise(x, body=body)
+    return _run_gelu(x, None)
 
 
 def gelu_bwd(x, dy):
-    """dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)).
-    18 passes over each chunk, 3 temporaries: x^2 is computed once for t and inner, and its
-    buffer then holds 1 - t^2 (the same operations as computing each on its own)."""
-
-    def body(out, x, dy):
-        xf = f32(x)
-        x2 = xf * xf
-        t = _gelu_tanh(xf, x2)
-        inner = x2 * (3 * 0.044715)  # 0.5 x sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-        inner += 1.0
-        inner *= xf
-        inner *= 0.5 * _GELU_C
-        sech2 = np.multiply(t, t, out=x2)  # 1 - t^2
-        np.subtract(1.0, sech2, out=sech2)
-        inner *= sech2
-        t += 1.0
-        t *= 0.5
-        t += inner
-        _into(out, t, f32(dy), np.multiply)
-
-    return _elementwise(x, dy, body=body)
+    """dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))."""
+    return _run_gelu(x, dy)
 
 
 def dropout_fwd(x, p, seed):

@@ -3,10 +3,24 @@ backward.
 """
 
 import numpy as np
+from numba import prange
 
 from ..contract import check_ids
-from .elementwise import fill
-from .runtime import f32
+from .compiled import kernel
+from .runtime import f32, rounded
+
+
+@kernel
+def _embedding_bwd(dout, order, starts, dweight):
+    # one id per iteration (embedding.cu: one block per run of equal ids), its run of tokens
+    # order[starts[id]:starts[id + 1]] summed in increasing position; an id no token has gets
+    # a zero row, so dweight is written once and never zeroed first
+    C = dout.shape[1]
+    for row in prange(dweight.shape[0]):
+        dweight[row] = 0
+        for j in range(starts[row], starts[row + 1]):
+            for c in range(C):
+                dweight[row, c] += dout[order[j], c]
 
 
 def embedding_fwd(weight, idx):
@@ -22,11 +36,8 @@ def embedding_bwd(dout, idx, num_embeddings):
     C = dout.shape[-1]
     flat_idx = idx.reshape(-1)
     order = np.argsort(flat_idx, kind="stable")
-    ids, starts = np.unique(flat_idx[order], return_index=True)
-    sums = np.add.reduceat(f32(dout.reshape(-1, C))[order], starts, axis=0)  # (ids, C)
-    # dweight (V, C) is mostly zero rows (wte: 25.8 MB of fp32 for 1024 ids): zeroed with the
-    # parallel fill (np.zeros on reused heap memory is one core's memset), in dout's dtype
-    # directly, so only the touched rows are rounded (each once, as before).
-    dweight = fill(np.empty((num_embeddings, C), dtype=dout.dtype), 0)
-    dweight[ids] = sums
-    return dweight
+    starts = np.searchsorted(flat_idx[order], np.arange(num_embeddings + 1))  # (V + 1,) runs
+    douts = np.ascontiguousarray(f32(dout.reshape(-1, C)))
+    dweight = np.empty((num_embeddings, C), dtype=douts.dtype)
+    _embedding_bwd(douts, order, starts, dweight)
+    return rounded(dweight, dout.dtype)  # 2-byte: summed in fp32, each row rounded once

@@ -3,9 +3,11 @@ scores, and cross-entropy over (N, Vp) logits (forward, backward, and both in on
 """
 
 import numpy as np
+from numba import prange
 
 from ... import dtypes
 from ..contract import check_targets
+from .compiled import LANES, device, exp, kernel, row_max, row_sum
 from .runtime import f32, in_parallel
 
 _CAUSAL_MASKS = {}
@@ -68,18 +70,88 @@ def softmax_causal_bwd(probs, dprobs, scale):
 # they are rounded. (Writing dlogits in the forward, llm.c style, would round them unscaled.)
 # A caller that knows dloss in the forward and keeps dlogits in fp32 (the fused LM head's
 # precompute design) runs cross_entropy_fwd_bwd instead: both in one pass, one exp per logit.
-# All work a few rows at a time: each chunk (about 1.6 MB of fp32 at V = 50,257) stays in
-# cache across the max, exp, sum and scale steps, so each pass touches memory once.
-_CE_ROWS = 8
+# One row per prange iteration, as softmax.cu's block per row; the exps of a row are summed over
+# fixed lanes (compiled.row_sum), so the forward's and fwd_bwd's sums, and losses, are the same
+# bits. 2-byte logits are widened to fp32 a block of rows at a time, dlogits rounded once.
 
 
-def _minus_rowwise(x, row_values, out):
-    """out = x - row_values[:, None] in fp32, reading x (any float dtype) once."""
-    if x.dtype == out.dtype:
-        return np.subtract(x, row_values[:, None], out=out)
-    out[...] = x
-    out -= row_values[:, None]
-    return out
+@device
+def _exp_sum(x, shift, e, acc):
+    """e[c] = exp(x[c] - shift) over the row -> sum(e). Called with e = x for the in-place
+    kernel, so that LLVM sees one array and vectorizes (two views of one row would make it
+    fall back to its scalar loop)."""
+    for c in range(x.shape[0]):
+        e[c] = exp(x[c] - shift)
+    return row_sum(e, acc)
+
+
+@kernel
+def _ce(logits, targets, V, dloss, lse_in, losses, lse_out, dlogits, forward, backward, in_place):
+    # forward only: losses, lse_out; backward only: dlogits from lse_in; both: losses and
+    # dlogits from one exp per logit (e / s is the softmax). logits (N, Vp), the first V read;
+    # in_place: dlogits is logits.
+    A = logits.dtype.type
+    for row in prange(logits.shape[0]):
+        x, t, acc = logits[row, :V], targets[row], np.empty(LANES, A)
+        d = dloss if t >= 0 else A(0)
+        m, picked, shift = A(0), A(0), lse_in[row]  # backward only: softmax from the lse
+        if forward:
+            m = row_max(x, acc)
+            picked = x[max(t, 0)]  # both read before the exps overwrite x (in place)
+            shift = m
+        if in_place:
+            s = _exp_sum(x, shift, x, acc)
+        elif backward:
+            s = _exp_sum(x, shift, dlogits[row, :V], acc)
+        else:
+            s = _exp_sum(x, shift, np.empty(V, A), acc)
+        coef = d
+        if forward:
+            lse = np.log(s) + m
+            losses[row] = lse - picked if t >= 0 else A(0)
+            lse_out[row] = lse
+            coef = d / s
+        if backward:
+            e = dlogits[row, :V]
+            for c in range(V):
+                e[c] *= coef
+            if t >= 0:
+                e[t] -= dloss  # minus the one-hot target
+            dlogits[row, V:] = 0  # no gradient to padding
+
+
+# 2-byte logits are widened to fp32 this many rows at a time (51 MB at Vp = 50,304), never
+# all N rows at once; fp32 logits are read where they are, every row in one launch.
+_WIDEN_ROWS = 256
+
+
+def _cross_entropy(
+    logits, targets, dloss, n_classes, lse=None, forward=True, backward=False, out=None
+):
+    """_ce over the rows -> (losses, lse, dlogits) as the flags ask (None for the rest)."""
+    acc = dtypes.compute_dtype(logits.dtype)
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
+    check_targets(targets, V)
+    d = acc.type(0 if dloss is None else np.asarray(dloss).reshape(-1)[0])
+    targets = np.ascontiguousarray(targets, dtype=np.int64)
+    losses, lse_out = np.empty(N, dtype=acc), np.empty(N, dtype=acc)
+    lse_in = lse_out if lse is None else lse
+    none = np.empty((0, Vp), acc)
+    if logits.dtype == acc:
+        x = np.ascontiguousarray(logits)
+        dl = none if not backward else out if out is not None else np.empty((N, Vp), acc)
+        _ce(x, targets, V, d, lse_in, losses, lse_out, dl, forward, backward, dl is x)
+        return losses, lse_out, dl if backward else None
+    dl = None if not backward else out if out is not None else np.empty((N, Vp), logits.dtype)
+    for lo in range(0, N, _WIDEN_ROWS):
+        rows = slice(lo, min(lo + _WIDEN_ROWS, N))
+        x = f32(logits[rows])  # (rows, Vp) fp32, its dlogits written over it
+        args = (lse_in[rows], losses[rows], lse_out[rows], x if backward else none)
+        _ce(x, targets[rows], V, d, *args, forward, backward, backward)
+        if backward:
+            dl[rows] = x  # rounded once to the output's dtype
+    return losses, lse_out, dl
 
 
 def cross_entropy_fwd(logits, targets, n_classes=None):
@@ -87,22 +159,7 @@ def cross_entropy_fwd(logits, targets, n_classes=None):
     lse (N,) fp32, the log-sum-exp of each row, saved for backward), over the first
     V = n_classes columns (default all Vp; the columns past V are padding and are not read).
     Stable for large logits: the row max is subtracted before exp."""
-    acc = dtypes.compute_dtype(logits.dtype)
-    N, Vp = logits.shape
-    V = Vp if n_classes is None else n_classes
-    check_targets(targets, V)
-    losses, lse = np.empty(N, dtype=acc), np.empty(N, dtype=acc)
-
-    def rows(lo, hi):
-        x, t = logits[lo:hi, :V], targets[lo:hi]
-        m = x.max(axis=1).astype(acc)
-        e = _minus_rowwise(x, m, np.empty(x.shape, acc))
-        np.exp(e, out=e)
-        lse[lo:hi] = np.log(e.sum(axis=1)) + m
-        picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
-        losses[lo:hi] = np.where(t >= 0, lse[lo:hi] - picked, 0.0)
-
-    in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
+    losses, lse, _ = _cross_entropy(logits, targets, None, n_classes)
     return losses, lse
 
 
@@ -110,26 +167,8 @@ def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
     """dlogits (N, Vp) = dloss * (softmax(logits) - onehot(target)) in the first V = n_classes
     columns (default all Vp) and exactly 0 in the padding columns past V, zero rows for ignored
     targets; dloss is a 1-element array (the upstream gradient over the count of targets)."""
-    acc = dtypes.compute_dtype(logits.dtype)
-    d = acc.type(np.asarray(dloss).reshape(-1)[0])
-    N, Vp = logits.shape
-    V = Vp if n_classes is None else n_classes
-    check_targets(targets, V)
-    dlogits = np.empty(logits.shape, dtype=logits.dtype)
-
-    def rows(lo, hi):
-        t = targets[lo:hi]
-        e = dlogits[lo:hi, :V] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32
-        np.exp(_minus_rowwise(logits[lo:hi, :V], lse[lo:hi], e), out=e)  # softmax, from the lse
-        valid = t >= 0
-        e *= (valid * d)[:, None]
-        e[np.flatnonzero(valid), t[valid]] -= d  # minus the one-hot target
-        if logits.dtype != acc:
-            dlogits[lo:hi, :V] = e
-        dlogits[lo:hi, V:] = 0  # no gradient to padding
-
-    in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
-    return dlogits
+    lse = np.ascontiguousarray(lse, dtype=dtypes.compute_dtype(logits.dtype))
+    return _cross_entropy(logits, targets, dloss, n_classes, lse, forward=False, backward=True)[2]
 
 
 def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
@@ -142,32 +181,9 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
     dloss, and closer to the exact value (logit - lse, rounded before its exp, is the larger
     error: off by a median 4 ulps against 1-3, at most 34 against 21, on GPT-2 rows). No lse:
     nobody needs it after. dlogits are written into out when given, which may be logits
-    itself (a chunk of rows is read before it is overwritten), so no second (N, Vp) array
-    exists. (softmax.cu's twin takes the exp twice: on a GPU bytes, not exps, bound it.)"""
-    acc = dtypes.compute_dtype(logits.dtype)
-    d = acc.type(np.asarray(dloss).reshape(-1)[0])
-    N, Vp = logits.shape
-    V = Vp if n_classes is None else n_classes
-    check_targets(targets, V)
-    losses = np.empty(N, dtype=acc)
-    dlogits = np.empty(logits.shape, dtype=logits.dtype) if out is None else out
-
-    def rows(lo, hi):
-        x, t = logits[lo:hi, :V], targets[lo:hi]
-        valid = t >= 0
-        m = x.max(axis=1).astype(acc)  # both read x before
-        picked = np.take_along_axis(x, np.maximum(t, 0)[:, None], axis=1)[:, 0].astype(acc)
-        e = dlogits[lo:hi, :V] if logits.dtype == acc else np.empty((hi - lo, V), acc)  # fp32
-        np.exp(_minus_rowwise(x, m, e), out=e)  # e (rows, V) overwrites it; the one exp
-        s = e.sum(axis=1)
-        losses[lo:hi] = np.where(valid, np.log(s) + m - picked, 0.0)
-        e *= (valid * d / s)[:, None]  # softmax * dloss
-        e[np.flatnonzero(valid), t[valid]] -= d  # minus the one-hot target
-        if logits.dtype != acc:
-            dlogits[lo:hi, :V] = e
-        dlogits[lo:hi, V:] = 0  # no gradient to padding
-
-    in_parallel(N, rows, per_row=V, chunk_rows=_CE_ROWS)
+    itself (each logit is read before it is overwritten), so no second (N, Vp) array exists.
+    (softmax.cu's twin takes the exp twice: on a GPU bytes, not exps, bound it.)"""
+    losses, _, dlogits = _cross_entropy(logits, targets, dloss, n_classes, backward=True, out=out)
     return losses, dlogits
 
 

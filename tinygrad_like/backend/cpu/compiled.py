@@ -1,0 +1,181 @@
+"""The CPU backend's compiled loops: Numba's decorator for the kernels that NumPy would run as
+one pass per operator, and the device functions they share (common.cuh's twins).
+
+A compiled kernel reads like its CUDA twin: one row (or block of elements) per iteration of a
+prange loop, which Numba splits over the cores with one join per kernel. Rounding is NumPy's:
+no fast-math, so LLVM neither reorders sums nor fuses a multiply and an add, and every sum is
+over LANES fixed lanes (a warp's lanes on the GPU) added in a fixed tree at the end, the same
+bits for any core count. The compiled code is cached on disk beside this package
+(cache=True): the first run compiles each kernel once per dtype and prints a line saying so.
+Numba checks a cached kernel against its own file only, not the device functions it calls, so
+the cache lives in a directory named by a hash of this package's sources (any edit, a fresh
+cache): $NUMBA_CACHE_DIR if set, else ~/.cache/tinygrad_like/numba-<hash>. Numba has no fp16
+or bf16 on the CPU, so 2-byte arrays reach these kernels widened to fp32 by NumPy (runtime.f32)
+and their results are rounded once by NumPy (runtime.rounded), as before.
+"""
+
+import hashlib
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+from .runtime import THREADS
+
+
+def _cache_dir():
+    sources = sorted(Path(__file__).parent.glob("*.py"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(home, "tinygrad_like", f"numba-{digest}")
+
+
+if "NUMBA_CACHE_DIR" not in os.environ:
+    numba.config.CACHE_DIR = _cache_dir()
+# Numba's own thread pool rather than OpenMP's, whose idle threads spin after each kernel and
+# slow the OpenBLAS GEMM that follows (a GPT-2 step 20% slower on 2 cores). It runs kernels
+# launched from one thread at a time, as the training loop does. NUMBA_THREADING_LAYER wins.
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "workqueue"
+numba.set_num_threads(max(1, min(THREADS, numba.config.NUMBA_NUM_THREADS)))
+
+LANES = 16  # the accumulators of a row sum: one AVX-512 register of fp32, two of AVX2
+
+
+def kernel(fn):
+    """@kernel: fn compiled with prange over the cores, cached on disk; the first call per
+    dtype that compiles (a cold cache) prints 'compiled cpu.<name> in N s' to stderr."""
+    jitted = numba.njit(parallel=True, cache=True, nogil=True, error_model="numpy")(fn)
+
+    def call(*args):
+        compiled = len(jitted.signatures)
+        if compiled:
+            return jitted(*args)
+        t0 = time.perf_counter()
+        out = jitted(*args)
+        if sum(jitted.stats.cache_misses.values()) and os.environ.get("TG_QUIET") != "1":
+            seconds = time.perf_counter() - t0
+            print(f"compiled cpu.{fn.__name__} in {seconds:.1f} s", file=sys.stderr, flush=True)
+        return out
+
+    call.__name__, call.__doc__, call.jitted = fn.__name__, fn.__doc__, jitted
+    return call
+
+
+device = numba.njit(cache=True, inline="always", error_model="numpy")  # a __device__ function
+
+
+@device
+def row_sum(x, acc):
+    """sum(x) of a 1-D row in its dtype: LANES strided partial sums in acc (LANES,) scratch (lane
+    l adds x[l], x[l + LANES], ...), then the lanes pairwise, as warp_sum adds a warp's."""
+    acc[:] = 0
+    n = x.shape[0] - x.shape[0] % LANES
+    for c0 in range(0, n, LANES):
+        for lane in range(LANES):
+            acc[lane] += x[c0 + lane]
+    for c in range(n, x.shape[0]):
+        acc[c - n] += x[c]
+    width = LANES // 2
+    while width:
+        for lane in range(width):
+            acc[lane] += acc[lane + width]
+        width //= 2
+    return acc[0]
+
+
+@device
+def row_dot(x, y, acc):
+    """sum(x * y) of two 1-D rows, over the lanes of row_sum (no temporary for the products)."""
+    acc[:] = 0
+    n = x.shape[0] - x.shape[0] % LANES
+    for c0 in range(0, n, LANES):
+        for lane in range(LANES):
+            acc[lane] += x[c0 + lane] * y[c0 + lane]
+    for c in range(n, x.shape[0]):
+        acc[c - n] += x[c] * y[c]
+    width = LANES // 2
+    while width:
+        for lane in range(width):
+            acc[lane] += acc[lane + width]
+        width //= 2
+    return acc[0]
+
+
+@device
+def row_max(x, acc):
+    """max(x) of a 1-D row, over LANES lanes as row_sum (max is exact: any order, the same)."""
+    acc[:] = x[0]
+    n = x.shape[0] - x.shape[0] % LANES
+    for c0 in range(0, n, LANES):
+        for lane in range(LANES):
+            acc[lane] = max(acc[lane], x[c0 + lane])
+    for c in range(n, x.shape[0]):
+        acc[c - n] = max(acc[c - n], x[c])
+    return acc.max()
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+def exp(x):
+    """e^x (math.exp); in fp32 a polynomial LLVM can vectorize, within 2 ulps of expf."""
+    return math.exp(x)
+
+
+_ROUND = np.float32(1.5 * 2**23)  # x + _ROUND - _ROUND: x rounded to an integer (|x| < 2^22)
+
+
+@overload(exp, jit_options={"cache": True})
+def _exp(x):
+    if x != types.float32:
+        return lambda x: math.exp(x)
+
+    def exp_f32(x):
+        # Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^n put
+        # into the exponent bits. Past the fp32 range it is 0 or inf; nan stays nan.
+        xc = min(max(x, np.float32(-87.5)), np.float32(88.72283))
+        n = xc * np.float32(1.44269504) + _ROUND - _ROUND  # round to nearest, no call
+        r = xc - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+        p = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        p = p * r * r + r + np.float32(1.0)
+        # 2^n as two factors, so n = 128 (x near 88.7) needs no fp32 exponent of 255
+        k = np.int32(n)
+        y = p * _f32_from_bits(((k >> 1) + 127) << 23) * _f32_from_bits((k - (k >> 1) + 127) << 23)
+        if x < np.float32(-87.3):
+            y = np.float32(0.0)
+        if x > np.float32(88.72284):
+            y = np.float32(np.inf)
+        return x if x != x else y
+
+    return exp_f32
+
+
+def tanh(x):
+    """tanh(x) (math.tanh); in fp32 1 - 2 / (e^2x + 1) through exp: absolute error an ulp of 1,
+    all that GELU's 1 + t and 1 - t^2 can see."""
+    return math.tanh(x)
+
+
+@overload(tanh, jit_options={"cache": True})
+def _tanh(x):
+    if x != types.float32:
+        return lambda x: math.tanh(x)
+    one, two = np.float32(1), np.float32(2)
+    return lambda x: one - two / (exp(x + x) + one)
