@@ -12,7 +12,7 @@ measured column is the same step's counts without a byte allocated: the 7B runs 
 import math
 
 from tinygrad_like import dtypes
-from tinygrad_like.profiler import PHASES
+from tinygrad_like.profiler import GEMMS, PHASES
 
 from .tables import table, wrap
 
@@ -60,6 +60,20 @@ def figures(m, budget_bytes):
         (f"weights ({m.dtype})", _gb(n_paper * itemsize), _gb(m.persistent["weights"]), ""),
     ]
     gather = 2 * c.vocab_size * c.hidden_size  # the embedding's share of 2N, never multiplied
+    gemm = m.step.by_phase(GEMMS, by="math")["forward"]["flops"] / tokens
+    rows.append(
+        (
+            "forward GEMM FLOPs/token",
+            f"2N = {2 * n_paper / 1e9:,.3f} G",
+            f"{gemm / 1e9:,.3f} G",
+            f"{_ratio(gemm, 2 * n_paper)}: 2N less 2·V·d (the embedding, a gather)"
+            + (
+                "; + attention's QK^T and PV (naive)"
+                if m.options.attention == "naive"
+                else " (flash attention is not a GEMM kernel)"
+            ),
+        )
+    )
     for phase, times in (("forward", 1), ("backward", 2), ("step", 3)):
         phases = PHASES if phase == "step" else (phase,)
         got = sum(by_math[p]["flops"] for p in phases) / tokens
