@@ -90,6 +90,18 @@ device = numba.njit(cache=True, inline="always", error_model="numpy")  # a __dev
 
 
 @device
+def _lanes_sum(acc):
+    """The LANES partial sums added pairwise (lane l + lane l + width, width halving), as
+    warp_sum adds a warp's."""
+    width = LANES // 2
+    while width:
+        for lane in range(width):
+            acc[lane] += acc[lane + width]
+        width //= 2
+    return acc[0]
+
+
+@device
 def row_sum(x, acc):
     """sum(x) of a 1-D row in its dtype: LANES strided partial sums in acc (LANES,) scratch (lane
     l adds x[l], x[l + LANES], ...), then the lanes pairwise, as warp_sum adds a warp's."""
@@ -100,12 +112,7 @@ def row_sum(x, acc):
             acc[lane] += x[c0 + lane]
     for c in range(n, x.shape[0]):
         acc[c - n] += x[c]
-    width = LANES // 2
-    while width:
-        for lane in range(width):
-            acc[lane] += acc[lane + width]
-        width //= 2
-    return acc[0]
+    return _lanes_sum(acc)
 
 
 @device
@@ -118,12 +125,7 @@ def row_dot(x, y, acc):
             acc[lane] += x[c0 + lane] * y[c0 + lane]
     for c in range(n, x.shape[0]):
         acc[c - n] += x[c] * y[c]
-    width = LANES // 2
-    while width:
-        for lane in range(width):
-            acc[lane] += acc[lane + width]
-        width //= 2
-    return acc[0]
+    return _lanes_sum(acc)
 
 
 @device
