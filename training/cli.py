@@ -10,7 +10,7 @@ import signal
 import sys
 import traceback
 
-from nn import GPT2Config
+from nn import GPT2Config, from_preset
 from nn.config import PRESETS
 from nn.hf import read_config
 from tinygrad_like import backend, distributed
@@ -192,7 +192,7 @@ def validate(cfg):
             f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the schedule decays "
             "from --lr down to --min-lr"
         )
-    config = cfg.model and GPT2Config.from_preset(cfg.model)  # None: --init-from's own
+    config = cfg.model and from_preset(cfg.model)  # None: --init-from's own
     check_dtype(cfg.dtype)
     cfg.execution_options()
     backend.check_device(cfg.device)

@@ -20,11 +20,9 @@ MICRO_BATCH_TOKENS = 32_768  # the lecture's micro-batch (B = 8, S = 4096) for t
 
 
 def paper_parameters(c):
-    """N as the lecture counts it: per layer Q and O (d x d each), K and V (d x Hkv·D each),
-    gate, up and down (d x d_ff each); two V x d embeddings; no normalization weights."""
-    d, kv = c.hidden_size, c.n_kv_head * c.head_dim
-    per_layer = 2 * d * d + 2 * d * kv + 3 * d * c.intermediate_size
-    return c.n_layer * per_layer + 2 * c.vocab_size * d
+    """N as the lecture counts it: each layer's weights without its two RMSNorms (Q and O d x d,
+    K and V d x Hkv·D, gate, up and down d x d_ff), two V x d embeddings, no final norm."""
+    return c.n_layer * (c.layer_parameters() - 2 * c.hidden_size) + 2 * c.vocab_size * c.hidden_size
 
 
 def lecture_activation_bytes_per_token(c, itemsize=2):

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 import nn
-from nn import ExecutionOptions, GPT2Config
+from nn import ExecutionOptions, from_preset
 from nn.hf import read_config, read_state
 from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
@@ -154,12 +154,10 @@ class Trainer:
         cfg = self.cfg
         source = cfg.resume or cfg.init_from
         self._check_fits(
-            read_config(checkpoint.find_checkpoint(source))
-            if source
-            else GPT2Config.from_preset(cfg.model)
+            read_config(checkpoint.find_checkpoint(source)) if source else from_preset(cfg.model)
         )
         if source is None:  # the preset's family: GPT-2 or Llama
-            config = GPT2Config.from_preset(cfg.model)
+            config = from_preset(cfg.model)
             return nn.build(config, seed=cfg.seed, device=self.device, options=self.options)
         ckpt = checkpoint.find_checkpoint(source)
         if cfg.resume:  # verifies every file's sha256 first

@@ -169,6 +169,20 @@ def predicted_collectives(numel, dtype, zero, world, micro_batches=1):
 # Shapes: N = B·T rows, C channels, H heads, Vp the padded vocabulary, s the dtype's itemsize.
 
 
+def _attention_saves(attention, out_proj, x, probs, B, H, T):
+    """What attention keeps beyond q, k, v, and what its output projection (out_proj) saves:
+    the probabilities (naive) or its output and lse (flash); the projection's input, a
+    contiguous copy of that output unless (B, T, H, D) is a view of (B, H, T, D). x: the bytes
+    of one (B, T, C) tensor, probs: of the (B, H, T, T) probabilities."""
+    if attention == "naive":
+        saved = [("attention: the probabilities (B, H, T, T)", probs)]
+    else:
+        saved = [("attention: its output (B, H, T, D), the lse (B, H, T) fp32", x + B * H * T * 4)]
+    if attention == "naive" or (T > 1 and H > 1):
+        saved += [(f"{out_proj}: its input, attention's output made contiguous (B, T, C)", x)]
+    return saved
+
+
 def _gpt2(config, batch_size, seq_len, size, attention):
     """GPT-2's part (nn/gpt2.py): (inputs, saved, moments, final_norm).
     inputs and final_norm: (what, bytes) the embeddings and ln_f save.
@@ -188,12 +202,7 @@ def _gpt2(config, batch_size, seq_len, size, attention):
     saved = [("ln_1: its input x (B, T, C), mean and rstd (B, T) fp32", x + stats)]
     saved += [("c_attn: its input, ln_1's output (B·T, C)", x)]
     saved += [("attention: q, k, v, views of c_attn's output (B·T, 3C)", 3 * x)]
-    if attention == "naive":
-        saved += [("attention: the probabilities (B, H, T, T)", probs)]
-    else:
-        saved += [("attention: its output (B, H, T, D), the lse (B, H, T) fp32", x + B * H * T * 4)]
-    if attention == "naive" or (T > 1 and H > 1):  # else (B, T, H, D) is a view of (B, H, T, D)
-        saved += [("attn.c_proj: its input, attention's output made contiguous (B, T, C)", x)]
+    saved += _attention_saves(attention, "attn.c_proj", x, probs, B, H, T)
     saved += [
         ("ln_2: its input (B, T, C), mean and rstd", x + stats),
         ("mlp.c_fc: its input, ln_2's output (B·T, C)", x),
@@ -244,12 +253,7 @@ def _llama(config, batch_size, seq_len, size, attention):
     saved += [("q/k/v_proj: their input, the norm's output (B·T, C)", x)]
     saved += [("attention: q after rotary (B, H, T, D)", x)]
     saved += [("attention: k after rotary, v (B, Hkv, T, D)", 2 * N * kv * size)]
-    if attention == "naive":
-        saved += [("attention: the probabilities (B, H, T, T)", probs)]
-    else:
-        saved += [("attention: its output (B, H, T, D), the lse (B, H, T) fp32", x + B * H * T * 4)]
-    if attention == "naive" or (T > 1 and H > 1):  # else (B, T, H, D) is a view of (B, H, T, D)
-        saved += [("o_proj: its input, attention's output made contiguous (B, T, C)", x)]
+    saved += _attention_saves(attention, "o_proj", x, probs, B, H, T)
     saved += [
         ("post_attention_layernorm: its input (B, T, C), rstd", x + rstd),
         ("gate/up_proj: their input, the norm's output (B·T, C)", x),
