@@ -62,7 +62,7 @@ from bench_ours import (
 )
 from torch_gpt2 import PEER_DTYPES, TorchPeer
 
-from nn import from_preset
+from nn import GPT2Config
 from tinygrad_like import peaks
 from tinygrad_like.profiler import format_census
 from training import mfu, roofline, roofline_plot
@@ -171,7 +171,7 @@ def parse_args(argv=None):
                 raise ValueError(f"--plot {args.plot}: no such directory")
             args.census = True
         if not args.no_generate:
-            from_preset(args.model).check_context(
+            GPT2Config.from_preset(args.model).check_context(
                 args.prompt_len + args.new_tokens, "--prompt-len + --new-tokens ="
             )
     return args
@@ -207,7 +207,7 @@ def run(args, results, log=print):
     if torch is not None and transformers is None and not args.no_hf:
         log("transformers not installed: Hugging Face generate skipped (pip install transformers)")
     machine.set_threads(args.threads, torch)
-    config = from_preset(args.model)
+    config = GPT2Config.from_preset(args.model)
     env = machine.environment_info(torch, args.device)
     results.update(
         args=vars(args),
