@@ -117,6 +117,42 @@ def matmul_tn(a, b):
     """(..., K, M)^T @ (..., K, N) -> (..., M, N)."""
 
 
+# ---------------------------------------------------------------- quant
+# Quantized weights for inference (tinygrad_like/quant.py holds the formats, the quantizer and
+# the NumPy reference). A quantized weight W (N, K) is stored with one row per output channel
+# (the row a GEMV streams): codes (N, K) uint8 for the 8-bit formats, (N, K/2) uint8 for the
+# 4-bit ones (element 2j in the low nibble, 2j + 1 in the high one), (N, K) uint16 bit patterns
+# for bf16 / fp16; scales (N, K / group_size) fp32, one per group of a row (group_size = K: one
+# per output channel), None for bf16 / fp16. fmt is one of quant.FORMATS' names. The kernels
+# decode each code in registers as they read it: there is never a dequantized copy of W.
+
+
+def _quantized_row_bytes(codes, scales):
+    """Bytes of one stored row: its codes and its scales."""
+    return codes[0].nbytes + (scales[0].nbytes if scales is not None else 0)
+
+
+@kernel(
+    "quant",
+    flops=lambda r, x, codes, scales, fmt, group_size, bias=None: 2 * r.size * x.shape[-1]
+    + (bias is not None) * r.size,
+)
+def qmatmul(x, codes, scales, fmt, group_size, bias=None):
+    """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype, W (N, K) decoded from codes and
+    scales inside the kernel (w = code value x its group's scale), fp32 accumulation."""
+
+
+@kernel(
+    "quant",
+    skips=(0, 1),
+    reads=lambda outs, codes, scales, idx, fmt, group_size: idx.nbytes
+    + idx.size * _quantized_row_bytes(codes, scales),
+)
+def qembedding(codes, scales, idx, fmt, group_size):
+    """Rows idx (...) int in [0, N) of a quantized table W (N, K) -> (..., K) fp32, decoded:
+    a gather that reads only the rows it decodes."""
+
+
 # ---------------------------------------------------------------- elementwise
 # Binary ops broadcast as NumPy does (either side may be a Python scalar); out, when given, is
 # written in place. Data movement counts bytes only.
