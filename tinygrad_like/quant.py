@@ -136,20 +136,19 @@ class QuantizedWeight:
         return array if self.rows is None else array[: self.rows]
 
     def to(self, device):
-        """This weight's codes and scales on device (itself when already there)."""
-        if device == self.device:
-            return self
-        be, here = backend.get(device), backend.of(self.codes)
-        move = lambda a: None if a is None else be.asarray(here.to_numpy(a))  # noqa: E731
-        return QuantizedWeight(
-            self.fmt,
-            move(self.codes),
-            move(self.scales),
-            self.group_size,
-            self.shape,
-            self.out_axis,
-            self.rows,
-        )
+        """Move the codes and scales to device, in place (as Module.to moves a model: a weight
+        two modules share moves once) -> self."""
+        if device != self.device:
+            be, here = backend.get(device), backend.of(self.codes)
+            self.codes = be.asarray(here.to_numpy(self.codes))
+            self.scales = None if self.scales is None else be.asarray(here.to_numpy(self.scales))
+            for a in (self.codes, self.scales):
+                if a is not None:
+                    TRACKER.register(a, "weights")
+        return self
+
+
+_CODE_DTYPES = {4: np.uint8, 8: np.uint8, 16: np.uint16}  # bits -> the codes' dtype
 
 
 def _groups(W, g):
@@ -173,12 +172,16 @@ def quantize(weight, fmt, group_size=None, out_axis=0, rows=None):
     nearest integer (ties to even) within +-qmax; the float formats round it as ml_dtypes
     casts, within +-qmax (never past the format's largest value)."""
     be = backend.of(weight)
-    host = np.asarray(be.to_numpy(weight), dtype=np.float32)
-    if host.ndim != 2 or out_axis not in (0, 1):
-        raise ValueError(f"quantize: a 2-D weight and out_axis 0 or 1, got {host.shape}")
-    W = np.ascontiguousarray(host if out_axis == 0 else host.T)  # (N, K)
-    f, K = get_format(fmt), W.shape[1]
+    if len(weight.shape) != 2 or out_axis not in (0, 1):
+        raise ValueError(f"quantize: a 2-D weight and out_axis 0 or 1, got {weight.shape}")
+    f, (N, K) = get_format(fmt), weight.shape[:: 1 if out_axis == 0 else -1]
     g = check_group_size(fmt, K, group_size)
+    if not backend.holds_values(weight):  # the meta device: the stored shapes, no values
+        codes = be.empty((N, K // 2 if f.bits == 4 else K), _CODE_DTYPES[f.bits])
+        scales = be.empty((N, K // g), np.float32) if f.scaled else None
+        return QuantizedWeight(fmt, codes, scales, g, weight.shape, out_axis, rows)
+    host = np.asarray(be.to_numpy(weight), dtype=np.float32)
+    W = np.ascontiguousarray(host if out_axis == 0 else host.T)  # (N, K)
     scales = None
     if not f.scaled:
         codes = W.astype(f.element).view(np.uint16)
@@ -205,7 +208,8 @@ def quantize(weight, fmt, group_size=None, out_axis=0, rows=None):
 
 def dequantize(qw):
     """The NumPy reference: the fp32 weight (qw.shape, on the host) that qw's codes and scales
-    stand for, decoded with ml_dtypes. For tests: the kernels never make this array."""
+    stand for, decoded with ml_dtypes. For tests and host copies (Module.state_dict): the
+    kernels never make this array."""
     f = get_format(qw.fmt)
     codes = np.asarray(backend.of(qw.codes).to_numpy(qw.codes))
     if f.bits == 4:  # unpack: element 2j from the low nibble, 2j + 1 from the high
