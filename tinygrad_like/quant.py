@@ -72,7 +72,7 @@ def check_group_size(fmt, K, group_size=None):
         if group_size is not None:
             raise ValueError(f"{fmt} has no scales: it takes no group size")
         return None
-    g = group_size or f.group_size or K
+    g = group_size if group_size is not None else f.group_size or K
     if g <= 0 or K % g or (f.bits == 4 and g % 2):
         even = " and even" if f.bits == 4 else ""
         raise ValueError(
@@ -151,13 +151,14 @@ class QuantizedWeight:
 _CODE_DTYPES = {4: np.uint8, 8: np.uint8, 16: np.uint16}  # bits -> the codes' dtype
 
 
-def _groups(W, g):
+def _groups(W, g, qmax):
     """W (N, K) as (N, K / g, g) and each group's scale (N, K / g) fp32: its largest magnitude
-    over the format's (qmax applied by the caller), 1 for an all-zero group."""
+    over qmax, 1 for an all-zero group."""
     N, K = W.shape
     grouped = W.reshape(N, K // g, g)
     top = np.abs(grouped).max(axis=2)
-    return grouped, np.where(top > 0, top, np.float32(1)).astype(np.float32)
+    scales = np.where(top > 0, top / np.float32(qmax), np.float32(1))
+    return grouped, scales.astype(np.float32)
 
 
 def _nibbles(values):
@@ -186,8 +187,7 @@ def quantize(weight, fmt, group_size=None, out_axis=0, rows=None):
     if not f.scaled:
         codes = W.astype(f.element).view(np.uint16)
     else:
-        grouped, top = _groups(W, g)
-        scales = (top / np.float32(f.qmax)).astype(np.float32)
+        grouped, scales = _groups(W, g, f.qmax)
         scaled = np.clip(grouped / scales[:, :, None], -f.qmax, f.qmax).reshape(W.shape)
         if f.decode == "int":
             q = np.rint(scaled).astype(np.int8)
@@ -226,12 +226,12 @@ def dequantize(qw):
     return W if qw.out_axis == 0 else np.ascontiguousarray(W.T)
 
 
-def bytes_per_parameter(fmt, group_size=None):
-    """Stored bytes per weight element: the code's, plus its share of a scale (an fp32 per
-    group); the fp32 or training dtype's itemsize for an unquantized name. group_size None:
-    the format's default (one scale per output channel has no fixed share: counted as 0)."""
-    if fmt not in FORMATS:
-        return dtypes.as_dtype(fmt).itemsize
+def bytes_per_parameter(fmt, group_size=None, row=None):
+    """Stored bytes per weight element of a format, its share of the fp32 scales included (one
+    per group: group_size, the format's default, or one per output channel of `row` elements);
+    an unquantized dtype's itemsize (fmt "fp32", "bf16" as a dtype, ...) for any other name."""
+    if fmt not in FORMATS or not FORMATS[fmt].scaled:
+        return FORMATS[fmt].bits / 8 if fmt in FORMATS else dtypes.as_dtype(fmt).itemsize
     f = FORMATS[fmt]
-    g = group_size or f.group_size
-    return f.bits / 8 + (4 / g if f.scaled and g else 0)
+    g = group_size or f.group_size or row
+    return f.bits / 8 + (4 / g if g else 0)
