@@ -26,6 +26,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .runtime import THREADS
@@ -65,14 +66,17 @@ def _jit(fn, parallel):
     return numba.njit(parallel=parallel, cache=True, nogil=True, error_model="numpy")(fn)
 
 
-def kernel(fn):
-    """@kernel: fn compiled with prange over the cores (one core below SERIAL_BELOW elements),
-    cached on disk; the first call per dtype that compiles (a cold cache) prints 'compiled
-    cpu.<name> in N s' to stderr."""
+def kernel(fn=None, *, serial_below=None):
+    """@kernel: fn compiled with prange over the cores (one core below serial_below elements
+    of its first argument, default SERIAL_BELOW), cached on disk; the first call per dtype that
+    compiles (a cold cache) prints 'compiled cpu.<name> in N s' to stderr. @kernel(serial_below=
+    n) for a kernel whose work per element of its first argument is another's."""
+    if fn is None:
+        return lambda fn: kernel(fn, serial_below=serial_below)
     variants = {True: _jit(fn, True), False: _jit(fn, False)}
 
     def call(*args):
-        jitted = variants[args[0].size >= SERIAL_BELOW]
+        jitted = variants[args[0].size >= (serial_below or SERIAL_BELOW)]
         if jitted.signatures:
             return jitted(*args)
         t0 = time.perf_counter()
@@ -87,6 +91,23 @@ def kernel(fn):
 
 
 device = numba.njit(cache=True, inline="always", error_model="numpy")  # a __device__ function
+
+
+@intrinsic
+def _alloca_lanes(typingctx, like):
+    def codegen(context, builder, signature, args):
+        count = context.get_constant(types.intp, LANES)
+        return cgutils.alloca_once(builder, context.get_value_type(like), size=count)
+
+    return types.CPointer(like)(like), codegen
+
+
+@device
+def stack_lanes(like):
+    """A (LANES,) scratch of like's type on the stack, for row_sum's and row_dot's lanes: once
+    LLVM has unrolled their lane loops it keeps the lanes in registers, where a heap scratch
+    (np.empty) goes through memory at every add. One per function (the entry block's)."""
+    return numba.carray(_alloca_lanes(like), LANES)
 
 
 @device

@@ -14,7 +14,7 @@ import numpy as np
 from numba import prange
 
 from ..contract import check_ids
-from .compiled import LANES, device, f32_from_bits, kernel, row_dot
+from .compiled import device, f32_from_bits, kernel, row_dot, stack_lanes
 from .runtime import f32, rounded
 
 # What a small float's largest exponent field means: nothing special (fp4 E2M1), NaN only
@@ -90,14 +90,13 @@ def nibble_bits(nibble, exp_bits, man_bits):
 
 
 @device
-def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, w):
+def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, bits, w):
     """w (K,) fp32 = the row whose codes (K,) or (K / 2,) and scales (K / group_size,) (empty
-    for the unscaled formats) are given, in a format of DECODED's fields. Two passes over the
-    row, each a loop that vectorizes: the codes to integers (exp_bits 0) or to fp32 bits (the
-    floats) in w's memory, then each group to fp32 times its scale (a small float times
-    minifloat_scale first, exactly). A 4-bit byte holds elements 2j (low nibble) and 2j + 1
-    (high)."""
-    bits = w.view(np.int32)
+    for the unscaled formats) are given, in a format of DECODED's fields; bits (K,) int32 is
+    scratch. Two passes over the row, each a loop that vectorizes: the codes to integers
+    (exp_bits 0) or to fp32 bits (the floats) in bits, then each group to fp32 times its scale
+    in w (a small float times minifloat_scale first, exactly). A 4-bit byte holds elements 2j
+    (low nibble) and 2j + 1 (high)."""
     if codes.shape[0] < w.shape[0]:
         for j in range(codes.shape[0]):
             bits[2 * j] = nibble_bits(codes[j] & 0xF, exp_bits, man_bits)
@@ -109,30 +108,40 @@ def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, w):
         for k in range(w.shape[0]):
             bits[k] = minifloat_bits(codes[k], exp_bits, man_bits, specials)
     rebias = minifloat_scale(exp_bits) if exp_bits else np.float32(1)
+    floats = bits.view(np.float32)
     for group in range(w.shape[0] // group_size):
         lo = group * group_size
         scale = scales[group] if scales.shape[0] else np.float32(1)
-        values, values_bits = w[lo : lo + group_size], bits[lo : lo + group_size]
+        values = w[lo : lo + group_size]
         if exp_bits == 0:
+            ints = bits[lo : lo + group_size]
             for k in range(group_size):
-                values[k] = np.float32(values_bits[k]) * scale
+                values[k] = np.float32(ints[k]) * scale
         else:
+            small = floats[lo : lo + group_size]
             for k in range(group_size):
-                values[k] = values[k] * rebias * scale
+                values[k] = small[k] * rebias * scale
 
 
-@kernel
+# Below this many codes a qmatmul runs on one core. Measured (AMD EPYC, 2 vCPUs shared with
+# other jobs, int8 GEMVs of K = 768, M = 1): one core is faster up to N = 1536 rows (1.2M codes:
+# 0.88 ms against 0.95 parallel), two from N = 2304 (1.8M: 1.39 against 1.13 ms); a parallel
+# launch alone costs about 55 us (N = 4: 6 us serial, 57 parallel).
+_QMATMUL_SERIAL_BELOW = 3 << 19
+
+
+@kernel(serial_below=_QMATMUL_SERIAL_BELOW)
 def _qmatmul(codes, scales, group_size, exp_bits, man_bits, specials, x, bias, y):
     # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N) fp32:
     # a block of rows of W per iteration, each row decoded once into w and dotted with every
     # row of x (quant.cu's qmatmul: a block per row). codes first: the kernel runs on one core
-    # below SERIAL_BELOW codes (compiled.kernel's rule keys on the first argument).
+    # below _QMATMUL_SERIAL_BELOW codes (compiled.kernel's rule keys on the first argument).
     M, K = x.shape
     N = codes.shape[0]
     for b in prange(-(-N // _BLOCK_ROWS)):
-        w, acc = np.empty(K, np.float32), np.empty(LANES, np.float32)
+        bits, w, acc = np.empty(K, np.int32), np.empty(K, np.float32), stack_lanes(np.float32(0))
         for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
-            decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, w)
+            decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, bits, w)
             for m in range(M):
                 dot = row_dot(x[m], w, acc)
                 y[m, n] = dot + bias[n] if bias.shape[0] else dot
@@ -143,8 +152,8 @@ def _qembedding(out, codes, scales, group_size, exp_bits, man_bits, specials, id
     # out (T, K) fp32, idx (T,): the row of each id decoded straight into its output row
     # (quant.cu's qembedding: a block per id). out first: one core below SERIAL_BELOW elements.
     for t in prange(idx.shape[0]):
-        row = idx[t]
-        decode_row(codes[row], scales[row], group_size, exp_bits, man_bits, specials, out[t])
+        row, bits = idx[t], np.empty(out.shape[1], np.int32)
+        decode_row(codes[row], scales[row], group_size, exp_bits, man_bits, specials, bits, out[t])
 
 
 def _kernel_args(codes, scales, fmt, group_size):
