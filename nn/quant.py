@@ -9,7 +9,7 @@ they are small, and the position table is only gathered from.
 """
 
 from tinygrad_like import no_grad
-from tinygrad_like.quant import get_format, quantize
+from tinygrad_like.quant import QuantizedWeight, get_format, quantize
 
 from .layers import Linear, TransposedLinear
 
@@ -17,10 +17,12 @@ from .layers import Linear, TransposedLinear
 def quantize_model(model, fmt, group_size=None):
     """Quantize model's weights to fmt (a FORMATS name; "fp32" leaves the model as it is), with
     group_size elements per scale (the format's default when None) -> model. A weight shared
-    by two modules stays one. Inference only: the model can no longer be trained."""
+    by two modules stays one. Every weight is quantized before any is replaced, so a group size
+    that does not fit one leaves the model as it was. Inference only: the model can no longer
+    be trained."""
     if fmt == "fp32":
         return model
-    get_format(fmt)  # an unknown name fails before anything is replaced
+    get_format(fmt)
     token_embedding = model.get_input_embeddings()
     targets = []
     for _, module in model.named_modules():
@@ -28,11 +30,14 @@ def quantize_model(model, fmt, group_size=None):
             targets.append((module, 1))
         elif isinstance(module, TransposedLinear) or module is token_embedding:
             targets.append((module, 0))
+    if any(isinstance(module.weight, QuantizedWeight) for module, _ in targets):
+        raise ValueError("the model is quantized already: quantize it once")
     done = {}  # id(parameter) -> its QuantizedWeight
     with no_grad():
         for module, out_axis in targets:
             p = module.weight
             if id(p) not in done:
                 done[id(p)] = quantize(p.data, fmt, group_size, out_axis, rows=p.rows)
-            module.weight = done[id(p)]
+    for module, _ in targets:
+        module.weight = done[id(module.weight)]
     return model

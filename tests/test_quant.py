@@ -20,7 +20,6 @@ from nn import build, from_preset
 from nn.quant import quantize_model
 from tinygrad_like import Tensor, quant
 from tinygrad_like.backend import cpu, meta
-from tinygrad_like.backend.cpu.quant import DECODED
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import Profiler
 
@@ -35,10 +34,6 @@ def group_for(fmt, K):
 
 def weight(N, K, seed=0):
     return np.random.default_rng(seed).normal(0, 0.05, (N, K)).astype(np.float32)
-
-
-def test_the_kernels_decode_every_format_of_the_table():
-    assert set(DECODED) == set(quant.FORMATS)
 
 
 # ---------------------------------------------------------------- the quantizer
@@ -239,6 +234,15 @@ def test_a_quantized_model_is_counted_moved_and_saved():
     with pytest.raises(ValueError, match="load the weights first, then quantize"):
         model.load_state_dict(state)
     assert model.to("bf16").transformer.wte.weight is wte  # its format stays
+    with pytest.raises(ValueError, match="quantized already"):
+        quantize_model(model, "int4")
+
+
+def test_a_group_size_that_does_not_fit_leaves_the_model_as_it_was():
+    model = randomized_llama(GQA)  # the MLP's down_proj has rows of 48
+    with pytest.raises(ValueError, match="divide the rows' 48 elements"):
+        quantize_model(model, "int4", 32)
+    assert not any(isinstance(p, quant.QuantizedWeight) for p in model.parameters())
 
 
 def test_a_quantized_decode_step_counts_its_codes_and_scales():

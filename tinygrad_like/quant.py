@@ -21,6 +21,11 @@ import numpy as np
 from . import backend, dtypes
 from .memory import TRACKER
 
+# What a small float's largest exponent field means: nothing special (fp4 E2M1), NaN only
+# where every other bit is set too (fp8 E4M3 "fn": no infinities), or IEEE infinities and NaNs
+# (fp16, bf16, fp8 E5M2).
+FINITE, NAN_ONLY, IEEE = range(3)
+
 
 @dataclass(frozen=True)
 class Format:
@@ -28,12 +33,15 @@ class Format:
     nibble q + 8), "float" (a small float whose bits `element` defines, rounded by ml_dtypes) or
     "bits" (bf16 / fp16 bit patterns, unscaled); element: the dtype of the code values (None
     for int4, which NumPy has not); qmax: the largest code value, the scale's divisor (None:
-    unscaled); group_size: the default, None for one scale per output channel (K)."""
+    unscaled); fields: what the kernels decode by, (exp_bits, man_bits, specials) of a float
+    (1 sign bit besides; specials FINITE, NAN_ONLY or IEEE), exp_bits 0 for an integer;
+    group_size: the default, None for one scale per output channel (K)."""
 
     bits: int
     decode: str
     element: object
     qmax: float
+    fields: tuple
     group_size: int = None
 
     @property
@@ -43,13 +51,15 @@ class Format:
 
 # name -> Format. "fp32" is no format: callers keep the weight as it is.
 FORMATS = {
-    "bf16": Format(16, "bits", dtypes.bfloat16, None),
-    "fp16": Format(16, "bits", dtypes.float16, None),
-    "fp8_e4m3": Format(8, "float", np.dtype(ml_dtypes.float8_e4m3fn), 448.0),
-    "fp8_e5m2": Format(8, "float", np.dtype(ml_dtypes.float8_e5m2), 57344.0),
-    "int8": Format(8, "int", np.dtype(np.int8), 127.0),
-    "int4": Format(4, "int", None, 7.0, group_size=32),
-    "fp4_e2m1": Format(4, "float", np.dtype(ml_dtypes.float4_e2m1fn), 6.0, group_size=32),
+    "bf16": Format(16, "bits", dtypes.bfloat16, None, (8, 7, IEEE)),
+    "fp16": Format(16, "bits", dtypes.float16, None, (5, 10, IEEE)),
+    "fp8_e4m3": Format(8, "float", np.dtype(ml_dtypes.float8_e4m3fn), 448.0, (4, 3, NAN_ONLY)),
+    "fp8_e5m2": Format(8, "float", np.dtype(ml_dtypes.float8_e5m2), 57344.0, (5, 2, IEEE)),
+    "int8": Format(8, "int", np.dtype(np.int8), 127.0, (0, 0, FINITE)),
+    "int4": Format(4, "int", None, 7.0, (0, 0, FINITE), group_size=32),
+    "fp4_e2m1": Format(
+        4, "float", np.dtype(ml_dtypes.float4_e2m1fn), 6.0, (2, 1, FINITE), group_size=32
+    ),
 }
 
 

@@ -2,38 +2,23 @@
 codes as they read them (the layout: backend/contract.py's "quant" section).
 
 qmatmul takes one output channel (a row of W (N, K)) at a time, as quant.cu gives each row a
-block: the row's codes are decoded into a K-long fp32 scratch row (in L1), each group of
-group_size elements times its scale, then the row is dotted with each of the M rows of x over
-LANES lanes (row_dot, a warp's lanes on the GPU). Rows go a block of _BLOCK_ROWS per prange
-iteration (the scratch made once per block). The decode functions below are quant.cu's device
-functions of the same names: bit operations from the code to the fp32 value, exact (every
-format's values are fp32 values), so both backends decode the same bits.
+block: the row's codes are decoded into a K-long fp32 scratch row (in L1; decode_row: codes to
+int32 values or fp32 bits, then each group of group_size elements to fp32 times its scale),
+then the row is dotted with each of the M rows of x over LANES lanes (row_dot, a warp's lanes
+on the GPU). Rows go a block of _BLOCK_ROWS per prange iteration (the scratch made once per
+block). The decode functions below are quant.cu's device functions of the same names: bit
+operations from the code to the fp32 value, exact (every format's values are fp32 values), so
+both backends decode the same bits; one function, minifloat_bits, serves every small float by
+its fields (tinygrad_like/quant.py FORMATS[fmt].fields).
 """
 
 import numpy as np
 from numba import prange
 
+from ...quant import FINITE, FORMATS, IEEE, NAN_ONLY
 from ..contract import check_ids
 from .compiled import device, f32_from_bits, kernel, row_dot, stack_lanes
 from .runtime import f32, rounded
-
-# What a small float's largest exponent field means: nothing special (fp4 E2M1), NaN only
-# where every other bit is set too (fp8 E4M3 "fn": no infinities), or IEEE infinities and NaNs
-# (fp16, bf16, fp8 E5M2).
-FINITE, NAN_ONLY, IEEE = range(3)
-
-# name -> (exp_bits, man_bits, specials) of the formats the kernels decode, quant.cu's table:
-# a small float's fields (1 sign bit besides), or exp_bits 0 for an integer (int8 two's
-# complement, int4 the nibble q + 8). tinygrad_like/quant.py FORMATS says what each one is.
-DECODED = {
-    "int8": (0, 0, FINITE),
-    "int4": (0, 0, FINITE),
-    "fp8_e4m3": (4, 3, NAN_ONLY),
-    "fp8_e5m2": (5, 2, IEEE),
-    "fp4_e2m1": (2, 1, FINITE),
-    "bf16": (8, 7, IEEE),
-    "fp16": (5, 10, IEEE),
-}
 
 _BLOCK_ROWS = 8  # rows of W per prange iteration
 
@@ -92,11 +77,12 @@ def nibble_bits(nibble, exp_bits, man_bits):
 @device
 def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, bits, w):
     """w (K,) fp32 = the row whose codes (K,) or (K / 2,) and scales (K / group_size,) (empty
-    for the unscaled formats) are given, in a format of DECODED's fields; bits (K,) int32 is
-    scratch. Two passes over the row, each a loop that vectorizes: the codes to integers
-    (exp_bits 0) or to fp32 bits (the floats) in bits, then each group to fp32 times its scale
-    in w (a small float times minifloat_scale first, exactly). A 4-bit byte holds elements 2j
-    (low nibble) and 2j + 1 (high)."""
+    for the unscaled formats) are given, in the format of these fields (Format.fields); bits
+    (K,) int32 is scratch. Two passes over the row, each a loop that vectorizes: the codes to
+    integers (exp_bits 0) or to fp32 bits (the floats) in bits, then each group to fp32 times
+    its scale in w (a small float times minifloat_scale first, exactly). bits is not w's memory
+    seen as int32: LLVM vectorizes no loop that reads and writes one address as two types. A
+    4-bit byte holds elements 2j (low nibble) and 2j + 1 (high)."""
     if codes.shape[0] < w.shape[0]:
         for j in range(codes.shape[0]):
             bits[2 * j] = nibble_bits(codes[j] & 0xF, exp_bits, man_bits)
@@ -158,12 +144,12 @@ def _qembedding(out, codes, scales, group_size, exp_bits, man_bits, specials, id
 
 def _kernel_args(codes, scales, fmt, group_size):
     """The compiled kernels' form of a weight: codes, scales (an (N, 0) array when there are
-    none: one signature for every format), the group size and its format's DECODED fields."""
-    if fmt not in DECODED:
-        raise ValueError(f"unknown weight format {fmt!r}: use one of {', '.join(DECODED)}")
+    none: one signature for every format), the group size and its format's fields."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}: use one of {', '.join(FORMATS)}")
     if scales is None:
         scales, group_size = np.empty((codes.shape[0], 0), np.float32), codes.shape[1]
-    return (codes, scales, group_size) + DECODED[fmt]
+    return (codes, scales, group_size) + FORMATS[fmt].fields
 
 
 def qmatmul(x, codes, scales, fmt, group_size, bias=None):
@@ -181,7 +167,7 @@ def qembedding(codes, scales, idx, fmt, group_size):
     """Rows idx (...) of W (N, K) -> (..., K) fp32, only the gathered rows decoded."""
     check_ids(idx, codes.shape[0])
     args = _kernel_args(codes, scales, fmt, group_size)
-    K = codes.shape[1] * (2 if fmt in ("int4", "fp4_e2m1") else 1)
+    K = codes.shape[1] * (2 if FORMATS[fmt].bits == 4 else 1)
     flat = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
     out = np.empty((flat.shape[0], K), np.float32)
     _qembedding(out, *args, flat)

@@ -3,9 +3,8 @@ qembedding's (..., K) fp32, K from the codes (two elements a byte for the 4-bit 
 
 import numpy as np
 
+from ...quant import FORMATS
 from .runtime import new
-
-_FOUR_BIT = ("int4", "fp4_e2m1")
 
 
 def qmatmul(x, codes, scales, fmt, group_size, bias=None):
@@ -15,5 +14,5 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None):
 
 def qembedding(codes, scales, idx, fmt, group_size):
     """idx (...) -> (..., K) fp32."""
-    K = codes.shape[1] * (2 if fmt in _FOUR_BIT else 1)
+    K = codes.shape[1] * (2 if FORMATS[fmt].bits == 4 else 1)
     return new(idx.shape + (K,), np.float32)

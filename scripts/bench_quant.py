@@ -1,0 +1,74 @@
+"""Time the quantized GEMV (qmatmul at M = 1, a decode step's) at GPT-2 124M's weight shapes for
+every weight format, on the default device: K x N = 768 x 2304 (c_attn), 768 x 768
+(attn.c_proj), 768 x 3072 (c_fc), 3072 x 768 (mlp.c_proj) and 768 x 50304 (the tied LM head).
+Each row is the best of --repeats tries of a few back-to-back launches (a burst of load
+elsewhere only slows a try) and GB/s counts the weight's stored bytes (codes and scales) per
+launch; the fp32 row is the plain matmul of the same product, for comparison.
+
+    python scripts/bench_quant.py [--formats int8,int4,...] [--repeats 3]
+    taskset -c 0 python scripts/bench_quant.py   # one core
+"""
+
+import time
+
+import numpy as np
+
+from tinygrad_like import backend, quant
+from training.args import ArgumentParser, user_errors
+from training.tables import table
+
+SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)]  # (K, N)
+
+
+def best_seconds(fn, repeats, elements):
+    """The best of `repeats` tries, each of enough launches to take a few ms, per launch."""
+    fn()  # warm-up: compiles on a cold cache
+    launches = max(3, int(2e7 // elements))
+    be, best = backend.get(backend.default_device()), float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            fn()
+        be.synchronize()
+        best = min(best, (time.perf_counter() - t0) / launches)
+    return best
+
+
+def row(fmt, repeats, rng):
+    be = backend.get(backend.default_device())
+    cells = [fmt]
+    for K, N in SHAPES:
+        x = be.asarray(rng.normal(size=(1, K)).astype(np.float32))
+        W = rng.normal(0, 0.02, (N, K)).astype(np.float32)
+        if fmt == "fp32":
+            Wt, nbytes = be.asarray(np.ascontiguousarray(W.T)), W.nbytes
+            seconds = best_seconds(lambda: be.matmul(x, Wt), repeats, N * K)
+        else:
+            qw = quant.quantize(be.asarray(W), fmt)
+            args = x, qw.codes, qw.scales, fmt, qw.group_size
+            nbytes = qw.nbytes
+            seconds = best_seconds(lambda: be.qmatmul(*args), repeats, N * K)
+        cells.append(f"{seconds * 1e3:,.3f} ms {nbytes / seconds / 1e9:,.2f} GB/s")
+    return cells
+
+
+def main(argv=None):
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--formats", default=",".join(quant.FORMATS), help="comma-separated")
+    p.add_argument("--repeats", type=int, default=3, help="tries per shape (default 3)")
+    args = p.parse_args(argv)
+    with user_errors():
+        formats = args.formats.split(",")
+        for fmt in formats:
+            quant.get_format(fmt)
+        if args.repeats <= 0:
+            raise ValueError("--repeats must be positive")
+    rng = np.random.default_rng(0)
+    rows = [row(fmt, args.repeats, rng) for fmt in formats + ["fp32"]]
+    head = ["weights"] + [f"{K} x {N}" for K, N in SHAPES]
+    print(f"-- qmatmul GEMV (M = 1) on {backend.default_device()}, best of {args.repeats}")
+    print(table(head, rows, "l" + "r" * len(SHAPES)))
+
+
+if __name__ == "__main__":
+    main()
