@@ -142,7 +142,9 @@ def row_max(x, acc):
 
 
 @intrinsic
-def _f32_from_bits(typingctx, bits):
+def f32_from_bits(typingctx, bits):
+    """The fp32 whose bits are the int32 bits (CUDA's __int_as_float)."""
+
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.FloatType())
 
@@ -176,7 +178,7 @@ def _exp(x):
         p = p * r * r + r + np.float32(1.0)
         # 2^n as two factors, so n = 128 (x near 88.7) needs no fp32 exponent of 255
         k = np.int32(n)
-        y = p * _f32_from_bits(((k >> 1) + 127) << 23) * _f32_from_bits((k - (k >> 1) + 127) << 23)
+        y = p * f32_from_bits(((k >> 1) + 127) << 23) * f32_from_bits((k - (k >> 1) + 127) << 23)
         if x < np.float32(-87.3):
             y = np.float32(0.0)
         if x > np.float32(88.72284):
