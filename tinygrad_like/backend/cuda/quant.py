@@ -9,17 +9,18 @@ import numpy as np
 
 from ... import dtypes
 from ..contract import check_ids
-from .runtime import BLOCK, NULL, TRAINING, blocks_for, compiled
+from .runtime import BLOCK, CTYPES, NULL, blocks_for, compiled
 
-# fmt -> (quant.cu's QuantFormat, the codes' dtype, elements per code, scaled)
+# fmt -> (quant.cu's QuantFormat, the codes' dtype, elements per code, scaled), in the order of
+# QuantFormat (and of the CPU twin's DECODED)
 FORMATS = {
-    "bf16": (0, np.uint16, 1, False),
-    "fp16": (1, np.uint16, 1, False),
+    "int8": (0, np.uint8, 1, True),
+    "int4": (1, np.uint8, 2, True),
     "fp8_e4m3": (2, np.uint8, 1, True),
     "fp8_e5m2": (3, np.uint8, 1, True),
-    "int8": (4, np.uint8, 1, True),
-    "int4": (5, np.uint8, 2, True),
-    "fp4_e2m1": (6, np.uint8, 2, True),
+    "fp4_e2m1": (4, np.uint8, 2, True),
+    "bf16": (5, np.uint16, 1, False),
+    "fp16": (6, np.uint16, 1, False),
 }
 ROWS_PER_BLOCK = BLOCK // 32  # qmatmul: one warp per output row
 
@@ -41,8 +42,14 @@ def _weight(codes, scales, fmt, group_size):
         if scales is not None:
             raise ValueError(f"{fmt} weights have no scales: pass scales=None")
         return cupy.ascontiguousarray(codes), NULL, K, np.int32(1)  # group_size: unread
-    if not isinstance(group_size, (int, np.integer)) or group_size < 1 or K % group_size:
-        raise ValueError(f"group_size {group_size!r} must be a positive divisor of K = {K}")
+    if (
+        not isinstance(group_size, (int, np.integer))
+        or group_size < 1
+        or K % group_size
+        or group_size % per_code
+    ):
+        even = " even" if per_code == 2 else ""
+        raise ValueError(f"group_size {group_size!r} must be a positive{even} divisor of K = {K}")
     if scales is None or scales.shape != (N, K // group_size):
         got = None if scales is None else scales.shape
         raise ValueError(f"{fmt} scales must have shape {(N, K // group_size)}, got {got}")
@@ -51,11 +58,11 @@ def _weight(codes, scales, fmt, group_size):
 
 
 def qmatmul(x, codes, scales, fmt, group_size, bias=None):
-    """x (M, K) fp32 / fp16 / bf16 @ W^T (+ bias (N,)) -> y (M, N) in x's dtype, W (N, K)
-    decoded inside the kernel, fp32 accumulation, rounded once."""
+    """x (M, K) @ W^T (+ bias (N,)) -> y (M, N) in x's dtype, W (N, K) decoded inside the
+    kernel, x and bias read as fp32, fp32 accumulation, rounded once."""
     codes, scales, K, group = _weight(codes, scales, fmt, group_size)
-    if x.dtype not in TRAINING:
-        raise TypeError(f"qmatmul takes fp32, fp16 or bf16 x, got {x.dtype}")
+    if x.dtype not in CTYPES:
+        raise TypeError(f"qmatmul takes a floating-point x, got {x.dtype}")
     if x.ndim != 2 or x.shape[1] != K:
         raise ValueError(f"x {x.shape} must be (M, {K}) for W ({codes.shape[0]}, {K})")
     M, N = x.shape[0], codes.shape[0]
