@@ -509,7 +509,9 @@ def test_quant_decode_of_every_code(fmt):
         g = codes.shape[1] * (8 // f.bits)
         scales = np.ones((1, 1), np.float32)
     want = quant.dequantize(quant.QuantizedWeight(fmt, codes, scales, g, (1, g or n)))
-    got = cuda.to_numpy(cuda.qembedding(dev(codes), dev(scales), dev(np.zeros(1, np.int64)), fmt, g))
+    got = cuda.to_numpy(
+        cuda.qembedding(dev(codes), dev(scales), dev(np.zeros(1, np.int64)), fmt, g)
+    )
     nan = np.isnan(want)
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
