@@ -4,7 +4,9 @@ come, then prints prompt and generation speed. Several --prompt texts of one tok
 decoded as one batch (the attention has no padding mask, so a batch is never padded: prompts of
 other lengths are refused, to be run separately); each sequence is printed when all are done.
 --stats adds the decode accounting (training/decode.py): ms per token, tokens/s, bytes per token
-counted by the kernels beside the weights-plus-cache floor, and the fraction of its bound."""
+counted by the kernels beside the weights-plus-cache floor, and the fraction of its bound.
+--weights quantizes the model's GEMM weights on load (nn/quant.py: int8, int4, fp8, fp4, bf16 or
+fp16 codes that the kernels decode as they read them), after loading it in fp32."""
 
 import sys
 import time
@@ -13,9 +15,10 @@ import numpy as np
 
 from nn import from_pretrained
 from nn.hf import read_config
+from nn.quant import quantize_model
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
-from tinygrad_like import backend, dtypes, peaks
+from tinygrad_like import backend, dtypes, peaks, quant
 from training import fits
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
@@ -44,6 +47,16 @@ def parse_args(argv=None):
     p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
     p.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 weights (default fp32)")
     p.add_argument("--kv-dtype", help="fp32, fp16 or bf16 KV cache (default --dtype)")
+    p.add_argument(
+        "--weights",
+        default="fp32",
+        help=f"quantize the weights on load: fp32 (not quantized), {', '.join(quant.FORMATS)}",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        help="elements per scale for --weights int4 / fp4_e2m1 (default 32), or any scaled format",
+    )
     p.add_argument("--stats", action="store_true", help="print the decode accounting")
     args = p.parse_args(argv)
     args.prompt = args.prompt or ["\n"]
@@ -67,6 +80,7 @@ def main(argv=None):
         verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
         if args.kv_dtype not in dtypes.TRAINING:  # fp8 needs a scaled format and its kernels
             raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(dtypes.TRAINING)}")
+        check_weights(args)
         tok = get_tokenizer()
         prompt = batch([tok.encode(text, allow_special=True) for text in args.prompt])
         # all checked before the model is loaded and the prompt printed: an error never
@@ -83,10 +97,28 @@ def main(argv=None):
             "use a smaller checkpoint or fewer --max-new-tokens",
         )
         model = from_pretrained(ckpt, dtype=args.dtype, device=device)  # either family
+        quantize_model(model, args.weights, args.group_size)  # --weights fp32: as it is
     for i in range(args.num_samples):
         title = f"--- sample {i + 1}" if args.num_samples > 1 else "---"
         with user_errors():  # the dtype's overflow (inf logits) found while sampling
             stream(model, tok, prompt, args, args.seed + i, title)
+
+
+def check_weights(args):
+    """A ValueError for a --weights format that does not exist, one combined with a narrower
+    --dtype (a quantized model computes in fp32), or a --group-size the format cannot take."""
+    if args.weights == "fp32":
+        if args.group_size is not None:
+            raise ValueError("--group-size needs a quantized --weights format (e.g. int4)")
+        return
+    quant.get_format(args.weights)
+    if args.group_size is not None:  # whether it divides each weight's rows: checked on load
+        quant.check_group_size(args.weights, 2 * abs(args.group_size), args.group_size)
+    if args.dtype != "fp32":
+        raise ValueError(
+            f"--weights {args.weights} with --dtype {args.dtype}: a quantized model computes in "
+            "fp32; leave --dtype at fp32"
+        )
 
 
 def batch(prompts):
@@ -153,7 +185,8 @@ def stream(model, tok, prompt, args, seed, title):
     if args.stats:
         weights = model.get_input_embeddings().weight
         peak = peaks.get(weights.device)
-        lines = stats(meter, model.config, weights.dtype, args.kv_dtype, B, T, peak)
+        fmt = args.weights if args.weights != "fp32" else weights.dtype
+        lines = stats(meter, model.config, fmt, args.kv_dtype, B, T, peak, args.group_size)
         print("\n".join(lines))
 
 

@@ -26,8 +26,9 @@ class KVCache:
     """Keys and values of the positions seen so far, per layer: (B, Hkv, max_len, D) each
     (Hkv = H for GPT-2; Llama's grouped-query attention stores only its Hkv heads).
     Under no_grad only: the prompt fills it once, then each decode step appends one position.
-    dtype: the cache's number format (default the model's, like's): a narrower one holds and
-    streams fewer bytes per token. Its buffers are the memory tracker's "kv_cache"."""
+    dtype: the cache's number format (default the model's, like's: fp32 for a quantized weight,
+    the activations' dtype): a narrower one holds and streams fewer bytes per token. Its
+    buffers are the memory tracker's "kv_cache"."""
 
     def __init__(self, config, batch, max_len, like, dtype=None):
         if dtype is not None and dtypes.name(dtypes.as_dtype(dtype)) not in dtypes.TRAINING:
@@ -36,7 +37,7 @@ class KVCache:
             )
         self.dtype = dtypes.as_dtype(dtype or like.dtype)
         shape = (batch, config.n_kv_head, max_len, config.head_dim)
-        empty = backend.of(like.data).empty
+        empty = backend.get(like.device).empty
         self.k = [empty(shape, self.dtype) for _ in range(config.n_layer)]
         self.v = [empty(shape, self.dtype) for _ in range(config.n_layer)]
         for a in self.k + self.v:

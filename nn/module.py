@@ -2,7 +2,9 @@
 
 Parameters are Tensors that require grad and are tagged 'weights' in the memory tracker.
 state_dict() names come from attribute names, so a GPT2 built from transformer.wte,
-transformer.h.0.attn.c_attn, ... has exactly Hugging Face's GPT-2 keys.
+transformer.h.0.attn.c_attn, ... has exactly Hugging Face's GPT-2 keys. A weight may be a
+QuantizedWeight (nn/quant.py's quantize_model): it is listed among the parameters (counted,
+moved, saved as the fp32 values it stands for) but has no gradient and is never cast.
 """
 
 import math
@@ -11,6 +13,7 @@ import numpy as np
 
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
 from tinygrad_like.memory import TRACKER
+from tinygrad_like.quant import QuantizedWeight, dequantize
 
 
 class Parameter(Tensor):
@@ -49,7 +52,7 @@ class Module:
         object.__setattr__(self, "_scope", "")
 
     def __setattr__(self, name, value):
-        if isinstance(value, Parameter):
+        if isinstance(value, (Parameter, QuantizedWeight)):
             self._parameters[name] = value
         elif isinstance(value, Module):
             self._modules[name] = value
@@ -109,6 +112,9 @@ class Module:
             dtype, device = None, dtype
         with autograd.no_grad():
             for p in self.parameters():
+                if isinstance(p, QuantizedWeight):  # its format is fixed: moved, never cast
+                    p.to(device or p.device)
+                    continue
                 if device is not None and p.device != device:
                     p.assign(backend.get(device).asarray(p.numpy()))
                     p.grad = None
@@ -119,14 +125,22 @@ class Module:
 
     # ---- state
     def state_dict(self):
-        """name -> NumPy array (a host copy of the parameter rows), in the parameters' own dtype."""
+        """name -> NumPy array (a host copy of the parameter rows), in the parameters' own dtype
+        (a quantized weight: the fp32 values it stands for, quant.dequantize)."""
         return {
-            name: np.array(p.unpadded(p.numpy()), copy=True) for name, p in self.named_parameters()
+            name: np.array(p.unpadded(_host_values(p)), copy=True)
+            for name, p in self.named_parameters()
         }
 
     def load_state_dict(self, state, strict=True):
         """Check every key and shape first, then copy: a bad state dict loads nothing."""
         params = dict(self.named_parameters())
+        quantized = sorted(name for name, p in params.items() if isinstance(p, QuantizedWeight))
+        if quantized:
+            raise ValueError(
+                f"state dict into a quantized model ({', '.join(quantized[:3])}, ...): load the "
+                "weights first, then quantize (nn.quant.quantize_model)"
+            )
         missing = sorted(set(params) - set(state))
         extra = sorted(set(state) - set(params))
         problems = []
@@ -148,6 +162,11 @@ class Module:
             for name, p in params.items():
                 src = np.ascontiguousarray(state[name]).astype(p.dtype)
                 kernels.launch("copy", p.unpadded(p.data), backend.of(p.data).asarray(src))
+
+
+def _host_values(p):
+    """A parameter's values on the host: a Parameter's own, a quantized weight's fp32."""
+    return dequantize(p) if isinstance(p, QuantizedWeight) else p.numpy()
 
 
 class ModuleList(Module):

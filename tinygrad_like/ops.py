@@ -20,6 +20,7 @@ from . import backend, dtypes, profiler, rng
 from .autograd import Function, is_grad_enabled
 from .backend.contract import UNARY_OPS
 from .kernels import launch
+from .quant import QuantizedWeight
 from .rng import get_rng_state, manual_seed, set_rng_state  # noqa: F401 (F.manual_seed, ...)
 from .tensor import Tensor
 
@@ -934,7 +935,9 @@ def matmul(a, b):
 
 def linear(x, weight, bias=None, transposed=False):
     """x (..., in) @ weight (in, out) + bias (out,): GPT-2's (in, out) layout. With
-    transposed=True the weight is (out, in), as PyTorch's nn.Linear and the tied LM head."""
+    transposed=True the weight is (out, in), as PyTorch's nn.Linear and the tied LM head.
+    weight may be a QuantizedWeight (inference only): then its out_axis must say the same
+    layout (0 for transposed=True, 1 otherwise), and qmatmul decodes it in the kernel."""
     k = weight.shape[1] if transposed else weight.shape[0]
     if x.shape[-1] != k:
         raise ValueError(
@@ -942,7 +945,42 @@ def linear(x, weight, bias=None, transposed=False):
             f"{'^T' if transposed else ''}: inner dimensions {x.shape[-1]} and "
             f"{k} differ"
         )
+    if isinstance(weight, QuantizedWeight):
+        return _quantized_linear(x, weight, bias, transposed)
     return Linear.apply(x, weight, bias, transposed)
+
+
+def _inference_only(what, *tensors):
+    """A RuntimeError when the tape would record an op on a quantized weight: it has no
+    gradient (and its kernels no backward)."""
+    if is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            f"{what} with a quantized weight is inference only: run it under no_grad() "
+            "(quantized weights hold no gradient)"
+        )
+
+
+def _quantized_linear(x, weight, bias, transposed):
+    """y (..., N) = x (..., K) W^T + bias, W (N, K) the quantized weight's rows: one qmatmul
+    over x flattened to (M, K)."""
+    if weight.out_axis != (0 if transposed else 1):
+        raise ValueError(
+            f"linear: a quantized weight stored with out_axis {weight.out_axis} used as "
+            f"{'(out, in)' if transposed else '(in, out)'}: quantize it with out_axis "
+            f"{0 if transposed else 1}"
+        )
+    _inference_only("linear", x, bias)
+    x2 = _matrix(x.data)
+    y = launch(
+        "qmatmul",
+        x2,
+        weight.codes,
+        weight.scales,
+        weight.fmt,
+        weight.group_size,
+        bias=None if bias is None else bias.data,
+    )
+    return Tensor(y.reshape(*x.shape[:-1], y.shape[-1]))
 
 
 def embedding(idx, weight, num_embeddings=None):
@@ -952,6 +990,9 @@ def embedding(idx, weight, num_embeddings=None):
         raise ValueError(
             f"embedding: weight must be (num_embeddings, embedding_dim), got shape {weight.shape}"
         )
+    quantized = isinstance(weight, QuantizedWeight)
+    if quantized and weight.out_axis != 0:
+        raise ValueError("embedding: a quantized table must be stored by rows (out_axis 0)")
     n = weight.shape[0] if num_embeddings is None else num_embeddings
     ids = idx.data if isinstance(idx, Tensor) else idx
     if not hasattr(ids, "__cuda_array_interface__"):  # host ids (lists too): check, then move
@@ -961,7 +1002,10 @@ def embedding(idx, weight, num_embeddings=None):
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             bad = int(ids.max() if ids.max() >= n else ids.min())
             raise ValueError(f"token id {bad} out of range for vocab {n}")
-        ids = backend.of(weight.data).asarray(ids)
+        ids = backend.of(weight.codes if quantized else weight.data).asarray(ids)
+    if quantized:  # only the gathered rows decoded; no gradient to the table
+        args = weight.codes, weight.scales, ids, weight.fmt, weight.group_size
+        return Tensor(launch("qembedding", *args))
     return Embedding.apply(weight, ids)
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from . import backend
 
 PHASES = ("forward", "backward", "optimizer", "other")
-GEMMS = ("matmul", "matmul_nt", "matmul_tn")  # the kernels that hold the 2N / 4N of the model
+# the kernels that hold the 2N / 4N of the model (qmatmul: a quantized model's forward)
+GEMMS = ("matmul", "matmul_nt", "matmul_tn", "qmatmul")
 _phase = ["forward"]  # a stack; the top is the current phase
 _math = [None]  # a stack; the top, when set, is the math label of launches now
 _active = []  # the profilers recording now

@@ -72,7 +72,7 @@ def check_group_size(fmt, K, group_size=None):
         if group_size is not None:
             raise ValueError(f"{fmt} has no scales: it takes no group size")
         return None
-    g = group_size or f.group_size or K
+    g = group_size if group_size is not None else f.group_size or K
     if g <= 0 or K % g or (f.bits == 4 and g % 2):
         even = " and even" if f.bits == 4 else ""
         raise ValueError(
@@ -136,29 +136,29 @@ class QuantizedWeight:
         return array if self.rows is None else array[: self.rows]
 
     def to(self, device):
-        """This weight's codes and scales on device (itself when already there)."""
-        if device == self.device:
-            return self
-        be, here = backend.get(device), backend.of(self.codes)
-        move = lambda a: None if a is None else be.asarray(here.to_numpy(a))  # noqa: E731
-        return QuantizedWeight(
-            self.fmt,
-            move(self.codes),
-            move(self.scales),
-            self.group_size,
-            self.shape,
-            self.out_axis,
-            self.rows,
-        )
+        """Move the codes and scales to device, in place (as Module.to moves a model: a weight
+        two modules share moves once) -> self."""
+        if device != self.device:
+            be, here = backend.get(device), backend.of(self.codes)
+            self.codes = be.asarray(here.to_numpy(self.codes))
+            self.scales = None if self.scales is None else be.asarray(here.to_numpy(self.scales))
+            for a in (self.codes, self.scales):
+                if a is not None:
+                    TRACKER.register(a, "weights")
+        return self
 
 
-def _groups(W, g):
+_CODE_DTYPES = {4: np.uint8, 8: np.uint8, 16: np.uint16}  # bits -> the codes' dtype
+
+
+def _groups(W, g, qmax):
     """W (N, K) as (N, K / g, g) and each group's scale (N, K / g) fp32: its largest magnitude
-    over the format's (qmax applied by the caller), 1 for an all-zero group."""
+    over qmax, 1 for an all-zero group."""
     N, K = W.shape
     grouped = W.reshape(N, K // g, g)
     top = np.abs(grouped).max(axis=2)
-    return grouped, np.where(top > 0, top, np.float32(1)).astype(np.float32)
+    scales = np.where(top > 0, top / np.float32(qmax), np.float32(1))
+    return grouped, scales.astype(np.float32)
 
 
 def _nibbles(values):
@@ -173,18 +173,21 @@ def quantize(weight, fmt, group_size=None, out_axis=0, rows=None):
     nearest integer (ties to even) within +-qmax; the float formats round it as ml_dtypes
     casts, within +-qmax (never past the format's largest value)."""
     be = backend.of(weight)
-    host = np.asarray(be.to_numpy(weight), dtype=np.float32)
-    if host.ndim != 2 or out_axis not in (0, 1):
-        raise ValueError(f"quantize: a 2-D weight and out_axis 0 or 1, got {host.shape}")
-    W = np.ascontiguousarray(host if out_axis == 0 else host.T)  # (N, K)
-    f, K = get_format(fmt), W.shape[1]
+    if len(weight.shape) != 2 or out_axis not in (0, 1):
+        raise ValueError(f"quantize: a 2-D weight and out_axis 0 or 1, got {weight.shape}")
+    f, (N, K) = get_format(fmt), weight.shape[:: 1 if out_axis == 0 else -1]
     g = check_group_size(fmt, K, group_size)
+    if not backend.holds_values(weight):  # the meta device: the stored shapes, no values
+        codes = be.empty((N, K // 2 if f.bits == 4 else K), _CODE_DTYPES[f.bits])
+        scales = be.empty((N, K // g), np.float32) if f.scaled else None
+        return QuantizedWeight(fmt, codes, scales, g, weight.shape, out_axis, rows)
+    host = np.asarray(be.to_numpy(weight), dtype=np.float32)
+    W = np.ascontiguousarray(host if out_axis == 0 else host.T)  # (N, K)
     scales = None
     if not f.scaled:
         codes = W.astype(f.element).view(np.uint16)
     else:
-        grouped, top = _groups(W, g)
-        scales = (top / np.float32(f.qmax)).astype(np.float32)
+        grouped, scales = _groups(W, g, f.qmax)
         scaled = np.clip(grouped / scales[:, :, None], -f.qmax, f.qmax).reshape(W.shape)
         if f.decode == "int":
             q = np.rint(scaled).astype(np.int8)
@@ -205,7 +208,8 @@ def quantize(weight, fmt, group_size=None, out_axis=0, rows=None):
 
 def dequantize(qw):
     """The NumPy reference: the fp32 weight (qw.shape, on the host) that qw's codes and scales
-    stand for, decoded with ml_dtypes. For tests: the kernels never make this array."""
+    stand for, decoded with ml_dtypes. For tests and host copies (Module.state_dict): the
+    kernels never make this array."""
     f = get_format(qw.fmt)
     codes = np.asarray(backend.of(qw.codes).to_numpy(qw.codes))
     if f.bits == 4:  # unpack: element 2j from the low nibble, 2j + 1 from the high
@@ -222,12 +226,12 @@ def dequantize(qw):
     return W if qw.out_axis == 0 else np.ascontiguousarray(W.T)
 
 
-def bytes_per_parameter(fmt, group_size=None):
-    """Stored bytes per weight element: the code's, plus its share of a scale (an fp32 per
-    group); the fp32 or training dtype's itemsize for an unquantized name. group_size None:
-    the format's default (one scale per output channel has no fixed share: counted as 0)."""
-    if fmt not in FORMATS:
-        return dtypes.as_dtype(fmt).itemsize
+def bytes_per_parameter(fmt, group_size=None, row=None):
+    """Stored bytes per weight element of a format, its share of the fp32 scales included (one
+    per group: group_size, the format's default, or one per output channel of `row` elements);
+    an unquantized dtype's itemsize (fmt "fp32", "bf16" as a dtype, ...) for any other name."""
+    if fmt not in FORMATS or not FORMATS[fmt].scaled:
+        return FORMATS[fmt].bits / 8 if fmt in FORMATS else dtypes.as_dtype(fmt).itemsize
     f = FORMATS[fmt]
-    g = group_size or f.group_size
-    return f.bits / 8 + (4 / g if f.scaled and g else 0)
+    g = group_size or f.group_size or row
+    return f.bits / 8 + (4 / g if g else 0)

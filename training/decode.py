@@ -18,6 +18,7 @@ from nn import GPT2Config, KVCache, build
 from tinygrad_like import dtypes, no_grad
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
+from tinygrad_like.quant import FORMATS, bytes_per_parameter
 
 from .predictions import stored_elements
 from .tables import table
@@ -101,17 +102,31 @@ class StepMeter:
         return sum(launch.bytes for launch in self.steps[step][1])
 
 
-def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks):
+def weight_bytes_per_parameter(weights, group_size=None, config=None):
+    """-> (name, bytes per weight parameter) of a weight dtype (its itemsize) or a quantized
+    format (tinygrad_like/quant.py FORMATS: the code's bytes and its share of the scales, a
+    per-channel scale shared by config.n_embd elements, most GEMMs' rows)."""
+    if weights in FORMATS:
+        row = config.n_embd if config is not None else None
+        return weights, bytes_per_parameter(weights, group_size, row)
+    dtype = dtypes.as_dtype(weights)
+    return dtypes.name(dtype), dtype.itemsize
+
+
+def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group_size=None):
     """The lines generate.py --stats prints: prompt and decode ms per token, tokens/s, the bytes
     a decode step moved (counted at each launch: read + written) beside its floor (the weights
     and the cache so far, stream_bytes), and the measured speed as a fraction of the bound (the
-    floor at the measured read bandwidth)."""
-    weight_dtype, kv_dtype = dtypes.as_dtype(weight_dtype), dtypes.as_dtype(kv_dtype)
-    w, kv = weight_dtype.itemsize, kv_dtype.itemsize
+    floor at the measured read bandwidth). weight_dtype: a dtype or a quantized format's name
+    (group_size its group, None for the format's default), whose bytes per parameter (scales
+    included) the floor counts for every streamed weight."""
+    name, w = weight_bytes_per_parameter(weight_dtype, group_size, config)
+    kv_dtype = dtypes.as_dtype(kv_dtype)
+    kv = kv_dtype.itemsize
     prompt_s = meter.steps[0][0]
     lines = [
-        f"--- stats: {peaks.device}, weights {dtypes.name(weight_dtype)}, KV cache "
-        f"{dtypes.name(kv_dtype)}, B = {batch}; read bandwidth {peaks.read_bw / GB:.1f} GB/s "
+        f"--- stats: {peaks.device}, weights {name}, KV cache {dtypes.name(kv_dtype)}, "
+        f"B = {batch}; {w:g} bytes per weight; read bandwidth {peaks.read_bw / GB:.1f} GB/s "
         f"(tinygrad_like/peaks.py, measured {peaks.when})",
         f"prompt: {prompt_len} tokens x {batch} in {prompt_s * 1e3:,.1f} ms: "
         f"{prompt_s * 1e3 / (prompt_len * batch):,.2f} ms/token",

@@ -134,8 +134,9 @@ def _quantized_row_bytes(codes, scales):
 
 @kernel(
     "quant",
-    flops=lambda r, x, codes, scales, fmt, group_size, bias=None: 2 * r.size * x.shape[-1]
-    + (bias is not None) * r.size,
+    flops=lambda r, x, codes, scales, fmt, group_size, bias=None: (
+        2 * r.size * x.shape[-1] + (bias is not None) * r.size
+    ),
 )
 def qmatmul(x, codes, scales, fmt, group_size, bias=None):
     """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype, W (N, K) decoded from codes and
@@ -145,8 +146,9 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None):
 @kernel(
     "quant",
     skips=(0, 1),
-    reads=lambda outs, codes, scales, idx, fmt, group_size: idx.nbytes
-    + idx.size * _quantized_row_bytes(codes, scales),
+    reads=lambda outs, codes, scales, idx, fmt, group_size: (
+        idx.nbytes + idx.size * _quantized_row_bytes(codes, scales)
+    ),
 )
 def qembedding(codes, scales, idx, fmt, group_size):
     """Rows idx (...) int in [0, N) of a quantized table W (N, K) -> (..., K) fp32, decoded:

@@ -1,0 +1,38 @@
+"""Quantizing a model for inference: quantize_model(model, fmt) replaces its GEMM weights, in
+place, by QuantizedWeights (tinygrad_like/quant.py) that the kernels decode as they read them.
+
+What is quantized: every Linear weight (GPT-2's Conv1D layout (in, out): out_axis 1), every
+TransposedLinear weight ((out, in): Llama's projections and its LM head) and the token
+embedding (rows: out_axis 0), which for GPT-2 is also the tied LM head (logits = x wte^T: one
+QuantizedWeight serves both). Norms, biases and GPT-2's position embedding stay as they are:
+they are small, and the position table is only gathered from.
+"""
+
+from tinygrad_like import no_grad
+from tinygrad_like.quant import get_format, quantize
+
+from .layers import Linear, TransposedLinear
+
+
+def quantize_model(model, fmt, group_size=None):
+    """Quantize model's weights to fmt (a FORMATS name; "fp32" leaves the model as it is), with
+    group_size elements per scale (the format's default when None) -> model. A weight shared
+    by two modules stays one. Inference only: the model can no longer be trained."""
+    if fmt == "fp32":
+        return model
+    get_format(fmt)  # an unknown name fails before anything is replaced
+    token_embedding = model.get_input_embeddings()
+    targets = []
+    for _, module in model.named_modules():
+        if isinstance(module, Linear):
+            targets.append((module, 1))
+        elif isinstance(module, TransposedLinear) or module is token_embedding:
+            targets.append((module, 0))
+    done = {}  # id(parameter) -> its QuantizedWeight
+    with no_grad():
+        for module, out_axis in targets:
+            p = module.weight
+            if id(p) not in done:
+                done[id(p)] = quantize(p.data, fmt, group_size, out_axis, rows=p.rows)
+            module.weight = done[id(p)]
+    return model
