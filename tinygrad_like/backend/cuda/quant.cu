@@ -24,8 +24,12 @@ enum Specials { FINITE = 0, NAN_ONLY = 1, IEEE = 2 };
 template <int FMT> constexpr int PER_CODE = FMT == INT4 || FMT == FP4_E2M1 ? 2 : 1;
 template <int FMT> constexpr int CODE_BYTES = FMT == BF16 || FMT == FP16 ? 2 : 1;
 
-// The decode functions, each the device twin of cpu/quant.py's function of the same name: bit
-// operations from the code to its fp32 value, exact (every format's values are fp32 values).
+// The decode functions: bit operations from the code to its fp32 value, exact (every format's
+// values are fp32 values), the values of cpu/quant.py's int8_value, int4_value and
+// minifloat_bits times minifloat_scale, bit for bit (DECODED's fields are minifloat_value's
+// template arguments below). One difference of means: the CPU makes a small float's subnormal
+// an fp32 subnormal and multiplies it up, which CuPy's -ftz=true (added to every compile) would
+// flush to zero here; minifloat_value takes it as the difference of two fp32 normals instead.
 __device__ __forceinline__ float int8_value(unsigned code) {  // two's complement byte
     return (float)(((int)code ^ 0x80) - 0x80);
 }
