@@ -58,6 +58,8 @@ _DTYPES = {
         "long long": np.int64,
         "unsigned long long": np.uint64,
         "unsigned": np.uint32,
+        "unsigned short": np.uint16,
+        "unsigned char": np.uint8,
         "bool": np.bool_,
     }.items()
 }

@@ -39,7 +39,7 @@ else:
         pytest.skip("no CUDA device and no C++ compiler", allow_module_level=True)
     cupy = cuda = None  # set by the module fixture below
 
-from tinygrad_like import dtypes  # noqa: E402
+from tinygrad_like import dtypes, quant  # noqa: E402
 from tinygrad_like.backend import contract, cpu  # noqa: E402
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the GPU's own machinery (no CPU equivalent)")
@@ -445,6 +445,86 @@ def test_embedding_ids_out_of_range_raise(bad):
             getattr(cpu, kernel)(*args)
         with pytest.raises(ValueError) as on_gpu:
             getattr(cuda, kernel)(*[dev(a) for a in args])
+        assert str(on_gpu.value) == str(on_cpu.value)
+
+
+# ---------------------------------------------------------------- quantized weights
+
+QUANT_FORMATS = list(quant.FORMATS)
+
+
+def quantized(fmt, N, K, group_size=None, seed=0):
+    """(codes, scales, group_size) of a random (N, K) weight quantized by quant.quantize (host)."""
+    qw = quant.quantize(rand((N, K), F32, seed=seed), fmt, group_size)
+    return qw.codes, qw.scales, qw.group_size
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=ids)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
+def test_qmatmul(fmt, dtype):
+    """Ragged N (not a multiple of a block's 8 rows), K several groups (and one scale per output
+    channel), M = 1 (decode), 3 and 17 (past the kernel's 8 rows of x a pass), with and without
+    a bias: the CPU twin's result at the output dtype's tolerance."""
+    N, K = 37, 96
+    for group_size in (32, None) if fmt not in ("bf16", "fp16") else (None,):
+        codes, scales, g = quantized(fmt, N, K, group_size)
+        bias = rand(N, dtype, seed=5)
+        for M in (1, 3, 17):
+            x = rand((M, K), dtype, seed=M)
+            close(*both("qmatmul", x, codes, scales, fmt, g))
+            close(*both("qmatmul", x, codes, scales, fmt, g, bias=bias))
+
+
+@pytest.mark.parametrize("dtype", [F16, F64], ids=ids)
+def test_qmatmul_other_x_dtypes(dtype):
+    for fmt in ("int4", "fp8_e4m3", "bf16"):
+        codes, scales, g = quantized(fmt, 11, 64)
+        x, bias = rand((3, 64), dtype, seed=1), rand(11, dtype, seed=2)
+        got, ref = both("qmatmul", x, codes, scales, fmt, g, bias=bias)
+        close(got, ref, tol_dtype=F32 if dtype == F64 else None)  # both computed in fp32
+
+
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
+def test_qembedding(fmt):
+    """Gathered rows (repeated ids, the last row) decoded bit for bit as the CPU twin does."""
+    codes, scales, g = quantized(fmt, 50, 64, seed=2)
+    idx = np.random.default_rng(3).integers(0, 10, (4, 5))
+    idx[0, 0] = 49
+    got, ref = both("qembedding", codes, scales, idx, fmt, g)
+    assert (got.shape, got.dtype) == (ref.shape, ref.dtype) == ((4, 5, 64), F32)
+    np.testing.assert_array_equal(cuda.to_numpy(got).view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
+def test_quant_decode_of_every_code(fmt):
+    """Every code of a format (all 2^16 bit patterns of bf16 / fp16: subnormals, infinities,
+    NaNs), scale 1, gathered by qembedding: ml_dtypes' values (quant.dequantize), bit for bit
+    apart from the NaNs' payloads."""
+    f = quant.FORMATS[fmt]
+    n = 1 << f.bits
+    if f.bits == 16:
+        codes, scales, g = np.arange(n, dtype=np.uint16).reshape(1, n), None, None
+    else:
+        codes = np.arange(256, dtype=np.uint8).reshape(1, 256)
+        g = codes.shape[1] * (8 // f.bits)
+        scales = np.ones((1, 1), np.float32)
+    want = quant.dequantize(quant.QuantizedWeight(fmt, codes, scales, g, (1, g or n)))
+    got = cuda.to_numpy(
+        cuda.qembedding(dev(codes), dev(scales), dev(np.zeros(1, np.int64)), fmt, g)
+    )
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_qembedding_ids_out_of_range_raise():
+    codes, scales, g = quantized("int8", 20, 32)
+    for bad in (20, -1):
+        idx = np.array([0, bad])
+        with pytest.raises(ValueError) as on_cpu:
+            cpu.qembedding(codes, scales, idx, "int8", g)
+        with pytest.raises(ValueError) as on_gpu:
+            cuda.qembedding(dev(codes), dev(scales), dev(idx), "int8", g)
         assert str(on_gpu.value) == str(on_cpu.value)
 
 

@@ -20,7 +20,7 @@ import fake_cupy
 import numpy as np
 import pytest
 
-from tinygrad_like import dtypes
+from tinygrad_like import dtypes, quant
 from tinygrad_like.backend import contract, cpu
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
@@ -253,6 +253,26 @@ def embedding(cuda, dtype):
             cuda.embedding_bwd(dout, place(cuda, idx, layout), V)
 
 
+@drives("qmatmul", "qembedding")
+def quantized(cuda, dtype):
+    """Every format, x in dtype: ragged N, one row of x and 17 (past a pass's 8), a bias; the
+    gather with int64 and int32 ids."""
+    for fmt in quant.FORMATS:
+        for N, K, M in [(37, 96, 17), (1, 32, 1)]:
+            qw = quant.quantize(
+                rand((N, K), F32), fmt, None if quant.FORMATS[fmt].bits == 16 else 32
+            )
+            x, bias = rand((M, K), dtype), rand(N, dtype)
+            idx = np.random.default_rng(3).integers(0, N, (4, 3))
+            for layout in LAYOUTS:
+                p = functools.partial(place, cuda, layout=layout)
+                codes, scales = p(qw.codes), None if qw.scales is None else p(qw.scales)
+                cuda.qmatmul(p(x), codes, scales, fmt, qw.group_size)
+                cuda.qmatmul(p(x), codes, scales, fmt, qw.group_size, bias=p(bias))
+                for ids in (idx, idx.astype(np.int32)):
+                    cuda.qembedding(codes, scales, p(ids), fmt, qw.group_size)
+
+
 @drives("rotary_fwd", "rotary_bwd")
 def rotary(cuda, dtype):
     acc = dtypes.compute_dtype(dtype)
@@ -363,6 +383,69 @@ def test_unary_ops_are_numbered_as_in_the_contract(cuda):
     }
     with pytest.raises(ValueError, match="unknown unary op 'gelu'"):
         cuda.unary_fwd(cuda.empty(3, F32), "gelu")
+
+
+def test_quant_formats_are_numbered_as_in_quant_cu(cuda):
+    """quant.cu's QuantFormat enum, cuda/quant.py's FORMATS and the CPU twin's DECODED name the
+    formats in one order (the index is the template argument), the formats of quant.FORMATS,
+    each with its code dtype."""
+    source = (KERNEL_DIR / "quant.cu").read_text()
+    enum = re.search(r"enum QuantFormat \{([^}]*)\}", source).group(1)
+    numbered = {name.lower(): int(i) for name, i in re.findall(r"(\w+) = (\d+)", enum)}
+    assert numbered == {fmt: spec[0] for fmt, spec in cuda.quant.FORMATS.items()}
+    assert list(numbered) == list(cpu.quant.DECODED)
+    assert set(numbered) == set(quant.FORMATS)
+    for fmt, (_, code_dtype, per_code, _) in cuda.quant.FORMATS.items():
+        assert np.dtype(code_dtype).itemsize * 8 == quant.FORMATS[fmt].bits * per_code
+
+
+def test_quant_arguments_that_do_not_fit_are_refused(cuda, launches):
+    qw = quant.quantize(rand((6, 64), F32), "int4", 32)
+    x, codes, scales = (
+        cuda.asarray(rand((2, 64), F32)),
+        cuda.asarray(qw.codes),
+        cuda.asarray(qw.scales),
+    )
+    bf16 = quant.quantize(rand((6, 64), F32), "bf16")
+    cases = [
+        (ValueError, "unknown quantized format 'int2'", (x, codes, scales, "int2", 32)),
+        (
+            TypeError,
+            "int8 codes must be a 2-D uint8",
+            (x, cuda.asarray(bf16.codes), scales, "int8", 32),
+        ),
+        (
+            ValueError,
+            "group_size 24 must be a positive even divisor",
+            (x, codes, scales, "int4", 24),
+        ),
+        (ValueError, "group_size 1 must be a positive even divisor", (x, codes, scales, "int4", 1)),
+        (
+            ValueError,
+            r"scales must have shape \(6, 2\), got \(6, 4\)",
+            (x, codes, cuda.asarray(np.ones((6, 4), F32)), "int4", 32),
+        ),
+        (ValueError, r"scales must have shape \(6, 2\), got None", (x, codes, None, "int4", 32)),
+        (
+            ValueError,
+            "bf16 weights have no scales",
+            (x, cuda.asarray(bf16.codes), scales, "bf16", None),
+        ),
+        (ValueError, r"x \(2, 32\) must be \(M, 64\)", (x[:, :32], codes, scales, "int4", 32)),
+        (
+            TypeError,
+            "floating-point x",
+            (cuda.asarray(np.ones((2, 64), np.int32)), codes, scales, "int4", 32),
+        ),
+    ]
+    for error, match, args in cases:
+        with pytest.raises(error, match=match):
+            cuda.qmatmul(*args)
+    with pytest.raises(ValueError, match=r"bias \(5,\) must be \(6,\)"):
+        cuda.qmatmul(x, codes, scales, "int4", 32, bias=cuda.asarray(rand(5, F32)))
+    with pytest.raises(ValueError, match="token id 6 out of range for vocab 6"):
+        cuda.qembedding(codes, scales, cuda.asarray(np.array([0, 6])), "int4", 32)
+    assert launches == []
 
 
 def test_row_kernels_without_rows_launch_nothing(cuda, launches):

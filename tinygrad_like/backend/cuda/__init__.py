@@ -3,7 +3,7 @@ the project's own kernels in the .cu files beside their modules (compiled with N
 cupy.RawModule), with CuPy itself where a custom kernel would add nothing.
 
 One module per kernel family, each beside its .cu file: gemm, elementwise, rownorm, softmax,
-attention, rotary, embedding, adamw; runtime holds what is not a kernel (the host functions,
+attention, rotary, embedding, adamw, quant; runtime holds what is not a kernel (the host functions,
 loading the .cu files, launch helpers, the memory pool's watcher). Nothing here imports the CPU
 backend. The package exposes the contract's names (contract.implement) and the runtime's
 device_name, PoolWatcher, kernel_source and instances.

@@ -32,6 +32,8 @@ CTYPES = {
     dtypes.bfloat16: "__nv_bfloat16",
     dtypes.float64: "double",
 }
+# quant.cu's stored codes: bytes, and the bit patterns of bf16 / fp16 weights
+CODE_CTYPES = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short"}
 HALF = (dtypes.float16, dtypes.bfloat16)
 TRAINING = tuple(dtypes.BY_NAME[n] for n in dtypes.TRAINING)  # dtypes with custom GEMMs/casts
 NULL = np.uint64(0)  # a null pointer argument
@@ -130,9 +132,13 @@ def kernel_source(filename):
 
 def instances(source):
     """The template instances a .cu file lists (&name<args>) under #ifdef TG_CHECK_INSTANTIATE,
-    whitespace removed: the one list both NVRTC (name_expressions) and nvcc compile."""
+    spelled as compiled() names them (no whitespace but inside a type: `unsigned char`): the one
+    list both NVRTC (name_expressions) and nvcc compile."""
     listing = source.split("#ifdef TG_CHECK_INSTANTIATE", 1)[1]
-    return ["".join(m.split()) for m in re.findall(r"&(\w+\s*<[^>]*>)", listing)]
+    return [
+        re.sub(r"\s*([<>,])\s*", r"\1", " ".join(m.split()))
+        for m in re.findall(r"&(\w+\s*<[^>]*>)", listing)
+    ]
 
 
 def _cuda_path_from_nvcc():
@@ -178,12 +184,15 @@ def compiled_module(filename):
 def _param(p):
     if isinstance(p, bool):
         return "true" if p else "false"
-    return str(p) if isinstance(p, int) else CTYPES[np.dtype(p)]
+    if isinstance(p, int):
+        return str(p)
+    return CODE_CTYPES[np.dtype(p)] if np.dtype(p) in CODE_CTYPES else CTYPES[np.dtype(p)]
 
 
 @lru_cache(maxsize=None)
 def compiled(filename, kernel, *params):
-    """The compiled instance kernel<params> (params: dtypes, bools, ints) of a .cu file."""
+    """The compiled instance kernel<params> (params: dtypes, code dtypes, bools, ints) of a .cu
+    file."""
     return compiled_module(filename).get_function(
         f"{kernel}<{','.join(_param(p) for p in params)}>"
     )

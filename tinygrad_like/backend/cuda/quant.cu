@@ -1,0 +1,182 @@
+// Quantized weights: a GEMM against W (N, K) and a row gather from it, W decoded from its codes
+// in registers as they are read (never a dequantized copy), as cpu/quant.py does row by row.
+//
+// Stored layout (contract.py, "quant"): row n of W is row n of codes, (N, K / PER_CODE) of C:
+// unsigned short bit patterns for bf16 / fp16, one unsigned char per element for the 8-bit
+// formats, two for the 4-bit ones (element 2j in the low nibble, 2j + 1 in the high one);
+// scales (N, K / group_size) fp32, element k of row n scaled by scales[n, k / group_size], null
+// for bf16 / fp16. The decode is by bit operations (no cuda_fp8.h), value for value
+// ml_dtypes' (float8_e4m3fn, float8_e5m2, float4_e2m1fn) and the CPU kernel's, bit for bit.
+#include "common.cuh"
+
+// The formats, in the order of cpu/quant.py's DECODED and cuda/quant.py's FORMATS (tests check).
+enum QuantFormat {
+    INT8 = 0, INT4 = 1, FP8_E4M3 = 2, FP8_E5M2 = 3, FP4_E2M1 = 4, BF16 = 5, FP16 = 6
+};
+
+// What a small float's largest exponent field means, as cpu/quant.py's: nothing special (fp4
+// E2M1), NaN only where every other bit is set too (fp8 E4M3 "fn": no infinities), or IEEE
+// infinities and NaNs (fp16, fp8 E5M2).
+enum Specials { FINITE = 0, NAN_ONLY = 1, IEEE = 2 };
+
+// Elements per stored code of a format (two nibbles per byte for the 4-bit ones), and the
+// bytes of one code (the 16-bit formats keep their bit patterns, the others bytes).
+template <int FMT> constexpr int PER_CODE = FMT == INT4 || FMT == FP4_E2M1 ? 2 : 1;
+template <int FMT> constexpr int CODE_BYTES = FMT == BF16 || FMT == FP16 ? 2 : 1;
+
+// The decode functions: bit operations from the code to its fp32 value, exact (every format's
+// values are fp32 values), the values of cpu/quant.py's int8_value, int4_value and
+// minifloat_bits times minifloat_scale, bit for bit (DECODED's fields are minifloat_value's
+// template arguments below). One difference of means: the CPU makes a small float's subnormal
+// an fp32 subnormal and multiplies it up, which CuPy's -ftz=true (added to every compile) would
+// flush to zero here; minifloat_value takes it as the difference of two fp32 normals instead.
+__device__ __forceinline__ float int8_value(unsigned code) {  // two's complement byte
+    return (float)(((int)code ^ 0x80) - 0x80);
+}
+
+__device__ __forceinline__ float int4_value(unsigned nibble) {  // q in [-8, 7] stored as q + 8
+    return (float)((int)nibble - 8);
+}
+
+// A small float's bits (1 sign, EXP_BITS exponent, MAN_BITS mantissa bits, bias
+// 2^(EXP_BITS - 1) - 1): exponent and mantissa moved to fp32's places and the exponent
+// rebiased; a subnormal (exponent 0) is the normal 2^(1 - bias) (1 + m / 2^MAN_BITS) minus
+// 2^(1 - bias), exact; an IEEE exponent of all ones becomes fp32's (inf, NaN).
+template <int EXP_BITS, int MAN_BITS, int SPECIALS>
+__device__ __forceinline__ float minifloat_value(unsigned code) {
+    constexpr int bias = (1 << (EXP_BITS - 1)) - 1, magnitude_bits = EXP_BITS + MAN_BITS;
+    const int c = (int)code, mag = c & ((1 << magnitude_bits) - 1), e = mag >> MAN_BITS;
+    const int bits = (mag << (23 - MAN_BITS)) + ((127 - bias) << 23);
+    float f;
+    if (e == 0)
+        f = __int_as_float(bits + (1 << 23)) - __int_as_float((128 - bias) << 23);
+    else if (SPECIALS == IEEE && e == (1 << EXP_BITS) - 1)
+        f = __int_as_float(bits + ((128 - (1 << (EXP_BITS - 1))) << 23));
+    else if (SPECIALS == NAN_ONLY && mag == (1 << magnitude_bits) - 1)
+        f = __int_as_float(0x7fc00000);
+    else
+        f = __int_as_float(bits);
+    return (c >> magnitude_bits) & 1 ? -f : f;
+}
+
+__device__ __forceinline__ float bf16_value(unsigned code) {  // the top half of fp32's bits
+    return __int_as_float((int)(code << 16));
+}
+
+__device__ __forceinline__ float fp16_value(unsigned code) {
+    return minifloat_value<5, 10, IEEE>(code);
+}
+
+// One element's value from its bits (16, 8 or 4 of them), before its scale.
+template <int FMT> __device__ __forceinline__ float element_value(unsigned v) {
+    if constexpr (FMT == INT8) return int8_value(v);
+    else if constexpr (FMT == INT4) return int4_value(v);
+    else if constexpr (FMT == FP8_E4M3) return minifloat_value<4, 3, NAN_ONLY>(v);
+    else if constexpr (FMT == FP8_E5M2) return minifloat_value<5, 2, IEEE>(v);
+    else if constexpr (FMT == FP4_E2M1) return minifloat_value<2, 1, FINITE>(v);
+    else if constexpr (FMT == BF16) return bf16_value(v);
+    else return fp16_value(v);
+}
+
+// Element k = j PER_CODE + p of a row, from its stored code c = row[j] (element 2j in the low
+// nibble, 2j + 1 in the high one): decoded, times its group's scale (row_scales: that row's
+// scales, null for bf16 / fp16), one fp32 product: cpu/quant.py's decode_row, element by
+// element.
+template <int FMT>
+__device__ __forceinline__ float dequantize(unsigned c, int p, const float* row_scales, int k,
+                                            int group_size) {
+    const float w = element_value<FMT>(PER_CODE<FMT> == 2 ? (c >> (4 * p)) & 15u : c);
+    return row_scales ? w * row_scales[k / group_size] : w;
+}
+
+// y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]), w = dequantize(codes[n, ...]) as above.
+// x: (M, K), y: (M, N), both T; codes, scales: the layout above; bias: (N,) T or null; x and
+// bias read as fp32 (fp64 rounded to it, as the CPU twin's f32). Launch: one warp per output
+// row n (8 per 256-thread block): its lanes stride over the row's codes (coalesced), decode
+// each in registers and accumulate w x[m, k] in fp32 for QMATMUL_ROWS rows of x at a time (M is
+// small when decoding: one pass over the codes per QMATMUL_ROWS rows); warp_sum, then the bias
+// in fp32 and one rounding to T. As cpu/quant.py's qmatmul: one output row per program, the
+// same decode and fp32 products, the sum over k in another order (lanes, then the warp's tree).
+constexpr int QMATMUL_ROWS = 8;
+
+template <typename T, typename C, int FMT>
+__global__ void qmatmul(const T* x, const C* codes, const float* scales, const T* bias, T* y, int M,
+                        int N, int K, int group_size) {
+    static_assert(sizeof(C) == CODE_BYTES<FMT>, "the code type of the format");
+    const int lane = threadIdx.x % 32;
+    const long long n = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (n >= N) return;  // the whole warp: n is the warp's
+    const int codes_per_row = K / PER_CODE<FMT>;
+    const C* row = codes + n * codes_per_row;
+    const float* row_scales = scales ? scales + n * (K / group_size) : nullptr;
+    for (int m0 = 0; m0 < M; m0 += QMATMUL_ROWS) {
+        float acc[QMATMUL_ROWS] = {};
+        for (int j = lane; j < codes_per_row; j += 32) {
+            const unsigned c = row[j];
+#pragma unroll
+            for (int p = 0; p < PER_CODE<FMT>; ++p) {
+                const int k = j * PER_CODE<FMT> + p;
+                const float w = dequantize<FMT>(c, p, row_scales, k, group_size);
+#pragma unroll
+                for (int r = 0; r < QMATMUL_ROWS; ++r)
+                    if (m0 + r < M) acc[r] += w * (float)to_acc(x[(long long)(m0 + r) * K + k]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < QMATMUL_ROWS; ++r) {
+            if (m0 + r >= M) break;  // uniform over the warp
+            const float sum = warp_sum(acc[r]);
+            if (lane == 0) y[(long long)(m0 + r) * N + n] = from_acc<T>(sum + (bias ? (float)to_acc(bias[n]) : 0.0f));
+        }
+    }
+}
+
+// out[t, :] = W[idx[t], :] dequantized, fp32. idx: (tokens,) int64, every id in [0, N) (quant.py
+// checks on the host: no bounds check here); out: (tokens, K). Launch: one block per token, 256
+// threads striding over the row's codes, each writing its code's PER_CODE elements. As
+// cpu/quant.py's qembedding: one gathered row per program, the same decode, bit for bit.
+template <typename C, int FMT>
+__global__ void qembedding(const C* codes, const float* scales, const long long* idx, float* out,
+                           int K, int group_size) {
+    static_assert(sizeof(C) == CODE_BYTES<FMT>, "the code type of the format");
+    const long long n = idx[blockIdx.x];
+    const int codes_per_row = K / PER_CODE<FMT>;
+    const C* row = codes + n * codes_per_row;
+    const float* row_scales = scales ? scales + n * (K / group_size) : nullptr;
+    float* dst = out + (long long)blockIdx.x * K;
+    for (int j = threadIdx.x; j < codes_per_row; j += blockDim.x) {
+        const unsigned c = row[j];
+#pragma unroll
+        for (int p = 0; p < PER_CODE<FMT>; ++p) {
+            const int k = j * PER_CODE<FMT> + p;
+            dst[k] = dequantize<FMT>(c, p, row_scales, k, group_size);
+        }
+    }
+}
+
+#ifdef TG_CHECK_INSTANTIATE
+// Every variant quant.py launches (see elementwise.cu): qmatmul for x in each float dtype, both
+// kernels for each format with its code type.
+void* tg_instances_quant[] = {
+    (void*)&qmatmul<float, unsigned char, 0>, (void*)&qmatmul<float, unsigned char, 1>,
+    (void*)&qmatmul<float, unsigned char, 2>, (void*)&qmatmul<float, unsigned char, 3>,
+    (void*)&qmatmul<float, unsigned char, 4>, (void*)&qmatmul<float, unsigned short, 5>,
+    (void*)&qmatmul<float, unsigned short, 6>,
+    (void*)&qmatmul<__half, unsigned char, 0>, (void*)&qmatmul<__half, unsigned char, 1>,
+    (void*)&qmatmul<__half, unsigned char, 2>, (void*)&qmatmul<__half, unsigned char, 3>,
+    (void*)&qmatmul<__half, unsigned char, 4>, (void*)&qmatmul<__half, unsigned short, 5>,
+    (void*)&qmatmul<__half, unsigned short, 6>,
+    (void*)&qmatmul<__nv_bfloat16, unsigned char, 0>, (void*)&qmatmul<__nv_bfloat16, unsigned char, 1>,
+    (void*)&qmatmul<__nv_bfloat16, unsigned char, 2>, (void*)&qmatmul<__nv_bfloat16, unsigned char, 3>,
+    (void*)&qmatmul<__nv_bfloat16, unsigned char, 4>, (void*)&qmatmul<__nv_bfloat16, unsigned short, 5>,
+    (void*)&qmatmul<__nv_bfloat16, unsigned short, 6>,
+    (void*)&qmatmul<double, unsigned char, 0>, (void*)&qmatmul<double, unsigned char, 1>,
+    (void*)&qmatmul<double, unsigned char, 2>, (void*)&qmatmul<double, unsigned char, 3>,
+    (void*)&qmatmul<double, unsigned char, 4>, (void*)&qmatmul<double, unsigned short, 5>,
+    (void*)&qmatmul<double, unsigned short, 6>,
+    (void*)&qembedding<unsigned char, 0>, (void*)&qembedding<unsigned char, 1>,
+    (void*)&qembedding<unsigned char, 2>, (void*)&qembedding<unsigned char, 3>,
+    (void*)&qembedding<unsigned char, 4>, (void*)&qembedding<unsigned short, 5>,
+    (void*)&qembedding<unsigned short, 6>,
+};
+#endif
