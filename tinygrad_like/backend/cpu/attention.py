@@ -16,10 +16,10 @@ half of each diagonal block. The scores of a pair are kept transposed, sT (heads
 queries) = k_j (q_i scale)^T, with q pre-transposed once per call: the softmax's max and sum
 over keys then run key by key with the queries as the contiguous inner axis, which vectorizes
 (a reduction along each 64-element row would not). The matmuls that need s itself take
-sT.swapaxes, which BLAS reads at no cost. The block GEMMs stay in BLAS: a Numba loop nest for
-them (no fast-math, so no reassociated dot products) ran the whole forward 1.6x slower than
-BLAS plus NumPy's softmax. BLAS runs single-threaded here (one_blas_thread): the heads are
-split across the cores instead.
+sT.swapaxes, which BLAS reads at no cost. The block GEMMs stay in BLAS, which a Numba loop
+nest without fast-math (no reassociated dot products) does not match (docs/performance.md).
+BLAS runs single-threaded here (one_blas_thread): the heads are split across the cores
+instead.
 """
 
 import numpy as np
