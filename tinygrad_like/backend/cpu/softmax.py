@@ -182,12 +182,13 @@ def _softmax_rows(x, scale, Tq, causal, log, y):
                 for c in range(C):
                     yr[c] = (xr[c] - m) - lse
                 continue
+            p = yr[:seen]  # one view, worked in place (see _exp_sum)
             for c in range(seen):
-                yr[c] = xr[c] * scale
-            m = row_max(yr[:seen], acc)
-            s = _exp_sum(yr[:seen], m, yr[:seen], acc)
+                p[c] = xr[c] * scale
+            m = row_max(p, acc)
+            s = _exp_sum(p, m, p, acc)
             for c in range(seen):
-                yr[c] /= s
+                p[c] /= s
             yr[seen:] = 0
 
 
