@@ -165,31 +165,30 @@ _WIDEN_ELEMENTS = 1 << 22
 
 @kernel
 def _softmax_rows(x, scale, Tq, causal, log, y):
-    # x, y (rows, C) in the compute dtype. Softmax: y = exp(scale x - m) / sum(...), with causal
-    # (the naive attention's scores, row r being query r % Tq at position C - Tq + r % Tq) the
-    # keys after the query 0 and out of the max and sum; log: y = (x - m) - log(sum(exp(x - m)))
-    # (scale 1, no mask). e, acc: the block's scratch (a row of exps, the lanes of a sum)
+    # x, y (rows, C) in the compute dtype, m the row's max of scale x. Softmax: y = exp(scale x -
+    # m) / sum(...), with causal (the naive attention's scores, row r being query r % Tq at
+    # position C - Tq + r % Tq) the keys after the query 0 and out of the max and sum; log:
+    # y = (x - m) - log(sum(exp(x - m))) (scale 1, no mask). e, acc: the block's scratch (a row
+    # of exps, the lanes of a sum)
     A = x.dtype.type
     rows, C = x.shape
     for b in prange(-(-rows // _BLOCK_ROWS)):
         e, acc = np.empty(C, A), np.empty(LANES, A)
         for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
             seen = C - Tq + row % Tq + 1 if causal else C  # keys 0 .. seen - 1
-            xr, yr = x[row], y[row]
-            if log:
-                m = row_max(xr, acc)
-                lse = np.log(_exp_sum(xr, m, e, acc))
-                for c in range(C):
-                    yr[c] = (xr[c] - m) - lse
-                continue
-            p = yr[:seen]  # one view, worked in place (see _exp_sum)
+            xr, yr, p = x[row], y[row], e[:seen]  # p: one view, worked in place (_exp_sum)
             for c in range(seen):
                 p[c] = xr[c] * scale
             m = row_max(p, acc)
             s = _exp_sum(p, m, p, acc)
-            for c in range(seen):
-                p[c] /= s
-            yr[seen:] = 0
+            if log:
+                lse = np.log(s)
+                for c in range(C):
+                    yr[c] = (xr[c] - m) - lse
+            else:
+                for c in range(seen):
+                    yr[c] = p[c] / s
+                yr[seen:] = 0
 
 
 @kernel
