@@ -3,11 +3,11 @@ the scores of a (query block, key block) pair live only while that pair is worke
 is O(T·D) per head, never the (Tq, Tk) matrix, and key blocks wholly after a query block are
 skipped. Each pair is a few batched matmuls over a range of the B*Hkv kv heads at once, with
 one compiled pass between them (_online_softmax, _probs_dscores: what attention.cu's warps do
-between its tile products). Query i
-is at position Tk - Tq + i, as in softmax_causal_fwd (Tq < Tk: a KV-cache decode step or a
-prompt after one). Grouped-query attention (k, v with Hkv heads, a divisor of q's H): query head
-h reads kv head h // G, G = H / Hkv, and a kv head's G query heads are the columns of one
-GEMM against it (_grouped), never a repeated k or v. Blocks are contract.FLASH_BQ queries by
+between its tile products). Query i is at position Tk - Tq + i, as in softmax_causal_fwd
+(Tq < Tk: a KV-cache decode step or a prompt after one). Grouped-query attention (k, v with
+Hkv heads, a divisor of q's H): query head h reads kv head h // G, G = H / Hkv, and a kv
+head's G query heads are the columns of one GEMM against it (_grouped), never a repeated k or
+v. Blocks are contract.FLASH_BQ queries by
 contract.FLASH_BK keys, read at each call (the FLOP count follows them; a test shrinks them to
 make ragged blocks).
 
@@ -30,9 +30,9 @@ from .compiled import exp, serial_kernel
 from .runtime import CHUNK, f32, in_parallel, one_blas_thread, rounded
 
 
-def _keys_end(Tq, Tk, i0, i1, j0):
-    """The end of the keys [j0, end) that query block [i0, i1) sees of the key block starting
-    at j0: the block cut at the position of its last query."""
+def _keys_end(Tq, Tk, i1, j0):
+    """The end of the keys [j0, end) of the key block starting at j0 that a query block ending
+    at query i1 sees: the block cut at the position of its last query."""
     return min(j0 + contract.FLASH_BK, Tk - Tq + i1)
 
 
@@ -178,7 +178,7 @@ def flash_attention_fwd(q, k, v, scale):
             m, lsum = np.empty((2, B, h1 - h0, cols), dtype=acc)
             o = np.empty((B, h1 - h0, cols, D), dtype=acc)
             for j0 in range(0, Tk - Tq + i1, bk):  # no key after the block
-                j1 = _keys_end(Tq, Tk, i0, i1, j0)
+                j1 = _keys_end(Tq, Tk, i1, j0)
                 sT = np.matmul(ks[:, h0:h1, j0:j1], qTi)  # (B, H', n, bq G) = s^T
                 _online_softmax(sT, m, lsum, o, j0, Tk - Tq + i0, G, j0 == 0)  # sT = p^T
                 pT, vj = sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1]
@@ -238,7 +238,7 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
             for i0 in range(first, Tq, span):  # that sees key j0
                 i1 = min(i0 + span, Tq)
                 cols = slice(i0 * G, i1 * G)  # the queries [i0, i1) in the group's G heads
-                n = _keys_end(Tq, Tk, i0, i1, j0) - j0  # the keys it sees
+                n = _keys_end(Tq, Tk, i1, j0) - j0  # the keys it sees
                 pT = np.matmul(kj[..., :n, :], qT[:, h0:h1, :, cols])  # (B, H', n, span G)
                 dsT = np.matmul(vj[..., :n, :], doT[:, h0:h1, :, cols])  # dp^T
                 _probs_dscores(pT, dsT, lseT, DiT, h0, i0 * G, j0, Tk - Tq + i0, G)
