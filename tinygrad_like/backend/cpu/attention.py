@@ -7,9 +7,8 @@ between its tile products). Query i is at position Tk - Tq + i, as in softmax_ca
 (Tq < Tk: a KV-cache decode step or a prompt after one). Grouped-query attention (k, v with
 Hkv heads, a divisor of q's H): query head h reads kv head h // G, G = H / Hkv, and a kv
 head's G query heads are the columns of one GEMM against it (_grouped), never a repeated k or
-v. Blocks are contract.FLASH_BQ queries by
-contract.FLASH_BK keys, read at each call (the FLOP count follows them; a test shrinks them to
-make ragged blocks).
+v. Blocks are contract.FLASH_BQ queries by contract.FLASH_BK keys, read at each call (the FLOP
+count follows them; a test shrinks them to make ragged blocks).
 
 Smaller blocks pay NumPy's per-call overhead more often; larger ones compute more of the masked
 half of each diagonal block. The scores of a pair are kept transposed, sT (heads, keys,
