@@ -22,9 +22,7 @@ BACKEND = ROOT / "tinygrad_like" / "backend"
 SOURCES = ("tinygrad_like", "nn", "optim", "training", "scripts", "examples")
 FAMILIES = sorted({k.family for k in contract.KERNELS.values()})
 # Public functions a family module may have outside the contract, each for a reason of its own.
-EXTRAS = {
-    ("cpu", "softmax"): {"future_mask"},  # the causal mask, shared with the flash kernels
-}
+EXTRAS = {}
 
 
 @pytest.fixture(scope="module")

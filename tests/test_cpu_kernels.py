@@ -14,6 +14,7 @@ import pytest
 
 from tinygrad_like import Tensor, dtypes, kernels, ops, profiler
 from tinygrad_like.backend import cpu
+from tinygrad_like.backend.cpu import softmax
 
 HALF = [pytest.param(dtypes.float16, id="fp16"), pytest.param(dtypes.bfloat16, id="bf16")]
 EPS = {dtypes.float16: 2.0**-10, dtypes.bfloat16: 2.0**-7, dtypes.float32: 2.0**-23}
@@ -245,6 +246,25 @@ def test_softmax_causal_bwd(rng, dtype):
     ref = 0.7 * p64 * (dp64 - (dp64 * p64).sum(-1, keepdims=True))
     np.testing.assert_allclose(up(ds), ref, rtol=2 * EPS[dtype], atol=1e-6)
     assert np.all(ds[..., np.triu(np.ones((3, 5), bool), k=3)] == 0)  # masked: exactly zero
+
+
+def test_softmax_causal_half_rows_widened_in_blocks_match_one_block(rng, monkeypatch):
+    """2-byte scores are widened a block of whole (Tq, Tk) matrices at a time (the causal rule
+    reads row % Tq): blocks of 3 matrices give the bits of one block of all 12."""
+    scores = rnd(rng, 4, 3, 5, 7, scale=3).astype(dtypes.float16)
+    dprobs = rnd(rng, 4, 3, 5, 7).astype(dtypes.float16)
+    whole = cpu.softmax_causal_fwd(scores, 0.5), cpu.softmax_causal_bwd(scores, dprobs, 0.5)
+    monkeypatch.setattr(softmax, "_WIDEN_ELEMENTS", 3 * 5 * 7)
+    blocks = cpu.softmax_causal_fwd(scores, 0.5), cpu.softmax_causal_bwd(scores, dprobs, 0.5)
+    for got, want in zip(blocks, whole):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_softmax_of_a_row_of_minus_inf_is_nan():
+    x = np.array([[-np.inf] * 3, [0.0, 1.0, 2.0]], F32)
+    for fn in (cpu.softmax_fwd, cpu.log_softmax_fwd):
+        y = fn(x)
+        assert np.all(np.isnan(y[0])) and np.all(np.isfinite(y[1])), fn.__name__
 
 
 # ---------------------------------------------------------------- cross-entropy

@@ -1,7 +1,7 @@
 """The CPU backend's thread splits (runtime.in_parallel, the GEMMs' splits) change no result:
 a GEMM split across the cores matches one BLAS call, elementwise and row kernels split into
-blocks match the same kernel run as one block bit for bit, and the BLAS thread count is
-restored."""
+blocks match the same kernel run as one block bit for bit, a compiled kernel's parallel and
+serial twins agree bit for bit, and the BLAS thread count is restored."""
 
 import os
 import time
@@ -11,7 +11,7 @@ import pytest
 
 from tinygrad_like import dtypes
 from tinygrad_like.backend import cpu
-from tinygrad_like.backend.cpu import gemm, runtime
+from tinygrad_like.backend.cpu import compiled, gemm, runtime
 
 F32 = np.float32
 
@@ -126,3 +126,54 @@ def test_in_place_split_add_writes_out(rng):
     out = cpu.add(x, y, out=x)
     assert out is x
     np.testing.assert_array_equal(x, want)
+
+
+def _compiled_rows(rng):
+    """Calls of the compiled row and elementwise kernels on ragged shapes (rows not a multiple
+    of a block's 32, rows not a multiple of the 16 sum lanes), as (name, thunk)."""
+    scores = rng.standard_normal((3, 3, 5, 37), dtype=F32)  # 45 rows of 37 keys, Tq = 5
+    x, dy = (rng.standard_normal((45, 37), dtype=F32) for _ in range(2))
+    y = cpu.softmax_fwd(x)
+    gate, up = (rng.standard_normal((7, 143), dtype=F32) for _ in range(2))
+    angles = rng.standard_normal((5, 4), dtype=F32)
+    heads = rng.standard_normal((2, 3, 5, 8), dtype=F32)  # (B, H, T, D)
+    return [
+        ("softmax_causal_fwd", lambda: cpu.softmax_causal_fwd(scores, 0.3)),
+        ("softmax_causal_bwd", lambda: cpu.softmax_causal_bwd(scores, scores[::-1], 0.3)),
+        ("softmax_fwd", lambda: cpu.softmax_fwd(x)),
+        ("softmax_bwd", lambda: cpu.softmax_bwd(y, dy)),
+        ("log_softmax_fwd", lambda: cpu.log_softmax_fwd(x)),
+        ("log_softmax_bwd", lambda: cpu.log_softmax_bwd(np.log(y), dy)),
+        ("swiglu_fwd", lambda: cpu.swiglu_fwd(gate, up)),
+        ("swiglu_bwd", lambda: cpu.swiglu_bwd(gate, up, up[::-1])),
+        ("rotary_fwd", lambda: cpu.rotary_fwd(heads, np.cos(angles), np.sin(angles))),
+        ("rotary_bwd", lambda: cpu.rotary_bwd(heads, np.cos(angles), np.sin(angles))),
+    ]
+
+
+def test_compiled_serial_and_parallel_twins_match_bit_for_bit(monkeypatch):
+    """A compiled kernel's parallel twin (prange over the cores) and its serial twin (below
+    compiled.SERIAL_BELOW elements) give the same bits: each row's sums run over fixed lanes,
+    whichever core takes the row."""
+    monkeypatch.setattr(compiled, "SERIAL_BELOW", 0)  # every call parallel
+    parallel = [(name, _outputs(fn())) for name, fn in _compiled_rows(np.random.default_rng(2))]
+    monkeypatch.setattr(compiled, "SERIAL_BELOW", 1 << 62)  # every call serial
+    for (name, got), (_, fn) in zip(parallel, _compiled_rows(np.random.default_rng(2))):
+        for g, w in zip(got, _outputs(fn())):
+            np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def test_flash_attention_split_over_heads_matches_one_block(rng, monkeypatch):
+    """_by_heads gives each core a range of kv heads, each block pair's online softmax compiled
+    for the calling core: the same bits as every head on one core."""
+    B, H, T, D = 2, 4, 192, 16  # work enough for a block per core
+    q, k, v, dout = (rng.standard_normal((B, H, T, D), dtype=F32) for _ in range(4))
+    out, lse = cpu.flash_attention_fwd(q, k, v, 0.25)
+    grads = cpu.flash_attention_bwd(q, k, v, out, lse, dout, 0.25)
+    monkeypatch.setattr(runtime, "THREADS", 1)
+    one_core = (
+        *cpu.flash_attention_fwd(q, k, v, 0.25),
+        *cpu.flash_attention_bwd(q, k, v, out, lse, dout, 0.25),
+    )
+    for got, want in zip((out, lse, *grads), one_core, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -1,46 +1,112 @@
 """Causal attention in blocks on the CPU (attention.cu's twin), FlashAttention-2 (Dao 2023):
 the scores of a (query block, key block) pair live only while that pair is worked on, so memory
 is O(T·D) per head, never the (Tq, Tk) matrix, and key blocks wholly after a query block are
-skipped. Each pair is a few batched matmuls over a range of the B*Hkv kv heads at once. Query i
-is at position Tk - Tq + i, as in softmax_causal_fwd (Tq < Tk: a KV-cache decode step or a
-prompt after one). Grouped-query attention (k, v with Hkv heads, a divisor of q's H): query head
-h reads kv head h // G, G = H / Hkv, and a kv head's G query heads are the columns of one
-GEMM against it (_grouped), never a repeated k or v. Blocks are contract.FLASH_BQ queries by
-contract.FLASH_BK keys, read at each call (the FLOP count follows them; a test shrinks them to
-make ragged blocks).
+skipped. Each pair is a few batched matmuls over a range of the B*Hkv kv heads at once, with
+one compiled pass between them (_online_softmax, _probs_dscores: what attention.cu's warps do
+between its tile products). Query i is at position Tk - Tq + i, as in softmax_causal_fwd
+(Tq < Tk: a KV-cache decode step or a prompt after one). Grouped-query attention (k, v with
+Hkv heads, a divisor of q's H): query head h reads kv head h // G, G = H / Hkv, and a kv
+head's G query heads are the columns of one GEMM against it (_grouped), never a repeated k or
+v. Blocks are contract.FLASH_BQ queries by contract.FLASH_BK keys, read at each call (the FLOP
+count follows them; a test shrinks them to make ragged blocks).
 
 Smaller blocks pay NumPy's per-call overhead more often; larger ones compute more of the masked
 half of each diagonal block. The scores of a pair are kept transposed, sT (heads, keys,
 queries) = k_j (q_i scale)^T, with q pre-transposed once per call: the softmax's max and sum
-over keys are then reductions over an outer axis, which NumPy vectorizes across the queries
-(a reduction over the last axis, 64 elements at a time, is many times slower). The matmuls that
-need s itself take sT.swapaxes, which BLAS reads at no cost. BLAS runs single-threaded here
-(one_blas_thread): the heads are split across the cores instead.
+over keys then run key by key with the queries as the contiguous inner axis, which vectorizes
+(a reduction along each 64-element row would not). The matmuls that need s itself take
+sT.swapaxes, which BLAS reads at no cost. The block GEMMs stay in BLAS, which a Numba loop
+nest without fast-math (no reassociated dot products) does not match (docs/performance.md).
+BLAS runs single-threaded here (one_blas_thread): the heads are split across the cores
+instead.
 """
 
 import numpy as np
 
 from ... import dtypes
 from .. import contract
+from .compiled import exp, serial_kernel
 from .runtime import CHUNK, f32, in_parallel, one_blas_thread, rounded
-from .softmax import future_mask
-
-_CAUSAL_MASKS_T = {}
 
 
-def _flash_pair(Tq, Tk, i0, i1, j0, dtype):
-    """For query block [i0, i1) and the key block starting at j0: the end j1 of the keys it
-    sees (the block cut at its last query's position) and the pair's additive mask, transposed
-    as the scores are: (j1 - j0, bq), -inf where a key comes after a query (a view of a cached
-    transpose of the naive softmax's mask), or None when every query sees every key."""
-    first = Tk - Tq + i0  # position of the block's first query
-    j1 = min(j0 + contract.FLASH_BK, first + i1 - i0)
-    if j1 - 1 <= first:
-        return j1, None
-    key = (Tq, Tk, dtype)
-    if key not in _CAUSAL_MASKS_T:
-        _CAUSAL_MASKS_T[key] = np.ascontiguousarray(future_mask(Tq, Tk, dtype).T)  # (Tk, Tq)
-    return j1, _CAUSAL_MASKS_T[key][j0:j1, i0:i1]
+def _keys_end(Tq, Tk, i1, j0):
+    """The end of the keys [j0, end) of the key block starting at j0 that a query block ending
+    at query i1 sees: the block cut at the position of its last query."""
+    return min(j0 + contract.FLASH_BK, Tk - Tq + i1)
+
+
+# The online softmax between a block pair's GEMMs, compiled: one pass over the pair's scores
+# for what NumPy did in six (mask, max, subtract, exp, sum, rescale), as attention.cu's warp per
+# query row does it. The scores are kept transposed, (keys, queries G), so every loop's inner
+# axis is the queries, contiguous: the max and the sum over keys run key by key, in order, for
+# all the block's queries at once (the order of NumPy's reduction over an outer axis, and the
+# same for any core count). A key after a query (key position j0 + c, query position
+# first + t, the block's column t G + g) is masked: key c masks the columns r < (j0 + c -
+# first) G. The per-query statistics are copied into scratch rows first (LLVM vectorizes loops
+# over scratch it owns, not over views it cannot prove apart from the scores). These run on
+# the calling core (serial_kernel): _by_heads has split the heads over the cores.
+
+
+@serial_kernel
+def _online_softmax(sT, m, lsum, o, j0, first, G, opening):
+    # sT (B, H', n, cols) the pair's scores k_j (q_i scale)^T, turned in place into
+    # p^T = exp(s - m_new) (0 after the query); m, lsum (B, H', cols), the running max and sum
+    # of exp(s - m), and o (B, H', cols, D), the running p v, updated: lsum = lsum alpha +
+    # sum(p), o *= alpha, with alpha = exp(m_old - m_new). opening (key block 0): m and lsum
+    # are set, o is left for the GEMM to write (what the update gives from m = -inf,
+    # lsum = o = 0).
+    A = sT.dtype.type
+    B, heads, n, cols = sT.shape
+    m_new, total = np.empty(cols, A), np.empty(cols, A)
+    for b in range(B):
+        for h in range(heads):
+            for r in range(cols):
+                m_new[r] = -np.inf if opening else m[b, h, r]
+                total[r] = 0
+            for c in range(n):
+                s = sT[b, h, c]
+                for r in range(min(cols, max(0, j0 + c - first) * G)):
+                    s[r] = -np.inf
+                for r in range(cols):
+                    m_new[r] = max(m_new[r], s[r])
+            for c in range(n):
+                s = sT[b, h, c]
+                for r in range(cols):
+                    s[r] = exp(s[r] - m_new[r])
+                for r in range(cols):
+                    total[r] += s[r]
+            for r in range(cols):
+                if opening:
+                    lsum[b, h, r] = total[r]
+                else:
+                    alpha = exp(m[b, h, r] - m_new[r])
+                    lsum[b, h, r] = lsum[b, h, r] * alpha + total[r]
+                    for d in range(o.shape[3]):
+                        o[b, h, r, d] *= alpha
+                m[b, h, r] = m_new[r]
+
+
+@serial_kernel
+def _probs_dscores(pT, dsT, lseT, DiT, h0, c0, j0, first, G):
+    # the backward's pair, between its GEMMs, as attention.cu's probs_tile and dscores_tile:
+    # pT (B, H', n, cols) the scores k_j (q_i scale)^T, turned in place into p^T =
+    # exp(s - lse) (0 after the query); dsT (B, H', n, cols) dp^T = v_j dout_i^T, turned into
+    # ds^T = p (dp - Di); lseT, DiT (B, Hkv, Tq G), the pair's columns from c0, of kv head h0 + h
+    A = pT.dtype.type
+    B, heads, n, cols = pT.shape
+    lse, Di = np.empty(cols, A), np.empty(cols, A)
+    for b in range(B):
+        for h in range(heads):
+            for r in range(cols):
+                lse[r], Di[r] = lseT[b, h0 + h, c0 + r], DiT[b, h0 + h, c0 + r]
+            for c in range(n):
+                p, ds = pT[b, h, c], dsT[b, h, c]
+                for r in range(cols):
+                    p[r] = exp(p[r] - lse[r])
+                for r in range(min(cols, max(0, j0 + c - first) * G)):
+                    p[r] = A(0)
+                for r in range(cols):
+                    ds[r] = p[r] * (ds[r] - Di[r])
 
 
 def _by_group(a, Hkv):
@@ -67,14 +133,6 @@ def _grouped(a, Hkv, scale=None, transposed=False):
         np.multiply(f32(src), scale, out=out)
     rows = T * (H // Hkv if Hkv else 1)
     return out.reshape(B, Hkv, D, rows) if transposed else out.reshape(B, Hkv, rows, D)
-
-
-def _masked(sT, maskT, G):
-    """Add a pair's mask (keys, bq) (None: nothing masked) to its scores sT (..., keys, bq G),
-    in place: the G heads of a query are masked alike."""
-    if maskT is not None:
-        by_query = sT.reshape(*sT.shape[:-1], maskT.shape[-1], G)  # a view of the GEMM's result
-        by_query += maskT[..., None]
 
 
 def _by_heads(H, body, work):
@@ -115,27 +173,19 @@ def flash_attention_fwd(q, k, v, scale):
         for i0 in range(0, Tq, bq):
             i1 = min(i0 + bq, Tq)
             qTi = qT[:, h0:h1, :, i0 * G : i1 * G]  # (B, H', D, bq G)
+            cols = (i1 - i0) * G
+            m, lsum = np.empty((2, B, h1 - h0, cols), dtype=acc)
+            o = np.empty((B, h1 - h0, cols, D), dtype=acc)
             for j0 in range(0, Tk - Tq + i1, bk):  # no key after the block
-                j1, maskT = _flash_pair(Tq, Tk, i0, i1, j0, acc)
+                j1 = _keys_end(Tq, Tk, i1, j0)
                 sT = np.matmul(ks[:, h0:h1, j0:j1], qTi)  # (B, H', n, bq G) = s^T
-                _masked(sT, maskT, G)
+                _online_softmax(sT, m, lsum, o, j0, Tk - Tq + i0, G, j0 == 0)  # sT = p^T
+                pT, vj = sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1]
                 if j0 == 0:
-                    m = sT.max(axis=-2, keepdims=True)  # (B, H', 1, bq G)
-                    sT -= m
-                    np.exp(sT, out=sT)  # p^T, unnormalized
-                    lsum = sT.sum(axis=-2, keepdims=True)
-                    o = np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])  # (B, H', bq G, D)
-                    continue
-                m_new = np.maximum(m, sT.max(axis=-2, keepdims=True))
-                sT -= m_new
-                np.exp(sT, out=sT)
-                alpha = np.exp(m - m_new)
-                lsum *= alpha
-                lsum += sT.sum(axis=-2, keepdims=True)
-                o *= alpha.swapaxes(-1, -2)  # (B, H', bq G, 1)
-                o += np.matmul(sT.swapaxes(-1, -2), vs[:, h0:h1, j0:j1])
-                m = m_new
-            o /= lsum.swapaxes(-1, -2)
+                    np.matmul(pT, vj, out=o)  # (B, H', bq G, D)
+                else:
+                    o += np.matmul(pT, vj)
+            o /= lsum[..., None]
             shape = (B, h1 - h0, i1 - i0, G)  # the block's rows t G + g as (t, g)
             out_g[:, h0:h1, i0:i1] = o.reshape(*shape, D)
             lse_g[:, h0:h1, i0:i1] = (m + np.log(lsum)).reshape(*shape, 1)
@@ -162,8 +212,8 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
     scale = acc.type(scale)
     ks, vs = f32(k), f32(v)  # (B, Hkv, Tk, D)
     Di = np.einsum("bhtd,bhtd->bht", f32(dout), f32(out), dtype=acc)[..., None]
-    DiT, lseT = (_grouped(a, Hkv, transposed=True) for a in (Di, lse[..., None]))
-    qT = _grouped(q, Hkv, scale, transposed=True)  # (B, Hkv, D, Tq G); DiT, lseT (.., 1, ..)
+    DiT, lseT = (_grouped(a, Hkv, transposed=True)[:, :, 0] for a in (Di, lse[..., None]))
+    qT = _grouped(q, Hkv, scale, transposed=True)  # (B, Hkv, D, Tq G); DiT, lseT (B, Hkv, Tq G)
     doT = _grouped(dout, Hkv, transposed=True)
     qh, dos = _grouped(q, Hkv, scale), _grouped(dout, Hkv)  # (B, Hkv, Tq G, D)
     dq = np.empty(qh.shape, dtype=acc)  # set by key block 0 (every query sees key 0)
@@ -187,15 +237,10 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
             for i0 in range(first, Tq, span):  # that sees key j0
                 i1 = min(i0 + span, Tq)
                 cols = slice(i0 * G, i1 * G)  # the queries [i0, i1) in the group's G heads
-                j1, maskT = _flash_pair(Tq, Tk, i0, i1, j0, acc)
-                n = j1 - j0  # the keys it sees
+                n = _keys_end(Tq, Tk, i1, j0) - j0  # the keys it sees
                 pT = np.matmul(kj[..., :n, :], qT[:, h0:h1, :, cols])  # (B, H', n, span G)
-                _masked(pT, maskT, G)
-                pT -= lseT[:, h0:h1, :, cols]
-                np.exp(pT, out=pT)  # p^T
                 dsT = np.matmul(vj[..., :n, :], doT[:, h0:h1, :, cols])  # dp^T
-                dsT -= DiT[:, h0:h1, :, cols]
-                dsT *= pT  # ds^T
+                _probs_dscores(pT, dsT, lseT, DiT, h0, i0 * G, j0, Tk - Tq + i0, G)
                 if j0 == 0:
                     np.matmul(dsT.swapaxes(-1, -2), kj[..., :n, :], out=dq[:, h0:h1, cols])
                 else:

@@ -66,6 +66,19 @@ def _jit(fn, parallel):
     return numba.njit(parallel=parallel, cache=True, nogil=True, error_model="numpy")(fn)
 
 
+def _announced(jitted, name, args):
+    """jitted(*args); a call that compiles (a cold cache) prints 'compiled cpu.<name> in N s' to
+    stderr."""
+    if jitted.signatures:
+        return jitted(*args)
+    t0 = time.perf_counter()
+    out = jitted(*args)
+    if sum(jitted.stats.cache_misses.values()) and os.environ.get("TG_QUIET") != "1":
+        seconds = time.perf_counter() - t0
+        print(f"compiled cpu.{name} in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return out
+
+
 def kernel(fn=None, *, serial_below=None):
     """@kernel: fn compiled with prange over the cores (one core below serial_below elements
     of its first argument, default SERIAL_BELOW), cached on disk; the first call per dtype that
@@ -74,17 +87,23 @@ def kernel(fn=None, *, serial_below=None):
     if fn is None:
         return lambda fn: kernel(fn, serial_below=serial_below)
     variants = {True: _jit(fn, True), False: _jit(fn, False)}
+    below = serial_below or SERIAL_BELOW
 
     def call(*args):
-        jitted = variants[args[0].size >= (serial_below or SERIAL_BELOW)]
-        if jitted.signatures:
-            return jitted(*args)
-        t0 = time.perf_counter()
-        out = jitted(*args)
-        if sum(jitted.stats.cache_misses.values()) and os.environ.get("TG_QUIET") != "1":
-            seconds = time.perf_counter() - t0
-            print(f"compiled cpu.{fn.__name__} in {seconds:.1f} s", file=sys.stderr, flush=True)
-        return out
+        return _announced(variants[args[0].size >= below], fn.__name__, args)
+
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+    return call
+
+
+def serial_kernel(fn):
+    """@serial_kernel: kernel's serial twin alone, for a kernel called from the blocks of
+    runtime.in_parallel, which has split the work over the cores already (Numba's workqueue
+    layer refuses parallel launches from two threads at once)."""
+    jitted = _jit(fn, False)
+
+    def call(*args):
+        return _announced(jitted, fn.__name__, args)
 
     call.__name__, call.__doc__ = fn.__name__, fn.__doc__
     return call

@@ -10,7 +10,7 @@ from numba import prange
 
 from ... import dtypes
 from ..contract import unary_op
-from .compiled import kernel, tanh
+from .compiled import exp, kernel, tanh
 from .runtime import CHUNK, f32, in_parallel, rounded
 
 
@@ -203,15 +203,6 @@ def _elementwise(x, *others, body):
     return out
 
 
-def _into(out, a, b, ufunc):
-    """out[...] = ufunc(a, b), computed straight into out when out has a's dtype (one pass
-    fewer than a temporary and a copy), else rounded into it."""
-    if out.dtype == a.dtype:
-        ufunc(a, b, out=out)
-    else:
-        out[...] = ufunc(a, b, out=a)
-
-
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
@@ -231,10 +222,16 @@ def _gelu(x, dy, out, backward):
             out[i] = (t + A(1)) * v * A(0.5)
 
 
+def _flat(a):
+    """a (any shape and strides) as a contiguous (a.size,) array in the compute dtype (no copy
+    when it is one already)."""
+    return np.ascontiguousarray(f32(a)).reshape(-1)
+
+
 def _run_gelu(x, dy):
     """_gelu over x (and dy) flattened, in the compute dtype -> out in x's dtype, rounded once."""
-    xf = np.ascontiguousarray(f32(x)).reshape(-1)
-    dyf = xf if dy is None else np.ascontiguousarray(f32(dy)).reshape(-1)
+    xf = _flat(x)
+    dyf = xf if dy is None else _flat(dy)
     out = np.empty(xf.shape, dtype=xf.dtype)
     _gelu(xf, dyf, out, dy is not None)
     return rounded(out, x.dtype).reshape(x.shape)
@@ -258,45 +255,41 @@ def dropout_fwd(x, p, seed):
     return mul(x, mask), mask
 
 
-def _sigmoid(gf):
-    """s = 1 / (1 + exp(-g)) in a fresh buffer (exp of a large -g overflows to inf: s = 0)."""
-    s = np.negative(gf)
-    with np.errstate(over="ignore"):
-        np.exp(s, out=s)
-    s += 1.0
-    return np.divide(1.0, s, out=s)
+@kernel
+def _swiglu(gate, up, dy, out, dup, backward):
+    # one element per iteration, as elementwise.cu's swiglu_fwd / swiglu_bwd, in their order:
+    # s = 1 / (exp(-gate) + 1) (exp of a large -gate is inf: s = 0); forward (s gate) up,
+    # backward dup = (gate s) dy, dgate = ((1 - s) gate + 1) s up dy
+    A = gate.dtype.type
+    for i in prange(gate.shape[0]):
+        g = gate[i]
+        s = A(1) / (exp(-g) + A(1))
+        if backward:
+            d = dy[i]
+            dup[i] = g * s * d
+            out[i] = ((A(1) - s) * g + A(1)) * s * up[i] * d
+        else:
+            out[i] = s * g * up[i]
+
+
+def _run_swiglu(gate, up, dy):
+    """_swiglu over gate, up (and dy) flattened, in the compute dtype -> (out, dup) in gate's
+    dtype, rounded once (dup None in the forward)."""
+    backward = dy is not None
+    g, u = _flat(gate), _flat(up)
+    d = _flat(dy) if backward else g
+    out, dup = np.empty(g.shape, g.dtype), np.empty(g.shape if backward else 0, g.dtype)
+    _swiglu(g, u, d, out, dup, backward)
+    out = rounded(out, gate.dtype).reshape(gate.shape)
+    return out, rounded(dup, gate.dtype).reshape(gate.shape) if backward else None
 
 
 def swiglu_fwd(gate, up):
     """Llama's SwiGLU: silu(gate) * up = gate sigmoid(gate) up, in fp32, rounded once."""
-
-    def body(out, g, u):
-        gf = f32(g)
-        s = _sigmoid(gf)
-        s *= gf
-        _into(out, s, f32(u), np.multiply)
-
-    return _elementwise(gate, up, body=body)
+    return _run_swiglu(gate, up, None)[0]
 
 
 def swiglu_bwd(gate, up, dy):
     """-> (dgate, dup): with s = sigmoid(gate), dup = dy gate s and
     dgate = dy up s (1 + gate (1 - s)) (the derivative of silu, gate s)."""
-    dgate, dup = np.empty(gate.shape, gate.dtype), np.empty(gate.shape, gate.dtype)
-    flat = [a.reshape(-1) for a in (dgate, dup, gate, up, dy)]
-
-    def body(lo, hi):
-        dg, du, g, u, d = (a[lo:hi] for a in flat)
-        gf, df = f32(g), f32(d)
-        s = _sigmoid(gf)
-        silu = gf * s
-        _into(du, silu, df, np.multiply)
-        ds = np.subtract(1.0, s)  # s (1 + g (1 - s))
-        ds *= gf
-        ds += 1.0
-        ds *= s
-        ds *= f32(u)
-        _into(dg, ds, df, np.multiply)
-
-    in_parallel(gate.size, body)
-    return dgate, dup
+    return _run_swiglu(gate, up, dy)

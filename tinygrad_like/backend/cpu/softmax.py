@@ -7,60 +7,22 @@ from numba import prange
 
 from ... import dtypes
 from ..contract import check_targets
-from .compiled import LANES, device, exp, kernel, row_max, row_sum
-from .runtime import f32, in_parallel
-
-_CAUSAL_MASKS = {}
-
-
-def future_mask(Tq, Tk, dtype):
-    """(Tq, Tk) additive mask: -inf where query i (the last Tq of Tk positions) would look at a
-    future key, 0 elsewhere. Adding it is one vectorized pass, unlike a boolean scatter."""
-    key = (Tq, Tk, dtype)
-    if key not in _CAUSAL_MASKS:
-        future = np.triu(np.ones((Tq, Tk), dtype=bool), k=Tk - Tq + 1)
-        _CAUSAL_MASKS[key] = np.where(future, -np.inf, 0.0).astype(dtype)
-    return _CAUSAL_MASKS[key]
+from .compiled import LANES, device, exp, kernel, row_dot, row_max, row_sum
+from .runtime import f32
 
 
 def softmax_causal_fwd(scores, scale):
-    """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked.
-    Query i is position Tk - Tq + i, so Tq < Tk serves a KV-cache decode step."""
-    Tq, Tk = scores.shape[-2:]
-    acc = dtypes.compute_dtype(scores.dtype)
-    mask = future_mask(Tq, Tk, acc)
-    ss = scores.reshape(-1, Tq, Tk)
-    probs = np.empty(ss.shape, dtype=scores.dtype)
-
-    def heads(lo, hi):
-        s = ss[lo:hi].astype(acc)  # a private copy, worked in place
-        s *= acc.type(scale)
-        s += mask
-        s -= s.max(axis=-1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=-1, keepdims=True)
-        probs[lo:hi] = s
-
-    in_parallel(ss.shape[0], heads, per_row=Tq * Tk)
-    return probs.reshape(scores.shape)
+    """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked
+    (probability 0). Query i is position Tk - Tq + i, so Tq < Tk serves a KV-cache decode
+    step. The rows of _softmax_rows, as softmax.cu's warp per row."""
+    Tq = scores.shape[-2]
+    return _over_rows(_softmax_rows, [scores], scale, Tq, True, False, period=Tq)
 
 
 def softmax_causal_bwd(probs, dprobs, scale):
     """dscores = scale * probs * (dprobs - sum(dprobs * probs over keys)); masked entries get 0
-    because their probs are 0."""
-    Tq, Tk = probs.shape[-2:]
-    ps, dps = probs.reshape(-1, Tq, Tk), dprobs.reshape(-1, Tq, Tk)
-    dscores = np.empty(ps.shape, dtype=probs.dtype)
-
-    def heads(lo, hi):
-        p, dp = f32(ps[lo:hi]), f32(dps[lo:hi])
-        ds = dp - np.sum(dp * p, axis=-1, keepdims=True)
-        ds *= p
-        ds *= scale
-        dscores[lo:hi] = ds
-
-    in_parallel(ps.shape[0], heads, per_row=Tq * Tk)
-    return dscores.reshape(probs.shape)
+    because their probs are 0. The rows of _softmax_rows_bwd, as softmax.cu's warp per row."""
+    return _over_rows(_softmax_rows_bwd, [probs, dprobs], scale, False)
 
 
 # ---------------------------------------------------------------- cross-entropy
@@ -188,57 +150,105 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
 
 
 # ---------------------------------------------------------------- softmax over any dim
-# The rows of x (..., C): ops.softmax / ops.log_softmax move the dim last. In the compute dtype
-# a block of rows at a time (softmax.cu's twins: one warp per row). A row of -inf is NaN, as in
-# PyTorch, without NumPy's warning.
+# The rows of x (..., C): ops.softmax / ops.log_softmax move the dim last, and the naive
+# attention's causal softmax is over the rows of its (..., Tq, Tk) scores. softmax.cu's twins:
+# one warp per row there, one row at a time here, a block of _BLOCK_ROWS rows per prange
+# iteration (its scratch allocated once), each row's max and sums over compiled's fixed lanes
+# (the same bits for any core count). The CUDA forward takes the max and the sum in one online
+# pass; here the max is taken first, then the exps summed, the same values to rounding. A row
+# of -inf is NaN, as in PyTorch.
+
+_BLOCK_ROWS = 32
+# 2-byte rows are widened to fp32 about this many elements at a time, never the whole array
+_WIDEN_ELEMENTS = 1 << 22
 
 
-def _over_rows(x, *others, row):
-    """row(x_rows, *other_rows) -> out_rows over the (N, C) rows of x (..., C) in parallel, each
-    block of rows copied to the compute dtype (row works in place) -> out (..., C) in x's
-    dtype, rounded once."""
+@kernel
+def _softmax_rows(x, scale, Tq, causal, log, y):
+    # x, y (rows, C) in the compute dtype, m the row's max of scale x. Softmax: y = exp(scale x -
+    # m) / sum(...), with causal (the naive attention's scores, row r being query r % Tq at
+    # position C - Tq + r % Tq) the keys after the query 0 and out of the max and sum; log:
+    # y = (x - m) - log(sum(exp(x - m))) (scale 1, no mask). e, acc: the block's scratch (a row
+    # of exps, the lanes of a sum)
+    A = x.dtype.type
+    rows, C = x.shape
+    for b in prange(-(-rows // _BLOCK_ROWS)):
+        e, acc = np.empty(C, A), np.empty(LANES, A)
+        for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
+            seen = C - Tq + row % Tq + 1 if causal else C  # keys 0 .. seen - 1
+            xr, yr, p = x[row], y[row], e[:seen]  # p: one view, worked in place (_exp_sum)
+            for c in range(seen):
+                p[c] = xr[c] * scale
+            m = row_max(p, acc)
+            s = _exp_sum(p, m, p, acc)
+            if log:
+                lse = np.log(s)
+                for c in range(C):
+                    yr[c] = (xr[c] - m) - lse
+            else:
+                for c in range(seen):
+                    yr[c] = p[c] / s
+                yr[seen:] = 0
+
+
+@kernel
+def _softmax_rows_bwd(y, dy, scale, log, dx):
+    # y, dy, dx (rows, C) in the compute dtype, y the forward's output. Softmax:
+    # dx = (dy - sum(dy y)) y scale (scale 1 but for the causal softmax); log:
+    # dx = dy - exp(y) sum(dy). acc: the block's scratch
+    A = y.dtype.type
+    rows, C = y.shape
+    for b in prange(-(-rows // _BLOCK_ROWS)):
+        acc = np.empty(LANES, A)
+        for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
+            yr, gr, dr = y[row], dy[row], dx[row]
+            if log:
+                total = row_sum(gr, acc)
+                for c in range(C):
+                    dr[c] = gr[c] - exp(yr[c]) * total
+            else:
+                total = row_dot(gr, yr, acc)
+                for c in range(C):
+                    dr[c] = (gr[c] - total) * yr[c] * scale
+
+
+def _over_rows(kernel, arrays, scale, *flags, period=1):
+    """kernel(*rows, scale, *flags, out_rows) over the (N, C) rows of arrays (x and the others
+    of its shape (..., C)) in the compute dtype -> out (..., C) in x's dtype: fp32 and fp64
+    rows in one launch, where they are; 2-byte rows widened a block at a time (a multiple of
+    period rows, so that the causal rule's row % Tq holds in each block) and rounded once."""
+    x = arrays[0]
     C = x.shape[-1]
     N = x.size // C if C else 0
-    flat = [a.reshape(N, C) for a in (x,) + others]
-    out, acc = np.empty((N, C), x.dtype), dtypes.compute_dtype(x.dtype)
-
-    def rows(lo, hi):
-        with np.errstate(all="ignore"):
-            out[lo:hi] = row(*[a[lo:hi].astype(acc) for a in flat])
-
-    if x.size:
-        in_parallel(N, rows, per_row=C)
+    acc = dtypes.compute_dtype(x.dtype)
+    flat = [a.reshape(N, C) for a in arrays]
+    out = np.empty((N, C), x.dtype)
+    whole = x.dtype == acc
+    step = N if whole else max(1, _WIDEN_ELEMENTS // max(C, 1) // period) * period
+    for lo in range(0, N, max(step, 1)):
+        blocks = [np.ascontiguousarray(a[lo : lo + step], dtype=acc) for a in flat]
+        y = out[lo : lo + step] if whole else np.empty(blocks[0].shape, acc)
+        kernel(*blocks, acc.type(scale), *flags, y)
+        if not whole:
+            out[lo : lo + step] = y  # rounded once
     return out.reshape(x.shape)
-
-
-def _softmax_row(s):
-    s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    return s
-
-
-def _log_softmax_row(s):
-    s -= s.max(axis=-1, keepdims=True)
-    s -= np.log(np.exp(s).sum(axis=-1, keepdims=True))
-    return s
 
 
 def softmax_fwd(x):
     """x (..., C) -> exp(x - max) / sum(exp(x - max)) over the last axis."""
-    return _over_rows(x, row=_softmax_row)
+    return _over_rows(_softmax_rows, [x], 1, 1, False, False)
 
 
 def softmax_bwd(y, dy):
     """dx = y (dy - sum(dy y)) over the last axis."""
-    return _over_rows(y, dy, row=lambda y, dy: (dy - (dy * y).sum(axis=-1, keepdims=True)) * y)
+    return _over_rows(_softmax_rows_bwd, [y, dy], 1, False)
 
 
 def log_softmax_fwd(x):
     """x (..., C) -> x - max - log(sum(exp(x - max))) over the last axis."""
-    return _over_rows(x, row=_log_softmax_row)
+    return _over_rows(_softmax_rows, [x], 1, 1, False, True)
 
 
 def log_softmax_bwd(y, dy):
     """dx = dy - exp(y) sum(dy) over the last axis."""
-    return _over_rows(y, dy, row=lambda y, dy: dy - np.exp(y) * dy.sum(axis=-1, keepdims=True))
+    return _over_rows(_softmax_rows_bwd, [y, dy], 1, True)
