@@ -26,7 +26,6 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .runtime import THREADS
@@ -112,23 +111,6 @@ def serial_kernel(fn):
 device = numba.njit(cache=True, inline="always", error_model="numpy")  # a __device__ function
 
 
-@intrinsic
-def _alloca_lanes(typingctx, like):
-    def codegen(context, builder, signature, args):
-        count = context.get_constant(types.intp, LANES)
-        return cgutils.alloca_once(builder, context.get_value_type(like), size=count)
-
-    return types.CPointer(like)(like), codegen
-
-
-@device
-def stack_lanes(like):
-    """A (LANES,) scratch of like's type on the stack, for row_sum's and row_dot's lanes: once
-    LLVM has unrolled their lane loops it keeps the lanes in registers, where a heap scratch
-    (np.empty) goes through memory at every add. One per function (the entry block's)."""
-    return numba.carray(_alloca_lanes(like), LANES)
-
-
 @device
 def _lanes_sum(acc):
     """The LANES partial sums added pairwise (lane l + lane l + width, width halving), as
@@ -179,6 +161,21 @@ def row_max(x, acc):
     for c in range(n, x.shape[0]):
         acc[c - n] = max(acc[c - n], x[c])
     return acc.max()
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+def vector_dot(x, y):
+    """sum(x * y) of two fp32 rows, reassociated: LLVM's vectorized loop keeps its own partial
+    sums (its vector width times its unroll) and adds them in a tree at the end, fused
+    multiply-adds included. Not row_dot's fixed LANES tree, which LLVM leaves scalar, a
+    multiply-add a cycle: a GEMV with it is compute-bound where it should stream its weights.
+    The bits depend on the CPU's vector width (AVX2 or AVX-512), never on the run or the core
+    count (a dot is one core's). For the GEMVs (quant.py), whose tests hold them to a
+    tolerance, as BLAS's sgemv is."""
+    s = np.float32(0)
+    for k in range(x.shape[0]):
+        s += x[k] * y[k]
+    return s
 
 
 @intrinsic

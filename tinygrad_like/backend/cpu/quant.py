@@ -4,12 +4,13 @@ codes as they read them (the layout: backend/contract.py's "quant" section).
 qmatmul takes one output channel (a row of W (N, K)) at a time, as quant.cu gives each row a
 block: the row's codes are decoded into a K-long fp32 scratch row (in L1; decode_row: codes to
 int32 values or fp32 bits, then each group of group_size elements to fp32 times its scale),
-then the row is dotted with each of the M rows of x over LANES lanes (row_dot, a warp's lanes
-on the GPU). Rows go a block of _BLOCK_ROWS per prange iteration (the scratch made once per
-block). The decode functions below are quant.cu's device functions of the same names: bit
-operations from the code to the fp32 value, exact (every format's values are fp32 values), so
-both backends decode the same bits; one function, minifloat_bits, serves every small float by
-its fields (tinygrad_like/quant.py FORMATS[fmt].fields).
+then the row is dotted with each of the M rows of x (compiled.vector_dot, reassociated so
+that LLVM vectorizes it; a warp's lanes and warp_sum on the GPU). Rows go a block of
+_BLOCK_ROWS per prange iteration (the scratch made once per block). The decode functions
+below are quant.cu's device functions of the same names: bit operations from the code to the
+fp32 value, exact (every format's values are fp32 values), so both backends decode the same
+bits; one function, minifloat_bits, serves every small float by its fields
+(tinygrad_like/quant.py FORMATS[fmt].fields).
 """
 
 import numpy as np
@@ -17,7 +18,7 @@ from numba import prange
 
 from ...quant import FINITE, FORMATS, IEEE, NAN_ONLY
 from ..contract import check_ids
-from .compiled import device, f32_from_bits, kernel, row_dot, stack_lanes
+from .compiled import device, f32_from_bits, kernel, vector_dot
 from .runtime import f32, rounded
 
 _BLOCK_ROWS = 8  # rows of W per prange iteration
@@ -125,11 +126,11 @@ def _qmatmul(codes, scales, group_size, exp_bits, man_bits, specials, x, bias, y
     M, K = x.shape
     N = codes.shape[0]
     for b in prange(-(-N // _BLOCK_ROWS)):
-        bits, w, acc = np.empty(K, np.int32), np.empty(K, np.float32), stack_lanes(np.float32(0))
+        bits, w = np.empty(K, np.int32), np.empty(K, np.float32)
         for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
             decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, bits, w)
             for m in range(M):
-                dot = row_dot(x[m], w, acc)
+                dot = vector_dot(x[m], w)
                 y[m, n] = dot + bias[n] if bias.shape[0] else dot
 
 

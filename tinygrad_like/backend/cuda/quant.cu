@@ -9,7 +9,7 @@
 // ml_dtypes' (float8_e4m3fn, float8_e5m2, float4_e2m1fn) and the CPU kernel's, bit for bit.
 #include "common.cuh"
 
-// The formats, in the order of cpu/quant.py's DECODED and cuda/quant.py's FORMATS (tests check).
+// The formats of quant.FORMATS, numbered in the order of cuda/quant.py's FORMATS (tests check).
 enum QuantFormat {
     INT8 = 0, INT4 = 1, FP8_E4M3 = 2, FP8_E5M2 = 3, FP4_E2M1 = 4, BF16 = 5, FP16 = 6
 };
@@ -26,7 +26,7 @@ template <int FMT> constexpr int CODE_BYTES = FMT == BF16 || FMT == FP16 ? 2 : 1
 
 // The decode functions: bit operations from the code to its fp32 value, exact (every format's
 // values are fp32 values), the values of cpu/quant.py's int8_value, int4_value and
-// minifloat_bits times minifloat_scale, bit for bit (DECODED's fields are minifloat_value's
+// minifloat_bits times minifloat_scale, bit for bit (quant.FORMATS' fields are minifloat_value's
 // template arguments below). One difference of means: the CPU makes a small float's subnormal
 // an fp32 subnormal and multiplies it up, which CuPy's -ftz=true (added to every compile) would
 // flush to zero here; minifloat_value takes it as the difference of two fp32 normals instead.

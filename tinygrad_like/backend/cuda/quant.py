@@ -12,7 +12,7 @@ from ..contract import check_ids
 from .runtime import BLOCK, CTYPES, NULL, blocks_for, compiled
 
 # fmt -> (quant.cu's QuantFormat, the codes' dtype, elements per code, scaled), in the order of
-# QuantFormat (and of the CPU twin's DECODED)
+# QuantFormat (quant.FORMATS' formats)
 FORMATS = {
     "int8": (0, np.uint8, 1, True),
     "int4": (1, np.uint8, 2, True),
