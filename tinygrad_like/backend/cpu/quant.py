@@ -13,6 +13,7 @@ bits; one function, minifloat_bits, serves every small float by its fields
 (tinygrad_like/quant.py FORMATS[fmt].fields).
 """
 
+import numba
 import numpy as np
 from numba import prange
 
@@ -110,11 +111,34 @@ def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, bits, w)
                 values[k] = small[k] * rebias * scale
 
 
+@numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+def _decode_dot(codes, x, exp_bits, man_bits, specials):
+    """sum_k value(codes[k]) x[k] over a row of 8- or 16-bit codes (K,) with one scale (the
+    caller multiplies by it) and a row x (K,) fp32, each code decoded as it is read: one loop
+    over the codes, no scratch, for a decode step's GEMV. Reassociated as compiled.vector_dot
+    (LLVM's vector loop). Only for one scale a row: a loop of one group of 32 is shorter than
+    LLVM's unrolled vector step and would run scalar (4-bit formats go through decode_row)."""
+    s = np.float32(0)
+    if exp_bits == 0:
+        for k in range(x.shape[0]):
+            s += np.float32(int8_value(codes[k])) * x[k]
+    else:
+        rebias = minifloat_scale(exp_bits)
+        for k in range(x.shape[0]):
+            s += (
+                f32_from_bits(minifloat_bits(codes[k], exp_bits, man_bits, specials))
+                * rebias
+                * x[k]
+            )
+    return s
+
+
 # Below this many codes a qmatmul runs on one core. Measured (AMD EPYC, 2 vCPUs shared with
 # other jobs, int8 GEMVs of K = 768, M = 1): one core is faster up to N = 1536 rows (1.2M codes:
 # 0.88 ms against 0.95 parallel), two from N = 2304 (1.8M: 1.39 against 1.13 ms); a parallel
 # launch alone costs about 55 us (N = 4: 6 us serial, 57 parallel).
 _QMATMUL_SERIAL_BELOW = 3 << 19
+_DECODE_ONCE_FROM = 4  # rows of x from which a row of W is decoded once, not at every row
 
 
 @kernel(serial_below=_QMATMUL_SERIAL_BELOW)
@@ -125,9 +149,18 @@ def _qmatmul(codes, scales, group_size, exp_bits, man_bits, specials, x, bias, y
     # below _QMATMUL_SERIAL_BELOW codes (compiled.kernel's rule keys on the first argument).
     M, K = x.shape
     N = codes.shape[0]
+    # a few rows of x against one scale a row of W (the 8- and 16-bit formats): _decode_dot;
+    # else each row of W decoded once into w (decode_row) and dotted with every row of x
+    direct = M < _DECODE_ONCE_FROM and codes.shape[1] == K and scales.shape[1] <= 1
     for b in prange(-(-N // _BLOCK_ROWS)):
         bits, w = np.empty(K, np.int32), np.empty(K, np.float32)
         for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
+            scale = scales[n, 0] if scales.shape[1] else np.float32(1)
+            if direct:
+                for m in range(M):
+                    dot = _decode_dot(codes[n], x[m], exp_bits, man_bits, specials) * scale
+                    y[m, n] = dot + bias[n] if bias.shape[0] else dot
+                continue
             decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, bits, w)
             for m in range(M):
                 dot = vector_dot(x[m], w)
