@@ -212,3 +212,23 @@ def test_gpu_session_scripts_parse_and_reject_bad_input():
         text=True,
     )
     assert done.returncode == 2 and done.stderr.startswith("error: ")
+
+
+def test_decode_formats_table_and_plot(tmp_path, capsys):
+    """scripts/decode_formats.py on a tiny GPT-2 checkpoint: a row per format, fp32 agreeing with
+    itself, int8 bytes a quarter of fp32's (plus its scales), and the plot written."""
+    from nn import build
+    from nn.config import from_preset
+
+    build(from_preset("gpt2-tiny"), device="cpu").save_pretrained(tmp_path / "ckpt")
+    png = tmp_path / "formats.png"
+    _load("decode_formats").main(
+        ["--checkpoint", str(tmp_path / "ckpt"), "--formats", "fp32,int8,int4"]
+        + ["--eval-iters", "1", "--batch-size", "2", "--seq-len", "16"]
+        + ["--prompt-len", "4", "--new-tokens", "3", "--plot", str(png)]
+    )
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert rows["fp32"][-2:] == ["3/3", "(3)"] and rows["fp32"][1] == "4.000"
+    assert float(rows["int8"][1]) == pytest.approx(1 + 4 / 32)  # a scale per 32-wide row
+    assert float(rows["int4"][1]) == pytest.approx(0.5 + 4 / 32)
+    assert png.stat().st_size > 0

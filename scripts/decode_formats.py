@@ -1,0 +1,174 @@
+"""Weight formats side by side, where bytes decide: a checkpoint (a training run's --out folder,
+or a Hugging Face GPT-2 or Llama directory) loaded in fp32, then quantized on load to each
+format in turn (nn/quant.py), and for each format:
+- bytes: the weights' stored bytes per parameter, and the bytes a decode step moves (counted at
+  each kernel launch) beside its floor (every streamed weight once, and the KV cache so far);
+- speed: greedy decode of a fixed prompt, ms per token (the median decode step), the floor at the
+  measured read bandwidth (tinygrad_like/peaks.py) and the fraction of that bound reached;
+- quality: the mean validation loss over fixed batches of the corpus, its change against fp32's,
+  and how many of the greedy tokens agree with fp32's (all positions, and before the first
+  disagreement: after one, the two continue from different texts).
+--plot PNG draws ms per token against MB per token, one point per format, the bound as a line.
+A benchmark, not a test: its figures are the machine's (docs/decode.md names it).
+
+    python scripts/decode_formats.py --checkpoint out
+    python scripts/decode_formats.py --checkpoint out --formats fp32,int8,int4 --group-size 64
+    python scripts/decode_formats.py --checkpoint ~/models/gpt2 --plot docs/decode_formats.png
+"""
+
+import statistics
+
+import numpy as np
+
+from nn import from_pretrained
+from nn.options import ExecutionOptions
+from nn.quant import quantize_model
+from tinygrad_like import no_grad, peaks, quant
+from training.args import ArgumentParser, user_errors
+from training.checkpoint import find_checkpoint
+from training.data import DataLoader
+from training.decode import StepMeter, stream_bytes, weight_bytes_per_parameter
+from training.tables import table
+
+FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "fp4_e2m1")
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--checkpoint", required=True, help="folder with config.json + weights")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated (default all)")
+    p.add_argument("--group-size", type=int, help="int4 / fp4 group size (default the format's)")
+    p.add_argument("--data-dir", default="data/shakespeare", help="holds val.bin (the corpus)")
+    p.add_argument("--eval-iters", type=int, default=8, help="validation batches (default 8)")
+    p.add_argument("--batch-size", type=int, default=8, help="validation batch B (default 8)")
+    p.add_argument("--seq-len", type=int, default=128, help="validation T (default 128)")
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens (default 16)")
+    p.add_argument("--new-tokens", type=int, default=64, help="decode steps (default 64)")
+    p.add_argument("--plot", metavar="PNG", help="draw ms/token against bytes/token here")
+    return p.parse_args(argv)
+
+
+def measure(path, fmt, group_size, val_path, args):
+    """One format: {fmt, bytes_per_param, loss, tokens, ms, moved, floor} of the checkpoint at
+    path quantized to fmt (fp32: as loaded)."""
+    model = from_pretrained(path, dtype="fp32", device="cpu", options=PLAIN_HEAD)
+    if fmt != "fp32":
+        quantize_model(model, fmt, group_size)
+    model.eval()
+    loader = DataLoader(val_path, args.batch_size, args.seq_len, seed=0)
+    with no_grad():
+        losses = [model(*loader.next_batch())[1].item() for _ in range(args.eval_iters)]
+    prompt = np.asarray(loader.tokens[: args.prompt_len], dtype=np.int64)[None]  # (1, P)
+    meter = StepMeter(model.generate_stream(prompt, args.new_tokens, temperature=0))
+    tokens = [int(t[0]) for t in meter]
+    steps = range(1, len(meter.steps))  # step s feeds token s: the cache holds P + s positions
+    per_param = weight_bytes_per_parameter(fmt, group_size, model.config)[1]
+    floor = [stream_bytes(model.config, per_param, 4, 1, args.prompt_len + s) for s in steps]
+    return {
+        "fmt": fmt,
+        "bytes_per_param": per_param,
+        "loss": float(np.mean(losses)),
+        "tokens": tokens,
+        "ms": statistics.median(meter.steps[s][0] for s in steps) * 1e3,
+        "moved": statistics.mean(meter.step_bytes(s) for s in steps),
+        "floor": statistics.mean(floor),  # the fp32 KV cache's 4 bytes included
+    }
+
+
+PLAIN_HEAD = ExecutionOptions(lm_head="plain")  # the loss through the head's own GEMM
+
+
+def agreement(tokens, reference):
+    """(positions equal, positions before the first disagreement) of two greedy sequences."""
+    same = [a == b for a, b in zip(tokens, reference)]
+    return sum(same), same.index(False) if False in same else len(same)
+
+
+def format_table(rows, bandwidth):
+    base = next((r for r in rows if r["fmt"] == "fp32"), rows[0])
+    out = []
+    for r in rows:
+        bound_ms = r["floor"] / bandwidth * 1e3
+        equal, prefix = agreement(r["tokens"], base["tokens"])
+        out.append(
+            (
+                r["fmt"],
+                f"{r['bytes_per_param']:.3f}",
+                f"{r['floor'] / 1e6:,.1f}",
+                f"{r['moved'] / 1e6:,.1f}",
+                f"{r['ms']:,.2f}",
+                f"{bound_ms:,.2f}",
+                f"{bound_ms / r['ms']:.2f}",
+                f"{base['ms'] / r['ms']:.2f}x",
+                f"{r['loss']:.4f}",
+                f"{100 * (r['loss'] / base['loss'] - 1):+.2f}%",
+                f"{equal}/{len(base['tokens'])} ({prefix})",
+            )
+        )
+    head = (
+        "weights",
+        "bytes/param",
+        "floor MB/token",
+        "moved MB/token",
+        "ms/token",
+        "bound ms",
+        "frac of bound",
+        "speed vs fp32",
+        "val loss",
+        "loss vs fp32",
+        "greedy = fp32 (prefix)",
+    )
+    return table(head, out, "lrrrrrrrrrl")
+
+
+def plot(rows, bandwidth, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    mb = [r["floor"] / 1e6 for r in rows]
+    ax.plot([0, max(mb) * 1.05], [0, max(mb) * 1.05e6 / bandwidth * 1e3], "k--", lw=1)
+    ax.annotate(
+        f"bound: bytes / {bandwidth / 1e9:.1f} GB/s",
+        (max(mb) * 0.55, max(mb) * 0.62e6 / bandwidth * 1e3),
+        fontsize=8,
+    )
+    for r, x in zip(rows, mb):
+        ax.plot(x, r["ms"], "o")
+        ax.annotate(r["fmt"], (x, r["ms"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("MB per token (weights streamed + KV cache)")
+    ax.set_ylabel("ms per token (measured)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with user_errors():
+        formats = args.formats.split(",")
+        for fmt in formats:
+            if fmt != "fp32":
+                quant.get_format(fmt)
+        path = find_checkpoint(args.checkpoint)
+        val_path = f"{args.data_dir}/val.bin"
+        peak = peaks.get("cpu")
+        rows = [measure(path, fmt, args.group_size, val_path, args) for fmt in formats]
+    print(
+        f"-- weight formats: {path}, greedy decode of {args.new_tokens} tokens after "
+        f"{args.prompt_len}, val loss over {args.eval_iters} x {args.batch_size} x "
+        f"{args.seq_len} tokens; {peak.machine}, read bandwidth {peak.read_bw / 1e9:.1f} GB/s "
+        f"(measured {peak.when})"
+    )
+    print(format_table(rows, peak.read_bw))
+    if args.plot:
+        plot(rows, peak.read_bw, args.plot, f"decode per format: {path}")
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
