@@ -179,8 +179,8 @@ class one_blas_thread:
     For the kernels that split their work across the cores themselves, each part one
     single-threaded BLAS call. The count is restored afterwards, so NumPy elsewhere (the MFU
     peak measurement, say) keeps its default. It is entered once per such GEMM, so it calls
-    the cached controller's get and set directly (a few microseconds) rather than
-    threadpool_limits, which looks up every loaded library each time (about a millisecond).
+    the cached controller's get and set directly rather than threadpool_limits, which looks up
+    every loaded library on each entry.
     OpenBLAS's pthreads pool is process-wide, and threadpoolctl lets one Python thread at a
     time set its size: the block hands that right back on leaving, as threadpool_limits does,
     so that whichever thread enters next may set it."""
