@@ -4,6 +4,7 @@ blocks match the same kernel run as one block bit for bit, a compiled kernel's p
 serial twins agree bit for bit, and the BLAS thread count is restored."""
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -44,18 +45,42 @@ def test_split_gemm_with_batch_dims_and_half_inputs(rng):
 
 
 def test_gemms_restore_the_blas_thread_count(rng):
-    if runtime.BLAS_THREADS is None:
+    if runtime.OPENBLAS is None:
         pytest.skip("no OpenBLAS found to ask")
-    get, set_ = runtime.BLAS_THREADS
-    before = get()
+    before = runtime.OPENBLAS.get_num_threads()
     try:
-        set_(2)
+        runtime.OPENBLAS.set_num_threads(2)
         cpu.matmul(
             rng.standard_normal((512, 256), dtype=F32), rng.standard_normal((256, 512), dtype=F32)
         )
-        assert get() == 2
+        cpu.matmul(
+            rng.standard_normal((64, 8192), dtype=F32), rng.standard_normal((8192, 16), dtype=F32)
+        )  # a long K: two halves at one BLAS thread each
+        assert runtime.OPENBLAS.get_num_threads() == 2
     finally:
-        set_(before)
+        runtime.OPENBLAS.set_num_threads(before)
+        runtime.OPENBLAS.clear_controlling_thread()
+
+
+def test_one_blas_thread_from_another_python_thread():
+    """threadpoolctl lets one Python thread at a time set OpenBLAS's process-wide count: a
+    block left on one thread lets another thread's block set it (and restore it)."""
+    if runtime.OPENBLAS is None or runtime.OPENBLAS.get_num_threads() == 1:
+        pytest.skip("no threaded OpenBLAS to limit")
+    before = runtime.OPENBLAS.get_num_threads()
+    with runtime.one_blas_thread():
+        pass
+    inside = []
+
+    def body():
+        with runtime.one_blas_thread():
+            inside.append(runtime.OPENBLAS.get_num_threads())
+
+    worker = threading.Thread(target=body)
+    worker.start()
+    worker.join()
+    assert inside == [1]
+    assert runtime.OPENBLAS.get_num_threads() == before
 
 
 def test_long_k_gemm_is_the_sum_of_its_two_halves(rng):

@@ -1,6 +1,12 @@
 """GEMMs on the CPU (gemm.cu's twin): C (..., M, N) = op(A) (..., M, K) op(B) (..., K, N) in
 fp32 through NumPy's BLAS, 2-byte inputs widened and the result rounded once.
 
+Why NumPy's BLAS (OpenBLAS in NumPy's wheels): at the step's own shapes scripts/bench_gemm.py
+found MKL (the `mkl` wheel, through ctypes) and BLIS (the `blis` wheel, single-threaded) no
+faster on an AMD EPYC (docs/performance.md, "The GEMMs"), so neither is worth a dependency. A
+GEMM that accumulates into its output (cblas_sgemm's beta = 1) would spare the fused head's dW
+sum its add pass and its (Vp, C) temporary per block, but these kernels return a new C.
+
 How they use the cores. With OpenBLAS's idle workers asleep (runtime.BLAS_QUIET), a GEMM is one
 threaded OpenBLAS call: it hands its parts to its workers without a wake-up and join of our
 thread pool, which costs a sizeable fraction of a layer's GEMM. A long K (K >= 2 max(M, N): the

@@ -17,6 +17,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from ... import dtypes
 from ..host_timer import HostTimer
@@ -131,28 +132,17 @@ def in_parallel(n, body, per_row=1, chunk_rows=None, blocks=None):
 # ---------------------------------------------------------------- the BLAS's threads
 
 
-def _find_openblas():
-    """(library, get, set) of the OpenBLAS that NumPy loaded (NumPy's wheels bundle it as
-    scipy-openblas), get and set its thread count, or None (another BLAS, or no /proc to find
-    it in)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        lib = ctypes.CDLL(path)
-        for prefix in ("scipy_openblas", "openblas"):
-            for suffix in ("64_", "_64_", ""):
-                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                if get is not None and set_ is not None:
-                    return lib, get, set_
-    return None
+def _numpy_openblas():
+    """threadpoolctl's controller of the OpenBLAS that NumPy loaded (NumPy's wheels bundle it as
+    scipy-openblas), or None (NumPy on another BLAS). Its get_num_threads and set_num_threads
+    find the library's own names (scipy_openblas_set_num_threads64_ and the like), and its
+    dynlib is the library, for the calls threadpoolctl has no API for."""
+    found = ThreadpoolController().select(internal_api="openblas").lib_controllers
+    numpys = [lib for lib in found if "numpy" in lib.filepath]
+    return (numpys or found or [None])[0]
 
 
-OPENBLAS = _find_openblas()
-BLAS_THREADS = OPENBLAS[1:] if OPENBLAS else None  # (get, set) of its thread count
+OPENBLAS = _numpy_openblas()
 
 
 def _blas_workers_sleep_when_idle():
@@ -163,13 +153,13 @@ def _blas_workers_sleep_when_idle():
     thread_timeout, a tenth of a second or so), and a row kernel's thread that lands on its
     core meanwhile runs at about half speed. OPENBLAS_THREAD_TIMEOUT=4, the minimum (2^4
     cycles), puts them to sleep right away (the next threaded call wakes them with a condition
-    variable). OpenBLAS reads that variable when it loads, before
-    this module can run, so it is set for a moment and re-read with the library's own
-    openblas_read_env, and the workers are stopped; the next threaded call starts them again
-    with the new timeout (exec_blas restarts a stopped pool, as after a fork)."""
+    variable). threadpoolctl sets thread counts only, and OpenBLAS reads that variable when it
+    loads, before this module can run, so it is set for a moment and re-read with the
+    library's own openblas_read_env, and the workers are stopped; the next threaded call starts
+    them again with the new timeout (exec_blas restarts a stopped pool, as after a fork)."""
     if any(v in os.environ for v in ("OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT")):
         return True
-    lib = OPENBLAS[0] if OPENBLAS else None
+    lib = OPENBLAS.dynlib if OPENBLAS else None
     read_env = getattr(lib, "openblas_read_env", None)
     stop_workers = getattr(lib, "blas_thread_shutdown_", None)
     if read_env is None or stop_workers is None:
@@ -188,16 +178,22 @@ class one_blas_thread:
 
     For the kernels that split their work across the cores themselves, each part one
     single-threaded BLAS call. The count is restored afterwards, so NumPy elsewhere (the MFU
-    peak measurement, say) keeps its default."""
+    peak measurement, say) keeps its default. It is entered once per such GEMM, so it calls
+    the cached controller's get and set directly rather than threadpool_limits, which looks up
+    every loaded library on each entry.
+    OpenBLAS's pthreads pool is process-wide, and threadpoolctl lets one Python thread at a
+    time set its size: the block hands that right back on leaving, as threadpool_limits does,
+    so that whichever thread enters next may set it."""
 
     def __enter__(self):
-        self.previous = BLAS_THREADS[0]() if BLAS_THREADS else None
+        self.previous = OPENBLAS.get_num_threads() if OPENBLAS else None
         if self.previous not in (None, 1):
-            BLAS_THREADS[1](1)
+            OPENBLAS.set_num_threads(1)
 
     def __exit__(self, *exc):
         if self.previous not in (None, 1):
-            BLAS_THREADS[1](self.previous)
+            OPENBLAS.set_num_threads(self.previous)
+            OPENBLAS.clear_controlling_thread()
 
 
 BLAS_QUIET = _blas_workers_sleep_when_idle()  # idle OpenBLAS workers sleep instead of spinning
