@@ -4,10 +4,10 @@ VM). The peaks MFU and the roofline divide by are tinygrad_like/peaks.py's."""
 
 import os
 import platform
-import sys
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from tinygrad_like import backend, peaks
 
@@ -21,16 +21,7 @@ def set_threads(n, torch=None):
     """Limit BLAS (through threadpoolctl) and torch to n threads; None leaves the defaults."""
     if n is None:
         return
-    try:
-        from threadpoolctl import threadpool_limits
-
-        _thread_limit.append(threadpool_limits(limits=n))
-    except ImportError:
-        print(
-            f"warning: threadpoolctl is not installed, so --threads {n} cannot limit "
-            "NumPy's BLAS; set OPENBLAS_NUM_THREADS before starting instead",
-            file=sys.stderr,
-        )
+    _thread_limit.append(threadpool_limits(limits=n))
     if torch is not None:
         torch.set_num_threads(n)
 
@@ -78,41 +69,20 @@ def loadavg():
 
 
 def _blas_info():
-    """threadpoolctl's view of the loaded BLAS (kernel set, threads) when it is installed,
-    else what NumPy's build configuration says."""
-    try:
-        from threadpoolctl import threadpool_info
-
-        keep = (
-            "internal_api",
-            "prefix",
-            "version",
-            "architecture",
-            "num_threads",
-            "threading_layer",
-            "filepath",
-        )
-        return {
-            "source": "threadpoolctl",
-            "libraries": [{k: v for k, v in lib.items() if k in keep} for lib in threadpool_info()],
-        }
-    except ImportError:
-        pass
-    try:
-        blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-        return {
-            "source": "numpy.show_config",
-            "libraries": [
-                {
-                    "internal_api": blas.get("name"),
-                    "version": blas.get("version"),
-                    "architecture": "unknown (pip install threadpoolctl)",
-                    "num_threads": None,
-                }
-            ],
-        }
-    except Exception as e:  # an old NumPy without mode="dicts"
-        return {"source": "none", "libraries": [], "error": str(e)}
+    """threadpoolctl's view of the loaded BLAS (kernel set, threads)."""
+    keep = (
+        "internal_api",
+        "prefix",
+        "version",
+        "architecture",
+        "num_threads",
+        "threading_layer",
+        "filepath",
+    )
+    return {
+        "source": "threadpoolctl",
+        "libraries": [{k: v for k, v in lib.items() if k in keep} for lib in threadpool_info()],
+    }
 
 
 def _torch_blas(torch):

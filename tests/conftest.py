@@ -13,6 +13,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
@@ -80,12 +81,7 @@ def one_blas_thread():
     """gpt2-tiny's GEMMs are far too small to gain from a second BLAS thread, and on a busy
     2-core machine OpenBLAS's spinning threads make them up to 100x slower. Modules that train
     tiny models use this (pytestmark) to keep their run time steady; the limit is lifted after
-    the module. threadpoolctl is optional: without it nothing changes."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
+    the module."""
     with threadpool_limits(limits=1, user_api="blas"):
         yield
 
