@@ -265,3 +265,22 @@ def test_the_reference_7bs_cache_beside_its_weights_in_80_gb(kv_dtype, itemsize)
     gqa = decode.kv_budget(from_preset("llama-7b", num_key_value_heads=8), "bf16", kv_dtype)
     assert gqa["kv_per_token"] * 4 == got["kv_per_token"]
     assert "126,882" in decode.format_kv_budget(c, "llama-7b")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8_e4m3"])
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
+def test_meta_counts_a_quantized_models_weights_as_the_cpu_holds_them(preset, fmt):
+    """kv_budget(weights=fmt) on the meta device: the bytes of the same model built on the CPU
+    and quantized (its codes, scales and the bf16 rest); and the 7B's table has every format."""
+    from nn import build
+    from nn.quant import quantize_model
+
+    c = from_preset(preset)
+    before = TRACKER.current["weights"]
+    model = quantize_model(build(c, device="cpu").to(dtype="bf16"), fmt)
+    held = TRACKER.current["weights"] - before
+    del model
+    assert decode.kv_budget(c, "bf16", weights=fmt)["weights"] == held
+    if preset == "llama-tiny" and fmt == "int8":
+        seven = decode.format_weight_budget(from_preset("llama-7b"), "llama-7b")
+        assert all(name in seven for name in ("bf16", "int8", "int4", "fp4_e2m1", "fp8_e5m2"))

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from nn import GPT2Config, KVCache, build
+from nn.quant import quantize_model
 from tinygrad_like import dtypes, no_grad
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
@@ -154,14 +155,17 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
 # ---------------------------------------------------------------- the meta device
 
 
-def kv_budget(config, dtype="bf16", kv_dtype=None, budget_bytes=80e9, tokens=16):
+def kv_budget(config, dtype="bf16", kv_dtype=None, budget_bytes=80e9, tokens=16, weights=None):
     """On the meta device (shapes only, nothing allocated): the tracker's bytes of config's
-    weights in dtype and of a one-sequence KV cache in kv_dtype (default dtype) of `tokens`
-    positions -> {weights, kv_per_token, kv_per_token_per_layer, tokens_that_fit}: how many
-    positions of cache fit beside the weights in budget_bytes (0 when the weights alone do not)."""
+    weights in dtype (its GEMM weights quantized to the format `weights` when given, nn/quant.py)
+    and of a one-sequence KV cache in kv_dtype (default dtype) of `tokens` positions ->
+    {weights, kv_per_token, kv_per_token_per_layer, tokens_that_fit}: how many positions of
+    cache fit beside the weights in budget_bytes (0 when the weights alone do not)."""
     kv_dtype = kv_dtype or dtype
     before = dict(TRACKER.current)
     model = build(config, device="meta").to(dtype=dtype)
+    if weights not in (None, "fp32"):
+        quantize_model(model, weights)
     weights = TRACKER.current["weights"] - before["weights"]
     with no_grad():
         cache = KVCache(config, 1, tokens, model.get_input_embeddings().weight, kv_dtype)
@@ -194,6 +198,26 @@ def format_kv_budget(config, name, dtype="bf16", budget_bytes=80e9):
     return f"-- {name}: the KV cache beside the weights in {budget_bytes / GB:,.0f} GB (meta)\n" + (
         table(head, rows)
     )
+
+
+def format_weight_budget(config, name, kv_dtype="bf16", budget_bytes=80e9):
+    """A table, one row per weight format (bf16, then each of FORMATS but fp16 quantized from
+    it): the weights' bytes, per parameter (over config.num_parameters) and in all, and the
+    positions of a kv_dtype cache that fit beside them in budget_bytes (meta: kv_budget)."""
+    rows = []
+    for fmt in ["bf16"] + [f for f in FORMATS if f not in ("bf16", "fp16")]:
+        got = kv_budget(config, "bf16", kv_dtype, budget_bytes, weights=fmt)
+        rows.append(
+            (
+                fmt,
+                f"{got['weights'] / config.num_parameters():.3f}",
+                f"{got['weights'] / GB:,.2f} GB",
+                f"{got['tokens_that_fit']:,}",
+            )
+        )
+    head = ("weights", "bytes/param", "weights", f"{kv_dtype} KV tokens that fit")
+    title = f"-- {name}: each weight format beside a {kv_dtype} KV cache in "
+    return title + f"{budget_bytes / GB:,.0f} GB (meta)\n" + table(head, rows)
 
 
 # ---------------------------------------------------------------- the batch sweep
