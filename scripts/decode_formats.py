@@ -26,6 +26,7 @@ from nn.quant import quantize_model
 from tinygrad_like import no_grad, peaks, quant
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint
+from training.cli import DEFAULT_DATA_DIR, ensure_data
 from training.data import DataLoader
 from training.decode import StepMeter, stream_bytes, weight_bytes_per_parameter
 from training.tables import table
@@ -38,7 +39,9 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", required=True, help="folder with config.json + weights")
     p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated (default all)")
     p.add_argument("--group-size", type=int, help="int4 / fp4 group size (default the format's)")
-    p.add_argument("--data-dir", default="data/shakespeare", help="holds val.bin (the corpus)")
+    p.add_argument(
+        "--data-dir", default=DEFAULT_DATA_DIR, help="holds val.bin (default: Shakespeare, made)"
+    )
     p.add_argument("--eval-iters", type=int, default=8, help="validation batches (default 8)")
     p.add_argument("--batch-size", type=int, default=8, help="validation batch B (default 8)")
     p.add_argument("--seq-len", type=int, default=128, help="validation T (default 128)")
@@ -155,6 +158,7 @@ def main(argv=None):
             if fmt != "fp32":
                 quant.get_format(fmt)
         path = find_checkpoint(args.checkpoint)
+        ensure_data(args)  # the Shakespeare default is made when missing, as the trainer does
         val_path = f"{args.data_dir}/val.bin"
         peak = peaks.get("cpu")
         rows = [measure(path, fmt, args.group_size, val_path, args) for fmt in formats]

@@ -214,7 +214,7 @@ def test_gpu_session_scripts_parse_and_reject_bad_input():
     assert done.returncode == 2 and done.stderr.startswith("error: ")
 
 
-def test_decode_formats_table_and_plot(tmp_path, capsys):
+def test_decode_formats_table_and_plot(tmp_path, capsys, shakespeare):
     """scripts/decode_formats.py on a tiny GPT-2 checkpoint: a row per format, fp32 agreeing with
     itself, int8 bytes a quarter of fp32's (plus its scales), and the plot written."""
     from nn import build
@@ -224,7 +224,7 @@ def test_decode_formats_table_and_plot(tmp_path, capsys):
     png = tmp_path / "formats.png"
     _load("decode_formats").main(
         ["--checkpoint", str(tmp_path / "ckpt"), "--formats", "fp32,int8,int4"]
-        + ["--eval-iters", "1", "--batch-size", "2", "--seq-len", "16"]
+        + ["--data-dir", shakespeare, "--eval-iters", "1", "--batch-size", "2", "--seq-len", "16"]
         + ["--prompt-len", "4", "--new-tokens", "3", "--plot", str(png)]
     )
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
