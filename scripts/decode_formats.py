@@ -26,7 +26,8 @@ from nn.quant import quantize_model
 from tinygrad_like import no_grad, peaks, quant
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint
-from training.cli import DEFAULT_DATA_DIR, ensure_data
+from training.cli import ensure_data
+from training.corpus import DEFAULT_DATA_DIR
 from training.data import DataLoader
 from training.decode import StepMeter, stream_bytes, weight_bytes_per_parameter
 from training.tables import table
