@@ -7,16 +7,15 @@ QuantizedWeight (nn/quant.py's quantize_model): it is listed among the parameter
 moved, saved as the fp32 values it stands for) but has no gradient and is never cast.
 """
 
-import math
-
 import numpy as np
 
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
 from tinygrad_like.memory import TRACKER
+from tinygrad_like.padded_rows import PaddedRows
 from tinygrad_like.quant import QuantizedWeight, dequantize
 
 
-class Parameter(Tensor):
+class Parameter(Tensor, PaddedRows):
     """rows: how many leading rows are parameters when the storage has zero rows past them (the
     tied token embedding, padded to an aligned vocabulary: GPT2Config.padded_vocab_size); None
     when all are. num_parameters(), state dicts and checkpoints see only those rows; the padding
@@ -26,17 +25,6 @@ class Parameter(Tensor):
         super().__init__(data, requires_grad=True, dtype=dtype, device=device)
         self.rows = rows
         TRACKER.register(self.data, "weights")
-
-    @property
-    def unpadded_shape(self):
-        return self.shape if self.rows is None else (self.rows,) + self.shape[1:]
-
-    def unpadded_numel(self):
-        return math.prod(self.unpadded_shape)
-
-    def unpadded(self, array):
-        """The parameter rows of an array of this parameter's shape (a view)."""
-        return array if self.rows is None else array[: self.rows]
 
     def assign(self, array):
         """Rebind to a new buffer (a cast copy, or a view into the optimizer's flat buffer)."""

@@ -1002,7 +1002,7 @@ def embedding(idx, weight, num_embeddings=None):
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             bad = int(ids.max() if ids.max() >= n else ids.min())
             raise ValueError(f"token id {bad} out of range for vocab {n}")
-        ids = backend.of(weight.codes if quantized else weight.data).asarray(ids)
+        ids = backend.get(weight.device).asarray(ids)
     if quantized:  # only the gathered rows decoded; no gradient to the table
         args = weight.codes, weight.scales, ids, weight.fmt, weight.group_size
         return Tensor(launch("qembedding", *args))

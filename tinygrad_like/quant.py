@@ -20,6 +20,7 @@ import numpy as np
 
 from . import backend, dtypes
 from .memory import TRACKER
+from .padded_rows import PaddedRows
 
 # What a small float's largest exponent field means: nothing special (fp4 E2M1), NaN only
 # where every other bit is set too (fp8 E4M3 "fn": no infinities), or IEEE infinities and NaNs
@@ -91,7 +92,7 @@ def check_group_size(fmt, K, group_size=None):
     return g
 
 
-class QuantizedWeight:
+class QuantizedWeight(PaddedRows):
     """A weight stored quantized: fmt (a FORMATS name), codes and scales (the layout above, on
     one device), group_size (None for bf16 / fp16), shape (the shape of the weight it stands
     for), out_axis (0: that weight is (out, in), as PyTorch's, Llama's and the tied token
@@ -107,7 +108,10 @@ class QuantizedWeight:
     def __init__(self, fmt, codes, scales, group_size, shape, out_axis=0, rows=None):
         self.fmt, self.codes, self.scales, self.group_size = fmt, codes, scales, group_size
         self.shape, self.out_axis, self.rows = tuple(shape), out_axis, rows
-        for a in (codes, scales):
+        self._register()
+
+    def _register(self):
+        for a in (self.codes, self.scales):
             if a is not None:
                 TRACKER.register(a, "weights")
 
@@ -134,17 +138,6 @@ class QuantizedWeight:
     def numel(self):
         return int(np.prod(self.shape))
 
-    @property
-    def unpadded_shape(self):
-        return self.shape if self.rows is None else (self.rows,) + self.shape[1:]
-
-    def unpadded_numel(self):
-        return int(np.prod(self.unpadded_shape))
-
-    def unpadded(self, array):
-        """The parameter rows of an array of this weight's shape (a view)."""
-        return array if self.rows is None else array[: self.rows]
-
     def to(self, device):
         """Move the codes and scales to device, in place (as Module.to moves a model: a weight
         two modules share moves once) -> self."""
@@ -152,9 +145,7 @@ class QuantizedWeight:
             be, here = backend.get(device), backend.of(self.codes)
             self.codes = be.asarray(here.to_numpy(self.codes))
             self.scales = None if self.scales is None else be.asarray(here.to_numpy(self.scales))
-            for a in (self.codes, self.scales):
-                if a is not None:
-                    TRACKER.register(a, "weights")
+            self._register()
         return self
 
 

@@ -155,8 +155,8 @@ def _qmatmul(codes, scales, group_size, exp_bits, man_bits, specials, x, bias, y
     for b in prange(-(-N // _BLOCK_ROWS)):
         bits, w = np.empty(K, np.int32), np.empty(K, np.float32)
         for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
-            scale = scales[n, 0] if scales.shape[1] else np.float32(1)
             if direct:
+                scale = scales[n, 0] if scales.shape[1] else np.float32(1)
                 for m in range(M):
                     dot = _decode_dot(codes[n], x[m], exp_bits, man_bits, specials) * scale
                     y[m, n] = dot + bias[n] if bias.shape[0] else dot
