@@ -6,15 +6,18 @@ other lengths are refused, to be run separately); each sequence is printed when 
 --stats adds the decode accounting (training/decode.py): ms per token, tokens/s, bytes per token
 counted by the kernels beside the weights-plus-cache floor, and the fraction of its bound.
 --weights quantizes the model's GEMM weights on load (nn/quant.py: int8, int4, fp8, fp4, bf16 or
-fp16 codes that the kernels decode as they read them), after loading it in fp32."""
+fp16 codes that the kernels decode as they read them), after loading it in fp32. A quantized
+checkpoint (scripts/quantize.py's --out) loads as it is stored, its weights never in fp32; its
+format is the model's (--weights may name it, never another)."""
 
+import os
 import sys
 import time
 
 import numpy as np
 
 from nn import from_pretrained
-from nn.hf import read_config
+from nn.hf import WEIGHTS, read_config, read_quantization
 from nn.quant import quantize_model
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
@@ -80,7 +83,8 @@ def main(argv=None):
         verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
         if args.kv_dtype not in dtypes.TRAINING:  # fp8 needs a scaled format and its kernels
             raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(dtypes.TRAINING)}")
-        check_weights(args)
+        quantized = read_quantization(ckpt)  # None for an fp32 checkpoint
+        check_weights(args, quantized, ckpt)
         tok = get_tokenizer()
         prompt = batch([tok.encode(text, allow_special=True) for text in args.prompt])
         # all checked before the model is loaded and the prompt printed: an error never
@@ -90,23 +94,47 @@ def main(argv=None):
             tokens,
             f"--prompt of {prompt.shape[1]} tokens + --max-new-tokens {args.max_new_tokens} =",
         )
+        stored = os.path.getsize(os.path.join(ckpt, WEIGHTS)) if quantized else None
         fits.check(
-            fits.generation_bytes(config, args.dtype, tokens, device, args.kv_dtype, len(prompt)),
+            fits.generation_bytes(
+                config, args.dtype, tokens, device, args.kv_dtype, len(prompt), stored
+            ),
             device,
             f"loading {ckpt} in {args.dtype} and generating {tokens} positions",
             "use a smaller checkpoint or fewer --max-new-tokens",
         )
         model = from_pretrained(ckpt, dtype=args.dtype, device=device)  # either family
-        quantize_model(model, args.weights, args.group_size)  # --weights fp32: as it is
+        if quantized is None:
+            quantize_model(model, args.weights, args.group_size)  # --weights fp32: as it is
     for i in range(args.num_samples):
         title = f"--- sample {i + 1}" if args.num_samples > 1 else "---"
         with user_errors():  # the dtype's overflow (inf logits) found while sampling
             stream(model, tok, prompt, args, args.seed + i, title)
 
 
-def check_weights(args):
+def check_weights(args, quantized=None, ckpt=None):
     """A ValueError for a --weights format that does not exist, one combined with a narrower
-    --dtype (a quantized model computes in fp32), or a --group-size the format cannot take."""
+    --dtype (a quantized model computes in fp32), or a --group-size the format cannot take.
+    quantized: the quantization entry of the checkpoint ckpt (None: an fp32 one), whose format
+    and group size become args.weights and args.group_size; another --weights or --group-size
+    is refused."""
+    if quantized is not None:
+        fmt, group = quantized["format"], quantized["group_size"]
+        if args.weights not in ("fp32", fmt):
+            raise ValueError(
+                f"--weights {args.weights}: {ckpt} is a quantized checkpoint of {fmt} weights; "
+                f"leave --weights out, or quantize the fp32 checkpoint to {args.weights} "
+                "(scripts/quantize.py)"
+            )
+        f = quant.FORMATS[fmt]
+        stored = group or f.group_size  # None: one scale per output channel, or none
+        if args.group_size is not None and args.group_size != stored:
+            grouping = f"group size {stored}" if stored else "one scale per output channel"
+            raise ValueError(
+                f"--group-size {args.group_size}: {ckpt} holds {fmt} weights with "
+                f"{grouping if f.scaled else 'no scales'}; leave --group-size out"
+            )
+        args.weights, args.group_size = fmt, group
     if args.weights == "fp32":
         if args.group_size is not None:
             raise ValueError("--group-size needs a quantized --weights format (e.g. int4)")
@@ -115,9 +143,10 @@ def check_weights(args):
     if args.group_size is not None:  # whether it divides each weight's rows: checked on load
         quant.check_group_size(args.weights, 2 * abs(args.group_size), args.group_size)
     if args.dtype != "fp32":
+        what = f"{ckpt}'s {args.weights} weights" if quantized else f"--weights {args.weights}"
         raise ValueError(
-            f"--weights {args.weights} with --dtype {args.dtype}: a quantized model computes in "
-            "fp32; leave --dtype at fp32"
+            f"{what} with --dtype {args.dtype}: a quantized model computes in fp32; leave "
+            "--dtype at fp32"
         )
 
 

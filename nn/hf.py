@@ -11,6 +11,10 @@ model.layers.N.self_attn.q_proj.weight, ..., lm_head.weight), each linear weight
 PyTorch's nn.Linear stores it, which is also how Llama holds them; a tied checkpoint
 (tie_word_embeddings, no lm_head.weight) gets lm_head.weight from the embedding.
 
+A quantized checkpoint (scripts/quantize.py, nn/quant_checkpoint.py) is such a directory
+whose config.json has a "quantization" entry (read_quantization): its GEMM weights are stored
+as codes and scales, so read_state refuses it (it loads for inference only, never as fp32).
+
 A file format only: it reads and writes configs and state dicts, and builds no model (GPT2's
 from_pretrained and save_pretrained call it).
 """
@@ -20,11 +24,13 @@ import os
 
 import numpy as np
 
+from tinygrad_like import quant
 from tinygrad_like.files import atomic_write
 
 from .config import GPT2Config, LlamaConfig
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
+QUANTIZATION = "quantization"  # config.json's entry in a quantized checkpoint
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 
@@ -33,7 +39,8 @@ def family(config):
     return "Llama" if isinstance(config, LlamaConfig) else "GPT-2"
 
 
-def _read_json(path):
+def read_json(path):
+    """(config.json's path, its object) of the checkpoint directory at path."""
     check_dir(path)
     file = os.path.join(path, CONFIG)
     try:
@@ -53,7 +60,7 @@ def _is_llama(hf):
 def read_config(path):
     """The GPT2Config or LlamaConfig of the checkpoint directory at path (ValueError for a
     corrupt one, or a Llama variant the model does not implement)."""
-    file, hf = _read_json(path)
+    file, hf = read_json(path)
     if _is_llama(hf):
         return _llama_config(file, hf)
     try:
@@ -117,6 +124,29 @@ def _llama_config(file, hf):
     return LlamaConfig(**ints, **floats)
 
 
+def read_quantization(path):
+    """config.json's "quantization" entry of the checkpoint at path, checked: {"format": a
+    FORMATS name, "group_size": an int or None (the format's default), "tensors": the names
+    stored as codes and scales}; None for an fp32 checkpoint."""
+    file, hf = read_json(path)
+    entry = hf.get(QUANTIZATION)
+    if entry is None:
+        return None
+    fields = ("format", "group_size", "tensors")
+    if not isinstance(entry, dict) or set(entry) != set(fields):
+        raise ValueError(f"{file}: {QUANTIZATION!r} must hold exactly {', '.join(fields)}")
+    try:
+        quant.get_format(entry["format"])
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
+    group, names = entry["group_size"], entry["tensors"]
+    if group is not None and type(group) is not int:
+        raise ValueError(f"{file}: quantization group_size must be an integer or null")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{file}: quantization tensors must be a list of names")
+    return entry
+
+
 def check_dir(path):
     missing = [f for f in (CONFIG, WEIGHTS) if not os.path.isfile(os.path.join(path, f))]
     if missing:
@@ -130,17 +160,14 @@ def check_dir(path):
 def read_state(path):
     """The tensors of a checkpoint as NumPy arrays under the model's names: GPT-2's prefix-free
     keys mapped to ours, a tied Llama's lm_head.weight taken from its embedding."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    _, hf = _read_json(path)
-    file = os.path.join(path, WEIGHTS)
-    try:
-        tensors = load_file(file)
-    except (SafetensorError, OSError) as e:
+    _, hf = read_json(path)
+    if QUANTIZATION in hf:
+        fmt = read_quantization(path)["format"]
         raise ValueError(
-            f"{file}: cannot be read ({e}); the file is truncated or corrupt"
-        ) from None
+            f"{path} holds {fmt} weights (scripts/quantize.py), not fp32 ones: load it for "
+            "inference with nn.from_pretrained, or use the fp32 checkpoint it was made from"
+        )
+    tensors = read_tensors(path)
     if _is_llama(hf):
         if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
@@ -151,6 +178,20 @@ def read_state(path):
             continue
         state[key if key.startswith("transformer.") else "transformer." + key] = array
     return state
+
+
+def read_tensors(path):
+    """The checkpoint's model.safetensors as NumPy arrays, names and dtypes as stored."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    file = os.path.join(path, WEIGHTS)
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError) as e:
+        raise ValueError(
+            f"{file}: cannot be read ({e}); the file is truncated or corrupt"
+        ) from None
 
 
 def hf_config(config):

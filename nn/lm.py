@@ -19,6 +19,7 @@ from . import hf
 from .layers import building_on
 from .module import Module
 from .options import ExecutionOptions
+from .quant_checkpoint import load_quantized
 from .sampling import check_sampling, sample
 
 
@@ -145,14 +146,17 @@ class CausalLM(Module):
     # ---- Hugging Face format
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None, options=None):
-        """The model in a Hugging Face directory of this family (or a training checkpoint),
-        run with options (ExecutionOptions)."""
+        """The model in a Hugging Face directory of this family (or a training checkpoint, or
+        a quantized checkpoint: nn/quant_checkpoint.py, its weights never in fp32), run with
+        options (ExecutionOptions)."""
         config = hf.read_config(path)
         if not isinstance(config, cls.config_class):
             raise ValueError(
                 f"{path} holds a {hf.family(config)} checkpoint, not a {cls.__name__} one: "
                 "load it with nn.from_pretrained (which picks the family)"
             )
+        if hf.read_quantization(path) is not None:
+            return load_quantized(cls, path, config, dtype, device, options)
         model = cls(config, options=options)
         model.load_state_dict(hf.read_state(path))
         return model.to(dtype=dtype, device=device)

@@ -111,6 +111,14 @@ class Module:
                     p.grad = None
         return self
 
+    def replace_parameters(self, new):
+        """Rebind each module's parameter p to new[id(p)] where there is one (a Parameter or a
+        QuantizedWeight): a weight two modules share (tied) is replaced in both."""
+        for _, m in self.named_modules():
+            for name, p in list(m._parameters.items()):
+                if id(p) in new:
+                    setattr(m, name, new[id(p)])
+
     # ---- state
     def state_dict(self):
         """name -> NumPy array (a host copy of the parameter rows), in the parameters' own dtype

@@ -23,13 +23,7 @@ def quantize_model(model, fmt, group_size=None):
     if fmt == "fp32":
         return model
     get_format(fmt)
-    token_embedding = model.get_input_embeddings()
-    targets = []
-    for _, module in model.named_modules():
-        if isinstance(module, Linear):
-            targets.append((module, 1))
-        elif isinstance(module, TransposedLinear) or module is token_embedding:
-            targets.append((module, 0))
+    targets = [(module, out_axis) for _, module, out_axis in quantized_modules(model)]
     if any(isinstance(module.weight, QuantizedWeight) for module, _ in targets):
         raise ValueError("the model is quantized already: quantize it once")
     done = {}  # id(parameter) -> its QuantizedWeight
@@ -41,3 +35,16 @@ def quantize_model(model, fmt, group_size=None):
     for module, _ in targets:
         module.weight = done[id(module.weight)]
     return model
+
+
+def quantized_modules(model):
+    """(name, module, out_axis) of every module whose weight quantize_model quantizes: the
+    Linears (out_axis 1), the TransposedLinears and the token embedding (0). The loader of a
+    quantized checkpoint (nn/quant_checkpoint.py) reads the same list, so a weight loaded from
+    one has the layout quantizing on load gives it."""
+    token_embedding = model.get_input_embeddings()
+    for name, module in model.named_modules():
+        if isinstance(module, Linear):
+            yield name, module, 1
+        elif isinstance(module, TransposedLinear) or module is token_embedding:
+            yield name, module, 0

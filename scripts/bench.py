@@ -25,6 +25,17 @@ a dependency of the project: without them only ours runs.
     python scripts/bench.py --census --json bench.json   # plus where the time goes
     python scripts/bench.py --census --plot roofline.png # and the roofline picture of it
 
+    python scripts/bench.py --decode-formats --checkpoint out --plot formats.png --no-train
+    python scripts/bench.py --decode-sweep --no-train --no-generate
+
+--decode-formats runs scripts/decode_formats.py (every weight format: bytes, speed, val loss,
+greedy agreement with fp32) on --checkpoint, or, without one, on this run's fresh --model
+weights (their losses and agreement then mean little); its --batch-size, --seq-len (the val
+loss's), --prompt-len and --new-tokens are this run's, and --plot draws its picture (ms/token
+against MB/token) instead of the census's. --decode-sweep runs scripts/decode_sweep.py (batched
+greedy decode of --model, B = 1 ... 64, along the roofline) with this run's --dtype, --device,
+--prompt-len (its prompt) and --new-tokens.
+
 The census gives every kernel its roofline (training/roofline.py): the machine's peaks
 (tinygrad_like/peaks.py, the same cache), its bound (compute, memory, exp or launch), the time
 that bound allows, the fraction of it reached, and rows sorted by the time lost to the bound.
@@ -41,8 +52,11 @@ use; to measure what a current NumPy does on this CPU, unset both for that comma
 import dataclasses
 import json
 import os
+import tempfile
 import time
 
+import decode_formats
+import decode_sweep
 import hf_generate
 import machine
 import numpy as np
@@ -74,6 +88,7 @@ from training.args import (
     options_from_args,
     user_errors,
 )
+from training.corpus import DEFAULT_DATA_DIR
 from training.measure import random_batch
 from training.tables import table
 
@@ -136,7 +151,30 @@ def parse_args(argv=None):
     p.add_argument(
         "--plot",
         metavar="PNG",
-        help="draw the census's kernels on the roofline into this PNG (implies --census)",
+        help="draw the census's kernels on the roofline into this PNG (implies --census); "
+        "with --decode-formats, its picture",
+    )
+    p.add_argument(
+        "--decode-formats",
+        action="store_true",
+        help="also run scripts/decode_formats.py: every weight format's bytes, speed and loss",
+    )
+    p.add_argument(
+        "--checkpoint",
+        help="the checkpoint --decode-formats quantizes (default: this run's fresh weights)",
+    )
+    p.add_argument(
+        "--formats",
+        default=",".join(decode_formats.FORMATS),
+        help="--decode-formats' formats, comma-separated (default all)",
+    )
+    p.add_argument(
+        "--data-dir", default=DEFAULT_DATA_DIR, help="--decode-formats' val.bin (default: made)"
+    )
+    p.add_argument(
+        "--decode-sweep",
+        action="store_true",
+        help="also run scripts/decode_sweep.py: batched decode along the roofline, B = 1 ... 64",
     )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument(
@@ -169,7 +207,14 @@ def parse_args(argv=None):
                 raise ValueError(f"--plot {args.plot}: the picture is a PNG, name a .png file")
             if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
                 raise ValueError(f"--plot {args.plot}: no such directory")
-            args.census = True
+            if args.decode_formats and args.census:
+                raise ValueError(
+                    "--plot draws one picture: with --decode-formats it is the formats', so "
+                    "run --census with --plot separately"
+                )
+            args.census = not args.decode_formats
+        if args.checkpoint is not None and not args.decode_formats:
+            raise ValueError("--checkpoint is what --decode-formats measures: add --decode-formats")
         if not args.no_generate:
             GPT2Config.from_preset(args.model).check_context(
                 args.prompt_len + args.new_tokens, "--prompt-len + --new-tokens ="
@@ -254,6 +299,10 @@ def run(args, results, log=print):
         results["train"] = bench_training(args, step, peers, x, y, fpt, peak, log)
     if args.census:
         results["census"] = run_census(args, config, model, opt, scaler, peers, x, y, log)
+    if args.decode_formats:
+        results["decode_formats"] = run_decode_formats(args, model, log)
+    if args.decode_sweep:
+        results["decode_sweep"] = run_decode_sweep(args, log)
     if args.device == "cpu":
         now = peaks.cpu_matmul_rate()
         if now > peak * 1.05:
@@ -414,6 +463,31 @@ def run_census(args, config, model, opt, scaler, peers, x, y, log):
         out["torch_train_table"] = peer.census(*batch)
         log("torch: profiler of one training step\n" + out["torch_train_table"])
     return out
+
+
+def run_decode_formats(args, model, log):
+    """scripts/decode_formats.py with this run's sizes, on --checkpoint or on model's weights
+    (saved to a temporary folder) -> its rows."""
+    argv = ["--formats", args.formats, "--data-dir", args.data_dir]
+    argv += ["--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len)]
+    argv += ["--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
+    argv += ["--plot", args.plot] if args.plot else []
+    if args.checkpoint is not None:
+        return decode_formats.run(
+            decode_formats.parse_args(["--checkpoint", args.checkpoint] + argv), log
+        )
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        log(f"decode formats: {args.model}'s fresh weights (seed {args.seed}): losses mean little")
+        return decode_formats.run(decode_formats.parse_args(["--checkpoint", folder] + argv), log)
+
+
+def run_decode_sweep(args, log):
+    """scripts/decode_sweep.py on --model with this run's dtype, device and sizes -> its
+    results, one per batch."""
+    argv = ["--model", args.model, "--dtype", args.dtype, "--device", args.device]
+    argv += ["--seq-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
+    return decode_sweep.run(decode_sweep.parse_args(argv), log)
 
 
 # ---------------------------------------------------------------- the report

@@ -21,6 +21,7 @@ import statistics
 import numpy as np
 
 from nn import from_pretrained
+from nn.hf import read_quantization
 from nn.options import ExecutionOptions
 from nn.quant import quantize_model
 from tinygrad_like import no_grad, peaks, quant
@@ -151,28 +152,38 @@ def plot(rows, bandwidth, path, title):
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    with user_errors():
-        formats = args.formats.split(",")
-        for fmt in formats:
-            if fmt != "fp32":
-                quant.get_format(fmt)
-        path = find_checkpoint(args.checkpoint)
-        ensure_data(args)  # the Shakespeare default is made when missing, as the trainer does
-        val_path = f"{args.data_dir}/val.bin"
-        peak = peaks.get("cpu")
-        rows = [measure(path, fmt, args.group_size, val_path, args) for fmt in formats]
-    print(
+def run(args, log=print):
+    """Measure every format of args (parse_args's) on its checkpoint, log the table (and draw
+    args.plot) -> the rows, measure()'s, one per format."""
+    formats = args.formats.split(",")
+    for fmt in formats:
+        if fmt != "fp32":
+            quant.get_format(fmt)
+    path = find_checkpoint(args.checkpoint)
+    stored = read_quantization(path)
+    if stored is not None:  # fp32's row and every other format start from the fp32 weights
+        raise ValueError(f"{path} holds {stored['format']} weights: give the fp32 checkpoint")
+    ensure_data(args)  # the Shakespeare default is made when missing, as the trainer does
+    val_path = f"{args.data_dir}/val.bin"
+    peak = peaks.get("cpu")
+    rows = [measure(path, fmt, args.group_size, val_path, args) for fmt in formats]
+    log(
         f"-- weight formats: {path}, greedy decode of {args.new_tokens} tokens after "
         f"{args.prompt_len}, val loss over {args.eval_iters} x {args.batch_size} x "
         f"{args.seq_len} tokens; {peak.machine}, read bandwidth {peak.read_bw / 1e9:.1f} GB/s "
         f"(measured {peak.when})"
     )
-    print(format_table(rows, peak.read_bw))
+    log(format_table(rows, peak.read_bw))
     if args.plot:
         plot(rows, peak.read_bw, args.plot, f"decode per format: {path}")
-        print(f"plot: {args.plot}")
+        log(f"plot: {args.plot}")
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with user_errors():
+        run(args)
 
 
 if __name__ == "__main__":

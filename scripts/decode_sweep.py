@@ -28,23 +28,29 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def run(args, log=print):
+    """Decode at each B of args (parse_args's) and log the table -> sweep_batch's results."""
+    check_model_args(args)
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise ValueError(f"--batches {args.batches!r}: give integers, e.g. 1,2,4") from None
+    if min(batches) <= 0 or args.new_tokens <= 0:
+        raise ValueError("--batches and --new-tokens must be positive")
+    config = config_from_args(args)
+    config.check_context(args.seq_len + args.new_tokens, "--seq-len + --new-tokens =")
+    model = build(config, device=args.device).to(dtype=args.dtype)
+    peak = peaks.get(args.device)
+    kv = args.kv_dtype or args.dtype
+    results = [sweep_batch(model, b, args.seq_len, args.new_tokens, kv, peak) for b in batches]
+    log(format_sweep(results, config, args.dtype, peak))
+    return results
+
+
 def main(argv=None):
     args = parse_args(argv)
     with user_errors():
-        check_model_args(args)
-        try:
-            batches = [int(b) for b in args.batches.split(",")]
-        except ValueError:
-            raise ValueError(f"--batches {args.batches!r}: give integers, e.g. 1,2,4") from None
-        if min(batches) <= 0 or args.new_tokens <= 0:
-            raise ValueError("--batches and --new-tokens must be positive")
-        config = config_from_args(args)
-        config.check_context(args.seq_len + args.new_tokens, "--seq-len + --new-tokens =")
-        model = build(config, device=args.device).to(dtype=args.dtype)
-        peak = peaks.get(args.device)
-        kv = args.kv_dtype or args.dtype
-        results = [sweep_batch(model, b, args.seq_len, args.new_tokens, kv, peak) for b in batches]
-    print(format_sweep(results, config, args.dtype, peak))
+        run(args)
 
 
 if __name__ == "__main__":

@@ -146,6 +146,27 @@ def test_generation_and_step_helpers(bench):
     assert ids.dtype == np.int64 and (ids >= 0).all() and (ids < config.vocab_size).all()
 
 
+def test_decode_formats_and_decode_sweep_flags(bench, tmp_path, shakespeare):
+    """--decode-formats (on the run's fresh weights, its --plot the formats' picture, no census)
+    and --decode-sweep run scripts/decode_formats.py's and decode_sweep.py's work and keep
+    their results."""
+    png = tmp_path / "formats.png"
+    flags = ["--no-train", "--no-generate", "--decode-formats", "--formats", "fp32,int8"]
+    flags += ["--data-dir", shakespeare, "--plot", str(png), "--decode-sweep"]
+    said = []
+    results = bench.run(bench.parse_args(TINY + flags), {}, log=said.append)
+    formats = results["decode_formats"]
+    assert [r["fmt"] for r in formats] == ["fp32", "int8"] and "census" not in results
+    assert formats[0]["bytes_per_param"] == 4 and formats[1]["bytes_per_param"] == 1 + 4 / 32
+    assert all(positive(r["ms"]) and positive(r["loss"]) and len(r["tokens"]) == 3 for r in formats)
+    assert png.stat().st_size > 0 and f"plot: {png}" in said
+    sweep = results["decode_sweep"]
+    assert [r["batch"] for r in sweep] == [1, 2, 4, 8, 16, 32, 64]
+    assert all(positive(r["tokens_per_s"]) and r["gemms"] for r in sweep)
+    assert any("-- weight formats:" in line for line in said)
+    assert "train" not in results and "generate" not in results
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -153,6 +174,8 @@ def test_generation_and_step_helpers(bench):
         ["--model", "nope"],
         ["--steps", "0"],
         ["--dtype", "int8"],
+        ["--checkpoint", "out"],  # without --decode-formats
+        ["--decode-formats", "--census", "--plot", "x.png"],
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv):

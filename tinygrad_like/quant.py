@@ -152,6 +152,14 @@ class QuantizedWeight(PaddedRows):
 _CODE_DTYPES = {4: np.uint8, 8: np.uint8, 16: np.uint16}  # bits -> the codes' dtype
 
 
+def stored_layout(fmt, N, K, group_size):
+    """What fmt stores for a weight of N rows of K (group_size: check_group_size's) ->
+    ((the codes' shape, their dtype), the fp32 scales' shape or None): the layout above."""
+    bits = get_format(fmt).bits
+    codes = ((N, K // 2 if bits == 4 else K), np.dtype(_CODE_DTYPES[bits]))
+    return codes, (N, K // group_size) if group_size else None
+
+
 def _groups(W, g, qmax):
     """W (N, K) as (N, K / g, g) and each group's scale (N, K / g) fp32: its largest magnitude
     over qmax, 1 for an all-zero group."""
@@ -179,8 +187,9 @@ def quantize(weight, fmt, group_size=None, out_axis=0, rows=None):
     f, (N, K) = get_format(fmt), weight.shape[:: 1 if out_axis == 0 else -1]
     g = check_group_size(fmt, K, group_size)
     if not backend.holds_values(weight):  # the meta device: the stored shapes, no values
-        codes = be.empty((N, K // 2 if f.bits == 4 else K), _CODE_DTYPES[f.bits])
-        scales = be.empty((N, K // g), np.float32) if f.scaled else None
+        (codes_shape, codes_dtype), scales_shape = stored_layout(fmt, N, K, g)
+        codes = be.empty(codes_shape, codes_dtype)
+        scales = be.empty(scales_shape, np.float32) if f.scaled else None
         return QuantizedWeight(fmt, codes, scales, g, weight.shape, out_axis, rows)
     host = np.asarray(be.to_numpy(weight), dtype=np.float32)
     W = np.ascontiguousarray(host if out_axis == 0 else host.T)  # (N, K)

@@ -42,12 +42,16 @@ def check(needed, device, what, fix):
         )
 
 
-def generation_bytes(config, dtype, tokens, device, kv_dtype=None, batch=1):
+def generation_bytes(config, dtype, tokens, device, kv_dtype=None, batch=1, stored=None):
     """Loading a checkpoint and generating `tokens` positions of `batch` sequences: the fp32
     model as built, beside the file's fp32 arrays (on a CPU) or its cast to dtype (on a GPU,
     the arrays are on the host), and the KV cache's keys and values in kv_dtype (default
-    dtype)."""
+    dtype). stored: the bytes of a quantized checkpoint's tensors, which become the model as
+    they are read (on a GPU, copied from the host), no fp32 model built."""
     size = dtypes.as_dtype(dtype).itemsize
     kv_size = dtypes.as_dtype(kv_dtype or dtype).itemsize
-    weights = predictions.stored_elements(config) * (4 + (4 if device == "cpu" else size))
+    if stored is not None:
+        weights = stored * (1 if device == "cpu" else 2)
+    else:
+        weights = predictions.stored_elements(config) * (4 + (4 if device == "cpu" else size))
     return weights + batch * tokens * config.kv_cache_bytes_per_token(kv_size)

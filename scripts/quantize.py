@@ -1,0 +1,114 @@
+"""Write a quantized checkpoint: load a checkpoint (a training run's --out folder, a
+save_pretrained folder, or a Hugging Face GPT-2 or Llama directory) in fp32 as
+examples/generate.py does, quantize its GEMM weights to --weights (nn/quant.py: every linear
+weight, the token embedding, which GPT-2 ties to its LM head, and Llama's LM head), and write
+--out. examples/generate.py --checkpoint OUT (nn.from_pretrained) then loads the codes and
+scales as they are stored, never making an fp32 copy of those weights, and decodes the tokens
+quantizing on load gives.
+
+    python scripts/quantize.py --checkpoint out --weights int8 --out out-int8
+    python scripts/quantize.py --checkpoint ~/models/gpt2 --weights int4 --group-size 64 \\
+        --out gpt2-int4
+    python examples/generate.py --checkpoint out-int8 --temperature 0
+
+The layout of --out (nn/quant_checkpoint.py):
+- config.json: the source's, plus "quantization": {"format": FORMAT, "group_size": G or null
+  (the format's default: 32 for int4 / fp4_e2m1, one scale per output channel otherwise),
+  "tensors": [the names of the quantized weights]};
+- model.safetensors: for each quantized weight NAME (its name in the fp32 checkpoint),
+  NAME.codes and, for every format but bf16 / fp16, NAME.scales, in backend/contract.py's
+  "quant" layout: one row per output channel (GPT-2's Conv1D weights, (in, out) in the fp32
+  file, are stored transposed), codes (N, K) uint8 for the 8-bit formats, (N, K/2) uint8 for
+  int4 / fp4_e2m1 (element 2j in the low nibble, 2j + 1 in the high), (N, K) uint16 bit
+  patterns for bf16 / fp16; scales (N, K / G) fp32. The token embedding (and Llama's LM head)
+  keeps its vocab_size rows, as in the fp32 file. Every other tensor (norms, biases, GPT-2's
+  position table) as in the fp32 checkpoint: fp32, the same name;
+- the source's Hugging Face tokenizer files, when it has them (generation itself uses the GPT-2
+  tokenizer, nn/tokenizer.py, for every checkpoint).
+It prints what it wrote: the file's bytes before and after, and the bytes per parameter.
+"""
+
+import os
+
+from nn import from_pretrained
+from nn.hf import WEIGHTS, read_quantization
+from nn.quant import quantize_model
+from nn.quant_checkpoint import save_quantized
+from tinygrad_like import quant
+from training.args import ArgumentParser, user_errors
+from training.checkpoint import find_checkpoint, verify
+
+MB = 1e6
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--checkpoint", required=True, help="folder with config.json + model.safetensors"
+    )
+    p.add_argument("--weights", required=True, help=f"the format: {', '.join(quant.FORMATS)}")
+    p.add_argument(
+        "--group-size", type=int, help="elements per scale (default: the format's, see --help)"
+    )
+    p.add_argument("--out", required=True, help="the folder to write (made if missing)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with user_errors():
+        if args.weights == "fp32":
+            raise ValueError(
+                "--weights fp32 is the checkpoint as it is: name a format to quantize to"
+            )
+        quant.get_format(args.weights)
+        if args.group_size is not None:  # whether it divides each weight's rows: checked below
+            quant.check_group_size(args.weights, 2 * abs(args.group_size), args.group_size)
+        ckpt = find_checkpoint(args.checkpoint)
+        verify(ckpt)  # a training checkpoint's sha256 sums
+        done = read_quantization(ckpt)
+        if done is not None:
+            raise ValueError(
+                f"{ckpt} is quantized already ({done['format']}): quantize the fp32 checkpoint "
+                "it was made from"
+            )
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise ValueError(f"--out {args.out} is a file: name a folder")
+        if os.path.isdir(args.out) and os.path.samefile(args.out, ckpt):
+            raise ValueError(f"--out {args.out} is the checkpoint itself: name another folder")
+        model = from_pretrained(ckpt, dtype="fp32", device="cpu")
+        n_params = model.num_parameters()
+        quantize_model(model, args.weights, args.group_size)
+        tensors = save_quantized(args.out, model, ckpt, args.group_size)
+    report(ckpt, args, model, tensors, n_params)
+
+
+def report(ckpt, args, model, tensors, n_params):
+    """What was written: the files' sizes, and the bytes per parameter of the model and of the
+    quantized weights alone."""
+    quantized = [p for p in model.parameters() if isinstance(p, quant.QuantizedWeight)]
+    q_bytes = sum(a.nbytes for k, a in tensors.items() if k.endswith((".codes", ".scales")))
+    q_params = sum(p.unpadded_numel() for p in quantized)
+    total = sum(a.nbytes for a in tensors.values())
+    before = os.path.getsize(os.path.join(ckpt, WEIGHTS))
+    after = os.path.getsize(os.path.join(args.out, WEIGHTS))
+    group = args.group_size or quant.FORMATS[args.weights].group_size
+    grouping = f"group size {group}" if group else "one scale per output channel"
+    others = len(model.parameters()) - len(quantized)
+    print(
+        f"wrote {args.out}: config.json and model.safetensors, {len(quantized)} weights in "
+        f"{args.weights} ({grouping if quant.FORMATS[args.weights].scaled else 'no scales'}), "
+        f"{others} other tensors in fp32"
+    )
+    print(
+        f"  model.safetensors: {before / MB:,.2f} MB -> {after / MB:,.2f} MB "
+        f"({after / before:.3f}x)"
+    )
+    print(
+        f"  bytes per parameter: 4.000 -> {total / n_params:.3f} ({n_params:,} parameters); "
+        f"the quantized weights alone: {q_bytes / q_params:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
