@@ -6,7 +6,10 @@ other lengths are refused, to be run separately); each sequence is printed when 
 --stats adds the decode accounting (training/decode.py): ms per token, tokens/s, bytes per token
 counted by the kernels beside the weights-plus-cache floor, and the fraction of its bound.
 --weights quantizes the model's GEMM weights on load (nn/quant.py: int8, int4, fp8, fp4, bf16 or
-fp16 codes that the kernels decode as they read them), after loading it in fp32."""
+fp16 codes that the kernels decode as they read them), after loading it in fp32. --kv-dtype sets
+the KV cache's format: fp32, fp16 or bf16, or fp8_e4m3 / fp8_e5m2 (a byte a key or value and an
+fp32 scale per position of a head, quantized as each position is appended; the attention kernel
+decodes the codes as it reads them)."""
 
 import sys
 import time
@@ -15,10 +18,11 @@ import numpy as np
 
 from nn import from_pretrained
 from nn.hf import read_config
+from nn.lm import KV_DTYPES
 from nn.quant import quantize_model
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
-from tinygrad_like import backend, dtypes, peaks, quant
+from tinygrad_like import backend, peaks, quant
 from training import fits
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
@@ -46,7 +50,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1337, help="sampling seed (sample i uses seed + i)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
     p.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 weights (default fp32)")
-    p.add_argument("--kv-dtype", help="fp32, fp16 or bf16 KV cache (default --dtype)")
+    p.add_argument(
+        "--kv-dtype",
+        help="the KV cache: fp32, fp16, bf16, or fp8_e4m3 / fp8_e5m2 (codes and a scale per "
+        "position; inference only) (default --dtype)",
+    )
     p.add_argument(
         "--weights",
         default="fp32",
@@ -78,8 +86,8 @@ def main(argv=None):
         device = backend.check_device(args.device or backend.default_device())
         ckpt = find_checkpoint(args.checkpoint)
         verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
-        if args.kv_dtype not in dtypes.TRAINING:  # fp8 needs a scaled format and its kernels
-            raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(dtypes.TRAINING)}")
+        if args.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(KV_DTYPES)}")
         check_weights(args)
         tok = get_tokenizer()
         prompt = batch([tok.encode(text, allow_special=True) for text in args.prompt])

@@ -4,6 +4,7 @@ from the kernel or the GPU. A refusal is one line (DoesNotFit, exit code 2)."""
 
 import os
 
+from nn.lm import kv_bytes_per_element
 from tinygrad_like import backend, dtypes
 
 from . import predictions
@@ -46,8 +47,8 @@ def generation_bytes(config, dtype, tokens, device, kv_dtype=None, batch=1):
     """Loading a checkpoint and generating `tokens` positions of `batch` sequences: the fp32
     model as built, beside the file's fp32 arrays (on a CPU) or its cast to dtype (on a GPU,
     the arrays are on the host), and the KV cache's keys and values in kv_dtype (default
-    dtype)."""
+    dtype; an fp8 format's codes and scales, nn/lm.py kv_bytes_per_element)."""
     size = dtypes.as_dtype(dtype).itemsize
-    kv_size = dtypes.as_dtype(kv_dtype or dtype).itemsize
+    kv_size = kv_bytes_per_element(kv_dtype or dtype, config.head_dim)
     weights = predictions.stored_elements(config) * (4 + (4 if device == "cpu" else size))
     return weights + batch * tokens * config.kv_cache_bytes_per_token(kv_size)
