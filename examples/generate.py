@@ -8,7 +8,10 @@ counted by the kernels beside the weights-plus-cache floor, and the fraction of 
 --weights quantizes the model's GEMM weights on load (nn/quant.py: int8, int4, fp8, fp4, bf16 or
 fp16 codes that the kernels decode as they read them), after loading it in fp32. A quantized
 checkpoint (scripts/quantize.py's --out) loads as it is stored, its weights never in fp32; its
-format is the model's (--weights may name it, never another)."""
+format is the model's (--weights may name it, never another). --kv-dtype sets the KV cache's
+format: fp32, fp16 or bf16, or fp8_e4m3 / fp8_e5m2 (a byte a key or value and an fp32 scale per
+position of a head, quantized as each position is appended; the attention kernel decodes the
+codes as it reads them)."""
 
 import os
 import sys
@@ -18,10 +21,11 @@ import numpy as np
 
 from nn import from_pretrained
 from nn.hf import WEIGHTS, read_config, read_quantization
+from nn.lm import KV_DTYPES
 from nn.quant import quantize_model
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
-from tinygrad_like import backend, dtypes, peaks, quant
+from tinygrad_like import backend, peaks, quant
 from training import fits
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
@@ -49,7 +53,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1337, help="sampling seed (sample i uses seed + i)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is usable)")
     p.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 weights (default fp32)")
-    p.add_argument("--kv-dtype", help="fp32, fp16 or bf16 KV cache (default --dtype)")
+    p.add_argument(
+        "--kv-dtype",
+        help="the KV cache: fp32, fp16, bf16, or fp8_e4m3 / fp8_e5m2 (codes and a scale per "
+        "position; inference only) (default --dtype)",
+    )
     p.add_argument(
         "--weights",
         default="fp32",
@@ -81,8 +89,8 @@ def main(argv=None):
         device = backend.check_device(args.device or backend.default_device())
         ckpt = find_checkpoint(args.checkpoint)
         verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
-        if args.kv_dtype not in dtypes.TRAINING:  # fp8 needs a scaled format and its kernels
-            raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(dtypes.TRAINING)}")
+        if args.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(KV_DTYPES)}")
         quantized = read_quantization(ckpt)  # None for an fp32 checkpoint
         check_weights(args, quantized, ckpt)
         tok = get_tokenizer()

@@ -9,10 +9,13 @@ runs in). Shapes: B batch, T tokens, C channels, Hkv key/value heads of D channe
 Vp = V padded (nn/config.py).
 """
 
+import math
+
 import numpy as np
 
 import tinygrad_like.ops as F
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
+from tinygrad_like.backend import contract
 from tinygrad_like.memory import TRACKER
 
 from . import hf
@@ -22,33 +25,57 @@ from .options import ExecutionOptions
 from .quant_checkpoint import load_quantized
 from .sampling import check_sampling, sample
 
+# The formats a KV cache may be in: the training dtypes, and the 8-bit floats that store a byte a
+# value and an fp32 scale per row of D (inference only: backend/contract.py's "kvcache" kernels).
+KV_FORMATS = contract.KV_FORMATS
+KV_DTYPES = dtypes.TRAINING + KV_FORMATS
+
+
+def kv_bytes_per_element(kv_dtype, head_dim):
+    """Bytes a cache in kv_dtype (a KV_DTYPES name or a dtype) holds per key or value element:
+    the dtype's itemsize, or an fp8 code and its share of its row's fp32 scale, 1 + 4 / D;
+    config.kv_cache_bytes_per_token(this) is then the bytes per token."""
+    if kv_dtype in KV_FORMATS:
+        return 1 + 4 / head_dim
+    return dtypes.as_dtype(kv_dtype).itemsize
+
+
+def kv_name(kv_dtype):
+    """The short name of a cache's dtype or format (fp32, bf16, fp8_e4m3, ...)."""
+    return kv_dtype if kv_dtype in KV_FORMATS else dtypes.name(dtypes.as_dtype(kv_dtype))
+
 
 class KVCache:
     """Keys and values of the positions seen so far, per layer: (B, Hkv, max_len, D) each
     (Hkv = H for GPT-2; Llama's grouped-query attention stores only its Hkv heads).
     Under no_grad only: the prompt fills it once, then each decode step appends one position.
     dtype: the cache's number format (default the model's, like's: fp32 for a quantized weight,
-    the activations' dtype): a narrower one holds and streams fewer bytes per token. Its
-    buffers are the memory tracker's "kv_cache"."""
+    the activations' dtype), one of KV_DTYPES: a narrower one holds and streams fewer bytes per
+    token. In an fp8 format (fmt, else None) k and v hold uint8 codes and k_scales, v_scales
+    (B, Hkv, max_len) fp32 one scale per position of a head: 2 Hkv (D + 4) bytes per token per
+    layer. Its buffers are the memory tracker's "kv_cache"."""
 
     def __init__(self, config, batch, max_len, like, dtype=None):
-        if dtype is not None and dtypes.name(dtypes.as_dtype(dtype)) not in dtypes.TRAINING:
-            raise ValueError(  # fp8 would need a scale per block and kernels that apply it
-                f"a KV cache in {dtype}: use one of {', '.join(dtypes.TRAINING)}"
-            )
-        self.dtype = dtypes.as_dtype(dtype or like.dtype)
+        self.fmt = dtype if dtype in KV_FORMATS else None
+        if dtype is not None and self.fmt is None and _dtype_name(dtype) not in dtypes.TRAINING:
+            raise ValueError(f"a KV cache in {dtype}: use one of {', '.join(KV_DTYPES)}")
+        self.dtype = np.dtype(np.uint8) if self.fmt else dtypes.as_dtype(dtype or like.dtype)
         shape = (batch, config.n_kv_head, max_len, config.head_dim)
         empty = backend.get(like.device).empty
         self.k = [empty(shape, self.dtype) for _ in range(config.n_layer)]
         self.v = [empty(shape, self.dtype) for _ in range(config.n_layer)]
-        for a in self.k + self.v:
+        scaled = range(config.n_layer if self.fmt else 0)
+        self.k_scales = [empty(shape[:-1], dtypes.float32) for _ in scaled]
+        self.v_scales = [empty(shape[:-1], dtypes.float32) for _ in scaled]
+        for a in self.k + self.v + self.k_scales + self.v_scales:
             TRACKER.register(a, "kv_cache")
         self.length = 0  # positions already stored (before the current forward)
         self.max_len = max_len
 
     def append(self, layer, k, v):
         """Store this step's k, v (B, Hkv, T, D), cast to the cache's dtype by a counted kernel
-        when it differs; return all keys and values so far as views."""
+        when it differs; return all keys and values so far as views. Not for an fp8 cache,
+        whose codes only its attention reads."""
         start, end = self.length, self.length + k.shape[2]
         for buf, new in ((self.k[layer], k.data), (self.v[layer], v.data)):
             if new.dtype != self.dtype:
@@ -56,13 +83,43 @@ class KVCache:
             kernels.launch("copy", buf[:, :, start:end], new)
         return Tensor(self.k[layer][:, :, :end]), Tensor(self.v[layer][:, :, :end])
 
+    def _append_quantized(self, layer, k, v):
+        """Store this step's k, v (B, Hkv, T, D) in the fp8 cache: each position's row
+        quantized by the counted kv_quantize kernel (codes and its scale), then copied in."""
+        start, end = self.length, self.length + k.shape[2]
+        for codes, scales, new in (
+            (self.k[layer], self.k_scales[layer], k.data),
+            (self.v[layer], self.v_scales[layer], v.data),
+        ):
+            new_codes, new_scales = kernels.launch("kv_quantize", new, self.fmt)
+            kernels.launch("copy", codes[:, :, start:end], new_codes)
+            kernels.launch("copy", scales[:, :, start:end], new_scales)
+
     def attention(self, layer, q, k, v, flash=False):
         """Causal attention of q (B, H, T, D) over the cache after appending k, v: computed in
         the cache's dtype (q cast to it, the output cast back to q's), so the cache is read in
         its own format, never a widened copy of it; q and the output are one position each in
-        a decode step, the cache all of them."""
-        k, v = self.append(layer, k, v)
-        return F.scaled_dot_product_attention(q.to(self.dtype), k, v, flash).to(q.dtype)
+        a decode step, the cache all of them. An fp8 cache: one qattention launch, which
+        decodes the codes as it reads them (blockwise, whatever flash says), out in q's dtype."""
+        if self.fmt is None:
+            k, v = self.append(layer, k, v)
+            return F.scaled_dot_product_attention(q.to(self.dtype), k, v, flash).to(q.dtype)
+        if autograd.is_grad_enabled() and q.requires_grad:
+            raise RuntimeError(
+                f"a KV cache in {self.fmt} is inference only: run the model under no_grad()"
+            )
+        self._append_quantized(layer, k, v)
+        args = (self.k[layer], self.k_scales[layer], self.v[layer], self.v_scales[layer])
+        length, scale = self.length + k.shape[2], 1.0 / math.sqrt(q.shape[-1])
+        return Tensor(kernels.launch("qattention", q.data, *args, self.fmt, length, scale))
+
+
+def _dtype_name(dtype):
+    """A dtype's short name, or None for what is no dtype (e.g. "fp8")."""
+    try:
+        return dtypes.name(dtypes.as_dtype(dtype))
+    except ValueError:
+        return None
 
 
 class CausalLM(Module):

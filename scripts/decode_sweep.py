@@ -24,7 +24,9 @@ def parse_args(argv=None):
     add_model_args(p, model="gpt2-mini", seq_len=16)  # --seq-len: the prompt's tokens
     p.add_argument("--new-tokens", type=int, default=16, help="decode steps (default 16)")
     p.add_argument("--batches", default="1,2,4,8,16,32,64", help="the B to run, comma-separated")
-    p.add_argument("--kv-dtype", help="the KV cache's dtype (default --dtype)")
+    p.add_argument(
+        "--kv-dtype", help="the KV cache: fp32, fp16, bf16, fp8_e4m3 or fp8_e5m2 (default --dtype)"
+    )
     return p.parse_args(argv)
 
 

@@ -22,8 +22,10 @@ BACKEND = ROOT / "tinygrad_like" / "backend"
 SOURCES = ("tinygrad_like", "nn", "optim", "training", "scripts", "examples")
 FAMILIES = sorted({k.family for k in contract.KERNELS.values()})
 # Public functions a family module may have outside the contract, each for a reason of its own:
-# the CPU quant kernels' decode functions, named as quant.cu's device functions (their twins).
+# the CPU quant kernels' decode functions, named as quant.cu's device functions (their twins),
+# and the fp8 KV cache's encoder, kvcache.cu's minifloat_code.
 EXTRAS = {
+    ("cpu", "kvcache"): {"minifloat_code"},
     ("cpu", "quant"): {
         "int8_value",
         "int4_value",
@@ -31,7 +33,7 @@ EXTRAS = {
         "minifloat_scale",
         "nibble_bits",
         "decode_row",
-    }
+    },
 }
 
 

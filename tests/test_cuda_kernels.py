@@ -39,6 +39,8 @@ else:
         pytest.skip("no CUDA device and no C++ compiler", allow_module_level=True)
     cupy = cuda = None  # set by the module fixture below
 
+import test_kv_fp8  # noqa: E402
+
 from tinygrad_like import dtypes, quant  # noqa: E402
 from tinygrad_like.backend import contract, cpu  # noqa: E402
 
@@ -526,6 +528,41 @@ def test_qembedding_ids_out_of_range_raise():
         with pytest.raises(ValueError) as on_gpu:
             cuda.qembedding(dev(codes), dev(scales), dev(idx), "int8", g)
         assert str(on_gpu.value) == str(on_cpu.value)
+
+
+# ---------------------------------------------------------------- the fp8 KV cache
+
+
+@pytest.mark.parametrize("fmt", contract.KV_FORMATS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_kv_quantize(fmt, dtype):
+    """Rows of every magnitude (subnormal codes, an all-zero row, -0.0, a NaN), ragged against
+    a block's 8 warps and a warp's lanes, x in each dtype: the CPU twin's codes and scales, bit
+    for bit (which are quant.quantize's: tests/test_kv_fp8.py)."""
+    x = test_kv_fp8.rows_of_every_magnitude((3, 2, 13, 40)).astype(dtype)
+    (codes, scales), (want_codes, want_scales) = both("kv_quantize", x, fmt)
+    np.testing.assert_array_equal(cuda.to_numpy(codes), want_codes)
+    np.testing.assert_array_equal(
+        cuda.to_numpy(scales).view(np.uint32), want_scales.view(np.uint32)
+    )
+
+
+@pytest.mark.parametrize("fmt", contract.KV_FORMATS)
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=ids)
+@pytest.mark.parametrize("B,H,Hkv,Tq,L,length,D", test_kv_fp8.ATTENTION_SHAPES)
+def test_qattention(fmt, dtype, B, H, Hkv, Tq, L, length, D):
+    """kvcache.cu's block per query row against cpu.qattention (the same blocks of keys and
+    products but for q . k's summation order and expf) at the output dtype's tolerance, and
+    against the NumPy dequantize-then-attention reference at fp32's (rounded to bf16: bf16's)."""
+    caches = test_kv_fp8.quantized_cache(B, Hkv, L, D, fmt)
+    q = rand((B, H, Tq, D), dtype, seed=2)
+    args = (q, *caches, fmt, length, 1 / np.sqrt(D))
+    got, ref = both("qattention", *args)
+    close(got, ref)
+    kc, ks, vc, vs = caches
+    k, v = test_kv_fp8.dequantized(kc, ks, fmt), test_kv_fp8.dequantized(vc, vs, fmt)
+    want = test_kv_fp8.attention_reference(q.astype(F32), k, v, length, 1 / np.sqrt(D))
+    close(got, want.astype(dtype))
 
 
 # ---------------------------------------------------------------- optimizer

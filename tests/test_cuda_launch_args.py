@@ -273,6 +273,21 @@ def quantized(cuda, dtype):
                     cuda.qembedding(codes, scales, p(ids), fmt, qw.group_size)
 
 
+@drives("kv_quantize", "qattention")
+def kv_cache(cuda, dtype):
+    """Both fp8 formats, x and q in dtype: rows ragged against a block's 8 warps and one row;
+    a decode step (GQA) and a prompt (MQA) over caches longer than what is stored, the head
+    dim ragged against a warp."""
+    for fmt in contract.KV_FORMATS:
+        for B, H, Hkv, Tq, L, length, D in [(2, 4, 2, 1, 40, 33, 24), (1, 3, 1, 5, 9, 5, 64)]:
+            for layout in LAYOUTS:
+                p = functools.partial(place, cuda, layout=layout)
+                codes, scales = cuda.kv_quantize(p(rand((B, Hkv, L, D), dtype)), fmt)
+                cuda.kv_quantize(p(rand((1, D), dtype)), fmt)
+                q = p(rand((B, H, Tq, D), dtype))
+                cuda.qattention(q, codes, scales, codes, scales, fmt, length, 0.125)
+
+
 @drives("rotary_fwd", "rotary_bwd")
 def rotary(cuda, dtype):
     acc = dtypes.compute_dtype(dtype)

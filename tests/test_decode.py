@@ -113,7 +113,7 @@ def test_the_trackers_cache_bytes_equal_the_prediction(cfg, kv_dtype):
 
 @pytest.mark.parametrize("bad", ["fp8", "int8", "fp64", "float8"])
 def test_a_cache_dtype_it_cannot_hold_is_refused(gpt2, bad):
-    with pytest.raises(ValueError, match="use one of fp32, fp16, bf16"):
+    with pytest.raises(ValueError, match="use one of fp32, fp16, bf16, fp8_e4m3, fp8_e5m2"):
         gpt2.generate(prompts(CFG, 1, 3), 2, kv_dtype=bad)
 
 
@@ -190,15 +190,21 @@ def generate_py(argv, capsys):
     return code, out, err
 
 
-def test_generate_py_stats(checkpoint, capsys):
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_generate_py_stats(checkpoint, capsys, kv_dtype):
+    """The stats lines; the floor's KV cache part is the cache's bytes at the steps' lengths
+    (an fp8 cache's: 1 + 4 / D bytes an element)."""
     code, out, err = generate_py(
         ["--checkpoint", checkpoint, "--prompt", "!#", "--max-new-tokens", "6", "--stats"]
-        + ["--temperature", "0", "--kv-dtype", "bf16"],
+        + ["--temperature", "0", "--kv-dtype", kv_dtype],
         capsys,
     )
     assert code == 0, err
     stats = out[out.index("--- stats") :].splitlines()
-    assert "weights fp32, KV cache bf16, B = 1" in stats[0] and "GB/s" in stats[0]
+    assert f"weights fp32, KV cache {kv_dtype}, B = 1" in stats[0] and "GB/s" in stats[0]
+    per_element = 2 if kv_dtype == "bf16" else 1 + 4 / CFG.head_dim
+    kv = np.mean([CFG.kv_cache_bytes_per_token(per_element) * (2 + s) for s in range(1, 6)])
+    assert f"KV cache {kv / 1e6:,.3f}" in stats[3]
     assert stats[1].startswith("prompt: 2 tokens x 1") and "ms/token" in stats[1]
     assert stats[2].startswith("decode: 5 steps of 1 tokens") and "tokens/s" in stats[2]
     assert stats[3].startswith("bytes: ") and "MB/token moved" in stats[3]
@@ -219,7 +225,7 @@ def test_generate_py_decodes_a_batch_as_each_prompt_alone(checkpoint, capsys):
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--kv-dtype", "fp8"], "--kv-dtype fp8: use one of fp32, fp16, bf16"),
+        (["--kv-dtype", "fp8"], "--kv-dtype fp8: use one of fp32, fp16, bf16, fp8_e4m3, fp8_e5m2"),
         (["--prompt", "!#", "--prompt", "!"], "prompts of one token length"),
         (["--prompt", "!", "--prompt", ""], "--prompt is empty"),
     ],
@@ -249,10 +255,15 @@ def test_decode_sweep_refuses_bad_batches(capsys):
     assert e.value.code == 2 and "--batches" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kv_dtype, itemsize", [("bf16", 2), ("fp32", 4)])
+@pytest.mark.parametrize(
+    "kv_dtype, itemsize",
+    [("bf16", 2), ("fp32", 4), ("fp8_e4m3", 1 + 4 / 128), ("fp8_e5m2", 1 + 4 / 128)],
+)
 def test_the_reference_7bs_cache_beside_its_weights_in_80_gb(kv_dtype, itemsize):
-    """Counted on the meta device: 2 L Hkv D bytes per token (512 KiB in bf16, 16 KiB per
-    layer), and the positions that fit beside the bf16 weights in 80 GB."""
+    """Counted on the meta device: 2 L Hkv D itemsize bytes per token (512 KiB in bf16, 16 KiB
+    per layer; an fp8 cache's codes and its scales, one fp32 per position of a head: 2 L Hkv
+    (D + 4), 264 KiB, 8,448 bytes per layer), and the positions that fit beside the bf16
+    weights in 80 GB."""
     c = from_preset("llama-7b")
     got = decode.kv_budget(c, "bf16", kv_dtype, 80e9)
     assert got["weights"] == 2 * predictions.stored_elements(c)
@@ -261,10 +272,10 @@ def test_the_reference_7bs_cache_beside_its_weights_in_80_gb(kv_dtype, itemsize)
     )
     assert got["kv_per_token_per_layer"] == 2 * 32 * 128 * itemsize
     assert got["tokens_that_fit"] == int((80e9 - got["weights"]) // got["kv_per_token"])
-    assert got["tokens_that_fit"] == (126_882 if itemsize == 2 else 63_441)
+    assert got["tokens_that_fit"] == {2: 126_882, 4: 63_441}.get(itemsize, 246_075)
     gqa = decode.kv_budget(from_preset("llama-7b", num_key_value_heads=8), "bf16", kv_dtype)
     assert gqa["kv_per_token"] * 4 == got["kv_per_token"]
-    assert "126,882" in decode.format_kv_budget(c, "llama-7b")
+    assert all(n in decode.format_kv_budget(c, "llama-7b") for n in ("126,882", "246,075"))
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8_e4m3"])

@@ -49,6 +49,14 @@ class Format:
     def scaled(self):
         return self.qmax is not None
 
+    @property
+    def nan_code(self):
+        """An 8-bit float's NaN code without its sign bit, as ml_dtypes casts a NaN (what the
+        KV cache's encoders give a NaN, with its sign); None for the other formats."""
+        if self.decode != "float" or self.bits != 8:
+            return None
+        return int(np.float32(np.nan).astype(self.element).view(np.uint8)) & 0x7F
+
 
 # name -> Format. "fp32" is no format: callers keep the weight as it is.
 FORMATS = {

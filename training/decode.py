@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from nn import GPT2Config, KVCache, build
+from nn.lm import KV_DTYPES, kv_bytes_per_element, kv_name
 from nn.quant import quantize_model
 from tinygrad_like import dtypes, no_grad
 from tinygrad_like.memory import TRACKER
@@ -40,7 +41,8 @@ def streamed_weight_elements(config):
 
 def stream_bytes(config, weight_itemsize, kv_itemsize, batch, length):
     """The floor of one decode step's reads: the weights once, and the keys and values of
-    `batch` sequences at `length` positions (the new one included)."""
+    `batch` sequences at `length` positions (the new one included); kv_itemsize: bytes per
+    cached element (nn/lm.py kv_bytes_per_element: an fp8 cache's scales included)."""
     weights = streamed_weight_elements(config) * weight_itemsize
     return weights + batch * length * config.kv_cache_bytes_per_token(kv_itemsize)
 
@@ -120,13 +122,14 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
     and the cache so far, stream_bytes), and the measured speed as a fraction of the bound (the
     floor at the measured read bandwidth). weight_dtype: a dtype or a quantized format's name
     (group_size its group, None for the format's default), whose bytes per parameter (scales
-    included) the floor counts for every streamed weight."""
+    included) the floor counts for every streamed weight. kv_dtype: a dtype or an fp8 format
+    (nn/lm.py KV_DTYPES), whose bytes per element (its scales' share included) the floor counts
+    for the cache."""
     name, w = weight_bytes_per_parameter(weight_dtype, group_size, config)
-    kv_dtype = dtypes.as_dtype(kv_dtype)
-    kv = kv_dtype.itemsize
+    kv = kv_bytes_per_element(kv_dtype, config.head_dim)
     prompt_s = meter.steps[0][0]
     lines = [
-        f"--- stats: {peaks.device}, weights {name}, KV cache {dtypes.name(kv_dtype)}, "
+        f"--- stats: {peaks.device}, weights {name}, KV cache {kv_name(kv_dtype)}, "
         f"B = {batch}; {w:g} bytes per weight; read bandwidth {peaks.read_bw / GB:.1f} GB/s "
         f"(tinygrad_like/peaks.py, measured {peaks.when})",
         f"prompt: {prompt_len} tokens x {batch} in {prompt_s * 1e3:,.1f} ms: "
@@ -158,7 +161,8 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
 def kv_budget(config, dtype="bf16", kv_dtype=None, budget_bytes=80e9, tokens=16, weights=None):
     """On the meta device (shapes only, nothing allocated): the tracker's bytes of config's
     weights in dtype (its GEMM weights quantized to the format `weights` when given, nn/quant.py)
-    and of a one-sequence KV cache in kv_dtype (default dtype) of `tokens` positions ->
+    and of a one-sequence KV cache in kv_dtype (default dtype; an fp8 format's codes and scales
+    both counted) of `tokens` positions ->
     {weights, kv_per_token, kv_per_token_per_layer, tokens_that_fit}: how many positions of
     cache fit beside the weights in budget_bytes (0 when the weights alone do not)."""
     kv_dtype = kv_dtype or dtype
@@ -180,10 +184,11 @@ def kv_budget(config, dtype="bf16", kv_dtype=None, budget_bytes=80e9, tokens=16,
 
 
 def format_kv_budget(config, name, dtype="bf16", budget_bytes=80e9):
-    """A table, one row per KV cache dtype: the weights in dtype, the cache's bytes per token
-    (all layers, and per layer) and the positions that fit beside the weights in budget_bytes."""
+    """A table, one row per KV cache dtype (nn/lm.py KV_DTYPES, the fp8 formats included): the
+    weights in dtype, the cache's bytes per token (all layers, and per layer) and the positions
+    that fit beside the weights in budget_bytes."""
     rows = []
-    for kv in dtypes.TRAINING:
+    for kv in KV_DTYPES:
         got = kv_budget(config, dtype, kv, budget_bytes)
         rows.append(
             (

@@ -4,6 +4,7 @@ from the kernel or the GPU. A refusal is one line (DoesNotFit, exit code 2)."""
 
 import os
 
+from nn.lm import kv_bytes_per_element
 from tinygrad_like import backend, dtypes
 
 from . import predictions
@@ -46,10 +47,11 @@ def generation_bytes(config, dtype, tokens, device, kv_dtype=None, batch=1, stor
     """Loading a checkpoint and generating `tokens` positions of `batch` sequences: the fp32
     model as built, beside the file's fp32 arrays (on a CPU) or its cast to dtype (on a GPU,
     the arrays are on the host), and the KV cache's keys and values in kv_dtype (default
-    dtype). stored: the bytes of a quantized checkpoint's tensors, which become the model as
-    they are read (on a GPU, copied from the host), no fp32 model built."""
+    dtype; an fp8 format's codes and scales, nn/lm.py kv_bytes_per_element). stored: the bytes
+    of a quantized checkpoint's tensors, which become the model as they are read (on a GPU,
+    copied from the host), no fp32 model built."""
     size = dtypes.as_dtype(dtype).itemsize
-    kv_size = dtypes.as_dtype(kv_dtype or dtype).itemsize
+    kv_size = kv_bytes_per_element(kv_dtype or dtype, config.head_dim)
     if stored is not None:
         weights = stored * (1 if device == "cpu" else 2)
     else:

@@ -24,14 +24,6 @@
 
 template <typename A> __host__ __device__ constexpr int tile() { return sizeof(A) == 8 ? 32 : 64; }
 
-template <typename A> __device__ __forceinline__ A tg_max(A a, A b) { return a > b ? a : b; }
-
-template <typename A> __device__ __forceinline__ A warp_max(A v) {
-    for (int offset = 16; offset > 0; offset >>= 1)
-        v = tg_max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
 // Copy rows [row0, row0 + n) of a (rows, D) matrix into s[TILE][D + 1] in acc_t, times mul.
 template <typename T>
 __device__ void load_rows(acc_t<T>* s, const T* g, int row0, int n, int D, acc_t<T> mul) {

@@ -58,6 +58,16 @@ template <typename A> __device__ __forceinline__ A warp_sum(A v) {
     return v;
 }
 
+// The larger of two (b when either is NaN), and the max over the 32 lanes of a warp (every lane
+// gets the same).
+template <typename A> __device__ __forceinline__ A tg_max(A a, A b) { return a > b ? a : b; }
+
+template <typename A> __device__ __forceinline__ A warp_max(A v) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = tg_max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
 // Sum over a whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
 // result. The order is fixed by the launch shape, so results are deterministic.
 template <typename A> __device__ A block_sum(A v) {
