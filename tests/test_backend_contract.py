@@ -29,6 +29,7 @@ EXTRAS = {
     ("cpu", "quant"): {
         "int8_value",
         "int4_value",
+        "int4_float",
         "minifloat_bits",
         "minifloat_scale",
         "nibble_bits",

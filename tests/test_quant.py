@@ -148,6 +148,20 @@ def test_every_code_decodes_as_ml_dtypes_does(fmt):
     assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))  # -0 too
 
 
+@pytest.mark.parametrize("fmt", sorted(FOUR_BIT))
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("M", [1, 3, 4])
+def test_4bit_decode_dot_is_dequantize_then_matmul(fmt, group_size, M):
+    # the decode-step dot of the 4-bit formats (M < 4, groups of 32, 64 or 128: x split into
+    # its even and odd elements, each group a constant-trip loop) and, at M = 4, decode_row
+    N, K = 21, 256
+    qw = quant.quantize(weight(N, K), fmt, group_size)
+    x = np.random.default_rng(3).normal(size=(M, K)).astype(np.float32)
+    got = cpu.qmatmul(x, qw.codes, qw.scales, fmt, qw.group_size)
+    want = x.astype(np.float64) @ quant.dequantize(qw).T.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 @pytest.mark.parametrize("M", [1, 3, 17])
 def test_qmatmul_is_dequantize_then_matmul(fmt, M):

@@ -60,7 +60,8 @@ def _jit(fn, parallel):
     """fn compiled (cached on disk); the serial twin under its own name, so that the two never
     share a cache entry (Numba keys its cache by the function's name, not its flags)."""
     if not parallel:
-        fn = types_module.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial")
+        name = fn.__name__ + "_serial"  # a closure keeps its cells: a kernel made per format
+        fn = types_module.FunctionType(fn.__code__, fn.__globals__, name, None, fn.__closure__)
         fn.__qualname__ = fn.__name__
     return numba.njit(parallel=parallel, cache=True, nogil=True, error_model="numpy")(fn)
 

@@ -111,26 +111,55 @@ def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, bits, w)
                 values[k] = small[k] * rebias * scale
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
-def _decode_dot(codes, x, exp_bits, man_bits, specials):
-    """sum_k value(codes[k]) x[k] over a row of 8- or 16-bit codes (K,) with one scale (the
-    caller multiplies by it) and a row x (K,) fp32, each code decoded as it is read: one loop
-    over the codes, no scratch, for a decode step's GEMV. Reassociated as compiled.vector_dot
-    (LLVM's vector loop). Only for one scale a row: a loop of one group of 32 is shorter than
-    LLVM's unrolled vector step and would run scalar (4-bit formats go through decode_row)."""
-    s = np.float32(0)
-    if exp_bits == 0:
-        for k in range(x.shape[0]):
-            s += np.float32(int8_value(codes[k])) * x[k]
-    else:
-        rebias = minifloat_scale(exp_bits)
-        for k in range(x.shape[0]):
-            s += (
-                f32_from_bits(minifloat_bits(codes[k], exp_bits, man_bits, specials))
-                * rebias
-                * x[k]
-            )
-    return s
+@device
+def int4_float(nibble):
+    """int4_value(nibble) as fp32, made from bits: the fp32 2^23 + nibble less 2^23 + 8, exact.
+    The same value as np.float32(int4_value(nibble)); this form LLVM vectorizes (Numba widens
+    the integer one to 64-bit lanes)."""
+    return f32_from_bits(i32(nibble) | i32(0x4B000000)) - np.float32(8388616.0)
+
+
+def _dot_kernel(exp_bits, man_bits, specials, group_bytes):
+    """The decode-step dot of one format, its fields (and, 4-bit, its group's bytes) compiled in
+    as constants, so that LLVM folds the decode into a few vector instructions: dot(codes,
+    scales, x0, x1) -> fp32, reassociated as compiled.vector_dot (LLVM's vector loop).
+    8- and 16-bit codes (K,) with one scale a row: sum_k value(codes[k]) x0[k] (the caller
+    multiplies by the scale; x1 unused). 4-bit bytes (K / 2,): x0, x1 (K / 2,) are x's even
+    and odd elements (a byte's low and high nibble), each group's bytes a loop of a constant
+    trip count (unrolled whole), times its scale: sum_g scales[g] sum_j (lo_j x0_j + hi_j x1_j).
+    quant.cu's qmatmul decodes the same bits a warp's lane at a time."""
+    rebias = np.float32(1)
+    if exp_bits:
+        rebias = np.float32(2.0 ** (127 - (2 ** (exp_bits - 1) - 1)))  # minifloat_scale
+
+    @numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+    def dot(codes, scales, x0, x1):
+        s = np.float32(0)
+        if group_bytes == 0 and exp_bits == 0:
+            for k in range(x0.shape[0]):
+                s += np.float32(int8_value(codes[k])) * x0[k]
+        elif group_bytes == 0:
+            for k in range(x0.shape[0]):
+                s += f32_from_bits(minifloat_bits(codes[k], exp_bits, man_bits, specials)) * x0[k]
+        else:
+            for g in range(codes.shape[0] // group_bytes):
+                lo, t = g * group_bytes, np.float32(0)
+                for j in range(group_bytes):
+                    b = i32(codes[lo + j])
+                    low, high = b & i32(15), b >> i32(4)
+                    if exp_bits == 0:
+                        t += int4_float(low) * x0[lo + j] + int4_float(high) * x1[lo + j]
+                    else:
+                        t += (
+                            f32_from_bits(minifloat_bits(low, exp_bits, man_bits, FINITE))
+                            * x0[lo + j]
+                            + f32_from_bits(minifloat_bits(high, exp_bits, man_bits, FINITE))
+                            * x1[lo + j]
+                        )
+                s += scales[g] * t
+        return s * rebias
+
+    return dot
 
 
 # Below this many codes a qmatmul runs on one core. Measured (AMD EPYC, 2 vCPUs shared with
@@ -139,32 +168,47 @@ def _decode_dot(codes, x, exp_bits, man_bits, specials):
 # launch alone costs about 55 us (N = 4: 6 us serial, 57 parallel).
 _QMATMUL_SERIAL_BELOW = 3 << 19
 _DECODE_ONCE_FROM = 4  # rows of x from which a row of W is decoded once, not at every row
+_GROUP_BYTES = (16, 32, 64)  # the 4-bit groups (32, 64, 128 elements) with a decode-step dot
 
 
-@kernel(serial_below=_QMATMUL_SERIAL_BELOW)
-def _qmatmul(codes, scales, group_size, exp_bits, man_bits, specials, x, bias, y):
-    # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N) fp32:
-    # a block of rows of W per iteration, each row decoded once into w and dotted with every
-    # row of x (quant.cu's qmatmul: a block per row). codes first: the kernel runs on one core
-    # below _QMATMUL_SERIAL_BELOW codes (compiled.kernel's rule keys on the first argument).
-    M, K = x.shape
-    N = codes.shape[0]
-    # a few rows of x against one scale a row of W (the 8- and 16-bit formats): _decode_dot;
-    # else each row of W decoded once into w (decode_row) and dotted with every row of x
-    direct = M < _DECODE_ONCE_FROM and codes.shape[1] == K and scales.shape[1] <= 1
-    for b in prange(-(-N // _BLOCK_ROWS)):
-        bits, w = np.empty(K, np.int32), np.empty(K, np.float32)
-        for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
-            if direct:
-                scale = scales[n, 0] if scales.shape[1] else np.float32(1)
+def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
+    """The qmatmul of one format (and 4-bit group), compiled with its fields as constants."""
+    dot = _dot_kernel(exp_bits, man_bits, specials, group_bytes)
+
+    @kernel(serial_below=_QMATMUL_SERIAL_BELOW)
+    def _qmatmul(codes, scales, group_size, x, x0, x1, bias, y):
+        # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N)
+        # fp32; x0, x1 (M, K / 2): x's even and odd elements, or empty (M, 0) when the 4-bit
+        # dot is not used: a block of rows of W per iteration (quant.cu's qmatmul: a block per
+        # row). A few rows of x (a decode step) go through dot, each code decoded as it is read;
+        # else each row of W is decoded once into w (decode_row) and dotted with every row of x.
+        # codes first: one core below _QMATMUL_SERIAL_BELOW codes (compiled.kernel's rule).
+        M, K = x.shape
+        N = codes.shape[0]
+        direct = M < _DECODE_ONCE_FROM and (
+            (codes.shape[1] == K and scales.shape[1] <= 1) or x0.shape[1] > 0
+        )
+        for b in prange(-(-N // _BLOCK_ROWS)):
+            bits, w = np.empty(K, np.int32), np.empty(K, np.float32)
+            for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
+                if direct:
+                    for m in range(M):
+                        if x0.shape[1]:
+                            d = dot(codes[n], scales[n], x0[m], x1[m])
+                        else:
+                            d = dot(codes[n], scales[n], x[m], x[m])
+                            d *= scales[n, 0] if scales.shape[1] else np.float32(1)
+                        y[m, n] = d + bias[n] if bias.shape[0] else d
+                    continue
+                decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, bits, w)
                 for m in range(M):
-                    dot = _decode_dot(codes[n], x[m], exp_bits, man_bits, specials) * scale
-                    y[m, n] = dot + bias[n] if bias.shape[0] else dot
-                continue
-            decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, bits, w)
-            for m in range(M):
-                dot = vector_dot(x[m], w)
-                y[m, n] = dot + bias[n] if bias.shape[0] else dot
+                    d = vector_dot(x[m], w)
+                    y[m, n] = d + bias[n] if bias.shape[0] else d
+
+    return _qmatmul
+
+
+_QMATMUL = {}  # (fields, group bytes) -> its kernel, made when first used
 
 
 @kernel
@@ -189,11 +233,20 @@ def _kernel_args(codes, scales, fmt, group_size):
 def qmatmul(x, codes, scales, fmt, group_size, bias=None):
     """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype: W (N, K) decoded row by row inside
     the kernel, accumulated in fp32 and rounded once (2-byte x: computed in fp32)."""
-    args = _kernel_args(codes, scales, fmt, group_size)
+    codes, scales, group_size, *fields = _kernel_args(codes, scales, fmt, group_size)
     xs = np.ascontiguousarray(f32(x), dtype=np.float32)
     b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
     y = np.empty((x.shape[0], codes.shape[0]), np.float32)
-    _qmatmul(*args, xs, b, y)
+    group_bytes = group_size // 2 if FORMATS[fmt].bits == 4 else 0
+    x0 = x1 = np.empty((xs.shape[0], 0), np.float32)
+    if group_bytes in _GROUP_BYTES and xs.shape[0] < _DECODE_ONCE_FROM:
+        x0, x1 = np.ascontiguousarray(xs[:, 0::2]), np.ascontiguousarray(xs[:, 1::2])
+    else:
+        group_bytes = 0  # the 4-bit dot's constant is unused: one kernel for every other group
+    key = (*fields, group_bytes)
+    if key not in _QMATMUL:
+        _QMATMUL[key] = _qmatmul_kernel(*key)
+    _QMATMUL[key](codes, scales, group_size, xs, x0, x1, b, y)
     return rounded(y, x.dtype)
 
 
