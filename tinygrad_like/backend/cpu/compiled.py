@@ -56,14 +56,18 @@ LANES = 16  # the accumulators of a row sum: one AVX-512 register of fp32, two o
 SERIAL_BELOW = 1 << 15
 
 
-def _jit(fn, parallel):
+def _jit(fn, parallel, fastmath=False):
     """fn compiled (cached on disk); the serial twin under its own name, so that the two never
-    share a cache entry (Numba keys its cache by the function's name, not its flags)."""
+    share a cache entry (Numba keys its cache by the function's name, not its flags).
+    fastmath: reassociated sums (vector_dot's flags) for a kernel held to a tolerance."""
     if not parallel:
         name = fn.__name__ + "_serial"  # a closure keeps its cells: a kernel made per format
         fn = types_module.FunctionType(fn.__code__, fn.__globals__, name, None, fn.__closure__)
         fn.__qualname__ = fn.__name__
-    return numba.njit(parallel=parallel, cache=True, nogil=True, error_model="numpy")(fn)
+    flags = {"reassoc", "contract"} if fastmath else False
+    return numba.njit(
+        parallel=parallel, cache=True, nogil=True, error_model="numpy", fastmath=flags
+    )(fn)
 
 
 def _announced(jitted, name, args):
@@ -79,14 +83,17 @@ def _announced(jitted, name, args):
     return out
 
 
-def kernel(fn=None, *, serial_below=None):
+def kernel(fn=None, *, serial_below=None, fastmath=False):
     """@kernel: fn compiled with prange over the cores (one core below serial_below elements
     of its first argument, default SERIAL_BELOW), cached on disk; the first call per dtype that
     compiles (a cold cache) prints 'compiled cpu.<name> in N s' to stderr. @kernel(serial_below=
-    n) for a kernel whose work per element of its first argument is another's."""
+    n) for a kernel whose work per element of its first argument is another's; fastmath=True
+    for one whose sums may be reassociated (a GEMV: vector_dot's flags, inlined loops included).
+    fn may be a closure over constants (a kernel made per format: Numba caches it by their
+    values), never over a compiled function, which Numba does not cache."""
     if fn is None:
-        return lambda fn: kernel(fn, serial_below=serial_below)
-    variants = {True: _jit(fn, True), False: _jit(fn, False)}
+        return lambda fn: kernel(fn, serial_below=serial_below, fastmath=fastmath)
+    variants = {True: _jit(fn, True, fastmath), False: _jit(fn, False, fastmath)}
     below = serial_below or SERIAL_BELOW
 
     def call(*args):

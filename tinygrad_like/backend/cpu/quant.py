@@ -13,7 +13,6 @@ bits; one function, minifloat_bits, serves every small float by its fields
 (tinygrad_like/quant.py FORMATS[fmt].fields).
 """
 
-import numba
 import numpy as np
 from numba import prange
 
@@ -119,47 +118,39 @@ def int4_float(nibble):
     return f32_from_bits(i32(nibble) | i32(0x4B000000)) - np.float32(8388616.0)
 
 
-def _dot_kernel(exp_bits, man_bits, specials, group_bytes):
-    """The decode-step dot of one format, its fields (and, 4-bit, its group's bytes) compiled in
-    as constants, so that LLVM folds the decode into a few vector instructions: dot(codes,
-    scales, x0, x1) -> fp32, reassociated as compiled.vector_dot (LLVM's vector loop).
+@device
+def _decode_dot(codes, scales, x0, x1, exp_bits, man_bits, specials, group_bytes):
+    """The decode-step dot, inlined into a kernel made per format (_qmatmul_kernel), whose
+    fields (and, 4-bit, group bytes) are its constants, so that LLVM folds the decode into a
+    few vector instructions; reassociated by the kernel's fastmath, as compiled.vector_dot.
     8- and 16-bit codes (K,) with one scale a row: sum_k value(codes[k]) x0[k] (the caller
     multiplies by the scale; x1 unused). 4-bit bytes (K / 2,): x0, x1 (K / 2,) are x's even
     and odd elements (a byte's low and high nibble), each group's bytes a loop of a constant
     trip count (unrolled whole), times its scale: sum_g scales[g] sum_j (lo_j x0_j + hi_j x1_j).
     quant.cu's qmatmul decodes the same bits a warp's lane at a time."""
-    rebias = np.float32(1)
-    if exp_bits:
-        rebias = np.float32(2.0 ** (127 - (2 ** (exp_bits - 1) - 1)))  # minifloat_scale
-
-    @numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
-    def dot(codes, scales, x0, x1):
-        s = np.float32(0)
-        if group_bytes == 0 and exp_bits == 0:
-            for k in range(x0.shape[0]):
-                s += np.float32(int8_value(codes[k])) * x0[k]
-        elif group_bytes == 0:
-            for k in range(x0.shape[0]):
-                s += f32_from_bits(minifloat_bits(codes[k], exp_bits, man_bits, specials)) * x0[k]
-        else:
-            for g in range(codes.shape[0] // group_bytes):
-                lo, t = g * group_bytes, np.float32(0)
-                for j in range(group_bytes):
-                    b = i32(codes[lo + j])
-                    low, high = b & i32(15), b >> i32(4)
-                    if exp_bits == 0:
-                        t += int4_float(low) * x0[lo + j] + int4_float(high) * x1[lo + j]
-                    else:
-                        t += (
-                            f32_from_bits(minifloat_bits(low, exp_bits, man_bits, FINITE))
-                            * x0[lo + j]
-                            + f32_from_bits(minifloat_bits(high, exp_bits, man_bits, FINITE))
-                            * x1[lo + j]
-                        )
-                s += scales[g] * t
-        return s * rebias
-
-    return dot
+    s = np.float32(0)
+    if group_bytes == 0 and exp_bits == 0:
+        for k in range(x0.shape[0]):
+            s += np.float32(int8_value(codes[k])) * x0[k]
+    elif group_bytes == 0:
+        for k in range(x0.shape[0]):
+            s += f32_from_bits(minifloat_bits(codes[k], exp_bits, man_bits, specials)) * x0[k]
+    else:
+        for g in range(codes.shape[0] // group_bytes):
+            lo, t = g * group_bytes, np.float32(0)
+            for j in range(group_bytes):
+                b = i32(codes[lo + j])
+                low, high = b & i32(15), b >> i32(4)
+                if exp_bits == 0:
+                    t += int4_float(low) * x0[lo + j] + int4_float(high) * x1[lo + j]
+                else:
+                    t += (
+                        f32_from_bits(minifloat_bits(low, exp_bits, man_bits, FINITE)) * x0[lo + j]
+                        + f32_from_bits(minifloat_bits(high, exp_bits, man_bits, FINITE))
+                        * x1[lo + j]
+                    )
+            s += scales[g] * t
+    return s * minifloat_scale(exp_bits) if exp_bits else s
 
 
 # Below this many codes a qmatmul runs on one core. Measured (AMD EPYC, 2 vCPUs shared with
@@ -173,9 +164,8 @@ _GROUP_BYTES = (16, 32, 64)  # the 4-bit groups (32, 64, 128 elements) with a de
 
 def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
     """The qmatmul of one format (and 4-bit group), compiled with its fields as constants."""
-    dot = _dot_kernel(exp_bits, man_bits, specials, group_bytes)
 
-    @kernel(serial_below=_QMATMUL_SERIAL_BELOW)
+    @kernel(serial_below=_QMATMUL_SERIAL_BELOW, fastmath=True)
     def _qmatmul(codes, scales, group_size, x, x0, x1, bias, y):
         # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N)
         # fp32; x0, x1 (M, K / 2): x's even and odd elements, or empty (M, 0) when the 4-bit
@@ -194,9 +184,27 @@ def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
                 if direct:
                     for m in range(M):
                         if x0.shape[1]:
-                            d = dot(codes[n], scales[n], x0[m], x1[m])
+                            d = _decode_dot(
+                                codes[n],
+                                scales[n],
+                                x0[m],
+                                x1[m],
+                                exp_bits,
+                                man_bits,
+                                specials,
+                                group_bytes,
+                            )
                         else:
-                            d = dot(codes[n], scales[n], x[m], x[m])
+                            d = _decode_dot(
+                                codes[n],
+                                scales[n],
+                                x[m],
+                                x[m],
+                                exp_bits,
+                                man_bits,
+                                specials,
+                                group_bytes,
+                            )
                             d *= scales[n, 0] if scales.shape[1] else np.float32(1)
                         y[m, n] = d + bias[n] if bias.shape[0] else d
                     continue
