@@ -170,20 +170,20 @@ def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
         # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N)
         # fp32; x0, x1 (M, K / 2): x's even and odd elements, or empty (M, 0) when the 4-bit
         # dot is not used: a block of rows of W per iteration (quant.cu's qmatmul: a block per
-        # row). A few rows of x (a decode step) go through dot, each code decoded as it is read;
+        # row). A few rows of x (a decode step) go through _decode_dot, each code decoded as read;
         # else each row of W is decoded once into w (decode_row) and dotted with every row of x.
         # codes first: one core below _QMATMUL_SERIAL_BELOW codes (compiled.kernel's rule).
         M, K = x.shape
         N = codes.shape[0]
         direct = M < _DECODE_ONCE_FROM and (
-            (codes.shape[1] == K and scales.shape[1] <= 1) or x0.shape[1] > 0
+            group_bytes > 0 or (codes.shape[1] == K and scales.shape[1] <= 1)
         )
         for b in prange(-(-N // _BLOCK_ROWS)):
             bits, w = np.empty(K, np.int32), np.empty(K, np.float32)
             for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
                 if direct:
                     for m in range(M):
-                        if x0.shape[1]:
+                        if group_bytes:  # a constant: one branch compiled
                             d = _decode_dot(
                                 codes[n],
                                 scales[n],
