@@ -26,6 +26,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .runtime import THREADS
@@ -194,6 +195,32 @@ def f32_from_bits(typingctx, bits):
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.int32), codegen
+
+
+@intrinsic
+def prefetch(typingctx, a, row, col):
+    """Ask the caches for the line holding a[row, col] of a 2-D array (LLVM's prefetch: a read,
+    kept in every level), without waiting for it. For a
+    streaming kernel whose loads the hardware prefetcher meets too late (on a GPU, other
+    warps hide the wait: quant.cu has no twin)."""
+
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        address = cgutils.get_item_pointer(
+            context, builder, signature.args[0], array, args[1:], wraparound=False
+        )
+        byte_pointer = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
+            "llvm.prefetch.p0i8",
+        )
+        read, all_levels, data = (ir.Constant(i32, v) for v in (0, 3, 1))
+        builder.call(fn, [builder.bitcast(address, byte_pointer), read, all_levels, data])
+        return context.get_dummy_value()
+
+    return types.void(a, row, col), codegen
 
 
 def exp(x):
