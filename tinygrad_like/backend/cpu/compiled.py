@@ -200,9 +200,8 @@ def f32_from_bits(typingctx, bits):
 @intrinsic
 def prefetch(typingctx, a, row, col):
     """Ask the caches for the line holding a[row, col] of a 2-D array (LLVM's prefetch: a read,
-    kept in every level), without waiting for it. For a
-    streaming kernel whose loads the hardware prefetcher meets too late (on a GPU, other
-    warps hide the wait: quant.cu has no twin)."""
+    kept in every level), without waiting for it. For a streaming kernel whose loads the
+    hardware prefetcher meets too late (on a GPU, other warps hide the wait: no CUDA twin)."""
 
     def codegen(context, builder, signature, args):
         array = context.make_array(signature.args[0])(context, builder, args[0])
