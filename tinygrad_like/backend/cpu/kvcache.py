@@ -2,16 +2,17 @@
 section): kv_quantize, one row of D per prange iteration (kvcache.cu: a warp per row), and
 qattention, one (batch, head, query) row per prange iteration (kvcache.cu: a block per row).
 
-qattention walks its row's keys 0 ... its position in blocks of _KEYS (contract.FLASH_BK),
-as kvcache.cu does: the block's scores s = (q . k) x the key's row scale x scale, each code of
-k decoded as it is read (cpu/quant.py's minifloat_bits times minifloat_scale: ml_dtypes'
-value, exactly); then the online softmax: m_new = max(m, the block's scores), alpha =
-exp(m - m_new), p = exp(s - m_new), lsum = lsum alpha + sum(p), o = o alpha + sum over the
-block's keys, in order, of (p x the value's row scale) x v, v decoded as it is read. At the
+qattention walks its row's keys 0 ... its position in blocks of _KEYS (contract.FLASH_BK), as
+kvcache.cu does: the block's scores s = (q . k) x the key's row scale x scale, each key's codes
+decoded into an fp32 row of D (cpu/quant.py's minifloat_bits times minifloat_scale: ml_dtypes'
+value, exactly) and dotted with q by compiled.vector_dot (reassociated, so that it vectorizes,
+as the quantized GEMV's dot); then the online softmax: m_new = max(m, the block's scores),
+alpha = exp(m - m_new), p = exp(s - m_new), lsum = lsum alpha + sum(p), o = o alpha + sum over
+the block's keys, in order, of (p x the value's row scale) x v, v decoded as it is read. At the
 end out = o / lsum, in fp32, rounded once to q's dtype. The CUDA twin computes the same
-products in the same order but for q . k's sum (there a warp's lanes and warp_sum, here one
-loop in order), its expf (here compiled.exp) and, on a GPU, its fused multiply-adds: the two
-agree to fp32 rounding, not bit for bit.
+products in the same order but for q . k's sum (there a warp's lanes and warp_sum, here
+vector_dot's partial sums), its expf (here compiled.exp) and, on a GPU, its fused
+multiply-adds: the two agree to fp32 rounding, not bit for bit.
 kv_quantize is the CUDA twin's bit for bit: the max of a row (exact), one fp32 divide and
 minifloat_code's integer rounding.
 """
@@ -21,7 +22,7 @@ from numba import prange
 
 from ...quant import FORMATS
 from .. import contract
-from .compiled import device, exp, f32_from_bits, kernel
+from .compiled import device, exp, f32_from_bits, kernel, vector_dot
 from .quant import minifloat_bits, minifloat_scale
 from .runtime import f32, rounded
 
@@ -86,52 +87,60 @@ def _kv_quantize(bits, codes, scales, qmax, qmax_bits, nan_code, exp_bits, man_b
         scales[n] = scale
 
 
-@kernel
-def _qattention(k_codes, k_scales, v_codes, v_scales, q, length, scale, fields, out):
-    # k_codes, v_codes (B, Hkv, L, D) uint8, k_scales, v_scales (B, Hkv, L) fp32, q and out
-    # (B, H, Tq, D) fp32, fields (exp_bits, man_bits, specials): a row (b, h, i) per iteration,
-    # its keys 0 ... length - Tq + i in blocks of _KEYS (the module's docstring). k_codes
-    # first: one core below SERIAL_BELOW cached elements (compiled.kernel keys on the first
-    # argument), the work of a row growing with them.
-    B, Hkv, _, D = k_codes.shape
-    H, Tq = q.shape[1], q.shape[2]
-    G = H // Hkv
-    exp_bits, man_bits, specials = fields[0], fields[1], fields[2]
-    rebias = minifloat_scale(exp_bits)
-    for r in prange(B * H * Tq):
-        b, h, i = r // (H * Tq), r // Tq % H, r % Tq
-        kc, vc = k_codes[b, h // G], v_codes[b, h // G]  # (L, D)
-        ks, vs = k_scales[b, h // G], v_scales[b, h // G]  # (L,)
-        qr = q[b, h, i]
-        seen = length - Tq + i + 1  # the keys this query sees
-        s, o = np.empty(_KEYS, np.float32), np.zeros(D, np.float32)
-        m, lsum = np.float32(-np.inf), np.float32(0)
-        for j0 in range(0, seen, _KEYS):
-            n = min(_KEYS, seen - j0)
-            m_new = m
-            for c in range(n):
-                dot = np.float32(0)
+def _qattention_kernel(exp_bits, man_bits, specials):
+    """The qattention of one format, compiled with its fields as constants (as cpu/quant.py's
+    _qmatmul_kernel), so that LLVM folds the decode into a few vector instructions."""
+
+    @kernel
+    def _qattention(k_codes, k_scales, v_codes, v_scales, q, length, scale, out):
+        # k_codes, v_codes (B, Hkv, L, D) uint8, k_scales, v_scales (B, Hkv, L) fp32, q and out
+        # (B, H, Tq, D) fp32: a row (b, h, i) per iteration, its keys 0 ... length - Tq + i in
+        # blocks of _KEYS (the module's docstring). k_codes first: one core below SERIAL_BELOW
+        # cached elements (compiled.kernel keys on the first argument), the work of a row
+        # growing with them.
+        B, Hkv, _, D = k_codes.shape
+        H, Tq = q.shape[1], q.shape[2]
+        G = H // Hkv
+        rebias = minifloat_scale(exp_bits)
+        for r in prange(B * H * Tq):
+            b, h, i = r // (H * Tq), r // Tq % H, r % Tq
+            kc, vc = k_codes[b, h // G], v_codes[b, h // G]  # (L, D)
+            ks, vs = k_scales[b, h // G], v_scales[b, h // G]  # (L,)
+            qr = q[b, h, i]
+            seen = length - Tq + i + 1  # the keys this query sees
+            s, o = np.empty(_KEYS, np.float32), np.zeros(D, np.float32)
+            key = np.empty(D, np.float32)
+            m, lsum = np.float32(-np.inf), np.float32(0)
+            for j0 in range(0, seen, _KEYS):
+                n = min(_KEYS, seen - j0)
+                m_new = m
+                for c in range(n):
+                    for d in range(D):  # the key decoded into a row, then dotted with q
+                        bits = minifloat_bits(kc[j0 + c, d], exp_bits, man_bits, specials)
+                        key[d] = f32_from_bits(bits) * rebias
+                    s[c] = vector_dot(qr, key) * ks[j0 + c] * scale
+                    m_new = max(m_new, s[c])
+                alpha = exp(m - m_new)
+                total = np.float32(0)
+                for c in range(n):
+                    s[c] = exp(s[c] - m_new)
+                    total += s[c]
+                lsum = lsum * alpha + total
                 for d in range(D):
-                    k = f32_from_bits(minifloat_bits(kc[j0 + c, d], exp_bits, man_bits, specials))
-                    dot += qr[d] * (k * rebias)
-                s[c] = dot * ks[j0 + c] * scale
-                m_new = max(m_new, s[c])
-            alpha = exp(m - m_new)
-            total = np.float32(0)
-            for c in range(n):
-                s[c] = exp(s[c] - m_new)
-                total += s[c]
-            lsum = lsum * alpha + total
+                    o[d] *= alpha
+                for c in range(n):
+                    w = s[c] * vs[j0 + c]
+                    for d in range(D):
+                        bits = minifloat_bits(vc[j0 + c, d], exp_bits, man_bits, specials)
+                        o[d] += w * (f32_from_bits(bits) * rebias)
+                m = m_new
             for d in range(D):
-                o[d] *= alpha
-            for c in range(n):
-                w = s[c] * vs[j0 + c]
-                for d in range(D):
-                    v = f32_from_bits(minifloat_bits(vc[j0 + c, d], exp_bits, man_bits, specials))
-                    o[d] += w * (v * rebias)
-            m = m_new
-        for d in range(D):
-            out[b, h, i, d] = o[d] / lsum
+                out[b, h, i, d] = o[d] / lsum
+
+    return _qattention
+
+
+_QATTENTION = {}  # fields -> its kernel, made when first used
 
 
 def kv_quantize(x, fmt):
@@ -160,8 +169,10 @@ def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, length, scale):
     """Causal attention of q (B, H, Tq, D) over the fp8 cache's first `length` positions ->
     (B, H, Tq, D) in q's dtype, computed in fp32 (a 2-byte or fp64 q read as fp32)."""
     contract.check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, length)
-    fields = np.array(FORMATS[fmt].fields, np.int32)
+    fields = FORMATS[fmt].fields
+    if fields not in _QATTENTION:
+        _QATTENTION[fields] = _qattention_kernel(*fields)
     qs = np.ascontiguousarray(f32(q), dtype=np.float32)
     out = np.empty(q.shape, np.float32)
-    _qattention(k_codes, k_scales, v_codes, v_scales, qs, length, np.float32(scale), fields, out)
+    _QATTENTION[fields](k_codes, k_scales, v_codes, v_scales, qs, length, np.float32(scale), out)
     return rounded(out, q.dtype)
