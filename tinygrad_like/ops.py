@@ -11,6 +11,7 @@ backward (tinygrad's mlops.py), so that one file answers "what can the tape reco
 """
 
 import builtins  # `sum` and `max` below are ops
+import itertools
 import math
 from collections import namedtuple
 
@@ -245,7 +246,11 @@ def _stand_in(x):
 
 def _can_view(x, shape):
     """Whether x (either backend) can take shape without a copy: always when contiguous, and
-    e.g. when splitting the last dimension of a column slice. NumPy decides, on a stand-in."""
+    e.g. when splitting the last dimension of a column slice. NumPy decides, on a stand-in
+    (a NumPy or CuPy array that says it is contiguous needs none)."""
+    flags = getattr(x, "flags", None)  # a meta array has none: its stand-in answers
+    if flags is not None and flags.c_contiguous:
+        return True
     try:
         np.reshape(_stand_in(x), shape, copy=False)
         return True
@@ -283,7 +288,7 @@ class Reshape(Function):
 class Permute(Function):
     @staticmethod
     def forward(ctx, x, dims):
-        ctx.inverse = tuple(np.argsort(dims))
+        ctx.inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
         return x.transpose(dims)
 
     @staticmethod
@@ -306,8 +311,8 @@ class Split(Function):
     @staticmethod
     def forward(ctx, x, sizes, axis):
         ctx.axis = axis
-        bounds = np.cumsum(sizes)[:-1]
-        return tuple(_xp(x).split(x, bounds, axis=axis))
+        lead, bounds = (slice(None),) * axis, itertools.accumulate(sizes, initial=0)
+        return tuple(x[lead + (slice(lo, lo + n),)] for lo, n in zip(bounds, sizes))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -449,7 +454,8 @@ def _attention_inputs(ctx, q, k, v):
     ctx.metas = _meta(q), _meta(k), _meta(v)
     n = builtins.max(q.ndim, k.ndim, v.ndim, 3)
     q, k, v = (a.reshape((1,) * (n - a.ndim) + a.shape) for a in (q, k, v))
-    ctx.lead = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    leads = q.shape[:-3], k.shape[:-3], v.shape[:-3]
+    ctx.lead = leads[0] if leads[0] == leads[1] == leads[2] else np.broadcast_shapes(*leads)
     Hkv = builtins.max(k.shape[-3], v.shape[-3])
     H = Hkv if q.shape[-3] == 1 else q.shape[-3]  # one head broadcast, or a multiple of Hkv
 
@@ -857,7 +863,7 @@ def transpose(x, dim0=-2, dim1=-1):
     dims = list(range(x.ndim))
     if x.ndim:
         dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
-    return permute(x, dims)
+    return Permute.apply(x, tuple(dims))  # a permutation by construction: permute's checks pass
 
 
 def getitem(x, index):
@@ -1063,8 +1069,9 @@ def scaled_dot_product_attention(q, k, v, flash=False, scale=None):
     H, Hk, Hv = (a.shape[-3] if a.ndim > 2 else 1 for a in (q, k, v))
     Hkv = builtins.max(Hk, Hv)
     try:
-        np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
-        np.broadcast_shapes(k.shape[:-2], v.shape[:-2])
+        if q.shape[:-3] != k.shape[:-3] or k.shape[:-2] != v.shape[:-2]:  # else none broadcast
+            np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+            np.broadcast_shapes(k.shape[:-2], v.shape[:-2])
     except ValueError:
         raise ValueError(
             f"{shapes}: need leading dims (and k's and v's heads) that broadcast"

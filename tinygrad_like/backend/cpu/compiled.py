@@ -73,8 +73,8 @@ def _jit(fn, parallel, fastmath=False):
 
 def _announced(jitted, name, args):
     """jitted(*args); a call that compiles (a cold cache) prints 'compiled cpu.<name> in N s' to
-    stderr."""
-    if jitted.signatures:
+    stderr. (jitted.overloads, not .signatures, which builds a list of types at every call.)"""
+    if jitted.overloads:
         return jitted(*args)
     t0 = time.perf_counter()
     out = jitted(*args)
@@ -95,7 +95,9 @@ def kernel(fn=None, *, serial_below=None, fastmath=False):
     if fn is None:
         return lambda fn: kernel(fn, serial_below=serial_below, fastmath=fastmath)
     variants = {True: _jit(fn, True, fastmath), False: _jit(fn, False, fastmath)}
-    below = serial_below or SERIAL_BELOW
+    # one usable core (taskset, an MPI rank bound to a core): the serial twin always, since a
+    # parallel launch costs its thread hand-off with no core to gain
+    below = (serial_below or SERIAL_BELOW) if THREADS > 1 else math.inf
 
     def call(*args):
         return _announced(variants[args[0].size >= below], fn.__name__, args)

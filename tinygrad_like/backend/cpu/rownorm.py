@@ -42,7 +42,8 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
     xs = np.ascontiguousarray(f32(x.reshape(-1, C)))
     y = np.empty(xs.shape, dtype=stat)
     mean, rstd = np.empty(xs.shape[0], dtype=stat), np.empty(xs.shape[0], dtype=stat)
-    _layernorm_fwd(xs, f32(weight).astype(stat), f32(bias).astype(stat), eps, y, mean, rstd)
+    w, b = np.asarray(f32(weight), stat), np.asarray(f32(bias), stat)  # copies only if narrower
+    _layernorm_fwd(xs, w, b, eps, y, mean, rstd)
     return (
         rounded(y, x.dtype).reshape(x.shape),
         mean.reshape(x.shape[:-1]),
@@ -85,7 +86,7 @@ def _norm_backward(dy, x, weight, mean, rstd):
     dx = np.empty(xs.shape, dtype=stat)
     partial = np.zeros((-(-rows // _BLOCK_ROWS), 2, C), dtype=stat)
     means = rstd.reshape(-1) if mean is None else mean.reshape(-1)
-    w = f32(weight).astype(stat)
+    w = np.asarray(f32(weight), stat)
     _norm_bwd(dys, xs, w, means, rstd.reshape(-1), mean is not None, dx, partial)
     return rounded(dx, x.dtype).reshape(x.shape), partial
 
@@ -122,7 +123,7 @@ def rmsnorm_fwd(x, weight, eps=1e-6):
     xs = np.ascontiguousarray(f32(x.reshape(-1, C)))
     y = np.empty(xs.shape, dtype=stat)
     rstd = np.empty(xs.shape[0], dtype=stat)
-    _rmsnorm_fwd(xs, f32(weight).astype(stat), eps, y, rstd)
+    _rmsnorm_fwd(xs, np.asarray(f32(weight), stat), eps, y, rstd)
     return rounded(y, x.dtype).reshape(x.shape), rstd.reshape(x.shape[:-1])
 
 
