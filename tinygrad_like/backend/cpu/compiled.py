@@ -74,7 +74,7 @@ def _jit(fn, parallel, fastmath=False):
 def _announced(jitted, name, args):
     """jitted(*args); a call that compiles (a cold cache) prints 'compiled cpu.<name> in N s' to
     stderr."""
-    if jitted.signatures:
+    if jitted.overloads:  # its compiled signatures (.signatures copies them into a list)
         return jitted(*args)
     t0 = time.perf_counter()
     out = jitted(*args)
