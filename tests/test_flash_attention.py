@@ -133,6 +133,14 @@ def test_a_decode_step_equals_the_blocks(rng, monkeypatch, shape):
         assert_close([out, lse], want, TOL[F32])
 
 
+def test_a_long_decode_step_runs_its_rows_across_the_cores(rng, monkeypatch):
+    """k of 2^21 elements: prange's kernel (the tests above run its one-core twin)."""
+    q, k, v, _ = decode_inputs(rng, 2, 4, 2, 1, 1 << 14, 32, F32, length=1 << 14)
+    out, lse = cpu.flash_attention_fwd(q, k, v, 0.2)
+    monkeypatch.setattr(cpu.attention, "DECODE_ROWS", 0)
+    assert_close([out, lse], cpu.flash_attention_fwd(q, k, v, 0.2), TOL[F32])
+
+
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=dtypes.name)
 def test_a_decode_step_in_two_byte_formats_is_close_to_fp32(rng, dtype):
     args = decode_inputs(rng, 2, 4, 2, 3, 70, 16, dtype)
