@@ -23,8 +23,10 @@ SOURCES = ("tinygrad_like", "nn", "optim", "training", "scripts", "examples")
 FAMILIES = sorted({k.family for k in contract.KERNELS.values()})
 # Public functions a family module may have outside the contract, each for a reason of its own:
 # the CPU quant kernels' decode functions, named as quant.cu's device functions (their twins),
-# and the fp8 KV cache's encoder, kvcache.cu's minifloat_code.
+# the fp8 KV cache's encoder, kvcache.cu's minifloat_code, and the online softmax of a key
+# block that the CPU attention's decode rows share with the fp8 cache's qattention.
 EXTRAS = {
+    ("cpu", "attention"): {"softmax_block"},
     ("cpu", "kvcache"): {"minifloat_code"},
     ("cpu", "quant"): {
         "int8_value",

@@ -19,14 +19,30 @@ sT.swapaxes, which BLAS reads at no cost. The block GEMMs stay in BLAS, which a 
 nest without fast-math (no reassociated dot products) does not match (docs/performance.md).
 BLAS runs single-threaded here (one_blas_thread): the heads are split across the cores
 instead.
+
+A decode step (one query, or a few, per head: Tq G <= DECODE_ROWS) has too few queries for
+these GEMMs, whose fixed costs (the _grouped copies, the hand-off to the cores, a few NumPy
+calls per block) would outweigh its work: it runs _attention_rows, one compiled kernel with one
+(batch, head, query) row per iteration, as kvcache.qattention and attention.cu's block per row,
+the two sharing the online softmax of a key block (softmax_block).
 """
 
+import math
+
 import numpy as np
+from numba import prange
 
 from ... import dtypes
 from .. import contract
-from .compiled import exp, serial_kernel
+from .compiled import device, exp, kernel, serial_kernel, vector_dot
 from .runtime import CHUNK, f32, in_parallel, one_blas_thread, rounded
+
+# A call whose kv heads serve at most this many query rows each (Tq G: a decode step) runs
+# _attention_rows, one row per iteration, rather than the GEMMs of query blocks: measured on
+# GPT-2's and Llama's heads, the rows won up to Tq G = 6 and lost at 8 (each row reads its kv
+# head's keys and values once, a GEMM once for all of its columns).
+DECODE_ROWS = 6
+_KEYS = contract.FLASH_BK  # keys per block of a row's online softmax (attention.cu's KV tile)
 
 
 def _keys_end(Tq, Tk, i1, j0):
@@ -145,6 +161,67 @@ def _by_heads(H, body, work):
         in_parallel(H, body, per_row=work, chunk_rows=H)
 
 
+@device
+def softmax_block(s, m, lsum, o):
+    """A row's online softmax over its next block of keys (shared with kvcache.qattention): s
+    (n,) the block's scores, turned in place into p = exp(s - m_new), m_new = max(m, max(s));
+    o (D,) the row's running sum of p v, rescaled by alpha = exp(m - m_new) for the block's
+    values to be added -> (m_new, lsum alpha + sum(p)). The first block opens the row from
+    m = -inf, lsum = 0 and o = 0 (alpha 0)."""
+    m_new = m
+    for c in range(s.shape[0]):
+        m_new = max(m_new, s[c])
+    alpha = exp(m - m_new)
+    for c in range(s.shape[0]):  # apart from the sum, so that it vectorizes
+        s[c] = exp(s[c] - m_new)
+    total = s.dtype.type(0)
+    for c in range(s.shape[0]):
+        total += s[c]
+    for d in range(o.shape[0]):
+        o[d] *= alpha
+    return m_new, lsum * alpha + total
+
+
+# prange over the rows from this many cached elements (k's B Hkv Tk D) on: measured on 2 cores,
+# the parallel launch cost more than it saved up to 1M (Llama's 8 kv heads of 1000 x 128)
+@kernel(serial_below=1 << 21)
+def _attention_rows(k, v, q, scale, out, lse):
+    # k, v (B, Hkv, Tk, D), q (B, H, Tq, D), any strides; out (B, H, Tq, D) C-contiguous and
+    # lse (B, H, Tq) written, all in the compute dtype: a row (b, h, i) per iteration
+    # (attention.cu: a block per row), its keys 0 ... Tk - Tq + i in blocks of _KEYS: s = the
+    # scaled query . each key (compiled.vector_dot), softmax_block, o += p v key by key
+    B, Hkv, Tk, D = k.shape
+    H, Tq = q.shape[1], q.shape[2]
+    G = H // Hkv
+    A = out.dtype.type
+    for r in prange(B * H * Tq):
+        b, h, i = r // (H * Tq), r // Tq % H, r % Tq
+        # kv head h // G's keys and values (Tk, D) typed C-contiguous, so that the loops over a
+        # key vectorize (Numba does not vectorize a strided view's): a view when they are (a
+        # KV cache's [:, :, :Tk]), else a copy
+        kh = np.ascontiguousarray(k[b, h // G])
+        vh = np.ascontiguousarray(v[b, h // G])
+        qr = np.empty(D, A)  # the query times scale
+        for d in range(D):
+            qr[d] = q[b, h, i, d] * scale
+        seen = Tk - Tq + i + 1  # the keys this query sees
+        s, o = np.empty(_KEYS, A), out[b, h, i]  # o: the running sum of p v, then out
+        o[:] = 0
+        m, lsum = A(-np.inf), A(0)
+        for j0 in range(0, seen, _KEYS):
+            n = min(_KEYS, seen - j0)
+            for c in range(n):
+                s[c] = vector_dot(qr, kh[j0 + c])
+            m, lsum = softmax_block(s[:n], m, lsum, o)
+            for c in range(n):
+                p, vr = s[c], vh[j0 + c]
+                for d in range(D):
+                    o[d] += p * vr[d]
+        for d in range(D):
+            o[d] /= lsum
+        lse[b, h, i] = m + math.log(lsum)
+
+
 def flash_attention_fwd(q, k, v, scale):
     """q (B, H, Tq, D), k and v (B, Hkv, Tk, D), Tk >= Tq, H a multiple of Hkv -> out
     (B, H, Tq, D) = softmax(scale q k^T, future keys masked) v, query head h against kv head
@@ -156,11 +233,19 @@ def flash_attention_fwd(q, k, v, scale):
     (B, H', bq G, D)); a block with a larger max rescales lsum and o by exp(m_old - m_new). Key
     0 is in the first block and every query sees it, so m is finite from then on (no -inf
     minus -inf); that first block sets m, lsum and o directly (what the update gives from
-    m = -inf, lsum = o = 0, bit for bit)."""
+    m = -inf, lsum = o = 0, bit for bit). A decode step (Tq G <= DECODE_ROWS) runs
+    _attention_rows instead: one (batch, head, query) row per iteration, the same online
+    softmax over the row's keys, dotted one at a time (reassociated: the results agree with the
+    blocks' to rounding, not bit for bit)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     G = H // Hkv if Hkv else 1
     acc = dtypes.compute_dtype(q.dtype)
+    if Tq * G <= DECODE_ROWS:  # a decode step: one row per iteration
+        out = np.empty(q.shape, dtype=acc)
+        lse = np.empty(q.shape[:-1], dtype=acc)
+        _attention_rows(f32(k), f32(v), f32(q), acc.type(scale), out, lse)
+        return rounded(out, q.dtype), lse
     qT = _grouped(q, Hkv, acc.type(scale), transposed=True)  # (B, Hkv, D, Tq G), scaled
     ks, vs = f32(k), f32(v)  # (B, Hkv, Tk, D)
     out = np.empty(q.shape, dtype=q.dtype)

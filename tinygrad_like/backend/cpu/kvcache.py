@@ -6,9 +6,10 @@ qattention walks its row's keys 0 ... its position in blocks of _KEYS (contract.
 kvcache.cu does: the block's scores s = (q . k) x the key's row scale x scale, each key's codes
 decoded into an fp32 row of D (cpu/quant.py's minifloat_bits times minifloat_scale: ml_dtypes'
 value, exactly) and dotted with q by compiled.vector_dot (reassociated, so that it vectorizes,
-as the quantized GEMV's dot); then the online softmax: m_new = max(m, the block's scores),
-alpha = exp(m - m_new), p = exp(s - m_new), lsum = lsum alpha + sum(p), o = o alpha + sum over
-the block's keys, in order, of (p x the value's row scale) x v, v decoded as it is read. At the
+as the quantized GEMV's dot); then the online softmax (attention.softmax_block, which the
+unquantized decode step's rows share): m_new = max(m, the block's scores), alpha =
+exp(m - m_new), p = exp(s - m_new), lsum = lsum alpha + sum(p), o = o alpha + sum over the
+block's keys, in order, of (p x the value's row scale) x v, v decoded as it is read. At the
 end out = o / lsum, in fp32, rounded once to q's dtype. The CUDA twin computes the same
 products in the same order but for q . k's sum (there a warp's lanes and warp_sum, here
 vector_dot's partial sums), its expf (here compiled.exp) and, on a GPU, its fused
@@ -22,7 +23,8 @@ from numba import prange
 
 from ...quant import FORMATS
 from .. import contract
-from .compiled import device, exp, f32_from_bits, kernel, vector_dot
+from .attention import softmax_block
+from .compiled import device, f32_from_bits, kernel, vector_dot
 from .quant import minifloat_bits, minifloat_scale
 from .runtime import f32, rounded
 
@@ -113,27 +115,17 @@ def _qattention_kernel(exp_bits, man_bits, specials):
             m, lsum = np.float32(-np.inf), np.float32(0)
             for j0 in range(0, seen, _KEYS):
                 n = min(_KEYS, seen - j0)
-                m_new = m
                 for c in range(n):
                     for d in range(D):  # the key decoded into a row, then dotted with q
                         bits = minifloat_bits(kc[j0 + c, d], exp_bits, man_bits, specials)
                         key[d] = f32_from_bits(bits) * rebias
                     s[c] = vector_dot(qr, key) * ks[j0 + c] * scale
-                    m_new = max(m_new, s[c])
-                alpha = exp(m - m_new)
-                total = np.float32(0)
-                for c in range(n):
-                    s[c] = exp(s[c] - m_new)
-                    total += s[c]
-                lsum = lsum * alpha + total
-                for d in range(D):
-                    o[d] *= alpha
+                m, lsum = softmax_block(s[:n], m, lsum, o)
                 for c in range(n):
                     w = s[c] * vs[j0 + c]
                     for d in range(D):
                         bits = minifloat_bits(vc[j0 + c, d], exp_bits, man_bits, specials)
                         o[d] += w * (f32_from_bits(bits) * rebias)
-                m = m_new
             for d in range(D):
                 out[b, h, i, d] = o[d] / lsum
 
