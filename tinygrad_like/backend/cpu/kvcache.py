@@ -4,7 +4,7 @@ qattention, one (batch, head, query) row per prange iteration (kvcache.cu: a blo
 
 qattention walks its row's keys 0 ... its position in blocks of _KEYS (contract.FLASH_BK), as
 kvcache.cu does: the block's scores s = (q . k) x the key's row scale x scale, each key's codes
-decoded into an fp32 row of D (cpu/quant.py's minifloat_bits times minifloat_scale: ml_dtypes'
+decoded into an fp32 row of D (cpu/quant.py's minifloat_value times minifloat_scale: ml_dtypes'
 value, exactly) and dotted with q by compiled.vector_dot (reassociated, so that it vectorizes,
 as the quantized GEMV's dot); then the online softmax: m_new = max(m, the block's scores),
 alpha = exp(m - m_new), p = exp(s - m_new), lsum = lsum alpha + sum(p), o = o alpha + sum over
@@ -23,7 +23,7 @@ from numba import prange
 from ...quant import FORMATS
 from .. import contract
 from .compiled import device, exp, f32_from_bits, kernel, vector_dot
-from .quant import minifloat_bits, minifloat_scale
+from .quant import minifloat_scale, minifloat_value
 from .runtime import f32, rounded
 
 _KEYS = contract.FLASH_BK  # keys per block of qattention's online softmax (kvcache.cu KV_KEYS)
@@ -116,8 +116,8 @@ def _qattention_kernel(exp_bits, man_bits, specials):
                 m_new = m
                 for c in range(n):
                     for d in range(D):  # the key decoded into a row, then dotted with q
-                        bits = minifloat_bits(kc[j0 + c, d], exp_bits, man_bits, specials)
-                        key[d] = f32_from_bits(bits) * rebias
+                        value = minifloat_value(kc[j0 + c, d], exp_bits, man_bits, specials)
+                        key[d] = value * rebias
                     s[c] = vector_dot(qr, key) * ks[j0 + c] * scale
                     m_new = max(m_new, s[c])
                 alpha = exp(m - m_new)
@@ -131,8 +131,8 @@ def _qattention_kernel(exp_bits, man_bits, specials):
                 for c in range(n):
                     w = s[c] * vs[j0 + c]
                     for d in range(D):
-                        bits = minifloat_bits(vc[j0 + c, d], exp_bits, man_bits, specials)
-                        o[d] += w * (f32_from_bits(bits) * rebias)
+                        value = minifloat_value(vc[j0 + c, d], exp_bits, man_bits, specials)
+                        o[d] += w * (value * rebias)
                 m = m_new
             for d in range(D):
                 out[b, h, i, d] = o[d] / lsum
