@@ -32,9 +32,10 @@ EXTRAS = {
         "int8_value",
         "int4_value",
         "int4_float",
-        "minifloat_bits",
+        "minifloat_value",
         "minifloat_scale",
-        "nibble_bits",
+        "element_value",
+        "nibble_value",
         "decode_row",
     },
 }

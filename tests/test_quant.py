@@ -6,6 +6,10 @@ bytes a quantized decode step's launches count, and generate.py --weights.
 """
 
 import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,6 +150,49 @@ def test_every_code_decodes_as_ml_dtypes_does(fmt):
     assert np.array_equal(np.isnan(got), np.isnan(want))
     finite = ~np.isnan(want)
     assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))  # -0 too
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+def test_the_decode_step_dot_decodes_every_code_as_ml_dtypes_does(fmt):
+    # row n of W holds code n in element 0 and zeros (int4: nibble 8) elsewhere, x = e_0 and
+    # the scales 1: y[0, n] is code n's value times 1 plus zeros, exactly (but a zero's sign)
+    f = quant.FORMATS[fmt]
+    every = np.arange(2**f.bits, dtype=np.uint16 if f.bits == 16 else np.uint8)
+    K = 32
+    zero = 0x88 if fmt == "int4" else 0
+    codes = np.full((every.size, K // 2 if f.bits == 4 else K), zero, every.dtype)
+    codes[:, 0] = (every | 0x80) if fmt == "int4" else every
+    scales = np.ones((every.size, 1), np.float32) if f.scaled else None
+    x = np.eye(1, K, dtype=np.float32)
+    got = cpu.qmatmul(x, codes, scales, fmt, K if f.scaled else None)[0]
+    if fmt == "int4":
+        want = every.astype(np.float32) - 8
+    else:
+        want = every.view(f.element).astype(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.array_equal(got[finite], want[finite] + np.float32(0))
+
+
+def test_fp16_decodes_alike_on_a_cpu_without_f16c(tmp_path):
+    # compiled.f32_from_f16_bits' integer form (NUMBA_CPU_NAME=generic: no F16C) gives the
+    # bits of the F16C form for every fp16, NaNs included
+    every = np.arange(2**16, dtype=np.uint16)[None]
+    here = cpu.qembedding(every, None, np.array([0]), "fp16", None)[0]
+    code = (
+        "import numpy as np, sys; from tinygrad_like.backend import cpu; "
+        "every = np.arange(2**16, dtype=np.uint16)[None]; "
+        "got = cpu.qembedding(every, None, np.array([0]), 'fp16', None); "
+        "sys.stdout.buffer.write(got.tobytes())"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
+    env.update(PYTHONPATH=path, TG_QUIET="1")
+    run = [sys.executable, "-c", code]
+    out = subprocess.run(run, env=env, cwd=root, capture_output=True, check=True)
+    generic = np.frombuffer(out.stdout, np.float32)
+    assert np.array_equal(generic.view(np.uint32), here.view(np.uint32))
 
 
 @pytest.mark.parametrize("fmt", sorted(FOUR_BIT))

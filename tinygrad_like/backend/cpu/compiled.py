@@ -199,6 +199,41 @@ def f32_from_bits(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
+def _converts_half(context):
+    """Whether the CPU Numba compiles for converts fp16 itself: x86 with F16C, or AArch64. On
+    another CPU LLVM lowers fpext from half to a call to compiler-rt's __extendhfsf2, which
+    Numba's JIT does not link."""
+    triple, _, features = context.codegen().magic_tuple()
+    return triple.startswith("aarch64") or "+f16c" in features.split(",")
+
+
+@intrinsic
+def f32_from_f16_bits(typingctx, bits):
+    """The fp32 value of the fp16 whose bits are the low 16 of the int32 bits (CUDA's
+    __half2float(__ushort_as_half(bits))), exact for every fp16: subnormals, infinities and
+    NaNs (quieted, the payload kept) included. LLVM's fpext from half, which it vectorizes
+    (x86's F16C: vcvtph2ps, eight at a time; AArch64: fcvtl); a CPU without either gets the
+    same bits from integer operations: the fp16's exponent and mantissa moved 13 places up, into
+    fp32's lowest exponent bits (a subnormal fp16 an fp32 subnormal), the top exponent made
+    fp32's (inf, NaN), then times 2^112 to rebias (exact), a multiply without fast-math flags so
+    that LLVM never moves it past another (a subnormal times x would lose bits)."""
+
+    def codegen(context, builder, signature, args):
+        f32, i32 = ir.FloatType(), ir.IntType(32)
+        if _converts_half(context):
+            half = builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
+            return builder.fpext(half, f32)
+        sign = builder.shl(builder.and_(args[0], ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+        magnitude = builder.and_(args[0], ir.Constant(i32, 0x7FFF))
+        top = builder.icmp_unsigned(">=", magnitude, ir.Constant(i32, 0x7C00))
+        special = builder.select(top, ir.Constant(i32, 0x7F800000), ir.Constant(i32, 0))
+        bits = builder.or_(builder.shl(magnitude, ir.Constant(i32, 13)), special)
+        value = builder.bitcast(builder.or_(bits, sign), f32)
+        return builder.fmul(value, ir.Constant(f32, 2.0**112))
+
+    return types.float32(types.int32), codegen
+
+
 @intrinsic
 def prefetch(typingctx, a, row, col):
     """Ask the caches for the line holding a[row, col] of a 2-D array (LLVM's prefetch: a read,

@@ -4,7 +4,7 @@ qattention, one (batch, head, query) row per prange iteration (kvcache.cu: a blo
 
 qattention walks its row's keys 0 ... its position in blocks of _KEYS (contract.FLASH_BK), as
 kvcache.cu does: the block's scores s = (q . k) x the key's row scale x scale, each key's codes
-decoded into an fp32 row of D (cpu/quant.py's minifloat_bits times minifloat_scale: ml_dtypes'
+decoded into an fp32 row of D (cpu/quant.py's minifloat_value times minifloat_scale: ml_dtypes'
 value, exactly) and dotted with q by compiled.vector_dot (reassociated, so that it vectorizes,
 as the quantized GEMV's dot); then the online softmax (attention.softmax_block, which the
 unquantized decode step's rows share): m_new = max(m, the block's scores), alpha =
@@ -25,7 +25,7 @@ from ...quant import FORMATS
 from .. import contract
 from .attention import softmax_block
 from .compiled import device, f32_from_bits, kernel, vector_dot
-from .quant import minifloat_bits, minifloat_scale
+from .quant import minifloat_scale, minifloat_value
 from .runtime import f32, rounded
 
 _KEYS = contract.FLASH_BK  # keys per block of qattention's online softmax (kvcache.cu KV_KEYS)
@@ -117,15 +117,15 @@ def _qattention_kernel(exp_bits, man_bits, specials):
                 n = min(_KEYS, seen - j0)
                 for c in range(n):
                     for d in range(D):  # the key decoded into a row, then dotted with q
-                        bits = minifloat_bits(kc[j0 + c, d], exp_bits, man_bits, specials)
-                        key[d] = f32_from_bits(bits) * rebias
+                        value = minifloat_value(kc[j0 + c, d], exp_bits, man_bits, specials)
+                        key[d] = value * rebias
                     s[c] = vector_dot(qr, key) * ks[j0 + c] * scale
                 m, lsum = softmax_block(s[:n], m, lsum, o)
                 for c in range(n):
                     w = s[c] * vs[j0 + c]
                     for d in range(D):
-                        bits = minifloat_bits(vc[j0 + c, d], exp_bits, man_bits, specials)
-                        o[d] += w * (f32_from_bits(bits) * rebias)
+                        value = minifloat_value(vc[j0 + c, d], exp_bits, man_bits, specials)
+                        o[d] += w * (value * rebias)
             for d in range(D):
                 out[b, h, i, d] = o[d] / lsum
 

@@ -2,23 +2,24 @@
 codes as they read them (the layout: backend/contract.py's "quant" section).
 
 qmatmul takes one output channel (a row of W (N, K)) at a time, as quant.cu gives each row a
-block: the row's codes are decoded into a K-long fp32 scratch row (in L1; decode_row: codes to
-int32 values or fp32 bits, then each group of group_size elements to fp32 times its scale),
-then the row is dotted with each of the M rows of x (compiled.vector_dot, reassociated so
-that LLVM vectorizes it; a warp's lanes and warp_sum on the GPU). Rows go a block of
-_BLOCK_ROWS per prange iteration (the scratch made once per block). The decode functions
-below are quant.cu's device functions of the same names: bit operations from the code to the
-fp32 value, exact (every format's values are fp32 values), so both backends decode the same
-bits; one function, minifloat_bits, serves every small float by its fields
-(tinygrad_like/quant.py FORMATS[fmt].fields).
+block: the row's codes are decoded into a K-long fp32 scratch row (in L1; decode_row: each
+group of group_size elements to fp32 times its scale), then the row is dotted with each of the
+M rows of x (compiled.vector_dot, reassociated so that LLVM vectorizes it; a warp's lanes and
+warp_sum on the GPU); a decode step's few rows of x go through _decode_dot instead, each code
+decoded as it is read. Rows go a block of _BLOCK_ROWS per prange iteration (the scratch made
+once per block). The decode functions below are quant.cu's device functions of the same
+names: bit operations from the code to the fp32 value, exact (every format's values are fp32
+values), so both backends decode the same bits; one function, minifloat_value, serves every
+small float by its fields (tinygrad_like/quant.py FORMATS[fmt].fields), through fp16
+(compiled.f32_from_f16_bits) where quant.cu goes straight to fp32's bits: the same values.
 """
 
 import numpy as np
 from numba import prange
 
-from ...quant import FINITE, FORMATS, IEEE, NAN_ONLY
+from ...quant import FINITE, FORMATS, NAN_ONLY
 from ..contract import check_ids
-from .compiled import device, f32_from_bits, kernel, prefetch, vector_dot
+from .compiled import device, f32_from_bits, f32_from_f16_bits, kernel, prefetch, vector_dot
 from .runtime import f32, rounded
 
 _BLOCK_ROWS = 8  # rows of W per prange iteration
@@ -42,82 +43,86 @@ def int4_value(nibble):
 
 
 @device
-def minifloat_bits(code, exp_bits, man_bits, specials):
-    """The fp32 bits of a small float's value over 2^(127 - bias) (minifloat_scale): code's
-    sign moved to fp32's sign bit, its exponent and mantissa bits to the top of fp32's, so the
-    fp32 they make, times minifloat_scale, is the value exactly: a normal's exponent is
-    rebiased by the multiply, a subnormal's (exponent 0) is an fp32 subnormal that the multiply
-    makes normal. specials (FINITE, NAN_ONLY or IEEE) are set as fp32's, which the multiply
-    keeps. (1 sign, exp_bits exponent and man_bits mantissa bits, bias 2^(exp_bits - 1) - 1;
-    bf16 is fp32's top half: its multiply is by 1.) No branch: the loops calling it vectorize."""
-    c = i32(code)
-    if exp_bits == 8 and man_bits == 7:  # bf16: fp32's top half, its specials included
-        return c << i32(16)
-    width = i32(exp_bits + man_bits)
-    magnitude = c & ((i32(1) << width) - i32(1))
-    bits = ((c >> width) << i32(31)) | (magnitude << (i32(23) - i32(man_bits)))
-    top = (magnitude >> i32(man_bits)) == (i32(1) << i32(exp_bits)) - i32(1)
-    bits |= -(i32(top) & i32(specials == IEEE)) & i32(0x7F800000)
-    all_ones = magnitude == (i32(1) << width) - i32(1)
-    return bits | (-(i32(all_ones) & i32(specials == NAN_ONLY)) & i32(0x7FC00000))
-
-
-@device
-def minifloat_scale(exp_bits):
-    """2^(127 - bias), bias = 2^(exp_bits - 1) - 1: what minifloat_bits' fp32 is multiplied
-    by (exactly) to make the value."""
-    return f32_from_bits((i32(255) - (i32(1) << i32(exp_bits - 1))) << i32(23))
-
-
-@device
-def nibble_bits(nibble, exp_bits, man_bits):
-    """A 4-bit code's int4 value (exp_bits 0) or fp4 E2M1 bits (minifloat_bits), both computed
-    and one selected (no branch)."""
-    as_float = minifloat_bits(nibble, exp_bits, man_bits, FINITE)
-    return int4_value(nibble) if exp_bits == 0 else as_float
-
-
-@device
-def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, bits, w):
-    """w (K,) fp32 = the row whose codes (K,) or (K / 2,) and scales (K / group_size,) (empty
-    for the unscaled formats) are given, in the format of these fields (Format.fields); bits
-    (K,) int32 is scratch. Two passes over the row, each a loop that vectorizes: the codes to
-    integers (exp_bits 0) or to fp32 bits (the floats) in bits, then each group to fp32 times
-    its scale in w (a small float times minifloat_scale first, exactly). bits is not w's memory
-    seen as int32: LLVM vectorizes no loop that reads and writes one address as two types. A
-    4-bit byte holds elements 2j (low nibble) and 2j + 1 (high)."""
-    if codes.shape[0] < w.shape[0]:
-        for j in range(codes.shape[0]):
-            bits[2 * j] = nibble_bits(codes[j] & 0xF, exp_bits, man_bits)
-            bits[2 * j + 1] = nibble_bits(codes[j] >> 4, exp_bits, man_bits)
-    elif exp_bits == 0:
-        for k in range(w.shape[0]):
-            bits[k] = int8_value(codes[k])
-    else:
-        for k in range(w.shape[0]):
-            bits[k] = minifloat_bits(codes[k], exp_bits, man_bits, specials)
-    rebias = minifloat_scale(exp_bits) if exp_bits else np.float32(1)
-    floats = bits.view(np.float32)
-    for group in range(w.shape[0] // group_size):
-        lo = group * group_size
-        scale = scales[group] if scales.shape[0] else np.float32(1)
-        values = w[lo : lo + group_size]
-        if exp_bits == 0:
-            ints = bits[lo : lo + group_size]
-            for k in range(group_size):
-                values[k] = np.float32(ints[k]) * scale
-        else:
-            small = floats[lo : lo + group_size]
-            for k in range(group_size):
-                values[k] = small[k] * rebias * scale
-
-
-@device
 def int4_float(nibble):
     """int4_value(nibble) as fp32, made from bits: the fp32 2^23 + nibble less 2^23 + 8, exact.
     The same value as np.float32(int4_value(nibble)); this form LLVM vectorizes (Numba widens
     the integer one to 64-bit lanes)."""
     return f32_from_bits(i32(nibble) | i32(0x4B000000)) - np.float32(8388616.0)
+
+
+@device
+def minifloat_value(code, exp_bits, man_bits, specials):
+    """A small float's value over minifloat_scale(exp_bits), exactly: the fp16 (compiled.
+    f32_from_f16_bits) with code's sign, code's exponent as the low bits of fp16's and code's
+    mantissa as the top bits of fp16's, so that the multiply by minifloat_scale rebiases the
+    exponent; a subnormal (exponent 0) is an fp16 subnormal. fp16 and fp8 E5M2 (exp_bits 5,
+    IEEE) are fp16 themselves, their infinities and NaNs fp16's; an E4M3 NaN (NAN_ONLY: every
+    bit of the magnitude set) gets fp16's exponent of all ones; no smaller format (fp4 E2M1:
+    FINITE) reaches it. bf16 is fp32's top half (its scale 1). (1 sign, exp_bits <= 5 exponent
+    and man_bits <= 10 mantissa bits, bias 2^(exp_bits - 1) - 1.) The values of quant.cu's
+    minifloat_value and bf16_value, bit for bit (a NaN's payload aside: here E4M3's NaN keeps
+    its mantissa). No branch: the loops calling it vectorize."""
+    c = i32(code)
+    if exp_bits == 8 and man_bits == 7:  # bf16: fp32's top half, its specials included
+        return f32_from_bits(c << i32(16))
+    sign = i32(1) << i32(exp_bits + man_bits)  # code's sign bit
+    unit = i32(1) << (i32(10) - i32(man_bits))  # code's last place in fp16's bits
+    # code as a signed integer (as int8_value: a sign extension) times unit: the magnitude in
+    # place, the sign in fp16's bit 15 and the bits below it down to the magnitude, cleared
+    half = ((c ^ sign) - sign) * unit & (i32(0x8000) | (sign - i32(1)) * unit)
+    if specials == NAN_ONLY:  # E4M3: a magnitude of all ones carries into fp16's fifth
+        half |= (half + unit) & i32(0x4000)  # exponent bit, the other four set already
+    return f32_from_f16_bits(half)
+
+
+@device
+def minifloat_scale(exp_bits):
+    """2^(15 - bias), bias = 2^(exp_bits - 1) - 1 (1 for bf16, exp_bits 8): what
+    minifloat_value is multiplied by (exactly) to make the value."""
+    if exp_bits == 8:
+        return np.float32(1)
+    return f32_from_bits((i32(143) - (i32(1) << i32(exp_bits - 1))) << i32(23))
+
+
+@device
+def element_value(code, exp_bits, man_bits, specials):
+    """An 8- or 16-bit code's value before its scale: int8_value (exp_bits 0) or
+    minifloat_value, as fp32 (quant.cu's element_value)."""
+    if exp_bits == 0:
+        return np.float32(int8_value(code))
+    return minifloat_value(code, exp_bits, man_bits, specials)
+
+
+@device
+def nibble_value(nibble, exp_bits, man_bits):
+    """A 4-bit code's value before its scale: int4_float (exp_bits 0) or fp4 E2M1's
+    minifloat_value."""
+    if exp_bits == 0:
+        return int4_float(nibble)
+    return minifloat_value(nibble, exp_bits, man_bits, FINITE)
+
+
+@device
+def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, w):
+    """w (K,) fp32 = the row whose codes (K,) or (K / 2,) and scales (K / group_size,) (empty
+    for the unscaled formats) are given, in the format of these fields (Format.fields): each
+    group's values (element_value, nibble_value) times its scale times minifloat_scale (a power
+    of two: the product is the scaled value, exactly), a loop per group that vectorizes. A
+    4-bit byte holds elements 2j (low nibble) and 2j + 1 (high)."""
+    rebias = minifloat_scale(exp_bits) if exp_bits else np.float32(1)
+    for group in range(w.shape[0] // group_size):
+        lo = group * group_size
+        factor = (scales[group] if scales.shape[0] else np.float32(1)) * rebias
+        values = w[lo : lo + group_size]
+        if codes.shape[0] < w.shape[0]:
+            pairs = codes[lo // 2 : (lo + group_size) // 2]
+            for j in range(group_size // 2):
+                values[2 * j] = nibble_value(pairs[j] & 15, exp_bits, man_bits) * factor
+                values[2 * j + 1] = nibble_value(pairs[j] >> 4, exp_bits, man_bits) * factor
+        else:
+            row = codes[lo : lo + group_size]
+            for k in range(group_size):
+                values[k] = element_value(row[k], exp_bits, man_bits, specials) * factor
 
 
 @device
@@ -131,26 +136,19 @@ def _decode_dot(codes, scales, x0, x1, exp_bits, man_bits, specials, group_bytes
     trip count (unrolled whole), times its scale: sum_g scales[g] sum_j (lo_j x0_j + hi_j x1_j).
     quant.cu's qmatmul decodes the same bits a warp's lane at a time."""
     s = np.float32(0)
-    if group_bytes == 0 and exp_bits == 0:
+    if group_bytes == 0:
         for k in range(x0.shape[0]):
-            s += np.float32(int8_value(codes[k])) * x0[k]
-    elif group_bytes == 0:
-        for k in range(x0.shape[0]):
-            s += f32_from_bits(minifloat_bits(codes[k], exp_bits, man_bits, specials)) * x0[k]
+            s += element_value(codes[k], exp_bits, man_bits, specials) * x0[k]
     else:
         for g in range(codes.shape[0] // group_bytes):
             lo, t = g * group_bytes, np.float32(0)
             for j in range(group_bytes):
                 b = i32(codes[lo + j])
                 low, high = b & i32(15), b >> i32(4)
-                if exp_bits == 0:
-                    t += int4_float(low) * x0[lo + j] + int4_float(high) * x1[lo + j]
-                else:
-                    t += (
-                        f32_from_bits(minifloat_bits(low, exp_bits, man_bits, FINITE)) * x0[lo + j]
-                        + f32_from_bits(minifloat_bits(high, exp_bits, man_bits, FINITE))
-                        * x1[lo + j]
-                    )
+                t += (
+                    nibble_value(low, exp_bits, man_bits) * x0[lo + j]
+                    + nibble_value(high, exp_bits, man_bits) * x1[lo + j]
+                )
             s += scales[g] * t
     return s * minifloat_scale(exp_bits) if exp_bits else s
 
@@ -187,7 +185,7 @@ def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
         row_bytes = codes.shape[1] * codes.itemsize
         ahead, line = 1 + _PREFETCH_BYTES // row_bytes, max(1, 64 // codes.itemsize)
         for b in prange(-(-N // _BLOCK_ROWS)):
-            bits, w = np.empty(K, np.int32), np.empty(K, np.float32)
+            w = np.empty(K, np.float32)
             for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
                 if direct:
                     for col in range(0, codes.shape[1], line):  # the row ahead's cache lines
@@ -218,7 +216,7 @@ def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
                             d *= scales[n, 0] if scales.shape[1] else np.float32(1)
                         y[m, n] = d + bias[n] if bias.shape[0] else d
                     continue
-                decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, bits, w)
+                decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, w)
                 for m in range(M):
                     d = vector_dot(x[m], w)
                     y[m, n] = d + bias[n] if bias.shape[0] else d
@@ -234,8 +232,8 @@ def _qembedding(out, codes, scales, group_size, exp_bits, man_bits, specials, id
     # out (T, K) fp32, idx (T,): the row of each id decoded straight into its output row
     # (quant.cu's qembedding: a block per id). out first: one core below SERIAL_BELOW elements.
     for t in prange(idx.shape[0]):
-        row, bits = idx[t], np.empty(out.shape[1], np.int32)
-        decode_row(codes[row], scales[row], group_size, exp_bits, man_bits, specials, bits, out[t])
+        row = idx[t]
+        decode_row(codes[row], scales[row], group_size, exp_bits, man_bits, specials, out[t])
 
 
 def _kernel_args(codes, scales, fmt, group_size):
