@@ -182,9 +182,13 @@ def softmax_block(s, m, lsum, o):
     return m_new, lsum * alpha + total
 
 
-# prange over the rows from this many cached elements (k's B Hkv Tk D) on: measured on 2 cores,
-# the parallel launch cost more than it saved up to 1M (Llama's 8 kv heads of 1000 x 128)
-@kernel(serial_below=1 << 21)
+# prange over a decode step's rows from this many cached elements (k's B Hkv Tk D) on: measured
+# on 2 cores, the parallel launch cost more than it saved up to 1M (Llama's 8 kv heads of
+# 1000 x 128). kvcache.qattention, the same rows over an fp8 cache, keys on it too.
+DECODE_SERIAL_BELOW = 1 << 21
+
+
+@kernel(serial_below=DECODE_SERIAL_BELOW)
 def _attention_rows(k, v, q, scale, out, lse):
     # k, v (B, Hkv, Tk, D), q (B, H, Tq, D), any strides; out (B, H, Tq, D) C-contiguous and
     # lse (B, H, Tq) written, all in the compute dtype: a row (b, h, i) per iteration
