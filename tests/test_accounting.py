@@ -283,6 +283,30 @@ def test_phase_spans_follow_the_step():
     assert all(a[2] <= b[1] for a, b in zip(spans, spans[1:]))
 
 
+def test_a_deferred_profiler_counts_what_a_profiler_counts():
+    """Profiler(deferred=True) counts a launch when its launches are read, not as it runs
+    (but for those a tape record counts as they run): the same launches, phases, math labels,
+    FLOPs, exps and bytes as a profiler that counts at once."""
+    model = GPT2(GPT2Config.from_preset("gpt2-tiny"))
+    optimizer = AdamW(model.named_parameters())
+    x, y = measure.random_batch(model.config.vocab_size, 2, 8)
+
+    def fields(prof):
+        return [(k.name, k.phase, k.math, k.flops, k.exps, k.bytes) for k in prof.launches]
+
+    profs = []
+    for deferred in (False, True):
+        with Profiler(deferred=deferred) as prof:
+            measure.forward_backward(model, x, y)
+            optimizer.step()
+            optimizer.zero_grad()
+            if deferred:  # the optimizer's launches wait (a tape record counts the others')
+                assert [k[0] for k in prof._pending] == ["grad_norm_sq", "adamw_step", "fill"]
+        profs.append(prof)
+    assert fields(profs[0]) == fields(profs[1])
+    assert {k.math for k in profs[1].launches} >= {"forward", "backward", "optimizer"}
+
+
 # ---------------------------------------------------------------- the report
 
 

@@ -85,22 +85,13 @@ def launch(name, *args, **kwargs):
     out = getattr(be, name)(*args, **kwargs)
     if timer is not None:
         timer.stop()
-    flops, exps, nbytes = count(name, args, kwargs, out)
+    # counted now unless only deferred profilers want it (they count it when next read)
+    deferred = not _sinks and profiler.deferring()
+    counts = None if deferred else count(name, args, kwargs, out)
     if _sinks:
-        _sinks[-1].add(flops, nbytes)
+        _sinks[-1].add(counts[0], counts[2])
     for prof in profiler.active():
-        prof.launches.append(
-            profiler.Launch(
-                name,
-                profiler.current_phase(),
-                flops,
-                nbytes,
-                be.name,
-                timer,
-                t_host - prof.t0,
-                exps=exps,
-            )
-        )
+        prof.add(name, be.name, timer, t_host, counts, (args, kwargs, out))
     if TRACKER.track_temporaries:  # what the tracker does not know yet: a new array, or an
         # empty() buffer this kernel filled in place (fill, copy, out=); never a retag
         for a in _arrays(out if isinstance(out, tuple) else (out,)):

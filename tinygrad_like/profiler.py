@@ -83,12 +83,53 @@ def timing_wanted() -> bool:
     return any(p.timing for p in _active)
 
 
-class Profiler:
-    """with Profiler(timing=True) as prof: ...  then prof.census(), prof.by_phase(), ..."""
+def deferring() -> bool:
+    """Whether every active profiler counts its launches later (Profiler(deferred=True))."""
+    return all(p.deferred for p in _active)
 
-    def __init__(self, timing=False):
-        self.timing = timing
-        self.launches = []
+
+class Profiler:
+    """with Profiler(timing=True) as prof: ...  then prof.census(), prof.by_phase(), ...
+    deferred=True: a launch keeps its arguments and result as they were and is counted when the
+    launches are next read, so that while it runs the counting costs it a list append: a decode
+    step timed without the counting's Python (training/decode.py StepMeter), yet counted launch
+    by launch. It holds the step's arrays until then: for inference steps, not memory traces."""
+
+    def __init__(self, timing=False, deferred=False):
+        self.timing, self.deferred = timing, deferred
+        self._launches, self._pending = [], []
+
+    @property
+    def launches(self):
+        """Every Launch so far, in order (the deferred ones counted now)."""
+        if self._pending:
+            from .kernels import count  # kernels imports this module
+
+            for name, device, timer, start, phase, math, (args, kwargs, out) in self._pending:
+                flops, exps, nbytes = count(name, args, kwargs, out)
+                self._launches.append(
+                    Launch(name, phase, flops, nbytes, device, timer, start, math, exps)
+                )
+            self._pending = []
+        return self._launches
+
+    @launches.setter
+    def launches(self, launches):
+        self._launches, self._pending = list(launches), []
+
+    def add(self, name, device, timer, t_host, counts, run):
+        """A launch of kernel `name` that started at t_host (perf_counter), counted (counts:
+        kernels.count's FLOPs, exps and bytes) or, when None, to be counted from run (args,
+        kwargs, out) when the launches are next read."""
+        start = t_host - self.t0
+        if counts is None:
+            math = _math[-1] or _phase[-1]
+            self._pending.append((name, device, timer, start, _phase[-1], math, run))
+        else:
+            flops, exps, nbytes = counts
+            self._launches.append(
+                Launch(name, _phase[-1], flops, nbytes, device, timer, start, exps=exps)
+            )
 
     def __enter__(self):
         # the perf_counter() reading every Launch.start counts from (other timelines, such as

@@ -83,17 +83,18 @@ def compute_bound_batch(K, N, itemsize, ridge):
 class StepMeter:
     """Wraps a generate_stream iterator: yields its tokens, and keeps for each step (the prompt's
     first, then one per decode step) its seconds and the launches it made, whose bytes are
-    counted where each kernel is launched (kernels.launch). timing: time each launch too (the
-    sweep's per-GEMM times); off, a launch costs only its counting."""
+    counted where each kernel is launched (kernels.launch) and tallied after the step's clock
+    has stopped (a deferred Profiler), so that a step's seconds hold none of the counting's
+    Python. timing: time each launch too (the sweep's per-GEMM times)."""
 
     def __init__(self, tokens, timing=False):
         self.tokens, self.timing = tokens, timing
         self.steps = []  # (seconds, [Launch])
 
     def __iter__(self):
-        with Profiler(timing=self.timing) as prof:
+        with Profiler(timing=self.timing, deferred=True) as prof:
             while True:
-                start, t0 = len(prof.launches), time.perf_counter()
+                start, t0 = len(prof.launches), time.perf_counter()  # the last step counted
                 try:
                     token = next(self.tokens)  # its logits reached the host: the step is done
                 except StopIteration:
