@@ -84,23 +84,26 @@ def _announced(jitted, name, args):
     return out
 
 
-def kernel(fn=None, *, serial_below=None, fastmath=False):
+def kernel(fn=None, *, serial_below=None, work=None, fastmath=False):
     """@kernel: fn compiled with prange over the cores (one core below serial_below elements
     of its first argument, default SERIAL_BELOW), cached on disk; the first call per dtype that
     compiles (a cold cache) prints 'compiled cpu.<name> in N s' to stderr. @kernel(serial_below=
-    n) for a kernel whose work per element of its first argument is another's; fastmath=True
-    for one whose sums may be reassociated (a GEMV: vector_dot's flags, inlined loops included).
-    fn may be a closure over constants (a kernel made per format: Numba caches it by their
-    values), never over a compiled function, which Numba does not cache."""
+    n) for a kernel whose work per element of its first argument is another's, and work=f for
+    one whose work is not its first argument's size: f(*args), compared with serial_below;
+    fastmath=True for one whose sums may be reassociated (a GEMV: vector_dot's flags, inlined
+    loops included). fn may be a closure over constants (a kernel made per format: Numba
+    caches it by their values), never over a compiled function, which Numba does not cache."""
     if fn is None:
-        return lambda fn: kernel(fn, serial_below=serial_below, fastmath=fastmath)
+        return lambda fn: kernel(fn, serial_below=serial_below, work=work, fastmath=fastmath)
     variants = {True: _jit(fn, True, fastmath), False: _jit(fn, False, fastmath)}
-    # one usable core (taskset, an MPI rank bound to a core): the serial twin always, since a
-    # parallel launch costs its thread hand-off with no core to gain
-    below = (serial_below or SERIAL_BELOW) if THREADS > 1 else math.inf
+    size = work or (lambda first, *rest: first.size)
 
     def call(*args):
-        return _announced(variants[args[0].size >= below], fn.__name__, args)
+        # one usable core (taskset, an MPI rank bound to a core): the serial twin always, since
+        # a parallel launch costs its thread hand-off with no core to gain. Read at each call,
+        # so that a test can move SERIAL_BELOW.
+        parallel = THREADS > 1 and size(*args) >= (serial_below or SERIAL_BELOW)
+        return _announced(variants[parallel], fn.__name__, args)
 
     call.__name__, call.__doc__ = fn.__name__, fn.__doc__
     return call

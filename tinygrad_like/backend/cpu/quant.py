@@ -153,11 +153,13 @@ def _decode_dot(codes, scales, x0, x1, exp_bits, man_bits, specials, group_bytes
     return s * minifloat_scale(exp_bits) if exp_bits else s
 
 
-# Below this many codes a qmatmul runs on one core. Measured (AMD EPYC, 2 vCPUs shared with
-# other jobs, int8 GEMVs of K = 768, M = 1): one core is faster up to N = 1536 rows (1.2M codes:
-# 0.88 ms against 0.95 parallel), two from N = 2304 (1.8M: 1.39 against 1.13 ms); a parallel
-# launch alone costs about 55 us (N = 4: 6 us serial, 57 parallel).
-_QMATMUL_SERIAL_BELOW = 3 << 19
+# Below this much work (_qmatmul_work) a qmatmul runs on one core: a parallel launch costs
+# 60-100 us, and two cores streaming weights from memory share its bandwidth. Measured (AMD
+# EPYC family 25 model 1, 2 vCPUs, M = 1, K = 768, us serial / parallel), weights from memory
+# (40 matrices in turn): int4 0.88M codes 298 / 343, 1.18M 397-436 / 481-562; int8 2.36M
+# 180-191 / 255-290; bf16 2.36M 436-469 / 503-565; the LM head (38.6M codes, repeated): int8
+# 2,959 / 1,572, bf16 6,066 / 2,557, int4 (19.3M) 6,491 / 3,282.
+_QMATMUL_SERIAL_BELOW = 1 << 22
 _DECODE_ONCE_FROM = 4  # rows of x from which a row of W is decoded once, not at every row
 _GROUP_BYTES = (16, 32, 64)  # the 4-bit groups (32, 64, 128 elements) with a decode-step dot
 # How far ahead of the row it decodes the decode-step dot asks for codes (prefetch): streaming
@@ -166,17 +168,23 @@ _GROUP_BYTES = (16, 32, 64)  # the 4-bit groups (32, 64, 128 elements) with a de
 _PREFETCH_BYTES = 4096
 
 
+def _qmatmul_work(codes, scales, group_size, x, *rest):
+    """A qmatmul's work for compiled.kernel's one-core rule: its codes, times x's rows when
+    each decoded row of W is dotted with them all (from _DECODE_ONCE_FROM rows: a prompt)."""
+    return codes.size * (x.shape[0] if x.shape[0] >= _DECODE_ONCE_FROM else 1)
+
+
 def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
     """The qmatmul of one format (and 4-bit group), compiled with its fields as constants."""
 
-    @kernel(serial_below=_QMATMUL_SERIAL_BELOW, fastmath=True)
+    @kernel(serial_below=_QMATMUL_SERIAL_BELOW, work=_qmatmul_work, fastmath=True)
     def _qmatmul(codes, scales, group_size, x, x0, x1, bias, y):
         # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N)
         # fp32; x0, x1 (M, K / 2): x's even and odd elements, or empty (M, 0) when the 4-bit
         # dot is not used: a block of rows of W per iteration (quant.cu's qmatmul: a block per
         # row). A few rows of x (a decode step) go through _decode_dot, each code decoded as read;
         # else each row of W is decoded once into w (decode_row) and dotted with every row of x.
-        # codes first: one core below _QMATMUL_SERIAL_BELOW codes (compiled.kernel's rule).
+        # one core below _QMATMUL_SERIAL_BELOW's work (_qmatmul_work, compiled.kernel's rule).
         M, K = x.shape
         N = codes.shape[0]
         direct = M < _DECODE_ONCE_FROM and (
