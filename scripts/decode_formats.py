@@ -4,7 +4,11 @@ format in turn (nn/quant.py), and for each format:
 - bytes: the weights' stored bytes per parameter, and the bytes a decode step moves (counted at
   each kernel launch) beside its floor (every streamed weight once, and the KV cache so far);
 - speed: greedy decode of a fixed prompt, ms per token (the median decode step), the floor at the
-  measured read bandwidth (tinygrad_like/peaks.py) and the fraction of that bound reached;
+  measured read bandwidth (tinygrad_like/peaks.py) and the fraction of that bound reached. The
+  formats are timed in --rounds interleaved rounds (each round decodes every format in turn,
+  uncounted), so that a slow spell of a shared machine slows every format alike: ms per token
+  is the median step over the rounds, and the speed against fp32 the median of the rounds'
+  ratios;
 - quality: the mean validation loss over fixed batches of the corpus, its change against fp32's,
   and how many of the greedy tokens agree with fp32's (all positions, and before the first
   disagreement: after one, the two continue from different texts).
@@ -17,6 +21,7 @@ A benchmark, not a test: its figures are the machine's (docs/decode.md names it)
 """
 
 import statistics
+import time
 
 import numpy as np
 
@@ -49,13 +54,15 @@ def parse_args(argv=None):
     p.add_argument("--seq-len", type=int, default=128, help="validation T (default 128)")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens (default 16)")
     p.add_argument("--new-tokens", type=int, default=64, help="decode steps (default 64)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
     p.add_argument("--plot", metavar="PNG", help="draw ms/token against bytes/token here")
     return p.parse_args(argv)
 
 
-def measure(path, fmt, group_size, val_path, args):
-    """One format: {fmt, bytes_per_param, loss, tokens, ms, moved, floor} of the checkpoint at
-    path quantized to fmt (fp32: as loaded)."""
+def measure(path, fmt, group_size, val_path, prompt, args):
+    """One format's model (the checkpoint at path quantized to fmt; fp32: as loaded) and
+    {fmt, bytes_per_param, loss, tokens, moved, floor}: its greedy tokens after prompt (1, P)
+    and the bytes a decode step moves, counted at each launch; timed() times it."""
     model = from_pretrained(path, dtype="fp32", device="cpu", options=PLAIN_HEAD)
     if fmt != "fp32":
         quantize_model(model, fmt, group_size)
@@ -63,21 +70,48 @@ def measure(path, fmt, group_size, val_path, args):
     loader = DataLoader(val_path, args.batch_size, args.seq_len, seed=0)
     with no_grad():
         losses = [model(*loader.next_batch())[1].item() for _ in range(args.eval_iters)]
-    prompt = np.asarray(loader.tokens[: args.prompt_len], dtype=np.int64)[None]  # (1, P)
     meter = StepMeter(model.generate_stream(prompt, args.new_tokens, temperature=0))
     tokens = [int(t[0]) for t in meter]
     steps = range(1, len(meter.steps))  # step s feeds token s: the cache holds P + s positions
     per_param = weight_bytes_per_parameter(fmt, group_size, model.config)[1]
     floor = [stream_bytes(model.config, per_param, 4, 1, args.prompt_len + s) for s in steps]
-    return {
+    return model, {
         "fmt": fmt,
         "bytes_per_param": per_param,
         "loss": float(np.mean(losses)),
         "tokens": tokens,
-        "ms": statistics.median(meter.steps[s][0] for s in steps) * 1e3,
         "moved": statistics.mean(meter.step_bytes(s) for s in steps),
         "floor": statistics.mean(floor),  # the fp32 KV cache's 4 bytes included
     }
+
+
+def decode_steps(model, prompt, new_tokens):
+    """Seconds of each decode step of a greedy decode (the prompt's step left out), timed as a
+    plain decode runs: nothing counted."""
+    stream, seconds = model.generate_stream(prompt, new_tokens, temperature=0), []
+    next(stream, None)  # the prompt's step
+    while True:
+        t0 = time.perf_counter()
+        if next(stream, None) is None:
+            return seconds
+        seconds.append(time.perf_counter() - t0)
+
+
+def timed(models, rows, prompt, args):
+    """Set each row's ms (the median decode step over args.rounds rounds, every format decoded
+    in turn in each) and speed (fp32's median step over its own in the same round, the median
+    over the rounds; 1 when fp32 is not among them)."""
+    rounds = {r["fmt"]: [] for r in rows}
+    for _ in range(args.rounds):
+        for model, r in zip(models, rows):
+            rounds[r["fmt"]].append(decode_steps(model, prompt, args.new_tokens))
+    for r in rows:
+        r["ms"] = statistics.median(s for steps in rounds[r["fmt"]] for s in steps) * 1e3
+        base = rounds.get("fp32", rounds[r["fmt"]])
+        ratios = [
+            statistics.median(b) / statistics.median(s) for b, s in zip(base, rounds[r["fmt"]])
+        ]
+        r["speed"] = statistics.median(ratios)
 
 
 PLAIN_HEAD = ExecutionOptions(lm_head="plain")  # the loss through the head's own GEMM
@@ -104,7 +138,7 @@ def format_table(rows, bandwidth):
                 f"{r['ms']:,.2f}",
                 f"{bound_ms:,.2f}",
                 f"{bound_ms / r['ms']:.2f}",
-                f"{base['ms'] / r['ms']:.2f}x",
+                f"{r['speed']:.2f}x",
                 f"{r['loss']:.4f}",
                 f"{100 * (r['loss'] / base['loss'] - 1):+.2f}%",
                 f"{equal}/{len(base['tokens'])} ({prefix})",
@@ -156,6 +190,11 @@ def run(args, log=print):
     """Measure every format of args (parse_args's) on its checkpoint, log the table (and draw
     args.plot) -> the rows, measure()'s, one per format."""
     formats = args.formats.split(",")
+    if args.new_tokens < 2 or args.rounds < 1:
+        raise ValueError(
+            f"--new-tokens {args.new_tokens} and --rounds {args.rounds}: time at least one "
+            "decode step (--new-tokens 2, the first token comes from the prompt) in a round"
+        )
     for fmt in formats:
         if fmt != "fp32":
             quant.get_format(fmt)
@@ -166,10 +205,15 @@ def run(args, log=print):
     ensure_data(args)  # the Shakespeare default is made when missing, as the trainer does
     val_path = f"{args.data_dir}/val.bin"
     peak = peaks.get("cpu")
-    rows = [measure(path, fmt, args.group_size, val_path, args) for fmt in formats]
+    loader = DataLoader(val_path, args.batch_size, args.seq_len, seed=0)
+    prompt = np.asarray(loader.tokens[: args.prompt_len], dtype=np.int64)[None]  # (1, P)
+    measured = [measure(path, fmt, args.group_size, val_path, prompt, args) for fmt in formats]
+    models, rows = [m for m, _ in measured], [r for _, r in measured]
+    timed(models, rows, prompt, args)
     log(
         f"-- weight formats: {path}, greedy decode of {args.new_tokens} tokens after "
-        f"{args.prompt_len}, val loss over {args.eval_iters} x {args.batch_size} x "
+        f"{args.prompt_len} ({args.rounds} interleaved rounds), val loss over "
+        f"{args.eval_iters} x {args.batch_size} x "
         f"{args.seq_len} tokens; {peak.machine}, read bandwidth {peak.read_bw / 1e9:.1f} GB/s "
         f"(measured {peak.when})"
     )

@@ -26,10 +26,11 @@ template <int FMT> constexpr int CODE_BYTES = FMT == BF16 || FMT == FP16 ? 2 : 1
 
 // The decode functions: bit operations from the code to its fp32 value, exact (every format's
 // values are fp32 values), the values of cpu/quant.py's int8_value, int4_value and
-// minifloat_bits times minifloat_scale, bit for bit (quant.FORMATS' fields are minifloat_value's
-// template arguments below). One difference of means: the CPU makes a small float's subnormal
-// an fp32 subnormal and multiplies it up, which CuPy's -ftz=true (added to every compile) would
-// flush to zero here; minifloat_value takes it as the difference of two fp32 normals instead.
+// minifloat_value times minifloat_scale, bit for bit but for a NaN's payload (quant.FORMATS'
+// fields are minifloat_value's template arguments below). One difference of means: the CPU
+// goes through fp16 (F16C's conversion, subnormals exact) and multiplies by a power of two,
+// where a small float's subnormal would meet CuPy's -ftz=true (added to every compile) and be
+// flushed to zero; minifloat_value here takes it as the difference of two fp32 normals.
 __device__ __forceinline__ float int8_value(unsigned code) {  // two's complement byte
     return (float)(((int)code ^ 0x80) - 0x80);
 }
