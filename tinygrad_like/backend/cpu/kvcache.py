@@ -89,18 +89,24 @@ def _kv_quantize(bits, codes, scales, qmax, qmax_bits, nan_code, exp_bits, man_b
         scales[n] = scale
 
 
+def _cached_elements(k_codes, k_scales, v_codes, v_scales, q, length, *rest):
+    """The keys qattention reads, B Hkv length D: its work for compiled.kernel's one-core rule
+    (the cache's capacity, L, is not: a B = 1 cache went to both cores at 43 positions)."""
+    B, Hkv, _, D = k_codes.shape
+    return B * Hkv * length * D
+
+
 def _qattention_kernel(exp_bits, man_bits, specials):
     """The qattention of one format, compiled with its fields as constants (as cpu/quant.py's
     _qmatmul_kernel), so that LLVM folds the decode into a few vector instructions."""
 
-    @kernel(serial_below=DECODE_SERIAL_BELOW)
+    @kernel(serial_below=DECODE_SERIAL_BELOW, work=_cached_elements)
     def _qattention(k_codes, k_scales, v_codes, v_scales, q, length, scale, out):
-        # k_codes, v_codes (B, Hkv, L, D) uint8, k_scales, v_scales (B, Hkv, L) fp32 (L >=
-        # length), q and out (B, H, Tq, D) fp32: a row (b, h, i) per iteration, its keys
-        # 0 ... length - Tq + i in blocks of _KEYS (the module's docstring). k_codes first, cut
-        # to the positions in use: one core below DECODE_SERIAL_BELOW cached elements
-        # (compiled.kernel keys on the first argument; attention's decode rows keep the same
-        # rule), the work of a row growing with them.
+        # k_codes, v_codes (B, Hkv, L, D) uint8, k_scales, v_scales (B, Hkv, L) fp32, q and out
+        # (B, H, Tq, D) fp32: a row (b, h, i) per iteration, its keys 0 ... length - Tq + i in
+        # blocks of _KEYS (the module's docstring). One core below DECODE_SERIAL_BELOW cached
+        # elements in use (_cached_elements; attention's decode rows keep the same rule), the
+        # work of a row growing with them.
         B, Hkv, _, D = k_codes.shape
         H, Tq = q.shape[1], q.shape[2]
         G = H // Hkv
@@ -167,7 +173,5 @@ def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, length, scale):
         _QATTENTION[fields] = _qattention_kernel(*fields)
     qs = np.ascontiguousarray(f32(q), dtype=np.float32)
     out = np.empty(q.shape, np.float32)
-    used = (slice(None), slice(None), slice(0, length))  # the positions written so far
-    k_codes, k_scales, v_codes, v_scales = (a[used] for a in (k_codes, k_scales, v_codes, v_scales))
     _QATTENTION[fields](k_codes, k_scales, v_codes, v_scales, qs, length, np.float32(scale), out)
     return rounded(out, q.dtype)
