@@ -3,7 +3,7 @@ folder), by save_pretrained, or a Hugging Face GPT-2 or Llama directory. Streams
 come, then prints prompt and generation speed. Several --prompt texts of one token length are
 decoded as one batch (the attention has no padding mask, so a batch is never padded: prompts of
 other lengths are refused, to be run separately); each sequence is printed when all are done.
---stats adds the decode accounting (training/decode.py): ms per token, tokens/s, bytes per token
+--stats adds the decode accounting (accounting/decode.py): ms per token, tokens/s, bytes per token
 counted by the kernels beside the weights-plus-cache floor, and the fraction of its bound.
 --weights quantizes the model's GEMM weights on load (nn/quant.py: int8, int4, fp8, fp4, bf16 or
 fp16 codes that the kernels decode as they read them), after loading it in fp32. A quantized
@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from accounting import fits
+from accounting.decode import StepMeter, stats
 from nn import from_pretrained
 from nn.hf import WEIGHTS, read_config, read_quantization
 from nn.lm import KV_DTYPES
@@ -26,10 +28,8 @@ from nn.quant import quantize_model
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
 from tinygrad_like import backend, peaks, quant
-from training import fits
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
-from training.decode import StepMeter, stats
 
 NO_CHECKPOINT = """error: no --checkpoint given. Either
   train one:   python examples/train_gpt2.py --out out   (then --checkpoint out)

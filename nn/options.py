@@ -17,7 +17,7 @@ CHOICES = {
 @dataclass(frozen=True)
 class ExecutionOptions:
     """Three trades of memory for compute (and one design of the fused head), each measured by
-    the accounting report (training/report.py). Checked once, here: a bad value is a
+    the accounting report (accounting/report.py). Checked once, here: a bad value is a
     ValueError naming the choices."""
 
     # flash: FlashAttention in blocks, saving one fp32 log-sum-exp per row; naive: saves the

@@ -3,7 +3,7 @@
 For one preset, dtype, batch and sequence length it measures
   1. the training step (forward, backward, gradient clipping, AdamW step, zero_grad): median
      time of the timed steps (warm-up steps excluded) and tokens/s;
-  2. MFU: achieved model FLOP/s (6N + 12LCT per token) over training/mfu.py's peak, the one the
+  2. MFU: achieved model FLOP/s (6N + 12LCT per token) over accounting/mfu.py's peak, the one the
      trainer divides by too: on a CPU the fp32 matmul peak NumPy's BLAS reaches here (measured
      once per machine and cached, tinygrad_like/peaks.py), on a GPU the datasheet's for the
      dtype (H200: dense bf16, 989 TFLOP/s);
@@ -36,7 +36,7 @@ against MB/token) instead of the census's. --decode-sweep runs scripts/decode_sw
 greedy decode of --model, B = 1 ... 64, along the roofline) with this run's --dtype, --device,
 --prompt-len (its prompt) and --new-tokens.
 
-The census gives every kernel its roofline (training/roofline.py): the machine's peaks
+The census gives every kernel its roofline (accounting/roofline.py): the machine's peaks
 (tinygrad_like/peaks.py, the same cache), its bound (compute, memory, exp or launch), the time
 that bound allows, the fraction of it reached, and rows sorted by the time lost to the bound.
 
@@ -76,10 +76,12 @@ from bench_ours import (
 )
 from torch_gpt2 import PEER_DTYPES, TorchPeer
 
+from accounting import mfu, roofline, roofline_plot
+from accounting.measure import random_batch
+from accounting.tables import table
 from nn import GPT2Config
 from tinygrad_like import peaks
 from tinygrad_like.profiler import format_census
-from training import mfu, roofline, roofline_plot
 from training.args import (
     ArgumentParser,
     add_model_args,
@@ -89,8 +91,6 @@ from training.args import (
     user_errors,
 )
 from training.corpus import DEFAULT_DATA_DIR
-from training.measure import random_batch
-from training.tables import table
 
 # |initial loss, ours - PyTorch's| allowed: both compute the same function, rounded alike
 LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}
@@ -192,7 +192,7 @@ def parse_args(argv=None):
         if args.device == "meta":
             raise ValueError(
                 "--device meta counts a step without running it, so there is nothing to time: "
-                "count it with python scripts/accounting.py --device meta"
+                "count it with python scripts/report.py --device meta"
             )
         options_from_args(args)
         for name in ("steps", "rounds", "prompt_len", "new_tokens", "gen_batch", "gen_repeats"):

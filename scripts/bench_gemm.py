@@ -37,12 +37,12 @@ import time
 import machine
 import numpy as np
 
+from accounting.tables import table
 from nn.config import PRESETS
 from tinygrad_like import ops, peaks
 from tinygrad_like.backend import cpu
 from tinygrad_like.backend.cpu import runtime
 from training.args import ArgumentParser, user_errors
-from training.tables import table
 
 STEP = {"gpt2-mini": (8, 128), "gpt2": (4, 256)}  # (B, T) of each preset's benchmarked step
 SAMPLE_S = 0.01  # a timed sample repeats a call until it lasts about this long

@@ -20,9 +20,9 @@ import statistics
 
 import numpy as np
 
+from accounting.tables import table
 from tinygrad_like import backend, dtypes
 from training.args import ArgumentParser, check_dtype, user_errors
-from training.tables import table
 
 try:  # --help and the one-line error on a machine without a GPU need no CuPy
     import cupy

@@ -10,9 +10,9 @@ import numpy as np
 
 from nn import GPT2
 from optim import AdamW, LossScaler
+from optim.step import train_on
 from tinygrad_like import backend, no_grad
 from tinygrad_like.profiler import Profiler
-from training.step import train_on
 
 
 # |initial loss, ours - PyTorch's| allowed: both compute the same function, rounded alike
@@ -40,7 +40,7 @@ def ours_loss(model, x, y):
 
 
 def ours_train_step(model, opt, x, y, device="cpu", scaler=None):
-    """One optimizer step as the trainer takes it (training/step.py, grad_accum 1, no data
+    """One optimizer step as the trainer takes it (optim/step.py, grad_accum 1, no data
     loading), finished on the device. -> the loss."""
     loss = train_on(model, opt, [(x, y)], scaler)[0]
     backend.get(device).synchronize()

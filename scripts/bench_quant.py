@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
+from accounting.tables import table
 from tinygrad_like import backend, quant
 from training.args import ArgumentParser, user_errors
-from training.tables import table
 
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)]  # (K, N)
 

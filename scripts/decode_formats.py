@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from accounting.decode import StepMeter, stream_bytes, weight_bytes_per_parameter
+from accounting.tables import table
 from nn import from_pretrained
 from nn.hf import read_quantization
 from nn.options import ExecutionOptions
@@ -35,8 +37,6 @@ from training.checkpoint import find_checkpoint
 from training.cli import ensure_data
 from training.corpus import DEFAULT_DATA_DIR
 from training.data import DataLoader
-from training.decode import StepMeter, stream_bytes, weight_bytes_per_parameter
-from training.tables import table
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "fp4_e2m1")
 

@@ -1,12 +1,13 @@
 """Batched decode along the roofline: greedy decode of B = 1, 2, 4, ... 64 random prompts on a
 fresh model, printing tokens/s, each weight GEMM's arithmetic intensity, bound and fraction of
 its roof, and the B at which decode turns compute-bound, predicted from the ridge point
-(tinygrad_like/peaks.py) beside measured (training/decode.py says how). A benchmark, not a test.
+(tinygrad_like/peaks.py) beside measured (accounting/decode.py says how). A benchmark, not a test.
 
     python scripts/decode_sweep.py                        # gpt2-mini, fp32, B = 1 ... 64
     python scripts/decode_sweep.py --model llama-mini --dtype bf16 --batches 1,4,16,64
 """
 
+from accounting.decode import format_sweep, sweep_batch
 from nn import build
 from tinygrad_like import peaks
 from training.args import (
@@ -16,7 +17,6 @@ from training.args import (
     config_from_args,
     user_errors,
 )
-from training.decode import format_sweep, sweep_batch
 
 
 def parse_args(argv=None):

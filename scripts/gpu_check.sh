@@ -275,7 +275,7 @@ read -r -d '' METRICS <<'EOF'
 import json
 import sys
 
-from training.tables import table
+from accounting.tables import table
 
 rows = [json.loads(line) for line in open(sys.argv[1])]
 print(table(["step", "loss", "ms", "tokens/s", "MFU"],

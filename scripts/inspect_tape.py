@@ -13,6 +13,8 @@ owns (gradients summed across uses, added into each .grad) are the backward phas
 
 import json
 
+from accounting.measure import forward_backward, group, layer_of
+from accounting.tables import table
 from nn import build, from_pretrained
 from tinygrad_like import dtypes
 from tinygrad_like.profiler import Profiler
@@ -26,8 +28,6 @@ from training.args import (
     user_errors,
 )
 from training.checkpoint import find_checkpoint
-from training.measure import forward_backward, group, layer_of
-from training.tables import table
 
 
 def parse_args(argv=None):

@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 
+from accounting.tables import table
 from tinygrad_like import memory
 from tinygrad_like.memory import TAGS, TRACKER
 from tinygrad_like.profiler import PHASES, Profiler
@@ -26,7 +27,6 @@ from training.args import ArgumentParser, add_model_args, check_model_args, user
 from training.cli import ensure_data
 from training.corpus import DEFAULT_DATA_DIR
 from training.loop import RunConfig, Trainer
-from training.tables import table
 
 PHASE_COLORS = {
     "forward": "tab:blue",

@@ -27,7 +27,7 @@ and prediction (c) compares bias+gelu with bias fc + gelu.
 Every output is checked against a float64 NumPy reference computed from the same inputs (the
 error is max |out - ref| / max |ref|). Each kernel is then timed R times on the backend's clock
 (the census's: perf_counter on a CPU, CUDA events on a GPU) and the fastest call is kept: load
-from other processes only ever slows a call. Its roofline (training/roofline.py, over the
+from other processes only ever slows a call. Its roofline (accounting/roofline.py, over the
 machine's peaks: tinygrad_like/peaks.py, measured once per machine and cached) gives the bound,
 the roofline time and the fraction of it reached. Last, the lab's six predictions beside what
 was measured, and which held.
@@ -37,13 +37,13 @@ import math
 
 import numpy as np
 
+from accounting import roofline
+from accounting.tables import table, wrap
 from tinygrad_like import backend, dtypes
 from tinygrad_like import peaks as machine_peaks
 from tinygrad_like.kernels import launch
 from tinygrad_like.profiler import Profiler
-from training import roofline
 from training.args import ArgumentParser, user_errors
-from training.tables import table, wrap
 
 C, HIDDEN = 768, 3072  # GPT-2 small's width and MLP width
 SIZES = (1, 64, 512)

@@ -25,7 +25,9 @@ if _HERE not in sys.path:
 # none writes the user's ~/.cache. Set in pytest_configure, before the test modules are
 # imported: some build their subprocesses' environment then (test_faults.ENV). A subprocess
 # with other BLAS variables is another machine to the cache (tinygrad_like/peaks.py) and
-# measures its own, once, into the same folder.
+# measures its own, once, into the same folder. TG_QUIET=1: a Numba compile's announcement
+# ("compiled cpu.<kernel> in N s", printed by whichever test first meets a cold cache) would
+# otherwise be a second line beside the one-line errors the tests read.
 _SESSION = {}
 
 
@@ -46,9 +48,10 @@ def pytest_configure(config):
     _SESSION.update(
         peaks=made_up,
         folder=tempfile.mkdtemp(prefix="tinygrad_like-test-cache-"),
-        env={k: os.environ.get(k) for k in ("XDG_CACHE_HOME", peaks.REMEASURE)},
+        env={k: os.environ.get(k) for k in ("XDG_CACHE_HOME", peaks.REMEASURE, "TG_QUIET")},
     )
     os.environ["XDG_CACHE_HOME"] = _SESSION["folder"]
+    os.environ["TG_QUIET"] = "1"
     os.environ.pop(peaks.REMEASURE, None)
     path = peaks.cache_path("cpu")
     path.parent.mkdir(parents=True)

@@ -1,7 +1,7 @@
 """The accounting layer: FLOPs counted from real launches against ACCOUNTING.md's formulas
 (written out here from the config, never taken from the code under test), bytes per parameter,
 activations (tape against tracker), the tape listing against the profiler, the Chrome trace's
-format, and the report printed by scripts/accounting.py and at the end of training."""
+format, and the report printed by scripts/report.py and at the end of training."""
 
 import gc
 import json
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import tinygrad_like.ops as F
+from accounting import measure, predictions, report
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
-from training import measure, predictions, report
 from training.data import write_tokens
 from training.loop import RunConfig, Trainer
 

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from training.measure import random_batch
+from accounting.measure import random_batch
 
 _SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 

@@ -1,4 +1,4 @@
-"""Decoding where bytes decide (training/decode.py, nn/lm.py's KVCache): the KV cache in another
+"""Decoding where bytes decide (accounting/decode.py, nn/lm.py's KVCache): the KV cache in another
 dtype (greedy tokens against an fp32 cache, the tracker's bytes against the prediction, the
 casts counted), batched decode against each prompt alone, the decode step's GEMMs and floor
 against what the kernels counted, generate.py --stats and its refusals, the sweep's smoke run,
@@ -15,11 +15,11 @@ from test_llama import GQA
 from test_llama import randomized as randomized_llama
 
 import tinygrad_like as tg
+from accounting import decode, predictions
 from nn import KVCache, from_preset
 from tinygrad_like import dtypes
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
-from training import decode, predictions
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
+from accounting.predictions import predicted_collectives, predicted_state_bytes
 from nn.hf import read_state
 from optim import AdamW
 from tinygrad_like.distributed import Communicator, sent_bytes
 from training import checkpoint
-from training.predictions import predicted_collectives, predicted_state_bytes
 
 pytest.importorskip("mpi4py", reason="the [dist] extra: pip install -e '.[test,dist]'")
 

@@ -694,7 +694,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_boundary(shakespeare, tmp_p
 @pytest.fixture
 def memory_24gb(monkeypatch):
     """24 GB available (the machine of issue 25): nothing is allocated to find out."""
-    from training import fits
+    from accounting import fits
 
     monkeypatch.setattr(fits, "available_bytes", lambda device: 24 * 10**9)
 
@@ -702,7 +702,7 @@ def memory_24gb(monkeypatch):
 def test_accounting_of_a_model_that_does_not_fit_is_refused_at_once(memory_24gb, capsys):
     t0 = time.perf_counter()
     with pytest.raises(SystemExit) as exit_info:
-        script_main("scripts/accounting.py")(["--model", "gpt2-xl", "--device", "cpu"])
+        script_main("scripts/report.py")(["--model", "gpt2-xl", "--device", "cpu"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and one_line_error(err), err
     assert "gpt2-xl's training step" in err and "needs about 25.59 GB" in err
@@ -718,7 +718,7 @@ def test_training_a_model_that_does_not_fit_is_refused_before_building_it(
 
 
 def test_generating_from_a_checkpoint_that_does_not_fit_is_refused(tmp_path, monkeypatch, capsys):
-    from training import fits
+    from accounting import fits
 
     monkeypatch.setattr(fits, "available_bytes", lambda device: 10**6)
     GPT2(GPT2Config.from_preset("gpt2-tiny")).save_pretrained(tmp_path)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import tinygrad_like.ops as F
+from accounting.measure import random_batch
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
+from optim.step import train_on
 from tinygrad_like import TAPE, Tensor, no_grad
 from tinygrad_like.profiler import GEMMS, Profiler
-from training.measure import random_batch
-from training.step import train_on
 
 DESIGNS = F.HEAD_DESIGNS
 N, C, VP, V = 29, 16, 128, 120  # 29 rows: blocks of 8, the last one of 5; 8 padding columns

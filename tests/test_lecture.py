@@ -1,12 +1,12 @@
 """The course's reference 7B measured on the meta device: lecture 2's figures come out of a
-real training step's counts (training/lecture.py, scripts/accounting.py)."""
+real training step's counts (accounting/lecture.py, scripts/report.py)."""
 
 import time
 
 import pytest
 
+from accounting import lecture, measure
 from nn import ExecutionOptions, from_preset
-from training import lecture, measure
 
 B, T = 8, 4096  # the lecture's micro-batch: 32,768 tokens
 

@@ -420,7 +420,7 @@ def test_a_config_without_key_value_heads_is_multi_head(tmp_path):
 def test_accounting_predicts_what_a_llama_step_measures(cfg, options):
     """Parameters by piece, the bytes each layer and the whole tape save, and the tracker's
     peak, predicted from the config alone, equal what a real step measured."""
-    from training import measure, predictions, report
+    from accounting import measure, predictions, report
 
     m = measure.measure(cfg, "fp32", batch_size=2, seq_len=20, warmup=0, options=options)
     measured = predictions.count_pieces(m.parameters)

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 import tinygrad_like.ops as F
+from accounting import measure
+from accounting.predictions import predicted_collectives, predicted_state_bytes
 from nn import GPT2, ExecutionOptions, GPT2Config, LlamaConfig, build, from_preset
-from optim import AdamW, LossScaler, clip_grad_norm_
-from scripts import accounting
+from optim import AdamW, LossScaler, clip_grad_norm_, step
+from scripts import report as report_script
 from tinygrad_like import Tensor, backend, distributed, no_grad
 from tinygrad_like.backend.meta import MetaArray, NoValues
 from tinygrad_like.memory import TAGS, TRACKER, root
 from tinygrad_like.profiler import Profiler
-from training import measure, step
 from training.args import Refused
-from training.predictions import predicted_collectives, predicted_state_bytes
 
 TINY = GPT2Config.from_preset("gpt2-tiny")  # L=2, C=32, H=2, context 64
 SMALL_VOCAB = GPT2Config(n_layer=1, n_head=3, n_embd=48, n_positions=80, vocab_size=300)
@@ -242,14 +242,14 @@ def test_generation_is_refused_on_meta():
 
 
 def test_accounting_runs_on_meta_and_refuses_token_files(capsys, tmp_path):
-    accounting.main(["--model", "gpt2-tiny", "--device", "meta", "--dtype", "bf16"])
+    report_script.main(["--model", "gpt2-tiny", "--device", "meta", "--dtype", "bf16"])
     out = capsys.readouterr().out
     assert "bf16 on meta" in out and "the step was counted, not run" in out
     with pytest.raises(Refused):
-        accounting.main(["--model", "gpt2-tiny", "--device", "meta", "--data", str(tmp_path)])
+        report_script.main(["--model", "gpt2-tiny", "--device", "meta", "--data", str(tmp_path)])
     assert "error: the meta device holds shapes, not values: --data" in capsys.readouterr().err
     with pytest.raises(Refused):
-        accounting.main(["--model", "gpt2-tiny", "--device", "meta", "--dtype", "fp16"])
+        report_script.main(["--model", "gpt2-tiny", "--device", "meta", "--dtype", "fp16"])
     assert "error: the meta device holds shapes" in capsys.readouterr().err
 
 

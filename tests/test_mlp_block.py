@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from accounting import roofline
 from tinygrad_like.peaks import Peaks
-from training import roofline
 
 _SCRIPT = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "mlp_block.py"

@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
+from accounting import mfu
+from accounting.measure import measure
 from nn import GPT2Config
 from tinygrad_like import peaks
-from training import mfu
 from training.loop import RunConfig, Trainer
-from training.measure import measure
 
 
 def test_peaks_are_measured_once_per_machine_then_read_from_the_cache(

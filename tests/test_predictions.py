@@ -1,4 +1,4 @@
-"""The memory predictions (training/predictions.py) against the tracker, to the byte, on a grid
+"""The memory predictions (accounting/predictions.py) against the tracker, to the byte, on a grid
 of shapes, dtypes and options, GPT-2's and Llama's: the bytes the tape saves and the peak of a
 training step (measure.measure, the path the accounting report takes). The grid is chosen so
 that every moment step_moments lists is the peak of some case: the plain head's, the fused
@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
+from accounting import measure, predictions
 from nn import ExecutionOptions, LlamaConfig, from_preset
-from training import measure, predictions
 
 NAIVE, FLASH = "naive", "flash"
 PLAIN = dict(lm_head="plain")

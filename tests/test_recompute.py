@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import tinygrad_like.ops as F
+from accounting import measure
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
 from tinygrad_like import TAPE, Tensor, autograd, no_grad
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import Profiler
-from training import measure
 
 B, T = 2, 16
 # gpt2-tiny's shape with a small vocabulary, so the blocks (not the logits) dominate memory

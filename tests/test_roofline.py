@@ -1,5 +1,5 @@
-"""training/roofline.py: the bound each launch gets, the census's roofline columns (sums,
-fractions, order), the exps kernels.launch counts, and the picture (training/roofline_plot.py).
+"""accounting/roofline.py: the bound each launch gets, the census's roofline columns (sums,
+fractions, order), the exps kernels.launch counts, and the picture (accounting/roofline_plot.py).
 No timing is asserted: the peaks here are made up (tests/test_peaks.py tests measuring them)."""
 
 import matplotlib.pyplot as plt
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from matplotlib.legend import Legend
 
+from accounting import roofline, roofline_plot
 from tinygrad_like.kernels import launch
 from tinygrad_like.peaks import Peaks
 from tinygrad_like.profiler import Launch, Profiler, format_census
-from training import roofline, roofline_plot
 
 # 100 GFLOP/s, 10 GB/s copy (5 read), 1 G exps/s, 1 µs launches: round numbers to check by hand
 PEAKS = Peaks(

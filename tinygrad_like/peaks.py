@@ -1,8 +1,8 @@
 """The machine's peaks: the rates no kernel beats here, measured once per machine and cached.
 
-Every consumer reads the same cached numbers: MFU's divisor on a CPU (training/mfu.py: the
+Every consumer reads the same cached numbers: MFU's divisor on a CPU (accounting/mfu.py: the
 trainer's progress bar and metrics.jsonl, the accounting report, scripts/bench.py), the roofline
-(training/roofline.py) and the labs. get(device) returns them from a JSON file under
+(accounting/roofline.py) and the labs. get(device) returns them from a JSON file under
 ~/.cache/tinygrad_like/ (or $XDG_CACHE_HOME/tinygrad_like/) named by a fingerprint of the
 machine (CPU model, usable cores, NumPy and its BLAS, the BLAS variables, the GPU's name): a
 changed machine gets a new file. TG_REMEASURE_PEAKS=1 (or get(remeasure=True)) measures again,

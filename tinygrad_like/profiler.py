@@ -92,7 +92,7 @@ class Profiler:
     """with Profiler(timing=True) as prof: ...  then prof.census(), prof.by_phase(), ...
     deferred=True: a launch keeps its arguments and result as they were and is counted when the
     launches are next read, so that while it runs the counting costs it a list append: a decode
-    step timed without the counting's Python (training/decode.py StepMeter), yet counted launch
+    step timed without the counting's Python (accounting/decode.py StepMeter), yet counted launch
     by launch. It holds the step's arrays until then: for inference steps, not memory traces."""
 
     def __init__(self, timing=False, deferred=False):

@@ -7,12 +7,12 @@ import contextlib
 import dataclasses
 import sys
 
+from accounting.measure import check_measurable, random_batch
 from nn import PRESETS, ExecutionOptions, LlamaConfig, from_preset
 from nn.options import CHOICES
 from tinygrad_like import backend, distributed, dtypes
 
 from .data import DataLoader
-from .measure import check_measurable, random_batch
 
 BAD_INPUT = (ValueError, FileNotFoundError, RuntimeError)  # what a user's mistake raises
 

@@ -199,7 +199,7 @@ def validate(cfg):
     if cfg.device == "meta":
         raise backend.meta.NoValues(
             "training (token files, loss values); count a step with "
-            "python scripts/accounting.py --device meta"
+            "python scripts/report.py --device meta"
         )
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:

@@ -17,11 +17,13 @@ import numpy as np
 from tqdm import tqdm
 
 import nn
+from accounting import fits, mfu, predictions, report
 from nn import ExecutionOptions, from_preset
 from nn.hf import read_config, read_state
 from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
+from optim.step import train_on
 from tinygrad_like import backend, dtypes, no_grad, profiler, rng
 from tinygrad_like.distributed import (
     Communicator,
@@ -32,12 +34,11 @@ from tinygrad_like.distributed import (
 from tinygrad_like.files import atomic_write, file_sha256
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
-from . import checkpoint, fits, mfu, predictions, report
+from . import checkpoint
 from .args import BAD_INPUT, flag
 from .corpus import DEFAULT_DATA_DIR
 from .data import DataLoader
 from .plot import plot_metrics, read_metrics
-from .step import train_on
 
 
 def setting(default, help):
@@ -548,7 +549,8 @@ class Trainer:
             say(report.communication_table(self.step_collectives, predicted, R))
         self._plot(say)
         if cfg.report and not cfg.quiet:  # predicted vs measured, measured on a twin model
-            say(report.for_trainer(self))
+            batch = DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, seed=0).next_batch()
+            say(report.for_run(self.model.config, cfg.dtype, self.device, batch, self.options))
         return history
 
 

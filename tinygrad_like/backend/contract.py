@@ -4,7 +4,7 @@ Each kernel is a stub below: its name, its signature and a docstring saying what
 returns, decorated with how a launch of it is counted. backend/cpu and backend/cuda define a
 function of the same name and signature in the module of its family (backend/cpu/gemm.py,
 backend/cuda/gemm.py beside gemm.cu, ...); tests/test_backend_contract.py holds them to it.
-kernels.launch counts every launch from these records, training/roofline.py bounds kernels by
+kernels.launch counts every launch from these records, accounting/roofline.py bounds kernels by
 their exps, and the report names kernels by family.
 
 How a launch is counted (kernels.py):

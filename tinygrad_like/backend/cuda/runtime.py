@@ -65,7 +65,7 @@ def synchronize():
 
 
 def device_name():
-    """The current GPU's name, e.g. 'NVIDIA H200' (training/mfu.py picks its peak by it)."""
+    """The current GPU's name, e.g. 'NVIDIA H200' (accounting/mfu.py picks its peak by it)."""
     name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
     return name.decode() if isinstance(name, bytes) else name
 

@@ -1,17 +1,17 @@
 """Print the accounting report: ACCOUNTING.md's figures predicted beside measured.
 
-    python scripts/accounting.py --model gpt2                 # GPT-2 124M, B=1, T=64, fp32
-    python scripts/accounting.py --model gpt2-mini --batch-size 8 --seq-len 128 --dtype bf16
-    python scripts/accounting.py --model gpt2-xl --device meta --dtype bf16 --seq-len 1024 \
+    python scripts/report.py --model gpt2                 # GPT-2 124M, B=1, T=64, fp32
+    python scripts/report.py --model gpt2-mini --batch-size 8 --seq-len 128 --dtype bf16
+    python scripts/report.py --model gpt2-xl --device meta --dtype bf16 --seq-len 1024 \
         --zero 2 --world-size 8      # counted, not run: rank 0 of 8, in seconds
 
 The measurement runs one untimed and one profiled training step on a fresh model, then one
-decode step with a KV cache; see training/report.py for what each section measures.
+decode step with a KV cache; see accounting/report.py for what each section measures.
 """
 
 import time
 
-from training import fits, measure, predictions, report
+from accounting import fits, measure, predictions, report
 from training.args import (
     ArgumentParser,
     add_step_args,

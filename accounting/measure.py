@@ -1,5 +1,5 @@
 """Measuring a training step and a decode step: what the accounting report, inspect_tape and
-the benchmarks read. The step is training/step.py's, the one the trainer runs; around it the
+the benchmarks read. The step is optim/step.py's, the one the trainer runs; around it the
 profiler sees every launch, the memory tracker every buffer, and a watch between the forward
 and its backward reads the tape the forward appended."""
 
@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from nn import ExecutionOptions, KVCache, build
-from optim import AdamW, LossScaler
+from optim import AdamW, LossScaler, step
 from tinygrad_like import TAPE, backend, distributed, dtypes, kernels, no_grad, profiler
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import Profiler
 
-from . import mfu, step
+from . import mfu
 
 
 def random_batch(vocab_size, batch_size, seq_len, seed=0):

@@ -1,5 +1,5 @@
 """A model that does not fit is refused at start, before its first big allocation: the bytes a
-run needs follow from its shape (training/report.py's predictions), and the memory there is
+run needs follow from its shape (accounting/report.py's predictions), and the memory there is
 from the kernel or the GPU. A refusal is one line (DoesNotFit, exit code 2)."""
 
 import os

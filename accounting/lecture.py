@@ -5,7 +5,7 @@ Each row is (figure, the lecture's formula from the config, measured, how they c
 lecture counts what a 7B is made of on paper; the measurement counts what the kernels of this
 project did and what the memory tracker held. Where a convention differs (the RMSNorm weights
 the lecture leaves out, the tensors our tape saves against its 6·d + 3·d_ff per layer), the
-row says which and by how much. On the meta device (scripts/accounting.py --device meta) the
+row says which and by how much. On the meta device (scripts/report.py --device meta) the
 measured column is the same step's counts without a byte allocated: the 7B runs here.
 """
 
@@ -157,7 +157,7 @@ def figures(m, budget_bytes):
             f"{_fit(budget_bytes - n_paper * itemsize, c.kv_cache_bytes_per_token(itemsize))}",
             _fit(budget_bytes - m.persistent["weights"], m.kv_cache_bytes_per_token),
             f"beside the weights: one sequence of that many or B of 1/B of it ({m.dtype} cache; "
-            "training/decode.py's kv_budget for the other dtypes)",
+            "accounting/decode.py's kv_budget for the other dtypes)",
         ),
         (
             "attention crossover S",

@@ -2,7 +2,7 @@
 model is built):
 parameter counts by piece, GEMM and attention FLOPs, persistent training state, per-step
 collectives, saved activations and the peak of a training step under each memory trade, and
-the largest batch that fits a memory budget. training/report.py prints them beside what a real
+the largest batch that fits a memory budget. accounting/report.py prints them beside what a real
 step measured.
 """
 
@@ -322,7 +322,7 @@ def _family(config, batch_size, seq_len, size, attention):
 
 
 def _loss_chain(dtype, world):
-    """The 0-d fp32 ops the step runs on the loss before backward (training/step.py): the
+    """The 0-d fp32 ops the step runs on the loss before backward (optim/step.py): the
     division by the ranks (world > 1), the fp16 loss scale. Each saves its array operand."""
     return (world > 1) + (dtypes.as_dtype(dtype) == dtypes.float16)
 

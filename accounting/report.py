@@ -9,7 +9,7 @@ The attention convention printed is the one the kernels follow: they compute the
 the T x T scores, so a training step costs 6N + 12·L·C·T FLOPs per token. The other public
 convention, 6N + 6·L·C·T (masked work skipped), is printed beside it.
 
-scripts/accounting.py prints the report for any preset; Trainer.run() prints it after training.
+scripts/report.py prints the report for any preset; Trainer.run() prints it after training.
 The measurement builds its own model and AdamW (a twin of the trained one), so it never touches
 a trainer's weights, optimizer state or data position; the twin costs 16 bytes per parameter
 while it lives.
@@ -23,7 +23,6 @@ from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
 from . import lecture, roofline
-from .data import DataLoader
 from .measure import Measurement, block_layers, group, layer_of, measure
 from .predictions import (
     OPTION_GRID,
@@ -91,22 +90,12 @@ HEAD_CONVENTION = {  # what the LM head and the loss save, per token, by _head()
 }
 
 
-def for_trainer(trainer):
-    """The report for a Trainer's config, dtype, device and micro-batch (a validation batch),
-    measured on a twin so the trained model and its optimizer stay as they are. One warm-up
-    step first, so the twin's buffers are in place before the step that is timed."""
-    cfg = trainer.cfg
-    batch = DataLoader(trainer.val_path, cfg.batch_size, cfg.seq_len, seed=0).next_batch()
-    return format_report(
-        measure(
-            trainer.model.config,
-            cfg.dtype,
-            trainer.device,
-            batch=batch,
-            warmup=1,
-            options=trainer.options,
-        )
-    )
+def for_run(config, dtype, device, batch, options):
+    """The report of one training step of a model of this config, dtype and execution options on
+    a batch (x, y) (B, T), measured on a twin so that a trained model and its optimizer stay as
+    they are. One warm-up step first, so the twin's buffers are in place before the step that
+    is timed."""
+    return format_report(measure(config, dtype, device, batch=batch, warmup=1, options=options))
 
 
 def default_budget_bytes(device):
