@@ -18,9 +18,9 @@ from nn import GPT2Config, KVCache, build
 from nn.lm import KV_DTYPES, kv_bytes_per_element, kv_name
 from nn.quant import quantize_model
 from tinygrad_like import dtypes, no_grad
+from tinygrad_like.formats import FORMATS, bytes_per_parameter
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
-from tinygrad_like.quant import FORMATS, bytes_per_parameter
 
 from .predictions import stored_elements
 from .tables import table

@@ -8,7 +8,7 @@ Bounds. A launch's roofline time is the largest of
   compute  FLOPs / the matmul peak of the run's dtype
   memory   bytes / the higher of the copy and read bandwidths (a kernel's bytes mix reads and
            writes; the two streams are the two ends of that mix, and a roof is the best seen)
-  exp      exps (backend/contract.py: one per element of GELU, per score of softmax and flash
+  exp      exps (kernels/record.py: one per element of GELU, per score of softmax and flash
            attention, per logit of cross-entropy) / the exp rate
   launch   the launch floor
 and the bound is whichever gives it (ACCOUNTING.md's definition: FLOPs / peak, bytes /

@@ -27,7 +27,7 @@ from nn.lm import KV_DTYPES
 from nn.quant import quantize_model
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
-from tinygrad_like import backend, peaks, quant
+from tinygrad_like import backend, formats, peaks
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
 
@@ -61,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--weights",
         default="fp32",
-        help=f"quantize the weights on load: fp32 (not quantized), {', '.join(quant.FORMATS)}",
+        help=f"quantize the weights on load: fp32 (not quantized), {', '.join(formats.FORMATS)}",
     )
     p.add_argument(
         "--group-size",
@@ -134,7 +134,7 @@ def check_weights(args, quantized=None, ckpt=None):
                 f"leave --weights out, or quantize the fp32 checkpoint to {args.weights} "
                 "(scripts/quantize.py)"
             )
-        f = quant.FORMATS[fmt]
+        f = formats.FORMATS[fmt]
         stored = group or f.group_size  # None: one scale per output channel, or none
         if args.group_size is not None and args.group_size != stored:
             grouping = f"group size {stored}" if stored else "one scale per output channel"
@@ -147,9 +147,9 @@ def check_weights(args, quantized=None, ckpt=None):
         if args.group_size is not None:
             raise ValueError("--group-size needs a quantized --weights format (e.g. int4)")
         return
-    quant.get_format(args.weights)
+    formats.get_format(args.weights)
     if args.group_size is not None:  # whether it divides each weight's rows: checked on load
-        quant.check_group_size(args.weights, 2 * abs(args.group_size), args.group_size)
+        formats.check_group_size(args.weights, 2 * abs(args.group_size), args.group_size)
     if args.dtype != "fp32":
         what = f"{ckpt}'s {args.weights} weights" if quantized else f"--weights {args.weights}"
         raise ValueError(

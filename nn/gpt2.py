@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from tinygrad_like import autograd
 
 from .config import GPT2Config

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from tinygrad_like import quant
+from tinygrad_like import formats
 from tinygrad_like.files import atomic_write
 
 from .config import GPT2Config, LlamaConfig
@@ -136,7 +136,7 @@ def read_quantization(path):
     if not isinstance(entry, dict) or set(entry) != set(fields):
         raise ValueError(f"{file}: {QUANTIZATION!r} must hold exactly {', '.join(fields)}")
     try:
-        quant.get_format(entry["format"])
+        formats.get_format(entry["format"])
     except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
     group, names = entry["group_size"], entry["tensors"]

@@ -9,7 +9,7 @@ import contextlib
 
 import numpy as np
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from tinygrad_like import backend, dtypes
 
 from .module import Module, Parameter

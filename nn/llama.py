@@ -9,7 +9,7 @@ weight is (out, in), as the checkpoints store it (layers.TransposedLinear).
 
 import numpy as np
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from tinygrad_like import autograd, backend, dtypes
 
 from .config import LlamaConfig

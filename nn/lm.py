@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
-from tinygrad_like.backend import contract
+from tinygrad_like.kernels.kvcache.spec import KV_FORMATS
 from tinygrad_like.memory import TRACKER
 
 from . import hf
@@ -26,8 +26,7 @@ from .quant_checkpoint import load_quantized
 from .sampling import check_sampling, sample
 
 # The formats a KV cache may be in: the training dtypes, and the 8-bit floats that store a byte a
-# value and an fp32 scale per row of D (inference only: backend/contract.py's "kvcache" kernels).
-KV_FORMATS = contract.KV_FORMATS
+# value and an fp32 scale per row of D (inference only: the kernels of kernels/kvcache).
 KV_DTYPES = dtypes.TRAINING + KV_FORMATS
 
 

@@ -4,7 +4,7 @@ share, with one set of defaults, those of the default training run."""
 
 from dataclasses import dataclass
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 
 # the values each string option takes, its default first
 CHOICES = {

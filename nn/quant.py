@@ -9,7 +9,8 @@ they are small, and the position table is only gathered from.
 """
 
 from tinygrad_like import no_grad
-from tinygrad_like.quant import QuantizedWeight, get_format, quantize
+from tinygrad_like.formats import get_format
+from tinygrad_like.quant import QuantizedWeight, quantize
 
 from .layers import Linear, TransposedLinear
 

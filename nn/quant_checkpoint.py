@@ -8,8 +8,8 @@ The layout: a Hugging Face-style directory, config.json + model.safetensors.
   the format's default), "tensors": the names of the quantized weights} (nn/hf.py
   read_quantization checks it).
 - model.safetensors: for each quantized weight NAME (the name the fp32 checkpoint gives it),
-  NAME.codes and, for a scaled format (all but bf16 / fp16), NAME.scales, in the layout of
-  backend/contract.py's "quant" section: one row per output channel (a GPT-2 Conv1D weight,
+  NAME.codes and, for a scaled format (all but bf16 / fp16), NAME.scales, in
+  tinygrad_like/formats.py's layout: one row per output channel (a GPT-2 Conv1D weight,
   (in, out) in the fp32 file, is stored transposed: N = out), codes (N, K) uint8 for the 8-bit
   formats, (N, K/2) uint8 for the 4-bit ones (element 2j in the low nibble), (N, K) uint16 for
   bf16 / fp16, scales (N, K / group) fp32. An embedding stored padded to an aligned vocabulary
@@ -28,7 +28,7 @@ import shutil
 
 import numpy as np
 
-from tinygrad_like import backend, dtypes, quant
+from tinygrad_like import backend, dtypes, formats, quant
 from tinygrad_like.files import atomic_write
 from tinygrad_like.quant import QuantizedWeight
 
@@ -103,7 +103,7 @@ def load_quantized(cls, path, config, dtype=None, device=None, options=None):
     model = cls(config, device="meta", options=options)
     out_axes = {f"{name}.weight": axis for name, _, axis in quantized_modules(model)}
     params = dict(model.named_parameters())
-    scaled = quant.FORMATS[fmt].scaled
+    scaled = formats.FORMATS[fmt].scaled
     problems = []
     listed, expected = sorted(entry["tensors"]), sorted(n for n in params if n in out_axes)
     if listed != expected:
@@ -143,8 +143,8 @@ def _quantized(tensors, name, p, fmt, group_size, out_axis):
     scales, checked against the layout group_size gives; padding rows quantized from zeros."""
     N, K = p.shape if out_axis == 0 else p.shape[::-1]
     rows = p.rows or N
-    g = quant.check_group_size(fmt, K, group_size)
-    (codes_shape, codes_dtype), scales_shape = quant.stored_layout(fmt, rows, K, g)
+    g = formats.check_group_size(fmt, K, group_size)
+    (codes_shape, codes_dtype), scales_shape = formats.stored_layout(fmt, rows, K, g)
     codes, scales = tensors[name + CODES], tensors.get(name + SCALES)
     if codes.shape != codes_shape or codes.dtype != codes_dtype:
         raise ValueError(

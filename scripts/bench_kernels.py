@@ -21,7 +21,7 @@ import statistics
 import numpy as np
 
 from accounting.tables import table
-from tinygrad_like import backend, dtypes
+from tinygrad_like import backend, dtypes, kernels
 from training.args import ArgumentParser, check_dtype, user_errors
 
 try:  # --help and the one-line error on a machine without a GPU need no CuPy
@@ -116,17 +116,17 @@ def gemm_rows(dtype):
 
 def memory_cases(dtype):
     """(kernel, shape label, fn, minimum bytes moved) for the bandwidth-bound kernels."""
-    it = np.dtype(dtype).itemsize
+    gpu, it = kernels.on("cuda"), np.dtype(dtype).itemsize
     x, y, dy = rand((BT, C), dtype), rand((BT, C), dtype), rand((BT, C), dtype)
     h, dh = rand((BT, 4 * C), dtype), rand((BT, 4 * C), dtype)
     h32 = rand((BT, 4 * C), dtypes.float32)
     w, b = rand((C,), dtype), rand((C,), dtype)
-    _, mean, rstd = cuda.layernorm_fwd(x, w, b)
+    _, mean, rstd = gpu.layernorm_fwd(x, w, b)
     s = rand((B, H, T, T), dtype)
-    p = cuda.softmax_causal_fwd(s, 0.125)
+    p = gpu.softmax_causal_fwd(s, 0.125)
     logits = rand((BT, V), dtype, 2.0)
     targets = cupy.random.randint(0, V, BT).astype(cupy.int64)
-    _, lse = cuda.cross_entropy_fwd(logits, targets)
+    _, lse = gpu.cross_entropy_fwd(logits, targets)
     dloss = cupy.full((1,), 1.0 / BT, dtype=dtypes.float32)
     wte = rand((V, C), dtype)
     idx = cupy.random.randint(0, V, (B, T)).astype(cupy.int64)
@@ -134,7 +134,7 @@ def memory_cases(dtype):
     master, m, v = (rand((N_PARAMS,), dtypes.float32, 1e-2) for _ in range(3))
     v = cupy.abs(v)
     working = None if dtype == dtypes.float32 else master.astype(dtype)
-    norm_sq = cuda.grad_norm_sq(grad)
+    norm_sq = gpu.grad_norm_sq(grad)
     adamw = dict(
         lr=6e-4,
         beta1=0.9,
@@ -149,54 +149,54 @@ def memory_cases(dtype):
     stats = 2 * BT * 4  # mean and rstd
     rows, rows4, scores = f"{BT}x{C}", f"{BT}x{4 * C}", f"{B}x{H}x{T}x{T}"
     cases = [
-        ("add (residual)", rows, lambda: cuda.add(x, y), 3 * x.nbytes),
-        ("mul by scalar", rows, lambda: cuda.mul(x, 0.5), 2 * x.nbytes),
-        ("gelu_fwd", rows4, lambda: cuda.gelu_fwd(h), 2 * h.nbytes),
-        ("gelu_bwd", rows4, lambda: cuda.gelu_bwd(h, dh), 3 * h.nbytes),
-        ("layernorm_fwd", rows, lambda: cuda.layernorm_fwd(x, w, b), 2 * x.nbytes + stats),
+        ("add (residual)", rows, lambda: gpu.add(x, y), 3 * x.nbytes),
+        ("mul by scalar", rows, lambda: gpu.mul(x, 0.5), 2 * x.nbytes),
+        ("gelu_fwd", rows4, lambda: gpu.gelu_fwd(h), 2 * h.nbytes),
+        ("gelu_bwd", rows4, lambda: gpu.gelu_bwd(h, dh), 3 * h.nbytes),
+        ("layernorm_fwd", rows, lambda: gpu.layernorm_fwd(x, w, b), 2 * x.nbytes + stats),
         (
             "layernorm_bwd",
             rows,
-            lambda: cuda.layernorm_bwd(dy, x, w, mean, rstd),
+            lambda: gpu.layernorm_bwd(dy, x, w, mean, rstd),
             3 * x.nbytes + stats,
         ),
-        ("softmax_causal_fwd", scores, lambda: cuda.softmax_causal_fwd(s, 0.125), 2 * s.nbytes),
-        ("softmax_causal_bwd", scores, lambda: cuda.softmax_causal_bwd(p, s, 0.125), 3 * s.nbytes),
+        ("softmax_causal_fwd", scores, lambda: gpu.softmax_causal_fwd(s, 0.125), 2 * s.nbytes),
+        ("softmax_causal_bwd", scores, lambda: gpu.softmax_causal_bwd(p, s, 0.125), 3 * s.nbytes),
         (
             "cross_entropy_fwd",
             f"{BT}x{V}",
-            lambda: cuda.cross_entropy_fwd(logits, targets),
+            lambda: gpu.cross_entropy_fwd(logits, targets),
             logits.nbytes,
         ),
         (
             "cross_entropy_bwd",
             f"{BT}x{V}",
-            lambda: cuda.cross_entropy_bwd(logits, lse, targets, dloss),
+            lambda: gpu.cross_entropy_bwd(logits, lse, targets, dloss),
             2 * logits.nbytes,
         ),
         (
             "cross_entropy_fwd_bwd",
             f"{BT}x{V}",
-            lambda: cuda.cross_entropy_fwd_bwd(logits, targets, dloss),
+            lambda: gpu.cross_entropy_fwd_bwd(logits, targets, dloss),
             2 * logits.nbytes,
         ),
         (
             "embedding_fwd",
             f"{B}x{T} of {V}x{C}",
-            lambda: cuda.embedding_fwd(wte, idx),
+            lambda: gpu.embedding_fwd(wte, idx),
             2 * BT * C * it,
         ),
         (
             "embedding_bwd",
             f"{B}x{T} into {V}x{C}",
-            lambda: cuda.embedding_bwd(x, idx, V),
+            lambda: gpu.embedding_bwd(x, idx, V),
             x.nbytes + wte.nbytes,
         ),
-        ("grad_norm_sq", f"{N_PARAMS}", lambda: cuda.grad_norm_sq(grad), grad.nbytes),
+        ("grad_norm_sq", f"{N_PARAMS}", lambda: gpu.grad_norm_sq(grad), grad.nbytes),
         (
             "adamw_step",
             f"{N_PARAMS}",
-            lambda: cuda.adamw_step(master, grad, m, v, working, norm_sq, **adamw),
+            lambda: gpu.adamw_step(master, grad, m, v, working, norm_sq, **adamw),
             N_PARAMS * (6 * 4 + it + (0 if working is None else it)),
         ),
     ]
@@ -205,7 +205,7 @@ def memory_cases(dtype):
             (
                 f"cast fp32->{dtypes.name(dtype)}",
                 rows4,
-                lambda: cuda.cast(h32, dtype),
+                lambda: gpu.cast(h32, dtype),
                 h32.nbytes + h.nbytes,
             )
         )

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from accounting.tables import table
-from tinygrad_like import backend, quant
+from tinygrad_like import backend, formats, kernels, quant
 from training.args import ArgumentParser, user_errors
 
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)]  # (K, N)
@@ -42,29 +42,29 @@ def row(fmt, repeats, rng):
         W = rng.normal(0, 0.02, (N, K)).astype(np.float32)
         if fmt == "fp32":
             Wt, nbytes = be.asarray(np.ascontiguousarray(W.T)), W.nbytes
-            seconds = best_seconds(lambda: be.matmul(x, Wt), repeats, N * K)
+            seconds = best_seconds(lambda: kernels.on(be).matmul(x, Wt), repeats, N * K)
         else:
             qw = quant.quantize(be.asarray(W), fmt)
             args = x, qw.codes, qw.scales, fmt, qw.group_size
             nbytes = qw.nbytes
-            seconds = best_seconds(lambda: be.qmatmul(*args), repeats, N * K)
+            seconds = best_seconds(lambda: kernels.on(be).qmatmul(*args), repeats, N * K)
         cells.append(f"{seconds * 1e3:,.3f} ms {nbytes / seconds / 1e9:,.2f} GB/s")
     return cells
 
 
 def main(argv=None):
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--formats", default=",".join(quant.FORMATS), help="comma-separated")
+    p.add_argument("--formats", default=",".join(formats.FORMATS), help="comma-separated")
     p.add_argument("--repeats", type=int, default=3, help="tries per shape (default 3)")
     args = p.parse_args(argv)
     with user_errors():
-        formats = args.formats.split(",")
-        for fmt in formats:
-            quant.get_format(fmt)
+        chosen = args.formats.split(",")
+        for fmt in chosen:
+            formats.get_format(fmt)
         if args.repeats <= 0:
             raise ValueError("--repeats must be positive")
     rng = np.random.default_rng(0)
-    rows = [row(fmt, args.repeats, rng) for fmt in formats + ["fp32"]]
+    rows = [row(fmt, args.repeats, rng) for fmt in chosen + ["fp32"]]
     head = ["weights"] + [f"{K} x {N}" for K, N in SHAPES]
     print(f"-- qmatmul GEMV (M = 1) on {backend.default_device()}, best of {args.repeats}")
     print(table(head, rows, "l" + "r" * len(SHAPES)))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compile-check every CUDA kernel file without a GPU.
 #
-# 1. nvcc: each tinygrad_like/backend/cuda/*.cu for sm_80 and sm_90, with
+# 1. nvcc: each family's tinygrad_like/kernels/<family>/<family>.cu for sm_80 and sm_90, with
 #    -DTG_CHECK_INSTANTIATE so the instance list at the bottom of each file makes nvcc compile
 #    every template variant the backend launches. Needs nvcc on PATH (or $NVCC).
 # 2. NVRTC (the compiler the backend really uses, through CuPy): each file exactly as cuda/runtime.py
@@ -11,7 +11,8 @@
 # Prints one line per file and check; exits non-zero if anything fails.
 set -u
 cd "$(dirname "$0")/.."
-KDIR=tinygrad_like/backend/cuda
+KDIR=tinygrad_like/kernels
+COMMON=tinygrad_like/backend/cuda  # common.cuh, which every .cu includes
 NVCC=${NVCC:-nvcc}
 PYTHON=${PYTHON:-python}
 ARCHS="80 90"
@@ -22,9 +23,9 @@ if ! command -v "$NVCC" >/dev/null 2>&1; then
     exit 1
 fi
 
-for f in "$KDIR"/*.cu; do
+for f in "$KDIR"/*/*.cu; do
     for arch in $ARCHS; do
-        if log=$("$NVCC" -std=c++17 -arch=sm_$arch -DTG_CHECK_INSTANTIATE -I"$KDIR" \
+        if log=$("$NVCC" -std=c++17 -arch=sm_$arch -DTG_CHECK_INSTANTIATE -I"$COMMON" \
                  -c -o /dev/null "$f" 2>&1); then
             echo "ok   nvcc  sm_$arch $(basename "$f")"
         else
@@ -40,7 +41,6 @@ CUDA_INCLUDE=$("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
                | sed -n 's/^#\$ INCLUDES="-I\([^"]*\)".*/\1/p' | head -1 | sed 's/ *$//')
 "$PYTHON" - "$CUDA_INCLUDE" $ARCHS <<'EOF' || status=1
 import sys
-from pathlib import Path
 
 try:
     from cupy_backends.cuda.libs import nvrtc
@@ -52,11 +52,11 @@ except Exception as e:  # no CuPy, or no libnvrtc: nvcc's check above still stan
 
 include, archs = sys.argv[1], sys.argv[2:]
 failed = False
-for path in sorted(Path(cuda.__file__).parent.glob("*.cu")):
-    source = cuda.kernel_source(path.name)
+for name in cuda.kernel_files():
+    source = cuda.kernel_source(name)
     names = cuda.instances(source)
     for arch in archs:
-        prog = nvrtc.createProgram(source, path.name, (), ())
+        prog = nvrtc.createProgram(source, name, (), ())
         try:
             for n in names:
                 nvrtc.addNameExpression(prog, n)
@@ -65,10 +65,10 @@ for path in sorted(Path(cuda.__file__).parent.glob("*.cu")):
                                         f"-arch=sm_{arch}", f"-I{include}"))
             for n in names:
                 nvrtc.getLoweredName(prog, n)
-            print(f"ok   nvrtc sm_{arch} {path.name} ({len(names)} instances)")
+            print(f"ok   nvrtc sm_{arch} {name} ({len(names)} instances)")
         except nvrtc.NVRTCError:
             failed = True
-            print(f"FAIL nvrtc sm_{arch} {path.name}")
+            print(f"FAIL nvrtc sm_{arch} {name}")
             print("\n".join("     " + line for line in nvrtc.getProgramLog(prog).splitlines()))
         finally:
             nvrtc.destroyProgram(prog)

@@ -31,7 +31,7 @@ from nn import from_pretrained
 from nn.hf import read_quantization
 from nn.options import ExecutionOptions
 from nn.quant import quantize_model
-from tinygrad_like import no_grad, peaks, quant
+from tinygrad_like import no_grad, peaks
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint
 from training.cli import ensure_data
@@ -197,7 +197,7 @@ def run(args, log=print):
         )
     for fmt in formats:
         if fmt != "fp32":
-            quant.get_format(fmt)
+            formats.get_format(fmt)
     path = find_checkpoint(args.checkpoint)
     stored = read_quantization(path)
     if stored is not None:  # fp32's row and every other format start from the fp32 weights

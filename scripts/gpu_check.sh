@@ -21,7 +21,7 @@
 #                       runs: first as the backend finds the headers (cuda/runtime.py's docstring), then
 #                       with CUDA_PATH at the nvidia-cuda-runtime wheel, then at /usr/local/cuda;
 #                       the first that works is exported for the rest
-#   compile         30  every cuda/*.cu as the backend compiles it, in parallel (fills CuPy's cache)
+#   compile         30  every kernels/*/*.cu as the backend compiles it, in parallel (fills CuPy's cache)
 #   pytest-kernels  47  tests/test_cuda_kernels.py alone, TG_DEVICE=cuda
 #   pytest-rest     60  every other test, TG_DEVICE=cuda (pytest-xdist's 8 workers when there),
 #                       but the fault-injection suite (CPU processes killed and disks filled: it
@@ -267,7 +267,7 @@ print(f"ok   {name}: {len(cuda.instances(cuda.kernel_source(name)))} instances c
 EOF
 
 compile_kernels() {  # NVRTC is single-threaded: one process per .cu file, all at once
-    printf '%s\n' tinygrad_like/backend/cuda/*.cu \
+    printf '%s\n' tinygrad_like/kernels/*/*.cu \
         | timeout 30 xargs -P 8 -n 1 "$PY" -c "$COMPILE"
 }
 

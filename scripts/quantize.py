@@ -16,8 +16,8 @@ The layout of --out (nn/quant_checkpoint.py):
   (the format's default: 32 for int4 / fp4_e2m1, one scale per output channel otherwise),
   "tensors": [the names of the quantized weights]};
 - model.safetensors: for each quantized weight NAME (its name in the fp32 checkpoint),
-  NAME.codes and, for every format but bf16 / fp16, NAME.scales, in backend/contract.py's
-  "quant" layout: one row per output channel (GPT-2's Conv1D weights, (in, out) in the fp32
+  NAME.codes and, for every format but bf16 / fp16, NAME.scales, in tinygrad_like/formats.py's
+  layout: one row per output channel (GPT-2's Conv1D weights, (in, out) in the fp32
   file, are stored transposed), codes (N, K) uint8 for the 8-bit formats, (N, K/2) uint8 for
   int4 / fp4_e2m1 (element 2j in the low nibble, 2j + 1 in the high), (N, K) uint16 bit
   patterns for bf16 / fp16; scales (N, K / G) fp32. The token embedding (and Llama's LM head)
@@ -34,7 +34,7 @@ from nn import from_pretrained
 from nn.hf import WEIGHTS, read_quantization
 from nn.quant import quantize_model
 from nn.quant_checkpoint import save_quantized
-from tinygrad_like import quant
+from tinygrad_like import formats, quant
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
 
@@ -46,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--checkpoint", required=True, help="folder with config.json + model.safetensors"
     )
-    p.add_argument("--weights", required=True, help=f"the format: {', '.join(quant.FORMATS)}")
+    p.add_argument("--weights", required=True, help=f"the format: {', '.join(formats.FORMATS)}")
     p.add_argument(
         "--group-size", type=int, help="elements per scale (default: the format's, see --help)"
     )
@@ -61,9 +61,9 @@ def main(argv=None):
             raise ValueError(
                 "--weights fp32 is the checkpoint as it is: name a format to quantize to"
             )
-        quant.get_format(args.weights)
+        formats.get_format(args.weights)
         if args.group_size is not None:  # whether it divides each weight's rows: checked below
-            quant.check_group_size(args.weights, 2 * abs(args.group_size), args.group_size)
+            formats.check_group_size(args.weights, 2 * abs(args.group_size), args.group_size)
         ckpt = find_checkpoint(args.checkpoint)
         verify(ckpt)  # a training checkpoint's sha256 sums
         done = read_quantization(ckpt)
@@ -92,12 +92,12 @@ def report(ckpt, args, model, tensors, n_params):
     total = sum(a.nbytes for a in tensors.values())
     before = os.path.getsize(os.path.join(ckpt, WEIGHTS))
     after = os.path.getsize(os.path.join(args.out, WEIGHTS))
-    group = args.group_size or quant.FORMATS[args.weights].group_size
+    group = args.group_size or formats.FORMATS[args.weights].group_size
     grouping = f"group size {group}" if group else "one scale per output channel"
     others = len(model.parameters()) - len(quantized)
     print(
         f"wrote {args.out}: config.json and model.safetensors, {len(quantized)} weights in "
-        f"{args.weights} ({grouping if quant.FORMATS[args.weights].scaled else 'no scales'}), "
+        f"{args.weights} ({grouping if formats.FORMATS[args.weights].scaled else 'no scales'}), "
         f"{others} other tensors in fp32"
     )
     print(

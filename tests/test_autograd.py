@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import tinygrad_like as tg
-from tinygrad_like import TAPE, Tensor, autograd, ops
+from tinygrad_like import TAPE, Tensor, autograd
+from tinygrad_like import functional as F
 from tinygrad_like.memory import TRACKER
 
 
@@ -28,8 +29,8 @@ def test_records_in_order_with_names_shapes_and_flops(rng):
     M, K, N = 4, 3, 5
     x, w, b = leaf(rng, M, K), leaf(rng, K, N), leaf(rng, N)
     pos = TAPE.position()
-    y = ops.linear(x, w, b)
-    h = ops.gelu(y)
+    y = F.linear(x, w, b)
+    h = F.gelu(y)
     loss = h.sum()
     recs = TAPE.records(since=pos)
     assert [r.op for r in recs] == ["linear", "gelu", "sum"]
@@ -61,7 +62,7 @@ def test_linear_transposed_flops(rng, bias):
     x, w = leaf(rng, M, K), leaf(rng, N, K)
     b = leaf(rng, N) if bias else None
     pos = TAPE.position()
-    y = ops.linear(x, w, b, transposed=True)
+    y = F.linear(x, w, b, transposed=True)
     (rec,) = TAPE.records(since=pos)
     assert rec.op == "linear" and rec.outputs[0][0] == (M, N)
     assert rec.fwd_flops == 2 * M * K * N + (M * N if bias else 0)
@@ -74,7 +75,7 @@ def test_linear_without_bias_flops(rng):
     M, K, N = 6, 4, 3
     x, w = leaf(rng, 2, 3, K), leaf(rng, K, N)
     pos = TAPE.position()
-    y = ops.linear(x, w)
+    y = F.linear(x, w)
     (rec,) = TAPE.records(since=pos)
     assert rec.op == "linear" and rec.outputs[0][0] == (2, 3, N)
     assert rec.fwd_flops == 2 * M * K * N
@@ -119,18 +120,18 @@ def test_scope_names_records(rng):
     x = leaf(rng, 2, 2)
     pos = TAPE.position()
     with autograd.scope("h.0.mlp"):
-        y = ops.gelu(x)
-    z = ops.gelu(y)
+        y = F.gelu(x)
+    z = F.gelu(y)
     assert [r.scope for r in TAPE.records(since=pos)] == ["h.0.mlp", ""]
     del z
 
 
 def test_position_is_a_bookmark(rng):
     x = leaf(rng, 2)
-    y = ops.gelu(x)
+    y = F.gelu(x)
     pos = TAPE.position()
     assert TAPE.records(since=pos) == []
-    z = ops.gelu(y)
+    z = F.gelu(y)
     assert len(TAPE.records(since=pos)) == 1
     assert y._record in TAPE.records() and z._record in TAPE.records()
 
@@ -143,8 +144,8 @@ def test_backward_releases_saved_tensors(rng):
     lw, lb = leaf(rng, 5), leaf(rng, 5)
     base = settled_activations()
     pos = TAPE.position()
-    h = ops.gelu(ops.layer_norm(ops.linear(x, w, b), lw, lb))
-    loss = ops.cross_entropy(h, np.array([0, 4, -1, 2]))
+    h = F.gelu(F.layer_norm(F.linear(x, w, b), lw, lb))
+    loss = F.cross_entropy(h, np.array([0, 4, -1, 2]))
     recs = TAPE.records(since=pos)
     assert [r.op for r in recs] == ["linear", "layernorm", "gelu", "crossentropy"]
     saved = sum(r.saved_bytes for r in recs)
@@ -160,8 +161,8 @@ def test_backward_releases_saved_tensors(rng):
 
 def test_backward_frees_only_the_records_it_reaches(rng):
     x = leaf(rng, 3)
-    side = ops.gelu(x)
-    main = ops.gelu(x)
+    side = F.gelu(x)
+    main = F.gelu(x)
     main.backward(np.ones(3))
     assert main._record.freed
     assert not side._record.freed and side._record.ctx.saved != ()
@@ -171,7 +172,7 @@ def test_backward_frees_only_the_records_it_reaches(rng):
 
 def test_second_backward_through_freed_tape_raises(rng):
     x = leaf(rng, 3, 2)
-    y = ops.gelu(x).sum()
+    y = F.gelu(x).sum()
     y.backward()
     with pytest.raises(RuntimeError, match="freed"):
         y.backward()
@@ -179,7 +180,7 @@ def test_second_backward_through_freed_tape_raises(rng):
 
 def test_backward_through_freed_intermediate_raises(rng):
     x = leaf(rng, 3)
-    h = ops.gelu(x)
+    h = F.gelu(x)
     (h + h).sum().backward()
     z = (h + 1.0).sum()  # a new op on top of a record whose saved tensors are gone
     with pytest.raises(RuntimeError, match="freed"):
@@ -189,7 +190,7 @@ def test_backward_through_freed_intermediate_raises(rng):
 def test_record_without_backward_dies_with_its_outputs(rng):
     x, w = leaf(rng, 3, 4), leaf(rng, 4, 2)
     pos = TAPE.position()
-    y = ops.gelu(ops.linear(x, w))
+    y = F.gelu(F.linear(x, w))
     assert [r.op for r in TAPE.records(since=pos)] == ["linear", "gelu"]
     del y
     gc.collect()
@@ -199,8 +200,8 @@ def test_record_without_backward_dies_with_its_outputs(rng):
 def test_intermediate_record_kept_alive_by_downstream(rng):
     x = leaf(rng, 3)
     pos = TAPE.position()
-    h = ops.gelu(x)
-    y = ops.gelu(h)
+    h = F.gelu(x)
+    y = F.gelu(h)
     del h
     gc.collect()
     assert [r.op for r in TAPE.records(since=pos)] == ["gelu", "gelu"]
@@ -211,7 +212,7 @@ def test_intermediate_record_kept_alive_by_downstream(rng):
 def test_record_without_backward_releases_activation_accounting(rng):
     x, w = leaf(rng, 3, 4), leaf(rng, 4, 2)
     base = settled_activations()
-    y = ops.linear(x, w)
+    y = F.linear(x, w)
     assert TRACKER.current["activations"] > base
     del y
     gc.collect()
@@ -225,8 +226,8 @@ def test_activations_of_dead_intermediates_are_released(rng):
     TRACKER.register(x.data, "weights")
     base = settled_activations()
     pos = TAPE.position()
-    h = ops.gelu(x)
-    y = ops.gelu(h)  # saves h's buffer: 16 float64
+    h = F.gelu(x)
+    y = F.gelu(h)  # saves h's buffer: 16 float64
     recs = TAPE.records(since=pos)
     assert [r.saved_bytes for r in recs] == [0, 16 * 8]
     assert TRACKER.current["activations"] - base == 16 * 8
@@ -244,8 +245,8 @@ def test_no_grad_records_nothing(rng):
     pos = TAPE.position()
     with tg.no_grad():
         assert not tg.is_grad_enabled()
-        y = ops.gelu(ops.linear(x, w)) + x.sum()
-        loss = ops.cross_entropy(y, np.array([0, 1, 1]))
+        y = F.gelu(F.linear(x, w)) + x.sum()
+        loss = F.cross_entropy(y, np.array([0, 1, 1]))
     assert tg.is_grad_enabled()
     assert TAPE.records(since=pos) == []
     assert not y.requires_grad and not loss.requires_grad
@@ -259,8 +260,8 @@ def test_enable_grad_inside_no_grad(rng):
     pos = TAPE.position()
     with tg.no_grad():
         with tg.enable_grad():
-            y = ops.gelu(x)
-        z = ops.gelu(x)
+            y = F.gelu(x)
+        z = F.gelu(x)
     assert y.requires_grad and not z.requires_grad
     assert [r.op for r in TAPE.records(since=pos)] == ["gelu"]
 
@@ -268,18 +269,18 @@ def test_enable_grad_inside_no_grad(rng):
 def test_inputs_without_grad_record_nothing(rng):
     x = Tensor(rng.standard_normal((2, 3)))
     pos = TAPE.position()
-    y = ops.gelu(x) * x
+    y = F.gelu(x) * x
     assert not y.requires_grad and TAPE.records(since=pos) == []
 
 
 def test_detach_cuts_the_graph(rng):
     x = leaf(rng, 3)
-    d = ops.gelu(x).detach()
+    d = F.gelu(x).detach()
     assert d.is_leaf() and not d.requires_grad
-    y = ops.gelu(x) + d
+    y = F.gelu(x) + d
     y.backward(np.ones(3))
     x2 = Tensor(x.numpy(), requires_grad=True)
-    ops.gelu(x2).backward(np.ones(3))
+    F.gelu(x2).backward(np.ones(3))
     np.testing.assert_array_equal(x.grad.numpy(), x2.grad.numpy())
 
 
@@ -287,7 +288,7 @@ def test_detach_cuts_the_graph(rng):
 
 
 def _loss(x, w, b):
-    return ops.cross_entropy(ops.gelu(ops.linear(x, w, b)), np.array([1, 0, -1]))
+    return F.cross_entropy(F.gelu(F.linear(x, w, b)), np.array([1, 0, -1]))
 
 
 def test_gradients_accumulate_across_backward_passes(rng):
@@ -308,17 +309,17 @@ def test_tensor_used_twice_gets_both_gradients(rng):
     np.testing.assert_allclose(x.grad.numpy(), 2 * a, rtol=1e-14)
     # a non-leaf used twice: the two incoming gradients are summed before its backward
     x2 = Tensor(a, requires_grad=True)
-    h = ops.gelu(x2)
+    h = F.gelu(x2)
     (h + h).backward(np.ones((2, 3)))
     x3 = Tensor(a, requires_grad=True)
-    ops.gelu(x3).backward(2 * np.ones((2, 3)))
+    F.gelu(x3).backward(2 * np.ones((2, 3)))
     np.testing.assert_allclose(x2.grad.numpy(), x3.grad.numpy(), rtol=1e-14)
 
 
 def test_leaf_used_in_two_branches(rng):
     a, w1, w2 = (rng.standard_normal(s) for s in [(3, 4), (4, 2), (4, 2)])
     x = Tensor(a, requires_grad=True)
-    y = ops.linear(x, Tensor(w1)) + ops.gelu(ops.linear(x, Tensor(w2)))
+    y = F.linear(x, Tensor(w1)) + F.gelu(F.linear(x, Tensor(w2)))
     g = rng.standard_normal((3, 2))
     y.backward(g)
     u = a @ w2
@@ -330,9 +331,9 @@ def test_leaf_used_in_two_branches(rng):
 
 def test_backward_defaults_and_leaf(rng):
     x = leaf(rng, 3)
-    ops.gelu(x).sum().backward()  # scalar: upstream gradient 1
+    F.gelu(x).sum().backward()  # scalar: upstream gradient 1
     x2 = Tensor(x.numpy(), requires_grad=True)
-    ops.gelu(x2).backward(np.ones(3))
+    F.gelu(x2).backward(np.ones(3))
     np.testing.assert_array_equal(x.grad.numpy(), x2.grad.numpy())
     # backward on a leaf: its gradient is the upstream gradient (a private copy)
     g = np.arange(3.0)
@@ -347,18 +348,18 @@ def test_upstream_gradient_as_tensor_and_not_modified(rng):
     x = leaf(rng, 2, 3)
     g = rng.standard_normal((2, 3))
     g_copy = g.copy()
-    y = ops.gelu(x)
+    y = F.gelu(x)
     y.backward(Tensor(g))
     np.testing.assert_array_equal(g, g_copy)
     x2 = Tensor(x.numpy(), requires_grad=True)
-    ops.gelu(x2).backward(g)
+    F.gelu(x2).backward(g)
     np.testing.assert_array_equal(x.grad.numpy(), x2.grad.numpy())
 
 
 def test_fp32_leaf_gets_fp32_gradient(rng):
     x = leaf(rng, 3, 4, dtype=np.float32)
     w = leaf(rng, 4, 2, dtype=np.float32)
-    loss = ops.cross_entropy(ops.linear(x, w), np.array([0, 1, 1]))
+    loss = F.cross_entropy(F.linear(x, w), np.array([0, 1, 1]))
     assert loss.dtype == np.float32
     loss.backward()
     assert x.grad.dtype == np.float32 and w.grad.dtype == np.float32
@@ -380,11 +381,11 @@ def test_matmul_other_bad_shapes():
     with pytest.raises(ValueError, match="at least 2 dims"):
         Tensor(np.ones(3)) @ Tensor(np.ones((3, 2)))
     with pytest.raises(ValueError, match=r"linear: input \(2, 3\) @ weight \(4, 5\)"):
-        ops.linear(Tensor(np.ones((2, 3))), Tensor(np.ones((4, 5))))
+        F.linear(Tensor(np.ones((2, 3))), Tensor(np.ones((4, 5))))
 
 
 def test_backward_non_scalar_needs_gradient(rng):
-    y = ops.gelu(leaf(rng, 2, 3))
+    y = F.gelu(leaf(rng, 2, 3))
     with pytest.raises(RuntimeError, match=r"non-scalar tensor of shape \(2, 3\)"):
         y.backward()
     with pytest.raises(ValueError, match=r"grad has shape \(3, 2\)"):
@@ -402,35 +403,35 @@ def test_int_tensor_cannot_require_grad():
 def test_out_of_range_ids_name_the_id_and_vocab():
     w = Tensor(np.ones((5, 3)), requires_grad=True)
     with pytest.raises(ValueError, match="token id 7 out of range for vocab 5"):
-        ops.embedding(np.array([1, 7, 2]), w)
+        F.embedding(np.array([1, 7, 2]), w)
     with pytest.raises(ValueError, match="token id -2 out of range for vocab 5"):
-        ops.embedding(np.array([1, -2]), w)
+        F.embedding(np.array([1, -2]), w)
     logits = Tensor(np.zeros((3, 4)), requires_grad=True)
     with pytest.raises(ValueError, match="target id 9 out of range for vocab 4"):
-        ops.cross_entropy(logits, np.array([1, 9, -1]))
+        F.cross_entropy(logits, np.array([1, 9, -1]))
     with pytest.raises(ValueError, match="target id 4 out of range for vocab 4"):
-        ops.cross_entropy(logits, np.array([4, 0, 0]))
+        F.cross_entropy(logits, np.array([4, 0, 0]))
     with pytest.raises(ValueError, match="target id -3 out of range for vocab 4"):
-        ops.cross_entropy(logits, np.array([0, -3, 0]))
+        F.cross_entropy(logits, np.array([0, -3, 0]))
     with pytest.raises(TypeError, match="ids must be integers"):
-        ops.embedding(np.array([1.0]), w)
+        F.embedding(np.array([1.0]), w)
 
 
 def test_other_bad_input():
     x = Tensor(np.ones((2, 3)), requires_grad=True)
     with pytest.raises(ValueError, match="every target is ignored"):
-        ops.cross_entropy(x, np.array([-1, -1]))
+        F.cross_entropy(x, np.array([-1, -1]))
     with pytest.raises(ValueError, match=r"targets of shape \(2,\)"):
-        ops.cross_entropy(x, np.array([0, 1, 2]))
+        F.cross_entropy(x, np.array([0, 1, 2]))
     with pytest.raises(ValueError, match="do not add up"):
-        ops.split(x, [1, 1], dim=1)
+        F.split(x, [1, 1], dim=1)
     with pytest.raises(TypeError, match="only ints, slices, None and"):
         x[np.array([0, 1])]
     with pytest.raises(ValueError, match="features"):
-        ops.layer_norm(x, Tensor(np.ones(4)), Tensor(np.zeros(4)))
+        F.layer_norm(x, Tensor(np.ones(4)), Tensor(np.zeros(4)))
     q = Tensor(np.ones((1, 1, 3, 2)))
     with pytest.raises(ValueError, match="at least as many keys as queries"):
-        ops.scaled_dot_product_attention(
+        F.scaled_dot_product_attention(
             q, Tensor(np.ones((1, 1, 2, 2))), Tensor(np.ones((1, 1, 2, 2)))
         )
     with pytest.raises(RuntimeError, match="does not require grad"):
@@ -440,8 +441,8 @@ def test_other_bad_input():
 def test_embedding_ids_as_list():
     w = Tensor(np.arange(10.0).reshape(5, 2), requires_grad=True)
     with pytest.raises(ValueError, match="token id 7 out of range for vocab 5"):
-        ops.embedding([1, 7], w)
-    y = ops.embedding([1, 1, 3], w)
+        F.embedding([1, 7], w)
+    y = F.embedding([1, 1, 3], w)
     np.testing.assert_array_equal(y.numpy(), w.numpy()[[1, 1, 3]])
     y.backward(np.ones((3, 2)))
     np.testing.assert_array_equal(w.grad.numpy()[:, 0], [0, 2, 0, 1, 0])

@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from tinygrad_like import Tensor, dtypes, kernels, ops, profiler
+from tinygrad_like import Tensor, dtypes, kernels, profiler
+from tinygrad_like import functional as F
 from tinygrad_like.backend import cpu
 from tinygrad_like.backend.cpu import softmax
 
@@ -394,7 +395,7 @@ def test_cross_entropy_kernels_refuse_a_target_out_of_range(rng, bad):
         lambda: cpu.cross_entropy_fwd(logits, targets, 11),
         lambda: cpu.cross_entropy_bwd(logits, lse, targets, np.ones(1, F32), 11),
         lambda: cpu.cross_entropy_fwd_bwd(logits, targets, np.ones(1, F32), 11),
-        lambda: ops.cross_entropy(Tensor(logits), targets, n_classes=11),
+        lambda: F.cross_entropy(Tensor(logits), targets, n_classes=11),
     ):
         with pytest.raises(ValueError, match=f"target id {bad} out of range for vocab 11"):
             call()
@@ -407,7 +408,7 @@ def test_cross_entropy_counts_the_classes_not_the_padding(rng):
     x = Tensor(rnd(rng, N, Vp), requires_grad=True)
     targets = rng.integers(0, V, N)
     with profiler.Profiler() as prof:
-        ops.cross_entropy(x, targets, n_classes=V).backward()
+        F.cross_entropy(x, targets, n_classes=V).backward()
     ce = {x.name: x for x in prof.launches if x.name.startswith("cross_entropy")}
     assert ce["cross_entropy_fwd"].flops == ce["cross_entropy_bwd"].flops == 4 * N * V
     stats, ids = 4 * N, 8 * N  # fp32 losses or lse per row; int64 targets
@@ -432,7 +433,7 @@ def test_cross_entropy_fwd_bwd_counts_one_exp_per_class_and_its_bytes(rng):
 def test_cross_entropy_through_ops_bf16_gives_fp32_loss(rng):
     logits, targets = rnd(rng, 4, 9, scale=2), np.array([8, 0, -1, 3])
     x = Tensor(logits, requires_grad=True)
-    loss = ops.cross_entropy(x.bfloat16(), targets)
+    loss = F.cross_entropy(x.bfloat16(), targets)
     assert loss.dtype == F32
     ref = _ce_rows(up(logits.astype(dtypes.bfloat16)), targets)[[0, 1, 3]].mean()
     np.testing.assert_allclose(loss.item(), ref, rtol=1e-5)
@@ -654,7 +655,7 @@ def test_profiler_linear_forward_backward(rng):
     w, b = Tensor(rnd(rng, K, N), requires_grad=True), Tensor(rnd(rng, N), requires_grad=True)
     g = rnd(rng, 2, 3, N)
     with profiler.Profiler() as p:
-        y = ops.linear(x, w, b)
+        y = F.linear(x, w, b)
         y.backward(g)
     assert p.launches and {la.phase for la in p.launches} == {"forward", "backward"}
     assert all(la.device == "cpu" for la in p.launches)

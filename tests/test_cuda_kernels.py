@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 
 from tinygrad_like.backend import cuda_available
+from tinygrad_like.kernels.elementwise import spec as elementwise
+from tinygrad_like.kernels.kvcache import spec as kvcache
 
 ON_GPU = cuda_available()
 if ON_GPU:
@@ -41,8 +43,8 @@ else:
 
 import test_kv_fp8  # noqa: E402
 
-from tinygrad_like import dtypes, quant  # noqa: E402
-from tinygrad_like.backend import contract, cpu  # noqa: E402
+from tinygrad_like import dtypes, formats, quant  # noqa: E402
+from tinygrad_like.backend import cpu  # noqa: E402
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the GPU's own machinery (no CPU equivalent)")
 
@@ -60,7 +62,7 @@ def device():
         cuda_on_cpu.build(
             [
                 (src, tuple(cuda.instances(src)))
-                for src in (cuda.kernel_source(f) for f in cuda_on_cpu.kernel_files())
+                for src in (cuda.kernel_source(f) for f in cuda.kernel_files())
             ]
         )
         yield
@@ -290,7 +292,7 @@ UNARY_INPUT = {"log": True, "sqrt": True, "rsqrt": True}
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
-@pytest.mark.parametrize("op", list(contract.UNARY_OPS))
+@pytest.mark.parametrize("op", list(elementwise.UNARY_OPS))
 def test_unary(dtype, op):
     x = rand((7, 1001), dtype, scale=2.0, seed=1)  # exp(8) fits fp16
     if UNARY_INPUT.get(op):
@@ -452,7 +454,7 @@ def test_embedding_ids_out_of_range_raise(bad):
 
 # ---------------------------------------------------------------- quantized weights
 
-QUANT_FORMATS = list(quant.FORMATS)
+QUANT_FORMATS = list(formats.FORMATS)
 
 
 def quantized(fmt, N, K, group_size=None, seed=0):
@@ -502,7 +504,7 @@ def test_quant_decode_of_every_code(fmt):
     """Every code of a format (all 2^16 bit patterns of bf16 / fp16: subnormals, infinities,
     NaNs), scale 1, gathered by qembedding: ml_dtypes' values (quant.dequantize), bit for bit
     apart from the NaNs' payloads."""
-    f = quant.FORMATS[fmt]
+    f = formats.FORMATS[fmt]
     n = 1 << f.bits
     if f.bits == 16:
         codes, scales, g = np.arange(n, dtype=np.uint16).reshape(1, n), None, None
@@ -533,7 +535,7 @@ def test_qembedding_ids_out_of_range_raise():
 # ---------------------------------------------------------------- the fp8 KV cache
 
 
-@pytest.mark.parametrize("fmt", contract.KV_FORMATS)
+@pytest.mark.parametrize("fmt", kvcache.KV_FORMATS)
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
 def test_kv_quantize(fmt, dtype):
     """Rows of every magnitude (subnormal codes, an all-zero row, -0.0, a NaN), ragged against
@@ -547,7 +549,7 @@ def test_kv_quantize(fmt, dtype):
     )
 
 
-@pytest.mark.parametrize("fmt", contract.KV_FORMATS)
+@pytest.mark.parametrize("fmt", kvcache.KV_FORMATS)
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=ids)
 @pytest.mark.parametrize("B,H,Hkv,Tq,L,length,D", test_kv_fp8.ATTENTION_SHAPES)
 def test_qattention(fmt, dtype, B, H, Hkv, Tq, L, length, D):

@@ -20,8 +20,10 @@ import fake_cupy
 import numpy as np
 import pytest
 
-from tinygrad_like import dtypes, quant
-from tinygrad_like.backend import contract, cpu
+from tinygrad_like import dtypes, formats, kernels, quant
+from tinygrad_like.backend import cpu
+from tinygrad_like.kernels.elementwise import spec as elementwise
+from tinygrad_like.kernels.kvcache import spec as kvcache
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 FLOATS = [F32, F16, BF16, F64]
@@ -134,7 +136,7 @@ def unary(cuda, dtype):
     for shape in [(7, 1001), (1,), ()]:
         for layout in LAYOUTS:
             x, dy = place(cuda, rand(shape, dtype), layout), place(cuda, rand(shape, dtype), layout)
-            for op in contract.UNARY_OPS:
+            for op in elementwise.UNARY_OPS:
                 cuda.unary_fwd(x, op)
                 cuda.unary_bwd(x, dy, op)
 
@@ -257,10 +259,10 @@ def embedding(cuda, dtype):
 def quantized(cuda, dtype):
     """Every format, x in dtype: ragged N, one row of x and 17 (past a pass's 8), a bias; the
     gather with int64 and int32 ids."""
-    for fmt in quant.FORMATS:
+    for fmt in formats.FORMATS:
         for N, K, M in [(37, 96, 17), (1, 32, 1)]:
             qw = quant.quantize(
-                rand((N, K), F32), fmt, None if quant.FORMATS[fmt].bits == 16 else 32
+                rand((N, K), F32), fmt, None if formats.FORMATS[fmt].bits == 16 else 32
             )
             x, bias = rand((M, K), dtype), rand(N, dtype)
             idx = np.random.default_rng(3).integers(0, N, (4, 3))
@@ -278,7 +280,7 @@ def kv_cache(cuda, dtype):
     """Both fp8 formats, x and q in dtype: rows ragged against a block's 8 warps and one row;
     a decode step (GQA) and a prompt (MQA) over caches longer than what is stored, the head
     dim ragged against a warp."""
-    for fmt in contract.KV_FORMATS:
+    for fmt in kvcache.KV_FORMATS:
         for B, H, Hkv, Tq, L, length, D in [(2, 4, 2, 1, 40, 33, 24), (1, 3, 1, 5, 9, 5, 64)]:
             for layout in LAYOUTS:
                 p = functools.partial(place, cuda, layout=layout)
@@ -345,8 +347,8 @@ def adamw(cuda, dtype):
 
 
 def test_every_launching_kernel_has_a_driver():
-    assert NO_CUSTOM_KERNEL <= set(contract.KERNELS)
-    assert set(DRIVERS) == set(contract.KERNELS) - NO_CUSTOM_KERNEL
+    assert NO_CUSTOM_KERNEL <= set(kernels.KERNELS)
+    assert set(DRIVERS) == set(kernels.KERNELS) - NO_CUSTOM_KERNEL
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)
@@ -388,13 +390,13 @@ def test_the_cupy_kernels_launch_nothing_of_ours(cuda, launches):
 
 
 def test_unary_ops_are_numbered_as_in_the_contract(cuda):
-    """elementwise.cu's UnaryOp enum names contract.UNARY_OPS in order: the index is the
+    """elementwise.cu's UnaryOp enum names elementwise.UNARY_OPS in order: the index is the
     template argument the backend passes."""
     source = (KERNEL_DIR / "elementwise.cu").read_text()
     enum = re.search(r"enum UnaryOp \{([^}]*)\}", source).group(1)
     numbered = dict(re.findall(r"(\w+) = (\d+)", enum))
     assert {name.lower(): int(i) for name, i in numbered.items()} == {
-        op: contract.unary_op(op) for op in contract.UNARY_OPS
+        op: elementwise.unary_op(op) for op in elementwise.UNARY_OPS
     }
     with pytest.raises(ValueError, match="unknown unary op 'gelu'"):
         cuda.unary_fwd(cuda.empty(3, F32), "gelu")
@@ -402,15 +404,15 @@ def test_unary_ops_are_numbered_as_in_the_contract(cuda):
 
 def test_quant_formats_are_numbered_as_in_quant_cu(cuda):
     """quant.cu's QuantFormat enum and cuda/quant.py's FORMATS name the formats in one order
-    (the index is the template argument), the formats of quant.FORMATS, each with its code
+    (the index is the template argument), the formats of formats.FORMATS, each with its code
     dtype."""
     source = (KERNEL_DIR / "quant.cu").read_text()
     enum = re.search(r"enum QuantFormat \{([^}]*)\}", source).group(1)
     numbered = {name.lower(): int(i) for name, i in re.findall(r"(\w+) = (\d+)", enum)}
-    assert numbered == {fmt: spec[0] for fmt, spec in cuda.quant.FORMATS.items()}
-    assert set(numbered) == set(quant.FORMATS)
-    for fmt, (_, code_dtype, per_code, _) in cuda.quant.FORMATS.items():
-        assert np.dtype(code_dtype).itemsize * 8 == quant.FORMATS[fmt].bits * per_code
+    assert numbered == {fmt: spec[0] for fmt, spec in cuda.formats.FORMATS.items()}
+    assert set(numbered) == set(formats.FORMATS)
+    for fmt, (_, code_dtype, per_code, _) in cuda.formats.FORMATS.items():
+        assert np.dtype(code_dtype).itemsize * 8 == formats.FORMATS[fmt].bits * per_code
 
 
 def test_quant_arguments_that_do_not_fit_are_refused(cuda, launches):
@@ -465,7 +467,7 @@ def test_quant_arguments_that_do_not_fit_are_refused(cuda, launches):
 def test_row_kernels_without_rows_launch_nothing(cuda, launches):
     for kernel in (cuda.softmax_fwd, cuda.log_softmax_fwd):
         assert kernel(cuda.empty((0, 5), F32)).shape == (0, 5)
-    for op in contract.UNARY_OPS:
+    for op in elementwise.UNARY_OPS:
         assert cuda.unary_fwd(cuda.empty((3, 0), F16), op).shape == (3, 0)
     assert launches == []
 

@@ -16,8 +16,10 @@ from gradcheck import gradcheck
 
 import tinygrad_like as tg
 from nn import GPT2, ExecutionOptions, GPT2Config
-from tinygrad_like import Tensor, dtypes, ops
-from tinygrad_like.backend import contract, cpu
+from tinygrad_like import Tensor, dtypes
+from tinygrad_like import functional as F
+from tinygrad_like.backend import cpu
+from tinygrad_like.kernels.attention import spec as attention
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 # (B, H, Tq, Tk, D): T = 1; ragged against the 64-blocks; a decode step; a prompt after a cache
@@ -39,7 +41,7 @@ def rand(rng, shape, dtype=F64):
 def run(q, k, v, dout, flash):
     """-> out, dq, dk, dv as float64 NumPy arrays, through one tape record."""
     leaves = [Tensor(a, requires_grad=True) for a in (q, k, v)]
-    out = ops.scaled_dot_product_attention(*leaves, flash=flash)
+    out = F.scaled_dot_product_attention(*leaves, flash=flash)
     out.backward(dout)
     return [a.astype(F64) for a in (out.numpy(), *(t.grad.numpy() for t in leaves))]
 
@@ -153,14 +155,14 @@ def test_a_decode_step_in_two_byte_formats_is_close_to_fp32(rng, dtype):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks of 2 queries and 3 keys, so that a few positions span many block pairs."""
-    monkeypatch.setattr(contract, "FLASH_BQ", 2)
-    monkeypatch.setattr(contract, "FLASH_BK", 3)
+    monkeypatch.setattr(attention, "FLASH_BQ", 2)
+    monkeypatch.setattr(attention, "FLASH_BK", 3)
 
 
 @pytest.mark.parametrize("Tq, Tk", [(5, 5), (3, 7), (1, 4)], ids=["Tq=Tk", "Tq<Tk", "decode"])
 def test_finite_difference_gradients_across_blocks_fp64(rng, small_blocks, Tq, Tk):
     q, k, v = rand(rng, (1, 2, Tq, 3)), rand(rng, (1, 2, Tk, 3)), rand(rng, (1, 2, Tk, 3))
-    gradcheck(lambda *t: ops.scaled_dot_product_attention(*t, flash=True), q, k, v)
+    gradcheck(lambda *t: F.scaled_dot_product_attention(*t, flash=True), q, k, v)
     args = q, k, v, rand(rng, q.shape)
     assert_close(run(*args, flash=True), run(*args, flash=False), TOL[F64])
 
@@ -168,7 +170,7 @@ def test_finite_difference_gradients_across_blocks_fp64(rng, small_blocks, Tq, T
 def record_of(T, flash, B=2, H=2, D=8, dtype=F32):
     rng = np.random.default_rng(0)
     q, k, v = (Tensor(rand(rng, (B, H, T, D), dtype), requires_grad=True) for _ in range(3))
-    out = ops.scaled_dot_product_attention(q, k, v, flash=flash)
+    out = F.scaled_dot_product_attention(q, k, v, flash=flash)
     return out, out._record
 
 
@@ -187,7 +189,7 @@ def test_flops_and_bytes_of_the_launches():
     B, H, T, D = 2, 2, 130, 8
     out, record = record_of(T, flash=True, B=B, H=H, D=D)
     scores = B * H * (64 * 64 + 64 * 128 + 2 * 130)
-    assert contract.flash_scores(out.data, out.data) == scores
+    assert attention.flash_scores(out.data, out.data) == scores
     assert record.fwd_flops == (4 * D + 5) * scores and record.fwd_launches == 1
     qkv = B * H * T * D * 4
     assert record.fwd_bytes == 4 * qkv + B * H * T * 4  # reads q, k, v; writes out, lse
@@ -226,7 +228,7 @@ def test_gpt2_generation_with_a_kv_cache_is_the_same():
     flash, naive = (m.generate(prompt, 8, temperature=0) for m in models("fp64"))
     np.testing.assert_array_equal(flash, naive)
     with tg.no_grad():
-        y = ops.scaled_dot_product_attention(
+        y = F.scaled_dot_product_attention(
             *(Tensor(np.ones((1, 1, 1, 4))) for _ in range(3)), flash=True
         )
     assert y._record is None and math.isclose(float(y.numpy()[0, 0, 0, 0]), 1.0)

@@ -8,12 +8,12 @@ import gc
 import numpy as np
 import pytest
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from accounting.measure import random_batch
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
 from optim.step import train_on
-from tinygrad_like import TAPE, Tensor, no_grad
+from tinygrad_like import TAPE, Tensor, loss, no_grad
 from tinygrad_like.profiler import GEMMS, Profiler
 
 DESIGNS = F.HEAD_DESIGNS
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(F, "HEAD_BLOCK_ROWS", BLOCK)
+    monkeypatch.setattr(loss, "HEAD_BLOCK_ROWS", BLOCK)
 
 
 def head(lm_head, design="precompute"):

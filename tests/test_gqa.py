@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from gradcheck import gradcheck
 
-from tinygrad_like import Tensor, dtypes, ops
-from tinygrad_like.backend import contract
+from tinygrad_like import Tensor, dtypes
+from tinygrad_like import functional as F
+from tinygrad_like.kernels.attention import spec as attention
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 TOL = {F64: 1e-10, F32: 1e-5, F16: 2e-3, BF16: 1.6e-2}  # relative to the largest value
@@ -48,7 +49,7 @@ def reference(q, k, v, dout, scale=None):
 def run(q, k, v, dout, flash, **kwargs):
     """-> out, dq, dk, dv as float64 NumPy arrays, through one tape record."""
     leaves = [Tensor(a, requires_grad=True) for a in (q, k, v)]
-    out = ops.scaled_dot_product_attention(*leaves, flash=flash, **kwargs)
+    out = F.scaled_dot_product_attention(*leaves, flash=flash, **kwargs)
     out.backward(dout)
     return [a.astype(F64) for a in (out.numpy(), *(t.grad.numpy() for t in leaves))]
 
@@ -70,8 +71,8 @@ def inputs(rng, B, H, Hkv, Tq, Tk, D, dtype=F64):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Flash blocks of 4 queries and 3 keys: ragged, and many block pairs per head."""
-    monkeypatch.setattr(contract, "FLASH_BQ", 4)
-    monkeypatch.setattr(contract, "FLASH_BK", 3)
+    monkeypatch.setattr(attention, "FLASH_BQ", 4)
+    monkeypatch.setattr(attention, "FLASH_BK", 3)
 
 
 @pytest.mark.parametrize("flash", [False, True], ids=["naive", "flash"])
@@ -103,7 +104,7 @@ def test_two_byte_formats_are_close_to_the_reference(rng, flash, dtype):
 @pytest.mark.parametrize("flash", [False, True], ids=["naive", "flash"])
 def test_finite_difference_gradients_fp64(rng, small_blocks, flash):
     q, k, v, _ = inputs(rng, 1, 4, 2, 5, 7, 3)
-    gradcheck(lambda *t: ops.scaled_dot_product_attention(*t, flash=flash), q, k, v)
+    gradcheck(lambda *t: F.scaled_dot_product_attention(*t, flash=flash), q, k, v)
 
 
 def record_of(H, Hkv, flash, contiguous_q=True, B=2, T=70, D=8):
@@ -111,7 +112,7 @@ def record_of(H, Hkv, flash, contiguous_q=True, B=2, T=70, D=8):
     q, k, v, _ = inputs(rng, B, H, Hkv, T, T, D, F32)
     q = np.ascontiguousarray(q) if contiguous_q else q
     leaves = [Tensor(a, requires_grad=True) for a in (q, k, v)]
-    out = ops.scaled_dot_product_attention(*leaves, flash=flash)
+    out = F.scaled_dot_product_attention(*leaves, flash=flash)
     out.backward(np.ones(out.shape, F32))
     return out._record
 
@@ -128,7 +129,7 @@ def test_flops_are_those_of_full_heads_and_bytes_those_of_the_kv_heads(flash):
     assert mha.fwd_bytes - gqa.fwd_bytes == 2 * kv_heads  # k and v read
     assert mha.bwd_bytes - gqa.bwd_bytes == 4 * kv_heads  # k and v read, dk and dv written
     if flash:
-        scores = contract.flash_scores(np.empty((B, H, T, D)), np.empty((B, Hkv, T, D)))
+        scores = attention.flash_scores(np.empty((B, H, T, D)), np.empty((B, Hkv, T, D)))
         assert scores == B * H * (64 * 64 + 6 * 70)
         assert gqa.fwd_flops == (4 * D + 5) * scores
 
@@ -151,7 +152,7 @@ def test_a_broadcast_query_gets_its_gradient_summed_back(rng, flash):
     q, k = rng.standard_normal((4, 3, 8)), rng.standard_normal((4, 4, 6, 8))
     dout = rng.standard_normal((4, 4, 3, 8))
     leaves = [Tensor(a, requires_grad=True) for a in (q, k)]
-    out = ops.scaled_dot_product_attention(leaves[0], leaves[1], leaves[1], flash=flash)
+    out = F.scaled_dot_product_attention(leaves[0], leaves[1], leaves[1], flash=flash)
     out.backward(dout)
     ref = reference(np.broadcast_to(q, (4, 4, 3, 8)), k, k, dout)
     assert_close(
@@ -190,7 +191,7 @@ def test_scale(rng, flash):
 
 def test_the_flash_record_saves_kv_heads_only(rng):
     q, k, v, _ = inputs(rng, 1, 8, 2, 64, 64, 8, F32)
-    out = ops.scaled_dot_product_attention(
+    out = F.scaled_dot_product_attention(
         *(Tensor(a, requires_grad=True) for a in (q, k, v)), flash=True
     )
     saved = [a.shape for a in out._record.ctx.saved]  # q, k, v, out, lse
@@ -213,11 +214,11 @@ def test_the_flash_record_saves_kv_heads_only(rng):
 def test_unsupported_shapes_are_one_clear_error(q, k, v, error, message, flash):
     args = [Tensor(np.ones(s)) for s in (q, k, v)]
     with pytest.raises(error, match=message) as info:
-        ops.scaled_dot_product_attention(*args, flash=flash)
+        F.scaled_dot_product_attention(*args, flash=flash)
     assert f"q {q}, k {k}, v {v}" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_mixed_dtypes_are_a_type_error():
     q, kv = Tensor(np.ones((1, 2, 3, 4), F32)), Tensor(np.ones((1, 2, 3, 4), F64))
     with pytest.raises(TypeError, match="need one dtype, got float32, float64, float64"):
-        ops.scaled_dot_product_attention(q, kv, kv, flash=True)
+        F.scaled_dot_product_attention(q, kv, kv, flash=True)

@@ -18,7 +18,8 @@ import tinygrad_like as tg
 from nn import KVCache, from_preset
 from nn.lm import KV_FORMATS, kv_bytes_per_element
 from tinygrad_like import dtypes, quant
-from tinygrad_like.backend import contract, cpu
+from tinygrad_like.backend import cpu
+from tinygrad_like.kernels.kvcache import spec as kvcache
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import Profiler
 
@@ -264,6 +265,6 @@ def test_an_fp8_cache_decodes_most_of_the_fp32_caches_greedy_tokens(family, fmt)
 def test_contract_counts_the_causal_pairs():
     """qattention's scores: Tq (length - Tq) + Tq (Tq + 1) / 2 per query head, a decode step's
     length, a prompt's triangle."""
-    assert contract.causal_pairs(1, 9) == 9
-    assert contract.causal_pairs(4, 4) == 10
-    assert contract.causal_pairs(2, 5) == 4 + 5
+    assert kvcache.causal_pairs(1, 9) == 9
+    assert kvcache.causal_pairs(4, 4) == 10
+    assert kvcache.causal_pairs(2, 5) == 4 + 5

@@ -19,7 +19,8 @@ from safetensors.numpy import load_file, save_file
 
 import nn
 from nn import GPT2, ExecutionOptions, GPT2Config, Llama, LlamaConfig, hf
-from tinygrad_like import Tensor, dtypes, no_grad, ops, profiler
+from tinygrad_like import Tensor, dtypes, no_grad, profiler
+from tinygrad_like import functional as F
 from tinygrad_like.backend import cpu
 
 HALF = [pytest.param(dtypes.float16, id="fp16"), pytest.param(dtypes.bfloat16, id="bf16")]
@@ -114,7 +115,7 @@ def test_the_kernels_are_counted(rng):
     g = Tensor(rng.standard_normal((4, 6)).astype(F32), requires_grad=True)
     u = Tensor(rng.standard_normal((4, 6)).astype(F32), requires_grad=True)
     with profiler.Profiler() as prof:
-        (ops.apply_rotary(x, cos, sin, start=2).sum() + ops.swiglu(g, u).sum()).backward()
+        (F.apply_rotary(x, cos, sin, start=2).sum() + F.swiglu(g, u).sum()).backward()
     by = {ln.name: ln for ln in prof.launches}
     n = x.numpy().size
     assert by["rotary_fwd"].flops == by["rotary_bwd"].flops == 3 * n
@@ -132,9 +133,9 @@ def test_apply_rotary_gradcheck_at_an_offset(rng):
     """A decode step's positions: the op reads rows start .. start + T of the tables."""
     cos, sin = tables(rng, 9, 3)
     x = rng.standard_normal((2, 2, 4, 6))
-    leaves = gradcheck(lambda t: ops.apply_rotary(t, cos, sin, start=3), x)
+    leaves = gradcheck(lambda t: F.apply_rotary(t, cos, sin, start=3), x)
     np.testing.assert_allclose(
-        ops.apply_rotary(leaves[0], cos, sin, start=3).numpy(),
+        F.apply_rotary(leaves[0], cos, sin, start=3).numpy(),
         rotary_ref(x, cos[3:7], sin[3:7]),
         rtol=1e-14,
     )
@@ -142,7 +143,7 @@ def test_apply_rotary_gradcheck_at_an_offset(rng):
 
 def test_swiglu_gradcheck(rng):
     g, u = 2 * rng.standard_normal((3, 7)), rng.standard_normal((3, 7))
-    gradcheck(ops.swiglu, g, u)
+    gradcheck(F.swiglu, g, u)
 
 
 def test_rms_norm_layer_gradcheck(rng):
@@ -165,12 +166,12 @@ def test_apply_rotary_refuses_bad_shapes(args, match):
     x, table, *start = args
     t = np.zeros(table, F32)
     with pytest.raises(ValueError, match=match):
-        ops.apply_rotary(Tensor(np.zeros(x, F32)), t, t, *start)
+        F.apply_rotary(Tensor(np.zeros(x, F32)), t, t, *start)
 
 
 def test_swiglu_refuses_different_shapes():
     with pytest.raises(ValueError, match="differ in shape"):
-        ops.swiglu(Tensor(np.zeros((2, 3), F32)), Tensor(np.zeros((2, 4), F32)))
+        F.swiglu(Tensor(np.zeros((2, 3), F32)), Tensor(np.zeros((2, 4), F32)))
 
 
 # ---------------------------------------------------------------- the model

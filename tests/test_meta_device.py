@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from accounting import measure
 from accounting.predictions import predicted_collectives, predicted_state_bytes
 from nn import GPT2, ExecutionOptions, GPT2Config, LlamaConfig, build, from_preset

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from nn import GPT2, GPT2Config
 from nn.hf import read_state
 from nn.module import Parameter

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tinygrad_like import Tensor, dtypes
-from tinygrad_like import ops as F
+from tinygrad_like import functional as F
 from tinygrad_like.profiler import Profiler
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64

@@ -14,10 +14,11 @@ import pytest
 from gradcheck import gradcheck
 
 import tinygrad_like as tg
-from tinygrad_like import TAPE, Tensor, dtypes, ops
+from tinygrad_like import TAPE, Tensor, dtypes
+from tinygrad_like import functional as F
 from tinygrad_like.autograd import Function
-from tinygrad_like.backend import contract
 from tinygrad_like.kernels import launch
+from tinygrad_like.kernels.elementwise import spec as elementwise
 from tinygrad_like.profiler import Profiler
 
 
@@ -160,7 +161,7 @@ AXES = [
 def test_sum(rng, axis, keepdims):
     a = randn(rng, 2, 3, 4)
     leaves = gradcheck(lambda x: x.sum(axis=axis, keepdims=keepdims), a)
-    out = ops.sum(leaves[0], axis, keepdims)
+    out = F.sum(leaves[0], axis, keepdims)
     np.testing.assert_allclose(out.numpy(), a.sum(axis=axis, keepdims=keepdims), rtol=1e-12)
 
 
@@ -247,8 +248,8 @@ def test_getitem_same_element_twice_accumulates(rng):
 )
 def test_split_all_parts(rng, split_size, dim, sizes):
     a = randn(rng, 2, 5)
-    leaves = gradcheck(lambda x: ops.split(x, split_size, dim), a)
-    parts = ops.split(leaves[0], split_size, dim)
+    leaves = gradcheck(lambda x: F.split(x, split_size, dim), a)
+    parts = F.split(leaves[0], split_size, dim)
     assert [p.shape[dim] for p in parts] == sizes
     np.testing.assert_array_equal(np.concatenate([p.numpy() for p in parts], axis=dim), a)
 
@@ -264,20 +265,20 @@ def test_split_unused_parts_get_zero_gradient(rng):
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_cat(rng, dim):
     a, b, c = randn(rng, 2, 3), randn(rng, 2, 3), randn(rng, 2, 3)
-    leaves = gradcheck(lambda x, y, z: ops.cat([x, y, z], dim=dim), a, b, c)
+    leaves = gradcheck(lambda x, y, z: F.cat([x, y, z], dim=dim), a, b, c)
     np.testing.assert_array_equal(
-        ops.cat(leaves, dim=dim).numpy(), np.concatenate([a, b, c], axis=dim)
+        F.cat(leaves, dim=dim).numpy(), np.concatenate([a, b, c], axis=dim)
     )
 
 
 def test_cat_with_constant_part(rng):
     a, const = randn(rng, 2, 3), Tensor(randn(rng, 1, 3))
-    gradcheck(lambda x: ops.cat([const, x, const], dim=0), a)
+    gradcheck(lambda x: F.cat([const, x, const], dim=0), a)
     assert const.grad is None
 
 
 def test_split_then_cat_roundtrip(rng):
-    gradcheck(lambda x: ops.cat(list(reversed(ops.split(x, 2, dim=0))), dim=0), randn(rng, 5, 2))
+    gradcheck(lambda x: F.cat(list(reversed(F.split(x, 2, dim=0))), dim=0), randn(rng, 5, 2))
 
 
 # ---------------------------------------------------------------- matmul and linear
@@ -319,9 +320,9 @@ def test_matmul_with_transpose_op(rng):
 def test_linear(rng, bias, xshape):
     x, w, b = randn(rng, *xshape), randn(rng, 4, 5), randn(rng, 5)
     args = (x, w, b) if bias else (x, w)
-    leaves = gradcheck(lambda *t: ops.linear(*t), *args)
+    leaves = gradcheck(lambda *t: F.linear(*t), *args)
     expected = x @ w + (b if bias else 0)
-    np.testing.assert_allclose(ops.linear(*leaves).numpy(), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(F.linear(*leaves).numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
@@ -329,7 +330,7 @@ def test_linear_transposed_weight(rng, bias):
     """transposed=True: weight stored (out, in), as the tied LM head (logits = x wte^T)."""
     x, w, b = randn(rng, 2, 3, 4), randn(rng, 5, 4), randn(rng, 5)
     args = (x, w, b) if bias else (x, w)
-    fn = lambda *t: ops.linear(*t[:2], t[2] if bias else None, transposed=True)  # noqa: E731
+    fn = lambda *t: F.linear(*t[:2], t[2] if bias else None, transposed=True)  # noqa: E731
     leaves = gradcheck(fn, *args)
     expected = x @ w.T + (b if bias else 0)
     np.testing.assert_allclose(fn(*leaves).numpy(), expected, rtol=1e-12, atol=1e-12)
@@ -339,13 +340,13 @@ def test_linear_transposed_weight(rng, bias):
 def test_linear_non_contiguous_input(rng):
     x = randn(rng, 2, 4, 3).swapaxes(1, 2)  # (2, 3, 4), not contiguous
     assert not x.flags.c_contiguous
-    gradcheck(lambda t, w, b: ops.linear(t, w, b), x, randn(rng, 4, 5), randn(rng, 5))
+    gradcheck(lambda t, w, b: F.linear(t, w, b), x, randn(rng, 4, 5), randn(rng, 5))
 
 
 def test_linear_constant_weight(rng):
     """Only x requires grad: the weight and bias gradients are dropped, x's is right."""
     w, b = Tensor(randn(rng, 4, 2)), Tensor(randn(rng, 2))
-    gradcheck(lambda x: ops.linear(x, w, b), randn(rng, 3, 4))
+    gradcheck(lambda x: F.linear(x, w, b), randn(rng, 3, 4))
     assert w.grad is None and b.grad is None
 
 
@@ -354,19 +355,19 @@ def test_linear_constant_weight(rng):
 
 def test_embedding_repeated_ids(rng):
     ids = np.array([[1, 2, 1], [4, 1, 0]])
-    leaves = gradcheck(lambda w, i: ops.embedding(i, w), randn(rng, 6, 3), ids)
+    leaves = gradcheck(lambda w, i: F.embedding(i, w), randn(rng, 6, 3), ids)
     w = leaves[0]
-    np.testing.assert_array_equal(ops.embedding(ids, w).numpy(), w.numpy()[ids])
+    np.testing.assert_array_equal(F.embedding(ids, w).numpy(), w.numpy()[ids])
     assert np.all(w.grad.numpy()[[3, 5]] == 0)  # unused rows get exactly zero
 
 
 def test_embedding_ids_as_tensor(rng):
     ids = Tensor(np.array([3, 3, 3, 0]))
     assert ids.dtype == np.int64
-    leaves = gradcheck(lambda w: ops.embedding(ids, w), randn(rng, 4, 2))
+    leaves = gradcheck(lambda w: F.embedding(ids, w), randn(rng, 4, 2))
     g = np.ones((4, 2))
     w = Tensor(leaves[0].numpy(), requires_grad=True)
-    ops.embedding(ids, w).backward(g)
+    F.embedding(ids, w).backward(g)
     np.testing.assert_array_equal(w.grad.numpy(), [[1, 1], [0, 0], [0, 0], [3, 3]])
 
 
@@ -376,18 +377,18 @@ def _gelu_ref(x):
 
 def test_gelu(rng):
     a = 2 * randn(rng, 3, 4)
-    leaves = gradcheck(ops.gelu, a)
-    np.testing.assert_allclose(ops.gelu(leaves[0]).numpy(), _gelu_ref(a), rtol=1e-6, atol=1e-7)
+    leaves = gradcheck(F.gelu, a)
+    np.testing.assert_allclose(F.gelu(leaves[0]).numpy(), _gelu_ref(a), rtol=1e-6, atol=1e-7)
 
 
 def test_gelu_0d():
-    gradcheck(ops.gelu, np.array(0.7))
+    gradcheck(F.gelu, np.array(0.7))
 
 
 # ---------------------------------------------------------------- issue 26's ops (PyTorch's names)
 
 
-@pytest.mark.parametrize("op", list(contract.UNARY_OPS))
+@pytest.mark.parametrize("op", list(elementwise.UNARY_OPS))
 @pytest.mark.parametrize("shape", [(3, 4), ()], ids=["3x4", "0d"])
 def test_unary(rng, op, shape):
     a = 2 * randn(rng, *shape, 2)  # the last dim: a transposed (non-contiguous) view below
@@ -395,18 +396,18 @@ def test_unary(rng, op, shape):
         a = np.abs(a) + 0.2
     if op == "relu":  # away from the kink
         a = np.where(np.abs(a) < 0.1, 0.5, a)
-    gradcheck(getattr(ops, op), np.array(a[..., 0]))  # a copy: 0-d stays 0-d
+    gradcheck(getattr(F, op), np.array(a[..., 0]))  # a copy: 0-d stays 0-d
     if shape:
-        gradcheck(lambda x: getattr(ops, op)(x.T), a.T)
+        gradcheck(lambda x: getattr(F, op)(x.T), a.T)
 
 
-@pytest.mark.parametrize("fn", [ops.softmax, ops.log_softmax], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("fn", [F.softmax, F.log_softmax], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_softmax_over_any_dim(rng, fn, dim):
     gradcheck(lambda x: fn(x, dim), 2 * randn(rng, 2, 3, 4))
 
 
-@pytest.mark.parametrize("fn", [ops.softmax, ops.log_softmax], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("fn", [F.softmax, F.log_softmax], ids=["softmax", "log_softmax"])
 def test_softmax_0d_and_transposed_input(rng, fn):
     gradcheck(lambda x: fn(x, 0), randn(rng))
     gradcheck(lambda x: fn(x.T, 1), randn(rng, 3, 5))  # a non-contiguous row input
@@ -414,23 +415,23 @@ def test_softmax_0d_and_transposed_input(rng, fn):
 
 @pytest.mark.parametrize("dim, keepdim", [(1, False), ((0, 2), True), ((), False), (-1, True)])
 def test_amax(rng, dim, keepdim):
-    gradcheck(lambda x: ops.amax(x, dim, keepdim), randn(rng, 2, 3, 4))  # no ties
+    gradcheck(lambda x: F.amax(x, dim, keepdim), randn(rng, 2, 3, 4))  # no ties
 
 
 @pytest.mark.parametrize("dim, keepdim", [(0, False), (-1, True)])
 def test_max_with_dim(rng, dim, keepdim):
-    gradcheck(lambda x: ops.max(x, dim, keepdim).values, randn(rng, 3, 4))
+    gradcheck(lambda x: F.max(x, dim, keepdim).values, randn(rng, 3, 4))
 
 
 @pytest.mark.parametrize("dim, correction", [(None, 1), (0, 1), ((0, 2), 0), (-1, 2)])
 def test_var(rng, dim, correction):
-    gradcheck(lambda x: ops.var(x, dim, correction=correction), randn(rng, 2, 3, 4))
+    gradcheck(lambda x: F.var(x, dim, correction=correction), randn(rng, 2, 3, 4))
 
 
 def test_reductions_of_0d_and_over_no_dims(rng):
-    gradcheck(lambda x: ops.sum(x, 0), randn(rng))
-    gradcheck(lambda x: ops.mean(x, ()), randn(rng, 2, 3))
-    gradcheck(lambda x: ops.transpose(x, 0, 0) * 2.0, randn(rng))
+    gradcheck(lambda x: F.sum(x, 0), randn(rng))
+    gradcheck(lambda x: F.mean(x, ()), randn(rng, 2, 3))
+    gradcheck(lambda x: F.transpose(x, 0, 0) * 2.0, randn(rng))
 
 
 def _layer_norm_ref(x, w, b, eps=1e-5):
@@ -441,32 +442,32 @@ def _layer_norm_ref(x, w, b, eps=1e-5):
 
 def test_layer_norm(rng):
     x, w, b = randn(rng, 2, 3, 5), 1 + 0.5 * randn(rng, 5), randn(rng, 5)
-    leaves = gradcheck(lambda *t: ops.layer_norm(*t), x, w, b)
+    leaves = gradcheck(lambda *t: F.layer_norm(*t), x, w, b)
     np.testing.assert_allclose(
-        ops.layer_norm(*leaves).numpy(), _layer_norm_ref(x, w, b), rtol=1e-10, atol=1e-12
+        F.layer_norm(*leaves).numpy(), _layer_norm_ref(x, w, b), rtol=1e-10, atol=1e-12
     )
 
 
 def test_rms_norm(rng):
     x, w = randn(rng, 2, 3, 5), 1 + 0.5 * randn(rng, 5)
-    leaves = gradcheck(lambda *t: ops.rms_norm(*t), x, w)
+    leaves = gradcheck(lambda *t: F.rms_norm(*t), x, w)
     want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
-    np.testing.assert_allclose(ops.rms_norm(*leaves).numpy(), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(F.rms_norm(*leaves).numpy(), want, rtol=1e-10, atol=1e-12)
 
 
 def test_rms_norm_non_contiguous_and_eps(rng):
     x = randn(rng, 5, 3).T  # (3, 5) view
-    gradcheck(lambda t, w: ops.rms_norm(t, w, eps=1e-3), x, randn(rng, 5))
+    gradcheck(lambda t, w: F.rms_norm(t, w, eps=1e-3), x, randn(rng, 5))
 
 
 def test_rms_norm_refuses_a_weight_of_another_size(rng):
     with pytest.raises(ValueError, match=r"need a weight of \(5,\)"):
-        ops.rms_norm(Tensor(randn(rng, 2, 5)), Tensor(randn(rng, 4)))
+        F.rms_norm(Tensor(randn(rng, 2, 5)), Tensor(randn(rng, 4)))
 
 
 def test_layer_norm_non_contiguous_and_eps(rng):
     x = randn(rng, 5, 3).T  # (3, 5) view
-    gradcheck(lambda t, w, b: ops.layer_norm(t, w, b, eps=1e-3), x, randn(rng, 5), randn(rng, 5))
+    gradcheck(lambda t, w, b: F.layer_norm(t, w, b, eps=1e-3), x, randn(rng, 5), randn(rng, 5))
 
 
 def _causal_attention_ref(q, k, v):
@@ -487,14 +488,14 @@ def _causal_attention_ref(q, k, v):
 def test_attention(rng, Tq, Tk):
     B, H, D = 1, 2, 4
     q, k, v = randn(rng, B, H, Tq, D), randn(rng, B, H, Tk, D), randn(rng, B, H, Tk, D)
-    leaves = gradcheck(ops.scaled_dot_product_attention, q, k, v)
-    out = ops.scaled_dot_product_attention(*leaves)
+    leaves = gradcheck(F.scaled_dot_product_attention, q, k, v)
+    out = F.scaled_dot_product_attention(*leaves)
     np.testing.assert_allclose(out.numpy(), _causal_attention_ref(q, k, v), rtol=1e-10, atol=1e-12)
 
 
 def test_attention_first_query_sees_only_first_key(rng):
     q, k, v = randn(rng, 1, 1, 3, 2), randn(rng, 1, 1, 3, 2), randn(rng, 1, 1, 3, 2)
-    out = ops.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v)).numpy()
+    out = F.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v)).numpy()
     np.testing.assert_allclose(out[0, 0, 0], v[0, 0, 0], rtol=1e-12)
 
 
@@ -506,7 +507,7 @@ def test_attention_gpt2_layout(rng):
     def block(qkv):
         q, k, v = qkv.split(C, dim=2)
         q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v))
-        y = ops.scaled_dot_product_attention(q, k, v)
+        y = F.scaled_dot_product_attention(q, k, v)
         return y.transpose(1, 2).reshape(B, T, C)
 
     qkv = randn(rng, B, T, 3 * C)
@@ -527,8 +528,8 @@ def _ce_ref(logits, targets):
 
 def test_cross_entropy_with_ignored_targets(rng):
     logits, targets = randn(rng, 5, 4), np.array([1, -1, 3, 1, -1])
-    leaves = gradcheck(lambda x: ops.cross_entropy(x, targets), logits)
-    loss = ops.cross_entropy(leaves[0], targets)
+    leaves = gradcheck(lambda x: F.cross_entropy(x, targets), logits)
+    loss = F.cross_entropy(leaves[0], targets)
     assert loss.shape == ()
     np.testing.assert_allclose(loss.item(), _ce_ref(logits, targets), rtol=1e-12)
     g = leaves[0].grad.numpy()
@@ -541,9 +542,9 @@ def test_cross_entropy_many_rows(rng):
     logits = randn(rng, 19, 3)
     targets = rng.integers(0, 3, 19)
     targets[[0, 7, 8, 18]] = -1
-    leaves = gradcheck(lambda x: ops.cross_entropy(x, targets), logits)
+    leaves = gradcheck(lambda x: F.cross_entropy(x, targets), logits)
     np.testing.assert_allclose(
-        ops.cross_entropy(leaves[0], targets).item(), _ce_ref(logits, targets), rtol=1e-12
+        F.cross_entropy(leaves[0], targets).item(), _ce_ref(logits, targets), rtol=1e-12
     )
     assert np.all(leaves[0].grad.numpy()[[0, 7, 8, 18]] == 0)
 
@@ -552,7 +553,7 @@ def test_cross_entropy_gradient_formula(rng):
     """dL/dlogits = (softmax - onehot) / count, scaled by the upstream gradient."""
     logits, targets = randn(rng, 3, 4), np.array([0, 3, -1])
     x = Tensor(logits, requires_grad=True)
-    ops.cross_entropy(x, Tensor(targets)).backward(np.array(2.0))
+    F.cross_entropy(x, Tensor(targets)).backward(np.array(2.0))
     p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
     p[[0, 1], [0, 3]] -= 1
     p[2] = 0
@@ -562,7 +563,7 @@ def test_cross_entropy_gradient_formula(rng):
 def test_cross_entropy_custom_ignore_index(rng):
     logits = randn(rng, 3, 4)
     t = np.array([2, -100, 0])
-    got = ops.cross_entropy(Tensor(logits), t, ignore_index=-100).item()
+    got = F.cross_entropy(Tensor(logits), t, ignore_index=-100).item()
     np.testing.assert_allclose(got, _ce_ref(logits, np.array([2, -1, 0])), rtol=1e-12)
 
 
@@ -571,8 +572,8 @@ def test_cross_entropy_over_the_first_n_classes(rng):
     over the 5, and the finite differences agree that the 2 padding columns get no gradient."""
     logits, targets = randn(rng, 4, 7), np.array([4, -1, 0, 2])
     logits[:, 5:] += 30.0  # padding columns that would dominate the softmax if counted
-    leaves = gradcheck(lambda x: ops.cross_entropy(x, targets, n_classes=5), logits)
-    loss = ops.cross_entropy(leaves[0], targets, n_classes=5)
+    leaves = gradcheck(lambda x: F.cross_entropy(x, targets, n_classes=5), logits)
+    loss = F.cross_entropy(leaves[0], targets, n_classes=5)
     np.testing.assert_allclose(loss.item(), _ce_ref(logits[:, :5], targets), rtol=1e-12)
     assert np.all(leaves[0].grad.numpy()[:, 5:] == 0)
 
@@ -580,7 +581,7 @@ def test_cross_entropy_over_the_first_n_classes(rng):
 @pytest.mark.parametrize("n_classes", [0, 8])
 def test_cross_entropy_n_classes_must_fit_the_rows(rng, n_classes):
     with pytest.raises(ValueError, match=f"n_classes {n_classes} must be in \\[1, 7\\]"):
-        ops.cross_entropy(Tensor(randn(rng, 2, 7)), np.array([0, 1]), n_classes=n_classes)
+        F.cross_entropy(Tensor(randn(rng, 2, 7)), np.array([0, 1]), n_classes=n_classes)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -589,7 +590,7 @@ def test_cross_entropy_large_logits_stable(rng, dtype):
     logits[0] = 1e4  # a row of equal huge logits: loss log(6)
     targets = np.array([2, 0, 5, -1])
     x = Tensor(logits, requires_grad=True)
-    loss = ops.cross_entropy(x, targets)
+    loss = F.cross_entropy(x, targets)
     assert np.isfinite(loss.item())
     np.testing.assert_allclose(loss.item(), _ce_ref(logits, targets), rtol=1e-6)
     loss.backward()
@@ -597,25 +598,25 @@ def test_cross_entropy_large_logits_stable(rng, dtype):
     assert np.all(np.isfinite(g)) and np.all(np.abs(g) <= 1.0)
     with tg.no_grad():  # the forward-only kernel agrees
         np.testing.assert_allclose(
-            ops.cross_entropy(Tensor(logits), targets).item(), loss.item(), rtol=1e-6
+            F.cross_entropy(Tensor(logits), targets).item(), loss.item(), rtol=1e-6
         )
 
 
 def test_dropout_p0_is_identity_without_record(rng):
     x = Tensor(randn(rng, 3, 4), requires_grad=True)
     pos = TAPE.position()
-    assert ops.dropout(x, 0.0) is x
-    assert ops.dropout(x, 0.5, training=False) is x
+    assert F.dropout(x, 0.0) is x
+    assert F.dropout(x, 0.5, training=False) is x
     assert TAPE.records(since=pos) == []
 
 
 def test_dropout_seeded_and_deterministic(rng):
     a = randn(rng, 4, 8)
     tg.manual_seed(7)
-    y1 = ops.dropout(Tensor(a), 0.25).numpy()
+    y1 = F.dropout(Tensor(a), 0.25).numpy()
     tg.manual_seed(7)
-    y2 = ops.dropout(Tensor(a), 0.25).numpy()
-    y3 = ops.dropout(Tensor(a), 0.25).numpy()  # next draw from the same stream
+    y2 = F.dropout(Tensor(a), 0.25).numpy()
+    y3 = F.dropout(Tensor(a), 0.25).numpy()  # next draw from the same stream
     np.testing.assert_array_equal(y1, y2)
     assert not np.array_equal(y1, y3)
     kept = y1 != 0
@@ -626,7 +627,7 @@ def test_dropout_seeded_and_deterministic(rng):
 def test_dropout_gradcheck_fixed_mask(rng):
     def fn(x):
         tg.manual_seed(11)  # the same mask on every forward
-        return ops.dropout(x, 0.5)
+        return F.dropout(x, 0.5)
 
     leaves = gradcheck(fn, randn(rng, 3, 5))
     y = fn(Tensor(leaves[0].numpy()))
@@ -638,7 +639,7 @@ def test_dropout_bad_p():
     x = Tensor(np.ones(3))
     for p in (1.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="dropout probability"):
-            ops.dropout(x, p)
+            F.dropout(x, p)
 
 
 # ---------------------------------------------------------------- cast
@@ -648,7 +649,7 @@ def test_dropout_bad_p():
 def test_cast_fp32_to_half_and_back(rng, to):
     a = randn(rng, 3, 4).astype(np.float32)
     x = Tensor(a, requires_grad=True)
-    h = ops.cast(x, to)
+    h = F.cast(x, to)
     assert h.dtype == dtypes.as_dtype(to) and h.requires_grad
     np.testing.assert_array_equal(h.numpy(), a.astype(dtypes.as_dtype(to)))
     g = randn(rng, 3, 4)
@@ -677,7 +678,7 @@ def test_cast_gradcheck_fp64_roundtrip(rng):
     """fp64 -> fp64 is a no-op; fp64 -> fp32 -> fp64 passes the gradient through a cast."""
     a = randn(rng, 3)
     x = Tensor(a, requires_grad=True)
-    y = ops.cast(ops.cast(x, "fp32") * Tensor(np.ones(3, np.float32)), "fp64")
+    y = F.cast(F.cast(x, "fp32") * Tensor(np.ones(3, np.float32)), "fp64")
     g = randn(rng, 3)
     y.backward(g)
     assert x.grad.dtype == np.float64
@@ -711,8 +712,8 @@ def test_mlp_block_composite(rng):
     """ln -> linear -> gelu -> linear -> residual, as in a GPT-2 block."""
 
     def block(x, lw, lb, w1, b1, w2):
-        h = ops.gelu(ops.linear(ops.layer_norm(x, lw, lb), w1, b1))
-        return x + ops.linear(h, w2)
+        h = F.gelu(F.linear(F.layer_norm(x, lw, lb), w1, b1))
+        return x + F.linear(h, w2)
 
     gradcheck(
         block,

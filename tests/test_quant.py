@@ -19,15 +19,15 @@ from test_llama import GQA
 from test_llama import randomized as randomized_llama
 
 import tinygrad_like as tg
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from nn import build, from_preset
 from nn.quant import quantize_model
-from tinygrad_like import Tensor, quant
+from tinygrad_like import Tensor, formats, quant
 from tinygrad_like.backend import cpu, meta
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import Profiler
 
-FOUR_BIT = [f for f, spec in quant.FORMATS.items() if spec.bits == 4]
+FOUR_BIT = [f for f, spec in formats.FORMATS.items() if spec.bits == 4]
 
 
 def group_for(fmt, K):
@@ -47,7 +47,7 @@ def representable(fmt):
     """(1, K) values the format holds exactly, every group led by the format's largest
     magnitude (so that every scale is 1), and the codes an 8- or 16-bit format stores for them
     (None for a 4-bit one)."""
-    f = quant.FORMATS[fmt]
+    f = formats.FORMATS[fmt]
     if f.decode == "int":
         values = np.arange(-f.qmax, f.qmax + 1, dtype=np.float32)  # -127..127, -7..7
     else:
@@ -63,20 +63,20 @@ def representable(fmt):
     return values[None], values.astype(element).view(np.uint16 if f.bits == 16 else np.uint8)
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("fmt", list(formats.FORMATS))
 def test_values_the_format_holds_quantize_exactly(fmt):
     W, want_codes = representable(fmt)
     qw = quant.quantize(W, fmt, group_for(fmt, W.shape[1]))
     assert np.array_equal(quant.dequantize(qw), W)
-    if quant.FORMATS[fmt].scaled:
+    if formats.FORMATS[fmt].scaled:
         assert np.all(qw.scales == 1)
     if want_codes is not None:
         assert np.array_equal(qw.codes[0], want_codes)
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("fmt", list(formats.FORMATS))
 def test_other_values_round_as_documented(fmt):
-    f, W = quant.FORMATS[fmt], weight(5, 64)
+    f, W = formats.FORMATS[fmt], weight(5, 64)
     g = group_for(fmt, 64)
     qw = quant.quantize(W, fmt, g)
     got = quant.dequantize(qw)
@@ -106,7 +106,7 @@ def test_a_zero_group_gets_scale_one_and_groups_are_their_own(fmt):
     got = quant.dequantize(qw)
     assert np.all(qw.scales[1] == 1) and np.all(got[1] == 0)
     assert qw.scales[2, 1] == 1 and np.all(got[2, 8:16] == 0)
-    assert qw.scales[0, 3] == np.float32(5.0) / np.float32(quant.FORMATS[fmt].qmax)
+    assert qw.scales[0, 3] == np.float32(5.0) / np.float32(formats.FORMATS[fmt].qmax)
     assert np.all(qw.scales[0, :3] < qw.scales[0, 3] / 10)
 
 
@@ -137,7 +137,7 @@ def test_a_conv1d_weight_is_stored_transposed():
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "fp16", "bf16", "int8"])
 def test_every_code_decodes_as_ml_dtypes_does(fmt):
-    f = quant.FORMATS[fmt]
+    f = formats.FORMATS[fmt]
     every = np.arange(2**f.bits, dtype=np.uint16 if f.bits == 16 else np.uint8)
     if f.bits == 4:
         codes = (every[0::2] | (every[1::2] << 4)).astype(np.uint8)
@@ -152,11 +152,11 @@ def test_every_code_decodes_as_ml_dtypes_does(fmt):
     assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))  # -0 too
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("fmt", list(formats.FORMATS))
 def test_the_decode_step_dot_decodes_every_code_as_ml_dtypes_does(fmt):
     # row n of W holds code n in element 0 and zeros (int4: nibble 8) elsewhere, x = e_0 and
     # the scales 1: y[0, n] is code n's value times 1 plus zeros, exactly (but a zero's sign)
-    f = quant.FORMATS[fmt]
+    f = formats.FORMATS[fmt]
     every = np.arange(2**f.bits, dtype=np.uint16 if f.bits == 16 else np.uint8)
     K = 32
     zero = 0x88 if fmt == "int4" else 0
@@ -209,7 +209,7 @@ def test_4bit_decode_dot_is_dequantize_then_matmul(fmt, group_size, M):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("fmt", list(formats.FORMATS))
 @pytest.mark.parametrize("M", [1, 3, 17])
 def test_qmatmul_is_dequantize_then_matmul(fmt, M):
     N, K = 37, 88  # N ragged against the row blocks, K against the lanes

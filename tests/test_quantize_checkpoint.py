@@ -20,7 +20,7 @@ from test_llama import randomized as randomized_llama
 from nn import GPT2Config, build, from_pretrained, hf
 from nn.quant import quantize_model
 from nn.quant_checkpoint import save_quantized
-from tinygrad_like import quant
+from tinygrad_like import formats, quant
 from tinygrad_like.memory import TRACKER
 
 MAKE = {"gpt2": lambda: randomized(CFG, seed=0), "llama": lambda: randomized_llama(GQA)}
@@ -29,7 +29,7 @@ GROUP = {"gpt2": None, "llama": 8}
 
 
 def group_for(fmt, family):
-    return GROUP[family] if quant.FORMATS[fmt].bits == 4 else None
+    return GROUP[family] if formats.FORMATS[fmt].bits == 4 else None
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def quantized_dir(sources, family, fmt, tmp_path, capsys, group=None):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("fmt", list(formats.FORMATS))
 def test_codes_and_scales_come_back_bit_for_bit(sources, tmp_path, capsys, family, fmt):
     """Every weight of the loaded model equals the fp32 model quantized on load: codes and
     scales bitwise (dtype, shape, padding rows included), layout fields, the fp32 tensors."""
@@ -85,7 +85,7 @@ def test_codes_and_scales_come_back_bit_for_bit(sources, tmp_path, capsys, famil
             fields = ("fmt", "shape", "out_axis", "rows", "group_size")
             assert [getattr(g, f) for f in fields] == [getattr(w, f) for f in fields], name
             assert g.codes.dtype == w.codes.dtype and g.codes.tobytes() == w.codes.tobytes()
-            assert (g.scales is None) == (w.scales is None) == (not quant.FORMATS[fmt].scaled)
+            assert (g.scales is None) == (w.scales is None) == (not formats.FORMATS[fmt].scaled)
             if w.scales is not None:
                 assert g.scales.dtype == np.float32 and g.scales.tobytes() == w.scales.tobytes()
         else:
@@ -279,7 +279,7 @@ def test_loading_makes_no_fp32_copy_of_the_quantized_weights(tmp_path, fmt):
     gc.collect()
     stored = sum(p.nbytes for p in loaded.parameters())
     assert TRACKER.current["weights"] - tracked == stored
-    share = quant.bytes_per_parameter(fmt) / 4  # of the fp32 bytes: 0.5, 0.28, 0.16
+    share = formats.bytes_per_parameter(fmt) / 4  # of the fp32 bytes: 0.5, 0.28, 0.16
     assert peak < (share + 0.15) * fp32_bytes, (peak, fp32_bytes)
     del loaded
     gc.collect()

@@ -9,7 +9,7 @@ import gc
 import numpy as np
 import pytest
 
-import tinygrad_like.ops as F
+import tinygrad_like.functional as F
 from accounting import measure
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW

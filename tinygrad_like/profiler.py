@@ -39,7 +39,7 @@ class Launch:
     timer: object = None  # backend timer with .seconds(), when timing is on
     start: float = 0.0  # host seconds since the profiler started (for the trace)
     math: str = None  # the phase whose work this is (see the module's docstring)
-    exps: int = 0  # exp / tanh evaluations (backend/contract.py): a CPU bound of their own
+    exps: int = 0  # exp / tanh evaluations (kernels/record.py): a CPU bound of their own
 
     def __post_init__(self):  # made by kernels.launch as the kernel runs: read the label now
         if self.math is None:
@@ -103,10 +103,8 @@ class Profiler:
     def launches(self):
         """Every Launch so far, in order (the deferred ones counted now)."""
         if self._pending:
-            from .kernels import count  # kernels imports this module
-
-            for name, device, timer, start, phase, math, (args, kwargs, out) in self._pending:
-                flops, exps, nbytes = count(name, args, kwargs, out)
+            for name, device, timer, start, phase, math, counts in self._pending:
+                flops, exps, nbytes = counts()
                 self._launches.append(
                     Launch(name, phase, flops, nbytes, device, timer, start, math, exps)
                 )
@@ -117,14 +115,14 @@ class Profiler:
     def launches(self, launches):
         self._launches, self._pending = list(launches), []
 
-    def add(self, name, device, timer, t_host, counts, run):
+    def add(self, name, device, timer, t_host, counts):
         """A launch of kernel `name` that started at t_host (perf_counter), counted (counts:
-        kernels.count's FLOPs, exps and bytes) or, when None, to be counted from run (args,
-        kwargs, out) when the launches are next read."""
+        kernels.count's FLOPs, exps and bytes) or, for a deferred launch, a function that counts
+        it when the launches are next read."""
         start = t_host - self.t0
-        if counts is None:
+        if callable(counts):
             math = _math[-1] or _phase[-1]
-            self._pending.append((name, device, timer, start, _phase[-1], math, run))
+            self._pending.append((name, device, timer, start, _phase[-1], math, counts))
         else:
             flops, exps, nbytes = counts
             self._launches.append(

@@ -1,7 +1,9 @@
 """Tensor: an array (NumPy on the CPU, CuPy on a GPU), its dtype and device, and its gradient.
 
-Operators and methods are thin: each calls one differentiable op from ops.py, which launches
-kernels and, with grad enabled, appends a record to the tape.
+Its operators and methods (x + y, x.sum(), x.reshape(...), x.to(dtype), ...) are the functional
+API's functions of the same names (functional.py sets them on Tensor), each one differentiable
+op that launches kernels and, with grad enabled, appends a record to the tape; this module needs
+no op.
 """
 
 import numpy as np
@@ -118,127 +120,5 @@ class Tensor:
                 )
         autograd.backward(self, grad)
 
-    # ---- conversions
-    def to(self, dtype=None, device=None):
-        out = self
-        if device is not None and device != self.device:
-            out = Tensor(
-                backend.get(device).asarray(self.numpy()), requires_grad=self.requires_grad
-            )
-        if dtype is not None and dtypes.as_dtype(dtype) != out.dtype:
-            out = ops.cast(out, dtypes.as_dtype(dtype))
-        return out
-
-    def float(self):
-        return self.to(dtypes.float32)
-
-    def half(self):
-        return self.to(dtypes.float16)
-
-    def bfloat16(self):
-        return self.to(dtypes.bfloat16)
-
-    # ---- arithmetic (broadcasting like NumPy)
-    def __add__(self, other):
-        return ops.add(self, other)
-
-    def __radd__(self, other):
-        return ops.add(self, other)
-
-    def __sub__(self, other):
-        return ops.sub(self, other)
-
-    def __rsub__(self, other):
-        return ops.sub(other, self)
-
-    def __mul__(self, other):
-        return ops.mul(self, other)
-
-    def __rmul__(self, other):
-        return ops.mul(self, other)
-
-    def __truediv__(self, other):
-        return ops.div(self, other)
-
-    def __rtruediv__(self, other):
-        return ops.div(other, self)
-
-    def __neg__(self):
-        return ops.neg(self)
-
-    def __matmul__(self, other):
-        return ops.matmul(self, other)
-
-    def __getitem__(self, index):
-        return ops.getitem(self, index)
-
-    def sum(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
-        return ops.sum(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def mean(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
-        return ops.mean(self, dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def var(self, dim=None, correction=1, keepdim=False):
-        return ops.var(self, dim, correction, keepdim)
-
-    def amax(self, dim=(), keepdim=False):
-        return ops.amax(self, dim, keepdim)
-
-    def max(self, dim=None, keepdim=False):
-        return ops.max(self, dim, keepdim)
-
-    def exp(self):
-        return ops.exp(self)
-
-    def log(self):
-        return ops.log(self)
-
-    def sqrt(self):
-        return ops.sqrt(self)
-
-    def rsqrt(self):
-        return ops.rsqrt(self)
-
-    def tanh(self):
-        return ops.tanh(self)
-
-    def sigmoid(self):
-        return ops.sigmoid(self)
-
-    def relu(self):
-        return ops.relu(self)
-
-    def softmax(self, dim):
-        return ops.softmax(self, dim)
-
-    def log_softmax(self, dim):
-        return ops.log_softmax(self, dim)
-
-    def reshape(self, *shape):
-        return ops.reshape(self, _shape_arg(shape))
-
-    def view(self, *shape):
-        return ops.view(self, _shape_arg(shape))
-
-    def transpose(self, dim0=-2, dim1=-1):
-        return ops.transpose(self, dim0, dim1)
-
-    def permute(self, *dims):
-        return ops.permute(self, _shape_arg(dims))
-
-    def split(self, split_size, dim=-1):
-        return ops.split(self, split_size, dim)
-
-    @property
-    def T(self):
-        """The last two dims swapped (PyTorch's .mT; PyTorch's .T reverses every dim)."""
-        return ops.transpose(self, -2, -1)
-
-
-def _shape_arg(shape):
-    one = len(shape) == 1 and isinstance(shape[0], (tuple, list))  # t.view((2, 3)) or t.view(2, 3)
-    return tuple(shape[0]) if one else tuple(shape)
-
 
 autograd.Tensor = Tensor  # Function.apply wraps results without importing this module
-from . import ops  # noqa: E402  (ops needs Tensor; Tensor's methods need ops)

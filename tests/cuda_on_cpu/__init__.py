@@ -33,7 +33,6 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-KERNEL_DIR = HERE.parents[1] / "tinygrad_like" / "backend" / "cuda"  # the project's .cu files
 HEADERS = ("cuda_cpu.h", "ptx_on_cpu.h", "cuda_fp16.h", "cuda_bf16.h")
 ORDERS = {"forward": 0, "reverse": 1, "shuffle": 2, "cycle": 3}
 FLAGS = (
@@ -53,11 +52,6 @@ ASAN_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer")
 class KernelError(RuntimeError):
     """A kernel that failed while running: a deadlock, a bad warp collective, an access past
     shared memory, a fault, a misaligned cp.async, ..."""
-
-
-def kernel_files():
-    """The names of the project's .cu files (cuda/runtime.kernel_source's argument)."""
-    return sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
 
 
 def compiler():

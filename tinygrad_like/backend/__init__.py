@@ -1,7 +1,7 @@
-"""Device selection. Three backends implement one kernel contract (contract.py): cpu/ (NumPy,
-the reference), cuda/ (CuPy and the project's own .cu kernels) and meta/ (shapes and dtypes
-without data: it counts a step without running it). CuPy is imported only when CUDA is asked
-for or auto-detected, so the package never needs it.
+"""Device selection. Three devices, each a package of its runtime (the host functions of host.py,
+allocation, timing): cpu/ (NumPy), cuda/ (CuPy) and meta/ (shapes and dtypes without data: it
+counts a step without running it). Their kernels live by family in tinygrad_like/kernels/. CuPy
+is imported only when CUDA is asked for or auto-detected, so the package never needs it.
 
 TG_DEVICE=cpu|cuda|meta picks the default; without it the default is cuda when CuPy sees a GPU.
 """

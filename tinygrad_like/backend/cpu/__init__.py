@@ -1,18 +1,12 @@
-"""The CPU backend: every kernel of the contract (backend/contract.py) in NumPy, or as a loop
-compiled by Numba (compiled.py) where NumPy would make one pass per operator: the
-numerical reference the CUDA backend is tested against.
-
-One module per kernel family, named as the .cu files are and each beside its CUDA twin in
-reading order: gemm, elementwise, rownorm, softmax, attention, rotary, embedding, adamw;
-runtime holds what is not a kernel (the host functions, malloc's settings, the thread pool, the
-BLAS's threads). The package exposes exactly the contract's names, gathered by contract.implement.
+"""The CPU device: NumPy arrays and the host functions (runtime.py: allocation, malloc's
+settings, the thread pool, the BLAS's threads), and compiled.py, the Numba machinery the CPU
+kernels (kernels/<family>/cpu.py) are written in. The CPU kernels are the numerical reference
+the CUDA kernels are tested against.
 """
 
 import numpy as np
 
-from .. import contract
+from .runtime import asarray, empty, start_timer, supported_dtypes, synchronize, to_numpy  # noqa: F401
 
 name = "cpu"
 xp = np  # the array module, for code that must allocate on this device
-
-contract.implement(__name__, globals())

@@ -1,8 +1,8 @@
-"""What the CPU backend needs that is not a kernel: the host functions of the contract, the
+"""What the CPU device needs that is not a kernel: the host functions (backend/host.py), the
 dtype helpers every kernel uses, malloc's settings, the thread pool the row and elementwise
 kernels split their rows over, and control of the BLAS's threads.
 
-Rules every CPU kernel follows (backend/cuda matches them):
+Rules every CPU kernel (kernels/<family>/cpu.py) follows, and its CUDA twin matches:
 - Arrays in, arrays out; kernels never see Tensors or the tape.
 - 2-byte inputs (fp16, bf16) are computed in fp32 (f32) and rounded once on the way out
   (rounded), which is what a tensor core or an fp32-accumulating CUDA kernel does. Reductions

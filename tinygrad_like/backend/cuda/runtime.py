@@ -1,6 +1,7 @@
-"""What the CUDA backend needs that is not a kernel: the host functions of the contract, loading
-the .cu files beside this module (NVRTC through cupy.RawModule, the CUDA headers found), launch
-helpers, and the watcher of CuPy's memory pool.
+"""What the CUDA device needs that is not a kernel: the host functions (backend/host.py), loading
+the .cu files of the kernel families (kernels/<family>/<family>.cu, common.cuh pasted in; NVRTC
+through cupy.RawModule, the CUDA headers found), launch helpers, and the watcher of CuPy's memory
+pool.
 
 Names, signatures, dtype rules and results are the CPU backend's (the reference). What a caller
 can notice: launches are asynchronous (synchronize() or to_numpy() waits).
@@ -25,7 +26,9 @@ from cupy.cuda.memory_hook import MemoryHook
 
 from ... import dtypes
 
-KERNEL_DIR = Path(__file__).parent  # the .cu files, beside their modules
+# kernels/<family>/<family>.cu, and the header every one of them includes, beside this module
+KERNELS_DIR = Path(__file__).parents[2] / "kernels"
+COMMON = Path(__file__).with_name("common.cuh")
 CTYPES = {
     dtypes.float32: "float",
     dtypes.float16: "__half",
@@ -123,11 +126,17 @@ class PoolWatcher(MemoryHook):
 # ---------------------------------------------------------------- loading the .cu files
 
 
+def kernel_files():
+    """The name of every family's .cu file (kernel_source's argument), sorted."""
+    return sorted(p.name for p in KERNELS_DIR.glob("*/*.cu"))
+
+
 def kernel_source(filename):
-    """A .cu file with common.cuh pasted over its #include line: one self-contained source, so
-    CuPy's compile cache keys on everything the kernels depend on."""
-    common = (KERNEL_DIR / "common.cuh").read_text()
-    return (KERNEL_DIR / filename).read_text().replace('#include "common.cuh"', common)
+    """A family's .cu file (gemm.cu: kernels/gemm/gemm.cu) with common.cuh pasted over its
+    #include line: one self-contained source, so CuPy's compile cache keys on everything the
+    kernels depend on."""
+    path = KERNELS_DIR / Path(filename).stem / filename
+    return path.read_text().replace('#include "common.cuh"', COMMON.read_text())
 
 
 def instances(source):

@@ -68,8 +68,9 @@ class MetaArray:
         return self.size * self.dtype.itemsize
 
     @property
-    def c_contiguous(self):
-        return self._stand_in().flags.c_contiguous
+    def flags(self):
+        """NumPy's flags for these strides (c_contiguous, ...), read off the stand-in."""
+        return self._stand_in().flags
 
     def __len__(self):
         if not self.shape:

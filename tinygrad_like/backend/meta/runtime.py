@@ -1,11 +1,5 @@
-"""What the meta backend needs that is not a kernel: the host functions of the contract, and
-new(), the one way its kernels make an output.
-
-Rules every meta kernel follows: it returns what its CPU twin returns, with the same shapes and
-dtypes (statistics such as layernorm's mean and rstd and per-token losses fp32, the compute
-dtype), the same tuples, and the same arguments back where the CPU kernel returns one it wrote
-in place (copy, fill, out=); it computes nothing and reads nothing.
-"""
+"""The meta device's host functions (backend/host.py): arrays made and moved by their shapes and
+dtypes alone."""
 
 import weakref
 
@@ -15,15 +9,6 @@ from ... import dtypes
 from ...memory import root
 from ..host_timer import HostTimer
 from .array import MetaArray, NoValues
-
-
-def new(shape, dtype):
-    """A fresh output: an array that owns its (absent) memory, as np.empty's."""
-    return MetaArray(shape, dtype)
-
-
-def like(a, dtype=None):
-    return MetaArray(a.shape, a.dtype if dtype is None else dtype)
 
 
 def supported_dtypes():
@@ -39,9 +24,11 @@ def asarray(data, dtype=None):
     array that np.asarray returns as it is (the CPU's asarray: its device memory is the host's)
     gives its twin, so the memory tracker sees the buffers the CPU sees."""
     if isinstance(data, MetaArray):
-        return data if dtype is None or np.dtype(dtype) == data.dtype else like(data, dtype)
+        return (
+            data if dtype is None or np.dtype(dtype) == data.dtype else MetaArray(data.shape, dtype)
+        )
     host = np.asarray(data, dtype=dtype)
-    return _twin(host) if host is data else new(host.shape, host.dtype)
+    return _twin(host) if host is data else MetaArray(host.shape, host.dtype)
 
 
 _twins = {}  # id(host array) -> its MetaArray, while the host array lives
@@ -63,7 +50,7 @@ def to_numpy(a):
 
 
 def empty(shape, dtype):
-    return new((shape,) if isinstance(shape, int) else shape, dtype)
+    return MetaArray((shape,) if isinstance(shape, int) else shape, dtype)
 
 
 def synchronize():

@@ -1,0 +1,109 @@
+"""The optimizer's kernels on the CPU (adamw.cu's twin): the gradient's sum of squares and one
+fused AdamW update over the flat fp32 buffers, in cache-sized chunks, one block per core.
+"""
+
+import numpy as np
+from numba import prange
+
+from ...backend.cpu.compiled import LANES, kernel, row_dot
+from ...backend.cpu.runtime import f32
+
+_NORM_PART = 1 << 18  # elements per partial sum of grad_norm_sq (1 MB of fp32)
+
+
+@kernel
+def _sum_squares(g, partials):
+    # one fixed part of _NORM_PART elements per iteration (adamw.cu's sum_partials, a block
+    # each), its squares summed over the lanes of compiled.row_dot
+    for p in prange(partials.shape[0]):
+        part = g[p * _NORM_PART : (p + 1) * _NORM_PART]
+        partials[p] = row_dot(part, part, np.empty(LANES, g.dtype))
+
+
+def grad_norm_sq(grad):
+    """Sum of squares of a flat gradient buffer in fp32 -> array (1,). inf/nan in the gradient
+    make it non-finite, so the same number serves clipping and the overflow check."""
+    g = np.ascontiguousarray(f32(grad))
+    # partial sums over fixed parts, then the partials in order: the parts depend only on the
+    # size, so the result is the same for any core count
+    partials = np.zeros(-(-g.shape[0] // _NORM_PART), dtype=g.dtype)
+    _sum_squares(g, partials)
+    return np.array([np.sum(partials)], dtype=g.dtype)
+
+
+@kernel
+def _adamw(
+    master,
+    grad,
+    m,
+    v,
+    n_decay,
+    coef,
+    beta1,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    decay,
+    lr_bc1,
+    inv_sqrt_bc2,
+):
+    # one element per iteration in adamw.cu's order (each scalar already rounded to master's
+    # dtype, as there): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, decay, the update
+    for i in prange(master.shape[0]):
+        g = grad[i] * coef
+        mi = m[i] * beta1 + one_minus_beta1 * g
+        vi = v[i] * beta2 + one_minus_beta2 * (g * g)
+        w = master[i]
+        if i < n_decay:
+            w *= decay
+        w -= mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps) * lr_bc1
+        m[i], v[i], master[i] = mi, vi, w
+
+
+def adamw_step(
+    master,
+    grad,
+    m,
+    v,
+    working,
+    norm_sq,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    n_decay,
+    step,
+    inv_scale,
+    max_norm,
+):
+    """adamw.cu's update: the skip and the clipping coefficient decided here from norm_sq (one
+    host read), then one compiled pass over the elements, the working copy refreshed after."""
+    scaled_norm_sq = float(norm_sq[0])
+    if not np.isfinite(scaled_norm_sq):
+        return
+    g_coef = inv_scale
+    if max_norm > 0:
+        norm = np.sqrt(scaled_norm_sq) * inv_scale
+        g_coef *= min(1.0, max_norm / (norm + 1e-6))
+    # the bias corrections fold into two scalars: update = lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
+    bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+    acc = master.dtype.type
+    scalars = (
+        g_coef,
+        beta1,
+        1 - beta1,
+        beta2,
+        1 - beta2,
+        eps,
+        1 - lr * weight_decay if weight_decay else 1.0,
+        lr / bc1,
+        1 / np.sqrt(bc2),
+    )
+    # 2-byte gradients are widened first, and the working copy refreshed from master after
+    g = np.ascontiguousarray(f32(grad), dtype=master.dtype)
+    _adamw(master, g, m, v, n_decay if weight_decay else 0, *[acc(s) for s in scalars])
+    if working is not None:
+        working[...] = master

@@ -1,0 +1,81 @@
+"""The optimizer's kernels on CUDA (adamw.cu): the gradient's sum of squares in fixed partial
+sums, and one fused AdamW update that never waits for the host: the overflow skip and the
+clipping coefficient are decided on the device from norm_sq.
+"""
+
+import cupy
+import numpy as np
+
+from ... import dtypes
+from ...backend.cuda.runtime import BLOCK, NULL, blocks_for, compiled, launch_flat
+
+
+def grad_norm_sq(grad):
+    """Sum of squares of a gradient buffer in fp32 (fp64 for fp64) -> device array (1,), in two
+    fixed-order passes (deterministic). inf/nan in the gradient make it non-finite."""
+    g = cupy.ascontiguousarray(grad).reshape(-1)
+    acc = dtypes.compute_dtype(g.dtype)
+    nblocks = max(1, min(1024, blocks_for(g.size)))
+    partial, out = cupy.empty(nblocks, dtype=acc), cupy.empty(1, dtype=acc)
+    compiled("adamw.cu", "sum_partials", g.dtype, True)(
+        (nblocks,), (BLOCK,), (g, partial, np.int64(g.size))
+    )
+    compiled("adamw.cu", "sum_partials", acc, False)(
+        (1,), (1024,), (partial, out, np.int64(nblocks))
+    )
+    return out
+
+
+def adamw_step(
+    master,
+    grad,
+    m,
+    v,
+    working,
+    norm_sq,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    n_decay,
+    step,
+    inv_scale,
+    max_norm,
+):
+    """One fused AdamW update over flat buffers, in place (see cpu.adamw_step). norm_sq stays on
+    the device: the kernel skips the step when it is inf/nan and derives the clipping
+    coefficient from it, so nothing here waits for the GPU."""
+    for a in (master, grad, m, v) + (() if working is None else (working,)):
+        if not a.flags.c_contiguous or a.size != master.size:
+            raise ValueError("adamw_step updates flat contiguous buffers of one size in place")
+    P = (
+        master.dtype.type
+    )  # every constant rounded once to the master's dtype, as the CPU twin's acc
+    bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+    norm_sq = cupy.ascontiguousarray(norm_sq, dtype=dtypes.compute_dtype(grad.dtype))
+    launch_flat(
+        "adamw.cu",
+        "adamw_step",
+        (master.dtype, grad.dtype),
+        master.size,
+        master,
+        grad,
+        m,
+        v,
+        NULL if working is None else working,
+        norm_sq,
+        np.int64(master.size),
+        np.int64(n_decay),
+        np.float64(inv_scale),
+        np.float64(max_norm),
+        P(beta1),
+        P(1 - beta1),
+        P(beta2),
+        P(1 - beta2),
+        P(eps),
+        P(1 - lr * weight_decay),
+        P(lr / bc1),
+        P(1 / np.sqrt(bc2)),
+    )

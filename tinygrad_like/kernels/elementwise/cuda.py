@@ -1,0 +1,239 @@
+"""Elementwise kernels and data movement on CUDA (elementwise.cu), with CuPy itself where a custom
+kernel would add nothing: binary ops that broadcast, sums over arbitrary axes, copies, fills,
+concatenation and index gradients. Dropout draws from its own random stream (not the CPU's).
+"""
+
+import cupy
+import numpy as np
+
+from ... import dtypes
+from ...backend.cuda.runtime import CTYPES, HALF, NULL, TRAINING, acc_type, f32, launch_flat
+from .spec import unary_op
+
+
+def _binary(op, ufunc):
+    """a (op) b with NumPy broadcasting; either side may be a Python scalar. Same shapes (or a
+    scalar) run elementwise.cu's binary kernel; broadcasting and mixed dtypes run CuPy's ufunc,
+    2-byte floats computed in fp32 and rounded once, as the CPU twin does."""
+
+    def kernel(a, b, out=None):
+        arrays = [x for x in (a, b) if isinstance(x, cupy.ndarray)]
+        dtype = np.result_type(*[x.dtype for x in arrays])
+        shape = arrays[0].shape
+        plain = [
+            x.dtype == dtype and x.shape == shape and x.flags.c_contiguous
+            for x in arrays + ([] if out is None else [out])
+        ]
+        if dtype in CTYPES and all(plain):
+            y = cupy.empty(shape, dtype=dtype) if out is None else out
+            ptrs = [x if isinstance(x, cupy.ndarray) else NULL for x in (a, b)]
+            scalars = [acc_type(dtype)(0 if isinstance(x, cupy.ndarray) else x) for x in (a, b)]
+            launch_flat(
+                "elementwise.cu",
+                "binary",
+                (dtype, op),
+                y.size,
+                *ptrs,
+                *scalars,
+                y,
+                np.int64(y.size),
+            )
+            return y
+        if dtype in HALF:
+            y = ufunc(f32(a), f32(b))
+            if out is None:
+                return y.astype(dtype)
+            out[...] = y
+            return out
+        return ufunc(a, b, out=out)
+
+    return kernel
+
+
+add = _binary(0, cupy.add)
+sub = _binary(1, cupy.subtract)
+mul = _binary(2, cupy.multiply)
+div = _binary(3, cupy.divide)
+
+
+def neg(a):
+    return mul(a, -1.0) if a.dtype in CTYPES else cupy.negative(a)
+
+
+# ---------------------------------------------------------------- div's gradient, unary ops, max
+# div_bwd and the unary ops run elementwise.cu's kernels; amax, argmax and their gradients are
+# CuPy's reductions and ufuncs (in fp32 for 2-byte inputs), cpu/elementwise.py's formulas.
+
+
+def div_bwd(a, b, dy):
+    """-(dy (a / b)) / b, as cpu.div_bwd. a (or a scalar), b and dy of one shape, dtype and
+    C-contiguous run elementwise.cu's div_bwd; broadcasting runs CuPy's ufuncs in fp32."""
+    dtype = np.result_type(*[x.dtype for x in (a, b, dy) if isinstance(x, cupy.ndarray)])
+    arrays = [x for x in (a, b, dy) if isinstance(x, cupy.ndarray)]
+    if dtype in CTYPES and all(
+        x.dtype == dtype and x.shape == dy.shape and x.flags.c_contiguous for x in arrays
+    ):
+        db = cupy.empty(dy.shape, dtype=dtype)
+        scalar = acc_type(dtype)(0 if isinstance(a, cupy.ndarray) else a)
+        launch_flat(
+            "elementwise.cu",
+            "div_bwd",
+            (dtype,),
+            db.size,
+            a if isinstance(a, cupy.ndarray) else NULL,
+            scalar,
+            b,
+            dy,
+            db,
+            np.int64(db.size),
+        )
+        return db
+    db = -(f32(dy) * (f32(a) / f32(b))) / f32(b)
+    return db.astype(dtype, copy=False)
+
+
+def _unary(kernel, op, x, *others):
+    """elementwise.cu's kernel<T, op> over x and others (same shape, made contiguous) -> out."""
+    x = cupy.ascontiguousarray(x)
+    others = [cupy.ascontiguousarray(o, dtype=x.dtype) for o in others]
+    out = cupy.empty_like(x)
+    launch_flat(
+        "elementwise.cu", kernel, (x.dtype, unary_op(op)), x.size, x, *others, out, np.int64(x.size)
+    )
+    return out
+
+
+def unary_fwd(x, op):
+    return _unary("unary_fwd", op, x)
+
+
+def unary_bwd(x, dy, op):
+    return _unary("unary_bwd", op, x, dy)
+
+
+def amax(a, axis=None, keepdims=False):
+    return cupy.max(f32(a), axis=axis, keepdims=keepdims).astype(a.dtype, copy=False)
+
+
+def argmax(a, axis):
+    return cupy.argmax(f32(a), axis=axis, keepdims=True).astype(np.int64, copy=False)
+
+
+def amax_bwd(x, y, dy, axis):
+    hit = f32(x) == f32(y)
+    count = hit.sum(axis=axis, keepdims=True, dtype=dtypes.compute_dtype(x.dtype))
+    return cupy.where(hit, f32(dy) / count, 0).astype(x.dtype, copy=False)
+
+
+def max_bwd(dy, idx, shape, axis):
+    positions = cupy.arange(shape[axis]).reshape(
+        [-1 if i == axis else 1 for i in range(len(shape))]
+    )
+    return cupy.where(positions == idx, f32(dy), 0).astype(dy.dtype, copy=False)  # exact
+
+
+def contiguous(a):
+    return cupy.ascontiguousarray(a)
+
+
+def cast(a, dtype):
+    dtype = np.dtype(dtype)
+    if a.dtype == dtype or a.dtype not in TRAINING or dtype not in TRAINING:
+        return a.astype(dtype)
+    a = cupy.ascontiguousarray(a)
+    y = cupy.empty(a.shape, dtype=dtype)
+    launch_flat("elementwise.cu", "cast", (a.dtype, dtype), a.size, a, y, np.int64(a.size))
+    return y
+
+
+def copy(dst, src):
+    """dst[...] = src (in place; dst may be a view, e.g. a slice of a KV cache)."""
+    dst[...] = src
+    return dst
+
+
+def fill(dst, value):
+    dst.fill(value)
+    return dst
+
+
+def concat(arrays, axis):
+    return cupy.concatenate(arrays, axis=axis)
+
+
+def index_bwd(dy, shape, index):
+    """Gradient of x[index] for a basic index, as cpu.index_bwd: zeros with dy written."""
+    dx = cupy.zeros(shape, dtype=dy.dtype)
+    dx[index] = dy
+    return dx
+
+
+def sum(a, axis=None, keepdims=False):
+    """Sum in fp32 (fp64 for fp64 inputs), result in a's dtype."""
+    s = cupy.sum(a, axis=axis, keepdims=keepdims, dtype=dtypes.compute_dtype(a.dtype))
+    return s.astype(a.dtype, copy=False)
+
+
+def gelu_fwd(x):
+    x = cupy.ascontiguousarray(x)
+    y = cupy.empty_like(x)
+    launch_flat("elementwise.cu", "gelu_fwd", (x.dtype,), x.size, x, y, np.int64(x.size))
+    return y
+
+
+def gelu_bwd(x, dy):
+    x, dy = cupy.ascontiguousarray(x), cupy.ascontiguousarray(dy, dtype=x.dtype)
+    dx = cupy.empty_like(x)
+    launch_flat("elementwise.cu", "gelu_bwd", (x.dtype,), x.size, x, dy, dx, np.int64(x.size))
+    return dx
+
+
+def dropout_fwd(x, p, seed):
+    """Inverted dropout -> (y, mask), mask in x's dtype holding 0 or 1/(1-p). The stream is a
+    hash of (seed, element index): the same seed gives the same mask, but not NumPy's."""
+    x = cupy.ascontiguousarray(x)
+    y, mask = cupy.empty_like(x), cupy.empty_like(x)
+    key = np.uint64(np.random.default_rng(seed).integers(2**63))  # any seed NumPy accepts
+    scale = np.float32(1.0) / np.float32(1.0 - p)
+    launch_flat(
+        "elementwise.cu",
+        "dropout_fwd",
+        (x.dtype,),
+        x.size,
+        x,
+        y,
+        mask,
+        np.int64(x.size),
+        np.float32(p),
+        scale,
+        key,
+    )
+    return y, mask
+
+
+def swiglu_fwd(gate, up):
+    gate, up = cupy.ascontiguousarray(gate), cupy.ascontiguousarray(up, dtype=gate.dtype)
+    y = cupy.empty_like(gate)
+    launch_flat(
+        "elementwise.cu", "swiglu_fwd", (gate.dtype,), y.size, gate, up, y, np.int64(y.size)
+    )
+    return y
+
+
+def swiglu_bwd(gate, up, dy):
+    gate = cupy.ascontiguousarray(gate)
+    up, dy = (cupy.ascontiguousarray(a, dtype=gate.dtype) for a in (up, dy))
+    dgate, dup = cupy.empty_like(gate), cupy.empty_like(gate)
+    launch_flat(
+        "elementwise.cu",
+        "swiglu_bwd",
+        (gate.dtype,),
+        gate.size,
+        gate,
+        up,
+        dy,
+        dgate,
+        dup,
+        np.int64(gate.size),
+    )
+    return dgate, dup

@@ -1,0 +1,100 @@
+"""GEMMs on the CPU (gemm.cu's twin): C (..., M, N) = op(A) (..., M, K) op(B) (..., K, N) in
+fp32 through NumPy's BLAS, 2-byte inputs widened and the result rounded once.
+
+Why NumPy's BLAS (OpenBLAS in NumPy's wheels): at the step's own shapes scripts/bench_gemm.py
+found MKL (the `mkl` wheel, through ctypes) and BLIS (the `blis` wheel, single-threaded) no
+faster on an AMD EPYC (docs/performance.md, "The GEMMs"), so neither is worth a dependency. A
+GEMM that accumulates into its output (cblas_sgemm's beta = 1) would spare the fused head's dW
+sum its add pass and its (Vp, C) temporary per block, but these kernels return a new C.
+
+How they use the cores. With OpenBLAS's idle workers asleep (runtime.BLAS_QUIET), a GEMM is one
+threaded OpenBLAS call: it hands its parts to its workers without a wake-up and join of our
+thread pool, which costs a sizeable fraction of a layer's GEMM. A long K (K >= 2 max(M, N): the
+LM head's dX, the layers' dW) is cut in two halves, one per core, summed afterwards: each core
+then reads half of the long operand, and the halves are independent calls (OpenBLAS's own
+threads wait for each other at every K block by spinning, which stalls when another process
+holds a core). Without a way to put the workers to sleep (another BLAS, an OpenBLAS without
+those symbols) a GEMM is split along M or N by us at one BLAS thread, or the row kernels after
+it would share their cores with spinning workers.
+Every element of C is one BLAS dot product over K (OpenBLAS threads split M and N only), or the
+fixed sum of its two halves whatever the core count. One BLAS thread count gives the same bits
+every time; on some CPUs (an AMD EPYC, for one) OpenBLAS's threaded kernels round apart from its
+one-thread kernels, so runs at different OPENBLAS_NUM_THREADS may differ in the last bits.
+"""
+
+import math
+
+import numpy as np
+
+from ...backend.cpu.runtime import BLAS_QUIET, THREADS, f32, in_parallel, one_blas_thread, rounded
+
+_GEMM_SPLIT = 1 << 22  # multiply-adds (batch*M*K*N) from which a GEMM uses all the cores
+_LONG_K = 2  # K >= _LONG_K * max(M, N): a long K, cut in two halves
+
+
+def _gemm(a, b, bias=None):
+    """C (..., M, N) = a (..., M, K) @ b (..., K, N) [+ bias (N,)] in fp32, a and b possibly
+    transposed views (BLAS reads them as they are, without a copy), on all the cores."""
+    a, b = f32(a), f32(b)
+    (M, K), N = a.shape[-2:], b.shape[-1]
+    # multiply-adds: batch x M x K x N (a's batch or b's, whichever broadcasts over the other)
+    big = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2])) * M * K * N >= _GEMM_SPLIT
+    if big and K >= _LONG_K * max(M, N):
+        c = _gemm_k_halves(a, b)
+    elif BLAS_QUIET:
+        c = np.matmul(a, b)  # OpenBLAS threads it (below its own threshold it does not)
+    else:
+        c = _gemm_split(a, b, big)
+    if bias is not None:
+        c += f32(bias)
+    return c
+
+
+def _gemm_k_halves(a, b):
+    """a @ b as a[..., :K/2] @ b[:K/2] + a[..., K/2:] @ b[K/2:], the halves on two cores (one
+    after the other on one core: the same sum), each one single-threaded BLAS call."""
+    K = a.shape[-1]
+    halves, parts = (slice(0, K // 2), slice(K // 2, K)), [None, None]
+
+    def half(lo, hi):
+        for i in range(lo, hi):
+            parts[i] = np.matmul(a[..., halves[i]], b[..., halves[i], :])
+
+    with one_blas_thread():
+        in_parallel(2, half, chunk_rows=1, blocks=min(2, THREADS))
+    return np.add(parts[0], parts[1], out=parts[0])
+
+
+def _gemm_split(a, b, big):
+    """a @ b split across the cores (when big) along the longer of M and N, each part one
+    single-threaded BLAS call that writes its slice of C."""
+    M, N = a.shape[-2], b.shape[-1]
+    c = np.empty(
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (M, N), dtype=np.result_type(a, b)
+    )
+
+    def columns(lo, hi):
+        np.matmul(a, b[..., lo:hi], out=c[..., lo:hi])
+
+    def rows(lo, hi):
+        np.matmul(a[..., lo:hi, :], b, out=c[..., lo:hi, :])
+
+    n, part = (N, columns) if N > M else (M, rows)
+    with one_blas_thread():
+        in_parallel(n, part, chunk_rows=n, blocks=THREADS if big else 1)
+    return c
+
+
+def matmul(a, b, bias=None):
+    """(..., M, K) @ (..., K, N) [+ bias (N,)] -> (..., M, N)."""
+    return rounded(_gemm(a, b, bias), a.dtype)
+
+
+def matmul_nt(a, b):
+    """(..., M, K) @ (..., N, K)^T -> (..., M, N)."""
+    return rounded(_gemm(a, b.swapaxes(-1, -2)), a.dtype)
+
+
+def matmul_tn(a, b):
+    """(..., K, M)^T @ (..., K, N) -> (..., M, N)."""
+    return rounded(_gemm(a.swapaxes(-1, -2), b), a.dtype)

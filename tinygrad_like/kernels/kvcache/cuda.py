@@ -1,0 +1,93 @@
+"""An fp8 KV cache on CUDA (kvcache.cu): kv_quantize, one warp per row of the positions
+appended; qattention, one block per (batch, head, query) row, decoding the cache's codes as it
+reads them. The layout is spec.py's: codes (B, Hkv, L, D) uint8, scales
+(B, Hkv, L) fp32.
+"""
+
+from functools import lru_cache
+
+import cupy
+import numpy as np
+
+from ... import dtypes
+from ...backend.cuda.runtime import BLOCK, CTYPES, blocks_for, compiled
+from ...formats import FORMATS
+from .spec import check_kv_attention, check_kv_format
+
+KEYS = 64  # kvcache.cu's KV_KEYS: the scores of one block of keys in shared memory
+
+
+def _fields(fmt):
+    """(exp_bits, man_bits) of a KV cache format: kvcache.cu's template arguments."""
+    check_kv_format(fmt)
+    return FORMATS[fmt].fields[:2]
+
+
+@lru_cache(maxsize=None)
+def _values(fmt, device):
+    """fmt's 256 code values (fp32, ml_dtypes') on the device numbered `device` (the current
+    one, which cupy.asarray copies to): qattention's lookup table, one per format and GPU."""
+    codes = np.arange(256, dtype=np.uint8).view(FORMATS[fmt].element)
+    return cupy.asarray(codes.astype(np.float32))
+
+
+def kv_quantize(x, fmt):
+    """x (..., D) -> codes (..., D) uint8, scales (...) fp32 of fmt, a scale per row, as
+    cpu.kv_quantize (bit for bit)."""
+    exp_bits, man_bits = _fields(fmt)
+    if x.dtype not in CTYPES:
+        raise TypeError(f"kv_quantize takes a floating-point x, got {x.dtype}")
+    x = cupy.ascontiguousarray(x)
+    D = x.shape[-1]
+    rows = x.size // D if D else int(np.prod(x.shape[:-1]))
+    codes = cupy.empty(x.shape, dtype=np.uint8)
+    scales = cupy.empty(x.shape[:-1], dtype=dtypes.float32)
+    if rows:
+        compiled("kvcache.cu", "kv_quantize", x.dtype, exp_bits, man_bits)(
+            (blocks_for(rows, BLOCK // 32),),
+            (BLOCK,),
+            (
+                x,
+                codes,
+                scales,
+                np.int32(rows),
+                np.int32(D),
+                np.float32(FORMATS[fmt].qmax),
+                np.int32(FORMATS[fmt].nan_code),
+            ),
+        )
+    return codes, scales
+
+
+def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, length, scale):
+    """Causal attention of q (B, H, Tq, D) over the fp8 cache's first `length` positions ->
+    (B, H, Tq, D) in q's dtype, as cpu.qattention; one block per query row."""
+    check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, length)
+    if q.dtype not in CTYPES:
+        raise TypeError(f"qattention takes a floating-point q, got {q.dtype}")
+    B, H, Tq, D = q.shape
+    Hkv, L = k_codes.shape[1], k_codes.shape[2]
+    q = cupy.ascontiguousarray(q)  # GPT-2's is a transposed view
+    caches = [cupy.ascontiguousarray(a) for a in (k_codes, k_scales, v_codes, v_scales)]
+    out = cupy.empty(q.shape, dtype=q.dtype)
+    if out.size:
+        smem = (256 + 2 * D + KEYS) * 4
+        compiled("kvcache.cu", "qattention", q.dtype)(
+            (B * H * Tq,),
+            (BLOCK,),
+            (
+                q,
+                *caches,
+                _values(fmt, cupy.cuda.Device().id),
+                out,
+                np.int32(H),
+                np.int32(H // Hkv),
+                np.int32(Tq),
+                np.int32(L),
+                np.int32(length),
+                np.int32(D),
+                np.float32(scale),
+            ),
+            shared_mem=smem,
+        )
+    return out

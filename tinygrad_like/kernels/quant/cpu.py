@@ -1,0 +1,292 @@
+"""Quantized weights on the CPU (quant.cu's twin): a GEMM and a gather that decode the stored
+codes as they read them (the layout: tinygrad_like/formats.py).
+
+qmatmul takes one output channel (a row of W (N, K)) at a time, as quant.cu gives each row a
+block: the row's codes are decoded into a K-long fp32 scratch row (in L1; decode_row: each
+group of group_size elements to fp32 times its scale), then the row is dotted with each of the
+M rows of x (compiled.vector_dot, reassociated so that LLVM vectorizes it; a warp's lanes and
+warp_sum on the GPU); a decode step's few rows of x go through _decode_dot instead, each code
+decoded as it is read. Rows go a block of _BLOCK_ROWS per prange iteration (the scratch made
+once per block). The decode functions below are quant.cu's device functions of the same
+names: bit operations from the code to the fp32 value, exact (every format's values are fp32
+values), so both backends decode the same bits; one function, minifloat_value, serves every
+small float by its fields (tinygrad_like/quant.py FORMATS[fmt].fields), through fp16
+(compiled.f32_from_f16_bits) where quant.cu goes straight to fp32's bits: the same values.
+"""
+
+import numpy as np
+from numba import prange
+
+from ...backend.cpu.compiled import (
+    device,
+    f32_from_bits,
+    f32_from_f16_bits,
+    kernel,
+    prefetch,
+    vector_dot,
+)
+from ...backend.cpu.runtime import f32, rounded
+from ...formats import FINITE, FORMATS, NAN_ONLY
+from ..embedding.spec import check_ids
+
+_BLOCK_ROWS = 8  # rows of W per prange iteration
+
+# The decode functions compute in int32 throughout (every constant an int32): Numba widens an
+# int32 mixed with a Python int to int64, and its loops then do not vectorize.
+i32 = np.int32
+
+
+@device
+def int8_value(code):
+    """The int8 whose two's-complement bits are the byte code: code - 256 when the sign bit is
+    set."""
+    return (i32(code) ^ i32(0x80)) - i32(0x80)
+
+
+@device
+def int4_value(nibble):
+    """The int4 value q in [-7, 7] of a nibble stored as q + 8."""
+    return i32(nibble) - i32(8)
+
+
+@device
+def int4_float(nibble):
+    """int4_value(nibble) as fp32, made from bits: the fp32 2^23 + nibble less 2^23 + 8, exact.
+    The same value as np.float32(int4_value(nibble)); this form LLVM vectorizes (Numba widens
+    the integer one to 64-bit lanes)."""
+    return f32_from_bits(i32(nibble) | i32(0x4B000000)) - np.float32(8388616.0)
+
+
+@device
+def minifloat_value(code, exp_bits, man_bits, specials):
+    """A small float's value over minifloat_scale(exp_bits), exactly: the fp16 (compiled.
+    f32_from_f16_bits) with code's sign, code's exponent as the low bits of fp16's and code's
+    mantissa as the top bits of fp16's, so that the multiply by minifloat_scale rebiases the
+    exponent; a subnormal (exponent 0) is an fp16 subnormal. fp16 and fp8 E5M2 (exp_bits 5,
+    IEEE) are fp16 themselves, their infinities and NaNs fp16's; an E4M3 NaN (NAN_ONLY: every
+    bit of the magnitude set) gets fp16's exponent of all ones; no smaller format (fp4 E2M1:
+    FINITE) reaches it. bf16 is fp32's top half (its scale 1). (1 sign, exp_bits <= 5 exponent
+    and man_bits <= 10 mantissa bits, bias 2^(exp_bits - 1) - 1.) The values of quant.cu's
+    minifloat_value and bf16_value, bit for bit (a NaN's payload aside: here E4M3's NaN keeps
+    its mantissa). No branch: the loops calling it vectorize."""
+    c = i32(code)
+    if exp_bits == 8 and man_bits == 7:  # bf16: fp32's top half, its specials included
+        return f32_from_bits(c << i32(16))
+    sign = i32(1) << i32(exp_bits + man_bits)  # code's sign bit
+    unit = i32(1) << (i32(10) - i32(man_bits))  # code's last place in fp16's bits
+    # code as a signed integer (as int8_value: a sign extension) times unit: the magnitude in
+    # place, the sign in fp16's bit 15 and the bits below it down to the magnitude, cleared
+    half = ((c ^ sign) - sign) * unit & (i32(0x8000) | (sign - i32(1)) * unit)
+    if specials == NAN_ONLY:  # E4M3: a magnitude of all ones carries into fp16's fifth
+        half |= (half + unit) & i32(0x4000)  # exponent bit, the other four set already
+    return f32_from_f16_bits(half)
+
+
+@device
+def minifloat_scale(exp_bits):
+    """2^(15 - bias), bias = 2^(exp_bits - 1) - 1 (1 for bf16, exp_bits 8): what
+    minifloat_value is multiplied by (exactly) to make the value."""
+    if exp_bits == 8:
+        return np.float32(1)
+    return f32_from_bits((i32(143) - (i32(1) << i32(exp_bits - 1))) << i32(23))
+
+
+@device
+def element_value(code, exp_bits, man_bits, specials):
+    """An 8- or 16-bit code's value before its scale: int8_value (exp_bits 0) or
+    minifloat_value, as fp32 (quant.cu's element_value)."""
+    if exp_bits == 0:
+        return np.float32(int8_value(code))
+    return minifloat_value(code, exp_bits, man_bits, specials)
+
+
+@device
+def nibble_value(nibble, exp_bits, man_bits):
+    """A 4-bit code's value before its scale: int4_float (exp_bits 0) or fp4 E2M1's
+    minifloat_value."""
+    if exp_bits == 0:
+        return int4_float(nibble)
+    return minifloat_value(nibble, exp_bits, man_bits, FINITE)
+
+
+@device
+def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, w):
+    """w (K,) fp32 = the row whose codes (K,) or (K / 2,) and scales (K / group_size,) (empty
+    for the unscaled formats) are given, in the format of these fields (Format.fields): each
+    group's values (element_value, nibble_value) times its scale times minifloat_scale (a power
+    of two: the product is the scaled value, exactly), a loop per group that vectorizes. A
+    4-bit byte holds elements 2j (low nibble) and 2j + 1 (high)."""
+    rebias = minifloat_scale(exp_bits) if exp_bits else np.float32(1)
+    for group in range(w.shape[0] // group_size):
+        lo = group * group_size
+        factor = (scales[group] if scales.shape[0] else np.float32(1)) * rebias
+        values = w[lo : lo + group_size]
+        if codes.shape[0] < w.shape[0]:
+            pairs = codes[lo // 2 : (lo + group_size) // 2]
+            for j in range(group_size // 2):
+                values[2 * j] = nibble_value(pairs[j] & 15, exp_bits, man_bits) * factor
+                values[2 * j + 1] = nibble_value(pairs[j] >> 4, exp_bits, man_bits) * factor
+        else:
+            row = codes[lo : lo + group_size]
+            for k in range(group_size):
+                values[k] = element_value(row[k], exp_bits, man_bits, specials) * factor
+
+
+@device
+def _decode_dot(codes, scales, x0, x1, exp_bits, man_bits, specials, group_bytes):
+    """The decode-step dot, inlined into a kernel made per format (_qmatmul_kernel), whose
+    fields (and, 4-bit, group bytes) are its constants, so that LLVM folds the decode into a
+    few vector instructions; reassociated by the kernel's fastmath, as compiled.vector_dot.
+    8- and 16-bit codes (K,) with one scale a row: sum_k value(codes[k]) x0[k] (the caller
+    multiplies by the scale; x1 unused). 4-bit bytes (K / 2,): x0, x1 (K / 2,) are x's even
+    and odd elements (a byte's low and high nibble), each group's bytes a loop of a constant
+    trip count (unrolled whole), times its scale: sum_g scales[g] sum_j (lo_j x0_j + hi_j x1_j).
+    quant.cu's qmatmul decodes the same bits a warp's lane at a time."""
+    s = np.float32(0)
+    if group_bytes == 0:
+        for k in range(x0.shape[0]):
+            s += element_value(codes[k], exp_bits, man_bits, specials) * x0[k]
+    else:
+        for g in range(codes.shape[0] // group_bytes):
+            lo, t = g * group_bytes, np.float32(0)
+            for j in range(group_bytes):
+                b = i32(codes[lo + j])
+                low, high = b & i32(15), b >> i32(4)
+                t += (
+                    nibble_value(low, exp_bits, man_bits) * x0[lo + j]
+                    + nibble_value(high, exp_bits, man_bits) * x1[lo + j]
+                )
+            s += scales[g] * t
+    return s * minifloat_scale(exp_bits) if exp_bits else s
+
+
+# Below this much work (_qmatmul_work) a qmatmul runs on one core: a parallel launch costs
+# 60-100 us, and two cores streaming weights from memory share its bandwidth. Measured (AMD
+# EPYC family 25 model 1, 2 vCPUs, M = 1, K = 768, us serial / parallel), weights from memory
+# (40 matrices in turn): int4 0.88M codes 298 / 343, 1.18M 397-436 / 481-562; int8 2.36M
+# 180-191 / 255-290; bf16 2.36M 436-469 / 503-565; the LM head (38.6M codes, repeated): int8
+# 2,959 / 1,572, bf16 6,066 / 2,557, int4 (19.3M) 6,491 / 3,282.
+_QMATMUL_SERIAL_BELOW = 1 << 22
+_DECODE_ONCE_FROM = 4  # rows of x from which a row of W is decoded once, not at every row
+_GROUP_BYTES = (16, 32, 64)  # the 4-bit groups (32, 64, 128 elements) with a decode-step dot
+# How far ahead of the row it decodes the decode-step dot asks for codes (prefetch): streaming
+# one core's GEMV from memory, the hardware prefetcher alone let an int8 GEMV of the head read
+# 8.4 GB/s, and 12.2-12.9 with rows 2 to 16 ahead asked for (AMD EPYC Zen 3, 12 GB/s read).
+_PREFETCH_BYTES = 4096
+
+
+def _qmatmul_work(codes, scales, group_size, x, *rest):
+    """A qmatmul's work for compiled.kernel's one-core rule: its codes, times x's rows when
+    each decoded row of W is dotted with them all (from _DECODE_ONCE_FROM rows: a prompt)."""
+    return codes.size * (x.shape[0] if x.shape[0] >= _DECODE_ONCE_FROM else 1)
+
+
+def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
+    """The qmatmul of one format (and 4-bit group), compiled with its fields as constants."""
+
+    @kernel(serial_below=_QMATMUL_SERIAL_BELOW, work=_qmatmul_work, fastmath=True)
+    def _qmatmul(codes, scales, group_size, x, x0, x1, bias, y):
+        # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N)
+        # fp32; x0, x1 (M, K / 2): x's even and odd elements, or empty (M, 0) when the 4-bit
+        # dot is not used: a block of rows of W per iteration (quant.cu's qmatmul: a block per
+        # row). A few rows of x (a decode step) go through _decode_dot, each code decoded as read;
+        # else each row of W is decoded once into w (decode_row) and dotted with every row of x.
+        # one core below _QMATMUL_SERIAL_BELOW's work (_qmatmul_work, compiled.kernel's rule).
+        M, K = x.shape
+        N = codes.shape[0]
+        direct = M < _DECODE_ONCE_FROM and (
+            group_bytes > 0 or (codes.shape[1] == K and scales.shape[1] <= 1)
+        )
+        row_bytes = codes.shape[1] * codes.itemsize
+        ahead, line = 1 + _PREFETCH_BYTES // row_bytes, max(1, 64 // codes.itemsize)
+        for b in prange(-(-N // _BLOCK_ROWS)):
+            w = np.empty(K, np.float32)
+            for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
+                if direct:
+                    for col in range(0, codes.shape[1], line):  # the row ahead's cache lines
+                        prefetch(codes, min(n + ahead, N - 1), col)
+                    for m in range(M):
+                        if group_bytes:  # a constant: one branch compiled
+                            d = _decode_dot(
+                                codes[n],
+                                scales[n],
+                                x0[m],
+                                x1[m],
+                                exp_bits,
+                                man_bits,
+                                specials,
+                                group_bytes,
+                            )
+                        else:
+                            d = _decode_dot(
+                                codes[n],
+                                scales[n],
+                                x[m],
+                                x[m],
+                                exp_bits,
+                                man_bits,
+                                specials,
+                                group_bytes,
+                            )
+                            d *= scales[n, 0] if scales.shape[1] else np.float32(1)
+                        y[m, n] = d + bias[n] if bias.shape[0] else d
+                    continue
+                decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, w)
+                for m in range(M):
+                    d = vector_dot(x[m], w)
+                    y[m, n] = d + bias[n] if bias.shape[0] else d
+
+    return _qmatmul
+
+
+_QMATMUL = {}  # (fields, group bytes) -> its kernel, made when first used
+
+
+@kernel
+def _qembedding(out, codes, scales, group_size, exp_bits, man_bits, specials, idx):
+    # out (T, K) fp32, idx (T,): the row of each id decoded straight into its output row
+    # (quant.cu's qembedding: a block per id). out first: one core below SERIAL_BELOW elements.
+    for t in prange(idx.shape[0]):
+        row = idx[t]
+        decode_row(codes[row], scales[row], group_size, exp_bits, man_bits, specials, out[t])
+
+
+def _kernel_args(codes, scales, fmt, group_size):
+    """The compiled kernels' form of a weight: codes, scales (an (N, 0) array when there are
+    none: one signature for every format), the group size and its format's fields."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if scales is None:
+        scales, group_size = np.empty((codes.shape[0], 0), np.float32), codes.shape[1]
+    return (codes, scales, group_size) + FORMATS[fmt].fields
+
+
+def qmatmul(x, codes, scales, fmt, group_size, bias=None):
+    """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype: W (N, K) decoded row by row inside
+    the kernel, accumulated in fp32 and rounded once (2-byte x: computed in fp32)."""
+    codes, scales, group_size, *fields = _kernel_args(codes, scales, fmt, group_size)
+    xs = np.ascontiguousarray(f32(x), dtype=np.float32)
+    b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
+    y = np.empty((x.shape[0], codes.shape[0]), np.float32)
+    group_bytes = group_size // 2 if FORMATS[fmt].bits == 4 else 0
+    x0 = x1 = np.empty((xs.shape[0], 0), np.float32)
+    if group_bytes in _GROUP_BYTES and xs.shape[0] < _DECODE_ONCE_FROM:
+        x0, x1 = np.ascontiguousarray(xs[:, 0::2]), np.ascontiguousarray(xs[:, 1::2])
+    else:
+        group_bytes = 0  # the 4-bit dot's constant is unused: one kernel for every other group
+    key = (*fields, group_bytes)
+    if key not in _QMATMUL:
+        _QMATMUL[key] = _qmatmul_kernel(*key)
+    _QMATMUL[key](codes, scales, group_size, xs, x0, x1, b, y)
+    return rounded(y, x.dtype)
+
+
+def qembedding(codes, scales, idx, fmt, group_size):
+    """Rows idx (...) of W (N, K) -> (..., K) fp32, only the gathered rows decoded."""
+    check_ids(idx, codes.shape[0])
+    args = _kernel_args(codes, scales, fmt, group_size)
+    K = codes.shape[1] * (2 if FORMATS[fmt].bits == 4 else 1)
+    flat = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
+    out = np.empty((flat.shape[0], K), np.float32)
+    _qembedding(out, *args, flat)
+    return out.reshape(idx.shape + (K,))

@@ -1,0 +1,105 @@
+"""Quantized weights on CUDA (quant.cu): qmatmul, one warp per output row decoding W's codes in
+registers as it streams them; qembedding, one block per gathered row. The stored layout is
+formats.py's: W (N, K) as codes (N, K / elements per code) and scales (N, K / group_size)
+fp32, None for bf16 / fp16.
+"""
+
+import cupy
+import numpy as np
+
+from ... import dtypes
+from ...backend.cuda.runtime import BLOCK, CTYPES, NULL, blocks_for, compiled
+from ..embedding.spec import check_ids
+
+# fmt -> (quant.cu's QuantFormat, the codes' dtype, elements per code, scaled), in the order of
+# QuantFormat (quant.FORMATS' formats)
+FORMATS = {
+    "int8": (0, np.uint8, 1, True),
+    "int4": (1, np.uint8, 2, True),
+    "fp8_e4m3": (2, np.uint8, 1, True),
+    "fp8_e5m2": (3, np.uint8, 1, True),
+    "fp4_e2m1": (4, np.uint8, 2, True),
+    "bf16": (5, np.uint16, 1, False),
+    "fp16": (6, np.uint16, 1, False),
+}
+ROWS_PER_BLOCK = BLOCK // 32  # qmatmul: one warp per output row
+
+
+def _weight(codes, scales, fmt, group_size):
+    """The quantized W (N, K) checked against fmt's layout -> (codes, scales or NULL, K, group
+    size passed to the kernel), both arrays contiguous. A mismatch raises ValueError (shapes,
+    fmt, group_size) or TypeError (dtypes)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown quantized format {fmt!r}: use one of {', '.join(FORMATS)}")
+    _, code_dtype, per_code, scaled = FORMATS[fmt]
+    if codes.dtype != code_dtype or codes.ndim != 2:
+        raise TypeError(
+            f"{fmt} codes must be a 2-D {np.dtype(code_dtype)} array, got {codes.ndim}-D "
+            f"{codes.dtype}"
+        )
+    N, K = codes.shape[0], codes.shape[1] * per_code
+    if not scaled:
+        if scales is not None:
+            raise ValueError(f"{fmt} weights have no scales: pass scales=None")
+        return cupy.ascontiguousarray(codes), NULL, K, np.int32(1)  # group_size: unread
+    if (
+        not isinstance(group_size, (int, np.integer))
+        or group_size < 1
+        or K % group_size
+        or group_size % per_code
+    ):
+        even = " even" if per_code == 2 else ""
+        raise ValueError(f"group_size {group_size!r} must be a positive{even} divisor of K = {K}")
+    if scales is None or scales.shape != (N, K // group_size):
+        got = None if scales is None else scales.shape
+        raise ValueError(f"{fmt} scales must have shape {(N, K // group_size)}, got {got}")
+    scales = cupy.ascontiguousarray(scales, dtype=dtypes.float32)
+    return cupy.ascontiguousarray(codes), scales, K, np.int32(group_size)
+
+
+def qmatmul(x, codes, scales, fmt, group_size, bias=None):
+    """x (M, K) @ W^T (+ bias (N,)) -> y (M, N) in x's dtype, W (N, K) decoded inside the
+    kernel, x and bias read as fp32, fp32 accumulation, rounded once."""
+    codes, scales, K, group = _weight(codes, scales, fmt, group_size)
+    if x.dtype not in CTYPES:
+        raise TypeError(f"qmatmul takes a floating-point x, got {x.dtype}")
+    if x.ndim != 2 or x.shape[1] != K:
+        raise ValueError(f"x {x.shape} must be (M, {K}) for W ({codes.shape[0]}, {K})")
+    M, N = x.shape[0], codes.shape[0]
+    if bias is not None:
+        if bias.shape != (N,):
+            raise ValueError(f"bias {bias.shape} must be ({N},)")
+        bias = cupy.ascontiguousarray(bias, dtype=x.dtype)
+    x = cupy.ascontiguousarray(x)
+    y = cupy.empty((M, N), dtype=x.dtype)
+    if y.size:
+        compiled("quant.cu", "qmatmul", x.dtype, codes.dtype, FORMATS[fmt][0])(
+            (blocks_for(N, ROWS_PER_BLOCK),),
+            (BLOCK,),
+            (
+                x,
+                codes,
+                scales,
+                NULL if bias is None else bias,
+                y,
+                np.int32(M),
+                np.int32(N),
+                np.int32(K),
+                group,
+            ),
+        )
+    return y
+
+
+def qembedding(codes, scales, idx, fmt, group_size):
+    """Rows idx (...) int in [0, N) of the quantized W (N, K) -> (..., K) fp32, decoded. Ids out
+    of range raise check_ids's ValueError before the launch (no bounds check there)."""
+    codes, scales, K, group = _weight(codes, scales, fmt, group_size)
+    idx = cupy.ascontiguousarray(idx, dtype=cupy.int64)
+    check_ids(idx, codes.shape[0])
+    out = cupy.empty(idx.shape + (K,), dtype=dtypes.float32)
+    if out.size:
+        compiled("quant.cu", "qembedding", codes.dtype, FORMATS[fmt][0])(
+            (idx.size,), (BLOCK,), (codes, scales, idx, out, np.int32(K), group)
+        )
+    return out

@@ -1,0 +1,50 @@
+"""Quantized weights for inference (tinygrad_like/formats.py: the formats and their layout;
+tinygrad_like/quant.py: the quantizer and the NumPy reference). A quantized weight W (N, K) is
+stored with one row per output channel (the row a GEMV streams): codes (N, K) uint8 for the 8-bit
+formats, (N, K/2) uint8 for the 4-bit ones, (N, K) uint16 bit patterns for bf16 / fp16; scales
+(N, K / group_size) fp32, None for bf16 / fp16. fmt is one of formats.FORMATS' names. The kernels
+decode each code in registers as they read it: there is never a dequantized copy of W.
+
+cpu.py: one output channel per program, its codes decoded into an L1 row (or, for a decode step's
+few rows of x, each code as it is read) and dotted with x's rows; cuda.py + quant.cu: one warp per
+output row. Both decode with the same bit operations (quant.cu's device functions of the same
+names), exactly.
+"""
+
+import numpy as np
+
+from ...formats import FORMATS
+from ..record import Out, kernel
+
+
+def _quantized_row_bytes(codes, scales):
+    """Bytes of one stored row: its codes and its scales."""
+    return codes[0].nbytes + (scales[0].nbytes if scales is not None else 0)
+
+
+@kernel(
+    shape=lambda x, codes, scales, fmt, group_size, bias=None: Out(
+        (x.shape[0], codes.shape[0]), x.dtype
+    ),
+    flops=lambda r, x, codes, scales, fmt, group_size, bias=None: (
+        2 * r.size * x.shape[-1] + (bias is not None) * r.size
+    ),
+)
+def qmatmul(x, codes, scales, fmt, group_size, bias=None):
+    """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype, W (N, K) decoded from codes and
+    scales inside the kernel (w = code value x its group's scale), fp32 accumulation."""
+
+
+@kernel(
+    # K from the codes: two elements a byte for the 4-bit formats
+    shape=lambda codes, scales, idx, fmt, group_size: Out(
+        tuple(idx.shape) + (codes.shape[1] * (2 if FORMATS[fmt].bits == 4 else 1),), np.float32
+    ),
+    skips=(0, 1),
+    reads=lambda outs, codes, scales, idx, fmt, group_size: (
+        idx.nbytes + idx.size * _quantized_row_bytes(codes, scales)
+    ),
+)
+def qembedding(codes, scales, idx, fmt, group_size):
+    """Rows idx (...) int in [0, N) of a quantized table W (N, K) -> (..., K) fp32, decoded:
+    a gather that reads only the rows it decodes."""

@@ -1,0 +1,165 @@
+"""Softmaxes on CUDA (softmax.cu): the naive attention's causal softmax and cross-entropy over
+(N, Vp) logits, one warp (or block) per row.
+"""
+
+import cupy
+import numpy as np
+
+from ... import dtypes
+from ...backend.cuda.runtime import acc_type, as_rows, check_same_dtype, compiled, launch_per_row
+from .spec import check_targets
+
+
+def softmax_causal_fwd(scores, scale):
+    """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked;
+    query i is position Tk - Tq + i (a KV-cache decode step when Tq < Tk)."""
+    s, rows, Tk = as_rows(scores)
+    p = cupy.empty_like(s)
+    launch_per_row(
+        "softmax.cu",
+        "softmax_causal_fwd",
+        s.dtype,
+        rows,
+        s,
+        p,
+        np.int32(rows),
+        np.int32(s.shape[-2]),
+        np.int32(Tk),
+        acc_type(s.dtype)(scale),
+    )
+    return p
+
+
+def softmax_causal_bwd(probs, dprobs, scale):
+    """dscores = scale * probs * (dprobs - sum(dprobs * probs over keys))."""
+    check_same_dtype(probs, dprobs)
+    p, rows, Tk = as_rows(probs)
+    dp = cupy.ascontiguousarray(dprobs)
+    ds = cupy.empty_like(p)
+    launch_per_row(
+        "softmax.cu",
+        "softmax_causal_bwd",
+        p.dtype,
+        rows,
+        p,
+        dp,
+        ds,
+        np.int32(rows),
+        np.int32(Tk),
+        acc_type(p.dtype)(scale),
+    )
+    return ds
+
+
+def _loss_rows(logits, targets, n_classes):
+    """-> contiguous logits (N, Vp), int64 targets checked against V, N, V, Vp. The check is a
+    device reduction and a host read: the kernels index each row with its target."""
+    logits = cupy.ascontiguousarray(logits)
+    N, Vp = logits.shape
+    V = Vp if n_classes is None else n_classes
+    targets = cupy.ascontiguousarray(targets, dtype=cupy.int64)
+    check_targets(targets, V)
+    return logits, targets, N, V, Vp
+
+
+def cross_entropy_fwd(logits, targets, n_classes=None):
+    """logits (N, Vp), targets (N,) int, -1 = ignore -> (losses (N,) fp32, 0 if ignored;
+    lse (N,) fp32) over the first V = n_classes columns (default all Vp), as the CPU twin. One block
+    per row (see softmax.cu)."""
+    logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
+    acc = dtypes.compute_dtype(logits.dtype)
+    losses, lse = cupy.empty(N, dtype=acc), cupy.empty(N, dtype=acc)
+    if N:
+        compiled("softmax.cu", "cross_entropy_fwd", logits.dtype)(
+            (N,), (512,), (logits, targets, losses, lse, np.int32(V), np.int32(Vp))
+        )
+    return losses, lse
+
+
+def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
+    """dlogits (N, Vp) = dloss * (softmax - onehot(target)) in the first V = n_classes columns
+    (default all Vp), 0 in the padding columns past V, zero rows for ignored targets, as the
+    CPU twin. dloss is a 1-element device array, read by the kernel (no host synchronization
+    for it; the target check in _loss_rows is one)."""
+    logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
+    acc = dtypes.compute_dtype(logits.dtype)
+    dlogits = cupy.empty_like(logits)
+    if N:
+        compiled("softmax.cu", "cross_entropy_bwd", logits.dtype)(
+            (N,),
+            (512,),
+            (
+                logits,
+                cupy.ascontiguousarray(lse, dtype=acc),
+                targets,
+                cupy.ascontiguousarray(dloss, dtype=acc).reshape(1),
+                dlogits,
+                np.int32(V),
+                np.int32(Vp),
+            ),
+        )
+    return dlogits
+
+
+def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
+    """(losses (N,) fp32, dlogits (N, Vp)) of cross_entropy_fwd and cross_entropy_bwd in one
+    launch, one block per row (see softmax.cu), as the CPU twin; dlogits into out when given (logits
+    itself, say), which must be a C-contiguous array of the logits' shape and dtype."""
+    logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
+    acc = dtypes.compute_dtype(logits.dtype)
+    if out is not None and not (
+        out.shape == logits.shape and out.dtype == logits.dtype and out.flags.c_contiguous
+    ):
+        raise ValueError(
+            f"cross_entropy_fwd_bwd: out {out.shape} {out.dtype} must be a "
+            f"C-contiguous {logits.shape} {logits.dtype} array"
+        )
+    losses = cupy.empty(N, dtype=acc)
+    dlogits = cupy.empty_like(logits) if out is None else out
+    if N:
+        compiled("softmax.cu", "cross_entropy_fwd_bwd", logits.dtype)(
+            (N,),
+            (512,),
+            (
+                logits,
+                targets,
+                cupy.ascontiguousarray(dloss, dtype=acc).reshape(1),
+                losses,
+                dlogits,
+                np.int32(V),
+                np.int32(Vp),
+            ),
+        )
+    return losses, dlogits
+
+
+# ---------------------------------------------------------------- softmax over any dim
+# Rows of (..., C) over the last axis, one warp per row (softmax.cu), as cpu/softmax.py.
+
+
+def _rows(kernel, x, *others):
+    """softmax.cu's kernel<T> over the rows of x (and others of its shape) -> out (..., C)."""
+    check_same_dtype(x, *others)
+    x, rows, C = as_rows(x)
+    out = cupy.empty_like(x)
+    others = [cupy.ascontiguousarray(o) for o in others]
+    launch_per_row(
+        "softmax.cu", kernel, x.dtype, rows, x, *others, out, np.int32(rows), np.int32(C)
+    )
+    return out
+
+
+def softmax_fwd(x):
+    return _rows("softmax_fwd", x)
+
+
+def softmax_bwd(y, dy):
+    return _rows("softmax_bwd", y, dy)
+
+
+def log_softmax_fwd(x):
+    return _rows("log_softmax_fwd", x)
+
+
+def log_softmax_bwd(y, dy):
+    return _rows("log_softmax_bwd", y, dy)
