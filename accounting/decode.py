@@ -108,7 +108,7 @@ class StepMeter:
 
 def weight_bytes_per_parameter(weights, group_size=None, config=None):
     """-> (name, bytes per weight parameter) of a weight dtype (its itemsize) or a quantized
-    format (tinygrad_like/quant.py FORMATS: the code's bytes and its share of the scales, a
+    format (tinygrad_like/formats.py FORMATS: the code's bytes and its share of the scales, a
     per-channel scale shared by config.n_embd elements, most GEMMs' rows)."""
     if weights in FORMATS:
         row = config.n_embd if config is not None else None

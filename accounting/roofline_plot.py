@@ -1,4 +1,4 @@
-"""The classic roofline picture of censuses (training/roofline.census rows) into a PNG: each
+"""The classic roofline picture of censuses (accounting/roofline.census rows) into a PNG: each
 kernel a bubble at (FLOPs per byte, achieved FLOP/s) under the machine's roofs, for
 scripts/bench.py --plot."""
 

@@ -22,7 +22,7 @@ class CausalSelfAttention(Module):
         super().__init__()
         C, L = config.n_embd, config.n_layer
         self.n_head = config.n_head
-        self.flash = options.attention == "flash"  # FlashAttention, see ops.py
+        self.flash = options.attention == "flash"  # FlashAttention, see tinygrad_like/attention.py
         self.c_attn = Linear(C, 3 * C, rng=rng)  # (C, 3C)
         self.c_proj = Linear(C, C, std=0.02 / math.sqrt(2 * L), rng=rng)  # residual out
         self.resid_dropout = Dropout(config.dropout)

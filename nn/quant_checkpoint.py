@@ -4,7 +4,7 @@ and scales, so that no fp32 copy of a quantized weight is ever made.
 
 The layout: a Hugging Face-style directory, config.json + model.safetensors.
 - config.json: the fp32 checkpoint's own, plus the entry "quantization": {"format": a
-  tinygrad_like/quant.py FORMATS name, "group_size": the elements per scale asked for (null:
+  tinygrad_like/formats.py FORMATS name, "group_size": the elements per scale asked for (null:
   the format's default), "tensors": the names of the quantized weights} (nn/hf.py
   read_quantization checks it).
 - model.safetensors: for each quantized weight NAME (the name the fp32 checkpoint gives it),

@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from accounting.tables import table
-from tinygrad_like import memory
+from tinygrad_like import backend, memory
 from tinygrad_like.memory import TAGS, TRACKER
 from tinygrad_like.profiler import PHASES, Profiler
 from training.args import ArgumentParser, add_model_args, check_model_args, user_errors
@@ -54,7 +54,9 @@ def parse_args(argv=None):
 def trace_steps(trainer, steps):
     """Run training steps with every launch timed and every buffer (temporaries too) tracked
     on one clock. -> (profiler, memory events, the pool watcher's report or None)."""
-    watcher = memory.pool_watcher(trainer.device)  # CUDA: CuPy's pool, to cross-check
+    # a device with a memory pool of its own (CUDA: CuPy's) watches it, to cross-check
+    pool = getattr(backend.get(trainer.device), "PoolWatcher", None)
+    watcher = pool() if pool else None
     with watcher or contextlib.nullcontext(), Profiler(timing=True) as prof:
         TRACKER.start_recording(temporaries=True, t0=prof.t0)
         try:

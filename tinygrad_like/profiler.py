@@ -220,7 +220,7 @@ class Profiler:
 
 
 def format_census(rows, title="op census"):
-    """The census as a table. Rows that carry a roofline (training/roofline.census adds
+    """The census as a table. Rows that carry a roofline (accounting/roofline.census adds
     "bound", "roofline_s", "fraction", "lost_s") get four more columns: the bound, the roofline
     time, the fraction of it reached and the time lost to it (measured - roofline)."""
     roof = bool(rows) and "bound" in rows[0]

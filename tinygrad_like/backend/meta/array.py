@@ -4,7 +4,7 @@ device calls through `backend.of(a).xp`.
 
 A view (reshape, transpose, basic indexing, broadcast_to, split) has NumPy's shape, strides and
 base: NumPy computes them on a stand-in, a view of the same shape and strides over one element
-of memory, which it never reads (a view moves no data). So ops._can_view, the kernels' byte
+of memory, which it never reads (a view moves no data). So functions._can_view, the kernels' byte
 counts and the memory tracker (which follows .base to the buffer behind a view) see a meta
 array exactly as they see the NumPy array it stands for.
 

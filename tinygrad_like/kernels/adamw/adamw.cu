@@ -27,10 +27,10 @@ __global__ void sum_partials(const T* x, acc_t<T>* out, long long n) {
 // As cpu.adamw_step: if norm_sq is inf/nan every thread returns (the step is skipped; nothing
 // is written). Else g = grad * coef with coef = inv_scale * min(1, max_norm / (norm + 1e-6))
 // (norm = sqrt(norm_sq) inv_scale; no clip when max_norm == 0), computed in double with the
-// operations of cpu/adamw.py's Python floats and rounded once to P, as its acc(g_coef);
+// operations of adamw/cpu.py's Python floats and rounded once to P, as its acc(g_coef);
 // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; the first n_decay weights are multiplied by
 // decay = 1 - lr wd; then w -= lr_bc1 * m / (sqrt(v) inv_sqrt_bc2 + eps). Each P scalar is
-// rounded by adamw.py from the Python float once, to P, as cpu/adamw.py rounds it (acc(...), or NumPy
+// rounded by cuda.py from the Python float once, to P, as adamw/cpu.py rounds it (acc(...), or NumPy
 // rounding a Python float operand to the array's dtype); inv_scale and max_norm stay double.
 template <typename P, typename G>
 __global__ void adamw_step(P* master, const G* grad, P* m, P* v, G* working,
@@ -39,10 +39,10 @@ __global__ void adamw_step(P* master, const G* grad, P* m, P* v, G* working,
                            P one_minus_beta2, P eps, P decay, P lr_bc1, P inv_sqrt_bc2) {
     const long long i = global_index();
     if (i >= n) return;
-    const double scaled_norm_sq = norm_sq[0];  // exact, as cpu/adamw.py's float(norm_sq[0])
+    const double scaled_norm_sq = norm_sq[0];  // exact, as adamw/cpu.py's float(norm_sq[0])
     if (!isfinite(scaled_norm_sq)) return;
     double coef = inv_scale;
-    if (max_norm > 0) {  // _rn: no FMA contraction, so coef is bit-identical to cpu/adamw.py's
+    if (max_norm > 0) {  // _rn: no FMA contraction, so coef is bit-identical to adamw/cpu.py's
         const double norm = __dmul_rn(sqrt(scaled_norm_sq), inv_scale);
         coef *= fmin(1.0, max_norm / __dadd_rn(norm, 1e-6));
     }
@@ -60,7 +60,7 @@ __global__ void adamw_step(P* master, const G* grad, P* m, P* v, G* working,
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant adamw.py launches (see elementwise.cu).
+// Every variant cuda.py launches (see elementwise.cu).
 void* tg_instances_adamw[] = {
     (void*)&sum_partials<float, true>, (void*)&sum_partials<__half, true>,
     (void*)&sum_partials<__nv_bfloat16, true>, (void*)&sum_partials<double, true>,

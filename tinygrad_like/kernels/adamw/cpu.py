@@ -21,8 +21,10 @@ def _sum_squares(g, partials):
 
 
 def grad_norm_sq(grad):
-    """Sum of squares of a flat gradient buffer in fp32 -> array (1,). inf/nan in the gradient
-    make it non-finite, so the same number serves clipping and the overflow check."""
+    """Partial sums over fixed parts of _NORM_PART elements (adamw.cu's blocks), then the
+    partials in order: the parts depend only on the size, so the sum is the same for any core
+    count. inf/nan in the gradient make it non-finite, so the same number serves clipping and
+    the overflow check."""
     g = np.ascontiguousarray(f32(grad))
     # partial sums over fixed parts, then the partials in order: the parts depend only on the
     # size, so the result is the same for any core count

@@ -11,8 +11,8 @@ from ...backend.cuda.runtime import BLOCK, NULL, blocks_for, compiled, launch_fl
 
 
 def grad_norm_sq(grad):
-    """Sum of squares of a gradient buffer in fp32 (fp64 for fp64) -> device array (1,), in two
-    fixed-order passes (deterministic). inf/nan in the gradient make it non-finite."""
+    """Two fixed-order passes (adamw.cu's sum_partials, then the partials in order):
+    deterministic; fp64 for fp64."""
     g = cupy.ascontiguousarray(grad).reshape(-1)
     acc = dtypes.compute_dtype(g.dtype)
     nblocks = max(1, min(1024, blocks_for(g.size)))
@@ -44,9 +44,8 @@ def adamw_step(
     inv_scale,
     max_norm,
 ):
-    """One fused AdamW update over flat buffers, in place (see cpu.adamw_step). norm_sq stays on
-    the device: the kernel skips the step when it is inf/nan and derives the clipping
-    coefficient from it, so nothing here waits for the GPU."""
+    """norm_sq stays on the device: the kernel skips the step when it is inf/nan and derives the
+    clipping coefficient from it, so nothing here waits for the GPU."""
     for a in (master, grad, m, v) + (() if working is None else (working,)):
         if not a.flags.c_contiguous or a.size != master.size:
             raise ValueError("adamw_step updates flat contiguous buffers of one size in place")

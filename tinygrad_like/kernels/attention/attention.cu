@@ -3,7 +3,7 @@
 // online softmax, the same causal rule (query i is at position Tk - Tq + i, so Tq < Tk serves a
 // KV-cache decode step), keys past a query tile's last query skipped, everything in acc_t<T>.
 //
-// Layout: q, dq, out, dout (BH, Tq, D) and k, v, dk, dv (BHkv, Tk, D), contiguous (attention.py
+// Layout: q, dq, out, dout (BH, Tq, D) and k, v, dk, dv (BHkv, Tk, D), contiguous (cuda.py
 // makes them so); lse and Di (BH, Tq) in acc_t<T>. Grouped-query attention: with G = H / Hkv, query
 // head bh = b H + h reads kv head bh / G = b Hkv + h / G (G = 1: one kv head per query head). One
 // block of 256 threads per (tile, batch·head): grid (tiles, BH), for dk, dv (tiles, BHkv), each
@@ -285,7 +285,7 @@ __global__ void flash_attention_bwd_dkdv(const T* q, const T* k, const T* v, con
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant attention.py launches (see elementwise.cu).
+// Every variant cuda.py launches (see elementwise.cu).
 void* tg_instances_attention[] = {
     (void*)&flash_attention_fwd<float>, (void*)&flash_attention_fwd<__half>,
     (void*)&flash_attention_fwd<__nv_bfloat16>, (void*)&flash_attention_fwd<double>,

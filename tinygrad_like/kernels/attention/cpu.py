@@ -227,18 +227,15 @@ def _attention_rows(k, v, q, scale, out, lse):
 
 
 def flash_attention_fwd(q, k, v, scale):
-    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D), Tk >= Tq, H a multiple of Hkv -> out
-    (B, H, Tq, D) = softmax(scale q k^T, future keys masked) v, query head h against kv head
-    h // G (G = H / Hkv), and lse (B, H, Tq) fp32 (fp64 for fp64): the log-sum-exp of each
-    query's scaled scores, all that backward needs of the softmax. A kv head's G query heads
-    run together, as the columns of _grouped's layout. Per query block, over its key blocks in
-    order, the online softmax keeps m (running max), lsum (running sum of exp(s - m)), both
-    (B, H', 1, bq G) over the kv heads [h0, h1), and o (running sum of exp(s - m) v,
-    (B, H', bq G, D)); a block with a larger max rescales lsum and o by exp(m_old - m_new). Key
-    0 is in the first block and every query sees it, so m is finite from then on (no -inf
-    minus -inf); that first block sets m, lsum and o directly (what the update gives from
-    m = -inf, lsum = o = 0, bit for bit). A decode step (Tq G <= DECODE_ROWS) runs
-    _attention_rows instead: one (batch, head, query) row per iteration, the same online
+    """lse is the log-sum-exp of each query's scaled scores, all that backward needs of the
+    softmax. A kv head's G query heads run together, as the columns of _grouped's layout. Per
+    query block, over its key blocks in order, the online softmax keeps m (running max), lsum
+    (running sum of exp(s - m)), both (B, H', 1, bq G) over the kv heads [h0, h1), and o
+    (running sum of exp(s - m) v, (B, H', bq G, D)); a block with a larger max rescales lsum and
+    o by exp(m_old - m_new). Key 0 is in the first block and every query sees it, so m is finite
+    from then on (no -inf minus -inf); that first block sets m, lsum and o directly (what the
+    update gives from m = -inf, lsum = o = 0, bit for bit). A decode step (Tq G <= DECODE_ROWS)
+    runs _attention_rows instead: one (batch, head, query) row per iteration, the same online
     softmax over the row's keys, dotted one at a time (reassociated: the results agree with the
     blocks' to rounding, not bit for bit)."""
     B, H, Tq, D = q.shape
@@ -284,16 +281,14 @@ def flash_attention_fwd(q, k, v, scale):
 
 
 def flash_attention_bwd(q, k, v, out, lse, dout, scale):
-    """-> dq (B, H, Tq, D), dk and dv (B, Hkv, Tk, D) of flash_attention_fwd, from its inputs,
-    its out and lse, and dout (B, H, Tq, D). FlashAttention-2's backward: with Di = rowsum(dout *
-    out) (B, H, Tq), each block pair's probabilities are recomputed as p = exp(s - lse), then
-    dv += p^T dout, dp = dout v^T, ds = p (dp - Di), dq += scale ds k, dk += scale ds^T q, over
-    the same block pairs as the forward, a kv head's G query heads together (_grouped's layout:
-    dk and dv sum over the group inside the GEMMs). Key blocks are the outer loop, as in
-    attention.cu: a key block's dk, dv are complete after one sweep of its query blocks; dq is
-    summed over the key blocks in order. The first term of each sum is written, not added to
-    zeros (the same bits, one pass fewer). p and ds are kept transposed, (B, H', keys, queries
-    G), as the forward's scores."""
+    """FlashAttention-2's backward: with Di = rowsum(dout * out) (B, H, Tq), each block pair's
+    probabilities are recomputed as p = exp(s - lse), then dv += p^T dout, dp = dout v^T, ds = p
+    (dp - Di), dq += scale ds k, dk += scale ds^T q, over the same block pairs as the forward, a
+    kv head's G query heads together (_grouped's layout: dk and dv sum over the group inside the
+    GEMMs). Key blocks are the outer loop, as in attention.cu: a key block's dk, dv are complete
+    after one sweep of its query blocks; dq is summed over the key blocks in order. The first
+    term of each sum is written, not added to zeros (the same bits, one pass fewer). p and ds
+    are kept transposed, (B, H', keys, queries G), as the forward's scores."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     G = H // Hkv if Hkv else 1

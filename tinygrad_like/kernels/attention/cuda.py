@@ -67,8 +67,7 @@ def _flash(kernel, dtype, n, BH, D, *args):
 
 
 def flash_attention_fwd(q, k, v, scale):
-    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D), Tk >= Tq -> out (B, H, Tq, D), lse (B, H, Tq)
-    fp32 (fp64 for fp64), as cpu.flash_attention_fwd; one block per (query tile, query head)."""
+    """One block per (query tile, query head)."""
     check_same_dtype(q, k, v)
     B, H, Hkv, Tq, Tk, D = _attention_shapes(q, k, v)
     q, k, v = (cupy.ascontiguousarray(a) for a in (q, k, v))  # GPT-2's are transposed views
@@ -95,11 +94,10 @@ def flash_attention_fwd(q, k, v, scale):
 
 
 def flash_attention_bwd(q, k, v, out, lse, dout, scale):
-    """-> dq (B, H, Tq, D), dk, dv (B, Hkv, Tk, D), as cpu.flash_attention_bwd. Three launches:
-    Di = rowsum(dout * out), then dq (one block per query tile of a query head) and dk, dv (one
-    block per key tile of a kv head, over its G query heads), each summed over the other side's
-    tiles in a fixed order: deterministic, at the price of recomputing the scores and dout v^T
-    once more (see attention.cu)."""
+    """Three launches: Di = rowsum(dout * out), then dq (one block per query tile of a query
+    head) and dk, dv (one block per key tile of a kv head, over its G query heads), each summed
+    over the other side's tiles in a fixed order: deterministic, at the price of recomputing the
+    scores and dout v^T once more (see attention.cu)."""
     check_same_dtype(q, k, v, out, dout)
     B, H, Hkv, Tq, Tk, D = _attention_shapes(q, k, v)
     if out.shape != q.shape or dout.shape != q.shape or lse.shape != q.shape[:-1]:

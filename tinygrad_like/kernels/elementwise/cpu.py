@@ -71,8 +71,8 @@ def neg(a):
 
 
 def div_bwd(a, b, dy):
-    """-dy a / b^2 as -(dy (a / b)) / b, in fp32 for 2-byte operands and rounded once (b * b in
-    fp16 overflows for |b| >= 256). a may be a Python scalar; the result has dy's shape."""
+    """In fp32 for 2-byte operands, NumPy's broadcasting; b = 0 gives inf / nan, as PyTorch,
+    without a warning."""
     dtype = np.result_type(*[x.dtype for x in (a, b, dy) if isinstance(x, np.ndarray)])
     af, bf, dyf = f32(a), f32(b), f32(dy)
     with np.errstate(all="ignore"):  # b = 0 gives inf / nan, as PyTorch, without a warning
@@ -114,29 +114,26 @@ def _unary_kernel(x, others, formula):
 
 
 def unary_fwd(x, op):
-    """op(x) for op in spec.UNARY_OPS."""
+    """UNARY's formula over flat blocks, one per core (_unary_kernel)."""
     unary_op(op)
     return _unary_kernel(x, (), UNARY[op][0])
 
 
 def unary_bwd(x, dy, op):
-    """dx = dy op'(x)."""
     unary_op(op)
     return _unary_kernel(x, (dy.astype(x.dtype, copy=False),), UNARY[op][1])
 
 
 def amax(a, axis=None, keepdims=False):
-    """The max over axes; NaN propagates, as in PyTorch."""
+    """NumPy's max: NaN propagates, as in PyTorch."""
     return np.asarray(np.max(a, axis=axis, keepdims=keepdims))
 
 
 def argmax(a, axis):
-    """int64 index of the first max along axis (NaN counts as the max), the axis kept."""
     return np.argmax(a, axis=axis, keepdims=True).astype(np.int64)
 
 
 def amax_bwd(x, y, dy, axis):
-    """dx = dy (x == y) / count(x == y over axis): ties share the gradient evenly."""
     hit = x == y
     count = hit.sum(axis=axis, keepdims=True, dtype=dtypes.compute_dtype(x.dtype))
     with np.errstate(all="ignore"):  # a NaN row has no hit: 0 / 0, masked out below
@@ -145,13 +142,11 @@ def amax_bwd(x, y, dy, axis):
 
 
 def max_bwd(dy, idx, shape, axis):
-    """Zeros of shape with dy (axis kept, size 1) at idx along axis."""
     positions = np.arange(shape[axis]).reshape([-1 if i == axis else 1 for i in range(len(shape))])
     return np.where(positions == idx, dy, np.zeros((), dy.dtype))
 
 
 def contiguous(a):
-    """A C-contiguous copy (reshaping a transposed view needs one; made explicit so it counts)."""
     return np.ascontiguousarray(a)
 
 
@@ -160,15 +155,13 @@ def cast(a, dtype):
 
 
 def copy(dst, src):
-    """dst[...] = src (in place; dst may be a view, e.g. a slice of a KV cache)."""
     dst[...] = src
     return dst
 
 
 def fill(dst, value):
-    """dst[...] = value, in place. A contiguous dst (the flat gradient buffers) is filled in
-    blocks, one per core: one core's memset reaches only part of the machine's write
-    bandwidth."""
+    """A contiguous dst (the flat gradient buffers) is filled in blocks, one per core: one
+    core's memset reaches only part of the machine's write bandwidth."""
     flat = dst.reshape(-1) if dst.flags.c_contiguous else None
     if flat is None:
         dst.fill(value)
@@ -182,15 +175,14 @@ def concat(arrays, axis):
 
 
 def index_bwd(dy, shape, index):
-    """Gradient of x[index] for a basic index (ints, slices, None, ...: ops.getitem allows only
-    these, so no element is hit twice): zeros of x's shape with dy written at index."""
+    """functional.getitem allows only basic indexes, so no element is hit twice: one assignment."""
     dx = np.zeros(shape, dtype=dy.dtype)
     dx[index] = dy
     return dx
 
 
 def sum(a, axis=None, keepdims=False):
-    """Sum in fp32 (fp64 for fp64 inputs), result in a's dtype."""
+    """NumPy's sum with an fp32 (fp64 for fp64) accumulator."""
     total = np.sum(a, axis=axis, keepdims=keepdims, dtype=dtypes.compute_dtype(a.dtype))
     return rounded(np.asarray(total), a.dtype)
 
@@ -238,18 +230,19 @@ def _run_gelu(x, dy):
 
 
 def gelu_fwd(x):
-    """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    """_gelu, one element per iteration as elementwise.cu's gelu_fwd."""
     return _run_gelu(x, None)
 
 
 def gelu_bwd(x, dy):
-    """dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))."""
+    """dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)), t the
+    forward's tanh, in _gelu."""
     return _run_gelu(x, dy)
 
 
 def dropout_fwd(x, p, seed):
-    """Inverted dropout: keep with probability 1-p, scale kept values by 1/(1-p).
-    Returns (y, mask) with mask in x's dtype holding 0 or 1/(1-p)."""
+    """The mask from NumPy's generator seeded with seed (the CUDA twin's is its own hash: not
+    the same mask)."""
     keep = np.random.default_rng(seed).random(x.shape, dtype=np.float32) >= p
     mask = (keep / np.float32(1.0 - p)).astype(x.dtype)
     return mul(x, mask), mask
@@ -285,11 +278,9 @@ def _run_swiglu(gate, up, dy):
 
 
 def swiglu_fwd(gate, up):
-    """Llama's SwiGLU: silu(gate) * up = gate sigmoid(gate) up, in fp32, rounded once."""
+    """_swiglu in the compute dtype, rounded once."""
     return _run_swiglu(gate, up, None)[0]
 
 
 def swiglu_bwd(gate, up, dy):
-    """-> (dgate, dup): with s = sigmoid(gate), dup = dy gate s and
-    dgate = dy up s (1 + gate (1 - s)) (the derivative of silu, gate s)."""
     return _run_swiglu(gate, up, dy)

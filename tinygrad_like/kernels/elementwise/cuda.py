@@ -62,12 +62,12 @@ def neg(a):
 
 # ---------------------------------------------------------------- div's gradient, unary ops, max
 # div_bwd and the unary ops run elementwise.cu's kernels; amax, argmax and their gradients are
-# CuPy's reductions and ufuncs (in fp32 for 2-byte inputs), cpu/elementwise.py's formulas.
+# CuPy's reductions and ufuncs (in fp32 for 2-byte inputs), elementwise/cpu.py's formulas.
 
 
 def div_bwd(a, b, dy):
-    """-(dy (a / b)) / b, as cpu.div_bwd. a (or a scalar), b and dy of one shape, dtype and
-    C-contiguous run elementwise.cu's div_bwd; broadcasting runs CuPy's ufuncs in fp32."""
+    """a (or a scalar), b and dy of one shape, dtype and C-contiguous run elementwise.cu's
+    div_bwd; broadcasting runs CuPy's ufuncs in fp32."""
     dtype = np.result_type(*[x.dtype for x in (a, b, dy) if isinstance(x, cupy.ndarray)])
     arrays = [x for x in (a, b, dy) if isinstance(x, cupy.ndarray)]
     if dtype in CTYPES and all(
@@ -147,7 +147,6 @@ def cast(a, dtype):
 
 
 def copy(dst, src):
-    """dst[...] = src (in place; dst may be a view, e.g. a slice of a KV cache)."""
     dst[...] = src
     return dst
 
@@ -162,14 +161,13 @@ def concat(arrays, axis):
 
 
 def index_bwd(dy, shape, index):
-    """Gradient of x[index] for a basic index, as cpu.index_bwd: zeros with dy written."""
     dx = cupy.zeros(shape, dtype=dy.dtype)
     dx[index] = dy
     return dx
 
 
 def sum(a, axis=None, keepdims=False):
-    """Sum in fp32 (fp64 for fp64 inputs), result in a's dtype."""
+    """CuPy's sum with an fp32 (fp64 for fp64) accumulator."""
     s = cupy.sum(a, axis=axis, keepdims=keepdims, dtype=dtypes.compute_dtype(a.dtype))
     return s.astype(a.dtype, copy=False)
 
@@ -189,8 +187,8 @@ def gelu_bwd(x, dy):
 
 
 def dropout_fwd(x, p, seed):
-    """Inverted dropout -> (y, mask), mask in x's dtype holding 0 or 1/(1-p). The stream is a
-    hash of (seed, element index): the same seed gives the same mask, but not NumPy's."""
+    """The stream is a hash of (seed, element index): the same seed gives the same mask, but not
+    NumPy's."""
     x = cupy.ascontiguousarray(x)
     y, mask = cupy.empty_like(x), cupy.empty_like(x)
     key = np.uint64(np.random.default_rng(seed).integers(2**63))  # any seed NumPy accepts

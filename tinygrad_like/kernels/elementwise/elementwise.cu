@@ -1,7 +1,7 @@
 // Elementwise kernels: binary ops (residual add, scale), GELU forward and backward, casts and
 // dropout. All are flat: one thread per element of a contiguous (n,) buffer, launched as a
 // 1-D grid of 256-thread blocks. Values are computed in acc_t<T> (fp32 for the 2-byte formats,
-// as cpu/elementwise.py does) and rounded once on the way out.
+// as elementwise/cpu.py does) and rounded once on the way out.
 #include "common.cuh"
 
 enum BinaryOp { OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3 };
@@ -15,7 +15,7 @@ template <int OP, typename A> __device__ __forceinline__ A apply_op(A x, A y) {
 
 // out[i] = a[i] (op) b[i] for two arrays of the same shape, or with one side a scalar: a null
 // pointer means "use the scalar sa (or sb)". mul with a scalar is the scale kernel.
-// a, b, out: (n,). Matches cpu/elementwise.py's _binary (NumPy's ufunc on fp32 views, rounded once).
+// a, b, out: (n,). Matches elementwise/cpu.py's _binary (NumPy's ufunc on fp32 views, rounded once).
 template <typename T, int OP>
 __global__ void binary(const T* a, const T* b, acc_t<T> sa, acc_t<T> sb, T* out, long long n) {
     const long long i = global_index();
@@ -44,7 +44,7 @@ template <typename A> __device__ __forceinline__ A sigmoid(A x) {
     return A(1) / (A(1) + tg_exp(-x));
 }
 
-// op(x) and dy op'(x) in the compute type: cpu/elementwise.py's UNARY table, term for term.
+// op(x) and dy op'(x) in the compute type: elementwise/cpu.py's UNARY table, term for term.
 template <int OP, typename A> __device__ __forceinline__ A unary_value(A x) {
     if constexpr (OP == EXP) return tg_exp(x);
     else if constexpr (OP == LOG) return tg_log(x);
@@ -87,7 +87,7 @@ __global__ void unary_bwd(const T* x, const T* dy, T* dx, long long n) {
 // ---------------------------------------------------------------- GELU, casts, dropout
 
 // GPT-2's tanh GELU: t = tanh(c x (1 + 0.044715 x^2)) with c = sqrt(2/pi), evaluated in the order
-// of cpu/elementwise.py's _gelu_tanh, ((x x 0.044715 + 1) x) c, with c rounded to the compute type as NumPy
+// of elementwise/cpu.py's _gelu_tanh, ((x x 0.044715 + 1) x) c, with c rounded to the compute type as NumPy
 // rounds the Python float.
 constexpr double GELU_C = 0.7978845608028654;
 
@@ -149,7 +149,7 @@ __global__ void dropout_fwd(const T* x, T* y, T* mask, long long n, float p, flo
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant elementwise.py launches. runtime.py reads this list for NVRTC's name_expressions;
+// Every variant cuda.py launches. backend/cuda/runtime.py reads this list for NVRTC's name_expressions;
 // scripts/check_kernels.sh defines TG_CHECK_INSTANTIATE so nvcc compiles each of them.
 void* tg_instances_elementwise[] = {
     (void*)&binary<float, 0>, (void*)&binary<float, 1>, (void*)&binary<float, 2>, (void*)&binary<float, 3>,
@@ -184,7 +184,7 @@ void* tg_instances_elementwise[] = {
 #endif
 
 // Llama's SwiGLU, silu(gate) * up with s = sigmoid(gate) = 1 / (1 + exp(-gate)) (exp of a large
-// -gate is inf: s = 0, as NumPy gives). Same formulas and order as cpu/elementwise.py's swiglu_fwd
+// -gate is inf: s = 0, as NumPy gives). Same formulas and order as elementwise/cpu.py's swiglu_fwd
 // and swiglu_bwd.
 template <typename A> __device__ __forceinline__ A swiglu_sigmoid(A g) { return A(1) / (tg_exp(-g) + A(1)); }
 
@@ -210,7 +210,7 @@ __global__ void swiglu_bwd(const T* gate, const T* up, const T* dy, T* dgate, T*
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// SwiGLU's variants, listed as the ones above (runtime.py reads every list after the first
+// SwiGLU's variants, listed as the ones above (backend/cuda/runtime.py reads every list after the first
 // TG_CHECK_INSTANTIATE).
 void* tg_instances_elementwise_swiglu[] = {
     (void*)&swiglu_fwd<float>, (void*)&swiglu_fwd<__half>, (void*)&swiglu_fwd<__nv_bfloat16>,

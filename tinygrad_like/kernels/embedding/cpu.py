@@ -24,14 +24,13 @@ def _embedding_bwd(dout, order, starts, dweight):
 
 
 def embedding_fwd(weight, idx):
-    """weight (V, C), idx (...) int in [0, V) -> (..., C): a gather."""
     check_ids(idx, weight.shape[0])
     return weight[idx]
 
 
 def embedding_bwd(dout, idx, num_embeddings):
-    """dout (..., C) -> dweight (V, C), rows of repeated ids summed in a fixed order (sorted),
-    so the result is deterministic."""
+    """The rows of each id summed in the order of a stable sort of the ids (position order):
+    deterministic."""
     check_ids(idx, num_embeddings)
     C = dout.shape[-1]
     flat_idx = idx.reshape(-1)

@@ -10,9 +10,8 @@ from .spec import check_ids
 
 
 def embedding_fwd(weight, idx):
-    """weight (V, C), idx (...) int in [0, V) -> (..., C): a gather. Ids out of range raise
-    spec.check_ids's ValueError (one device min/max, read by the host) before the launch:
-    the kernel does no bounds check."""
+    """Ids out of range raise spec.check_ids's ValueError (one device min/max, read by the host)
+    before the launch: the kernel does no bounds check."""
     weight = cupy.ascontiguousarray(weight)
     idx = cupy.ascontiguousarray(idx, dtype=cupy.int64)
     check_ids(idx, weight.shape[0])
@@ -25,9 +24,9 @@ def embedding_fwd(weight, idx):
 
 
 def embedding_bwd(dout, idx, num_embeddings):
-    """dout (..., C) -> dweight (V, C); repeated ids summed in increasing position, the order of
-    the CPU twin's stable sort, by one block per id: deterministic. Ids are checked as in
-    embedding_fwd (a negative one would write before dweight)."""
+    """Repeated ids summed in increasing position, the order of the CPU twin's stable sort, by
+    one block per id: deterministic. Ids are checked as in embedding_fwd (a negative one would
+    write before dweight)."""
     C = dout.shape[-1]
     dout = cupy.ascontiguousarray(dout).reshape(-1, C)
     flat = cupy.ascontiguousarray(idx, dtype=cupy.int64).reshape(-1)

@@ -2,8 +2,8 @@
 #include "common.cuh"
 
 // out[t, :] = weight[idx[t], :]. Launch: one block per token, 256 threads striding over C.
-// weight: (V, C); idx: (N,) int64, every id in [0, V): embedding.py checks that on the host before
-// the launch and raises the ValueError cpu/embedding.py raises (no bounds check here). As
+// weight: (V, C); idx: (N,) int64, every id in [0, V): cuda.py checks that on the host before
+// the launch and raises the ValueError embedding/cpu.py raises (no bounds check here). As
 // cpu.embedding_fwd (weight[idx]).
 template <typename T>
 __global__ void embedding_fwd(const T* weight, const long long* idx, T* out, int C) {
@@ -18,7 +18,7 @@ __global__ void embedding_fwd(const T* weight, const long long* idx, T* out, int
 // position of a run sums that run's rows in order (every other block returns), so the result
 // does not depend on scheduling: deterministic, and the same order as cpu.embedding_bwd
 // (stable argsort, then add.reduceat). dout: (N, C); dweight: (V, C), zeroed by the caller;
-// every id in [0, V), checked by embedding.py as for the forward.
+// every id in [0, V), checked by cuda.py as for the forward.
 template <typename T>
 __global__ void embedding_bwd(const T* dout, const long long* keys, T* dweight, int N, int C) {
     const int start = blockIdx.x;
@@ -34,7 +34,7 @@ __global__ void embedding_bwd(const T* dout, const long long* keys, T* dweight, 
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant embedding.py launches (see elementwise.cu).
+// Every variant cuda.py launches (see elementwise.cu).
 void* tg_instances_embedding[] = {
     (void*)&embedding_fwd<float>, (void*)&embedding_fwd<__half>,
     (void*)&embedding_fwd<__nv_bfloat16>, (void*)&embedding_fwd<double>,

@@ -86,15 +86,12 @@ def _gemm_split(a, b, big):
 
 
 def matmul(a, b, bias=None):
-    """(..., M, K) @ (..., K, N) [+ bias (N,)] -> (..., M, N)."""
     return rounded(_gemm(a, b, bias), a.dtype)
 
 
 def matmul_nt(a, b):
-    """(..., M, K) @ (..., N, K)^T -> (..., M, N)."""
     return rounded(_gemm(a, b.swapaxes(-1, -2)), a.dtype)
 
 
 def matmul_tn(a, b):
-    """(..., K, M)^T @ (..., K, N) -> (..., M, N)."""
     return rounded(_gemm(a.swapaxes(-1, -2), b), a.dtype)

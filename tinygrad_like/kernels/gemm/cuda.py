@@ -95,15 +95,12 @@ def _gemm(a, b, bias, ta, tb):
 
 
 def matmul(a, b, bias=None):
-    """(..., M, K) @ (..., K, N) [+ bias (N,)] -> (..., M, N)."""
     return _gemm(a, b, bias, False, False)
 
 
 def matmul_nt(a, b):
-    """(..., M, K) @ (..., N, K)^T -> (..., M, N)."""
     return _gemm(a, b, None, False, True)
 
 
 def matmul_tn(a, b):
-    """(..., K, M)^T @ (..., K, N) -> (..., M, N)."""
     return _gemm(a, b, None, True, False)

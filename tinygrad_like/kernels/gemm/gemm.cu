@@ -10,11 +10,11 @@
 // zero-filled when loaded and bounds-checked when stored. Accumulation is always fp32, and the
 // bias is added in fp32 before the one rounding to T, as cpu.matmul does. K = 0 is correct
 // (C = bias, or 0: no k-tile runs and the loads in flight are drained before exit), though
-// gemm.py never launches it: it fills C on the host side without a kernel.
+// cuda.py never launches it: it fills C on the host side without a kernel.
 //
 // Shared memory tiles mirror the global layout (a tile of [K][M] stays k-major), so the global
 // -> shared copy is a plain 2-D copy: 16 bytes per cp.async when ASYNC (the contiguous dims are
-// multiples of 16 bytes and the pointers aligned, checked by gemm.py), else element by element.
+// multiples of 16 bytes and the pointers aligned, checked by cuda.py), else element by element.
 // Two stages: tile t+1 is in flight while tile t is being multiplied.
 #include "common.cuh"
 
@@ -249,7 +249,7 @@ gemm_tc(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, long l
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant gemm.py launches (see elementwise.cu).
+// Every variant cuda.py launches (see elementwise.cu).
 void* tg_instances_gemm[] = {
     (void*)&gemm_f32<false, false, false>, (void*)&gemm_f32<false, false, true>,
     (void*)&gemm_f32<false, true, false>, (void*)&gemm_f32<false, true, true>,

@@ -31,7 +31,7 @@ from .spec import check_kv_attention, check_kv_format
 
 _KEYS = FLASH_BK  # keys per block of qattention's online softmax (kvcache.cu KV_KEYS)
 
-i32 = np.int32  # the encoder computes in int32 throughout, as cpu/quant.py's decoders
+i32 = np.int32  # the encoder computes in int32 throughout, as quant/cpu.py's decoders
 
 
 @device
@@ -98,7 +98,7 @@ def _cached_elements(k_codes, k_scales, v_codes, v_scales, q, length, *rest):
 
 
 def _qattention_kernel(exp_bits, man_bits, specials):
-    """The qattention of one format, compiled with its fields as constants (as cpu/quant.py's
+    """The qattention of one format, compiled with its fields as constants (as quant/cpu.py's
     _qmatmul_kernel), so that LLVM folds the decode into a few vector instructions."""
 
     @kernel(serial_below=DECODE_SERIAL_BELOW, work=_cached_elements)
@@ -144,7 +144,6 @@ _QATTENTION = {}  # fields -> its kernel, made when first used
 
 
 def kv_quantize(x, fmt):
-    """x (..., D) -> codes (..., D) uint8 and scales (...) fp32 of fmt, a scale per row."""
     check_kv_format(fmt)
     f = FORMATS[fmt]
     exp_bits, man_bits, _ = f.fields
@@ -166,8 +165,7 @@ def kv_quantize(x, fmt):
 
 
 def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, length, scale):
-    """Causal attention of q (B, H, Tq, D) over the fp8 cache's first `length` positions ->
-    (B, H, Tq, D) in q's dtype, computed in fp32 (a 2-byte or fp64 q read as fp32)."""
+    """Computed in fp32 (a 2-byte or fp64 q read as fp32): see the module's docstring."""
     check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, length)
     fields = FORMATS[fmt].fields
     if fields not in _QATTENTION:

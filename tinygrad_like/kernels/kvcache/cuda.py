@@ -32,8 +32,7 @@ def _values(fmt, device):
 
 
 def kv_quantize(x, fmt):
-    """x (..., D) -> codes (..., D) uint8, scales (...) fp32 of fmt, a scale per row, as
-    cpu.kv_quantize (bit for bit)."""
+    """One warp per row, bit for bit the CPU twin's."""
     exp_bits, man_bits = _fields(fmt)
     if x.dtype not in CTYPES:
         raise TypeError(f"kv_quantize takes a floating-point x, got {x.dtype}")
@@ -60,8 +59,7 @@ def kv_quantize(x, fmt):
 
 
 def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, length, scale):
-    """Causal attention of q (B, H, Tq, D) over the fp8 cache's first `length` positions ->
-    (B, H, Tq, D) in q's dtype, as cpu.qattention; one block per query row."""
+    """One block per query row."""
     check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, length)
     if q.dtype not in CTYPES:
         raise TypeError(f"qattention takes a floating-point q, got {q.dtype}")

@@ -1,16 +1,16 @@
-// An fp8 KV cache (contract.py, "kvcache"): kv_quantize turns the rows appended into codes and a
+// An fp8 KV cache (spec.py): kv_quantize turns the rows appended into codes and a
 // scale per row; qattention attends over the cache, decoding each code as it reads it (never a
-// dequantized copy). Mirrors cpu/kvcache.py.
+// dequantized copy). Mirrors kvcache/cpu.py.
 //
 // Layout: codes (B, Hkv, L, D) unsigned char, scales (B, Hkv, L) fp32, contiguous; an element is
 // its code's value times its row's scale. The formats are 8-bit floats of EXP_BITS exponent and
-// MAN_BITS mantissa bits (quant.FORMATS' fields: fp8_e4m3 4, 3; fp8_e5m2 5, 2).
+// MAN_BITS mantissa bits (formats.FORMATS' fields: fp8_e4m3 4, 3; fp8_e5m2 5, 2).
 #include "common.cuh"
 
 // The byte of the small float (1 sign, EXP_BITS, MAN_BITS, bias 2^(EXP_BITS - 1) - 1) nearest to
 // x, ties to even, its magnitude first clipped to the fp32 bits qmax_bits of the format's largest
 // value (a magnitude's bits order as its value does); a NaN gives nan_code (the format's NaN
-// without its sign, as ml_dtypes casts one) with its sign. cpu/kvcache.py's minifloat_code, bit
+// without its sign, as ml_dtypes casts one) with its sign. kvcache/cpu.py's minifloat_code, bit
 // for bit: a normal of the format rounds away fp32's low 23 - MAN_BITS mantissa bits (a carry
 // moves into the exponent) and is rebiased; a subnormal (or zero) is the significand, implicit 1
 // included, shifted to units of the smallest subnormal 2^(1 - bias - MAN_BITS), rounded alike.
@@ -36,7 +36,7 @@ __device__ __forceinline__ unsigned char minifloat_code(float x, int qmax_bits, 
 // codes[r, :] and scales[r] of row r of x (rows, D), T read as fp32 (fp64 rounded to it, as the
 // CPU twin's cast): scale = max |x| / qmax (1 unless the max is > 0), codes of x / scale. The
 // max is over the magnitudes' bits (exact, a NaN the largest), as the CPU's. Launch: one warp per
-// row (8 per 256-thread block), its lanes striding over the row. As cpu/kvcache.py's
+// row (8 per 256-thread block), its lanes striding over the row. As kvcache/cpu.py's
 // kv_quantize, bit for bit (one fp32 divide per element and integer rounding), but for a row of
 // fp32 subnormals only (|x| < 2^-126), which the GPU's flush to zero makes all zeros.
 template <typename T, int EXP_BITS, int MAN_BITS>
@@ -58,7 +58,7 @@ __global__ void kv_quantize(const T* x, unsigned char* codes, float* scales, int
     if (lane == 0) scales[r] = scale;
 }
 
-// Keys per block of qattention's online softmax (cpu/kvcache.py's _KEYS, contract.FLASH_BK).
+// Keys per block of qattention's online softmax (kvcache/cpu.py's _KEYS, attention/spec.py's FLASH_BK).
 constexpr int KV_KEYS = 64;
 
 // out[b, h, i, :] = softmax(scale q k^T over keys 0 ... length - Tq + i) v for query head h of
@@ -71,7 +71,7 @@ constexpr int KV_KEYS = 64;
 // key's row scale and scale; then every thread takes m_new = max(m, the scores) and alpha =
 // exp(m - m_new), the scores become p = exp(s - m_new), lsum = lsum alpha + sum(p) in key order,
 // and thread d updates o[d] = o[d] alpha + sum over the keys, in order, of (p x the value's row
-// scale) x v[d]. At the end out = o / lsum, rounded once to T. As cpu/kvcache.py's qattention:
+// scale) x v[d]. At the end out = o / lsum, rounded once to T. As kvcache/cpu.py's qattention:
 // one row per program, the same blocks, values, products and order, but for q . k's sum (the
 // lanes, then the warp's tree) and expf: equal to fp32 rounding.
 template <typename T>
@@ -131,7 +131,7 @@ __global__ void qattention(const T* q, const unsigned char* k_codes, const float
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant kvcache.py launches (see elementwise.cu): kv_quantize for x in each float dtype
+// Every variant cuda.py launches (see elementwise.cu): kv_quantize for x in each float dtype
 // and each format's fields, qattention for q in each float dtype.
 void* tg_instances_kvcache[] = {
     (void*)&kv_quantize<float, 4, 3>, (void*)&kv_quantize<float, 5, 2>,

@@ -10,7 +10,7 @@ decoded as it is read. Rows go a block of _BLOCK_ROWS per prange iteration (the 
 once per block). The decode functions below are quant.cu's device functions of the same
 names: bit operations from the code to the fp32 value, exact (every format's values are fp32
 values), so both backends decode the same bits; one function, minifloat_value, serves every
-small float by its fields (tinygrad_like/quant.py FORMATS[fmt].fields), through fp16
+small float by its fields (tinygrad_like/formats.py FORMATS[fmt].fields), through fp16
 (compiled.f32_from_f16_bits) where quant.cu goes straight to fp32's bits: the same values.
 """
 
@@ -262,8 +262,8 @@ def _kernel_args(codes, scales, fmt, group_size):
 
 
 def qmatmul(x, codes, scales, fmt, group_size, bias=None):
-    """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype: W (N, K) decoded row by row inside
-    the kernel, accumulated in fp32 and rounded once (2-byte x: computed in fp32)."""
+    """W decoded row by row inside the kernel, accumulated in fp32 and rounded once (2-byte x:
+    computed in fp32)."""
     codes, scales, group_size, *fields = _kernel_args(codes, scales, fmt, group_size)
     xs = np.ascontiguousarray(f32(x), dtype=np.float32)
     b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
@@ -282,7 +282,6 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None):
 
 
 def qembedding(codes, scales, idx, fmt, group_size):
-    """Rows idx (...) of W (N, K) -> (..., K) fp32, only the gathered rows decoded."""
     check_ids(idx, codes.shape[0])
     args = _kernel_args(codes, scales, fmt, group_size)
     K = codes.shape[1] * (2 if FORMATS[fmt].bits == 4 else 1)

@@ -12,7 +12,7 @@ from ...backend.cuda.runtime import BLOCK, CTYPES, NULL, blocks_for, compiled
 from ..embedding.spec import check_ids
 
 # fmt -> (quant.cu's QuantFormat, the codes' dtype, elements per code, scaled), in the order of
-# QuantFormat (quant.FORMATS' formats)
+# QuantFormat (formats.FORMATS' formats)
 FORMATS = {
     "int8": (0, np.uint8, 1, True),
     "int4": (1, np.uint8, 2, True),
@@ -58,8 +58,7 @@ def _weight(codes, scales, fmt, group_size):
 
 
 def qmatmul(x, codes, scales, fmt, group_size, bias=None):
-    """x (M, K) @ W^T (+ bias (N,)) -> y (M, N) in x's dtype, W (N, K) decoded inside the
-    kernel, x and bias read as fp32, fp32 accumulation, rounded once."""
+    """x and bias read as fp32, one warp per row of W, fp32 accumulation, rounded once."""
     codes, scales, K, group = _weight(codes, scales, fmt, group_size)
     if x.dtype not in CTYPES:
         raise TypeError(f"qmatmul takes a floating-point x, got {x.dtype}")
@@ -92,8 +91,7 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None):
 
 
 def qembedding(codes, scales, idx, fmt, group_size):
-    """Rows idx (...) int in [0, N) of the quantized W (N, K) -> (..., K) fp32, decoded. Ids out
-    of range raise check_ids's ValueError before the launch (no bounds check there)."""
+    """Ids out of range raise check_ids's ValueError before the launch (no bounds check there)."""
     codes, scales, K, group = _weight(codes, scales, fmt, group_size)
     idx = cupy.ascontiguousarray(idx, dtype=cupy.int64)
     check_ids(idx, codes.shape[0])

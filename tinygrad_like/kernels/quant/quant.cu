@@ -1,7 +1,7 @@
 // Quantized weights: a GEMM against W (N, K) and a row gather from it, W decoded from its codes
-// in registers as they are read (never a dequantized copy), as cpu/quant.py does row by row.
+// in registers as they are read (never a dequantized copy), as quant/cpu.py does row by row.
 //
-// Stored layout (contract.py, "quant"): row n of W is row n of codes, (N, K / PER_CODE) of C:
+// Stored layout (formats.py): row n of W is row n of codes, (N, K / PER_CODE) of C:
 // unsigned short bit patterns for bf16 / fp16, one unsigned char per element for the 8-bit
 // formats, two for the 4-bit ones (element 2j in the low nibble, 2j + 1 in the high one);
 // scales (N, K / group_size) fp32, element k of row n scaled by scales[n, k / group_size], null
@@ -9,12 +9,12 @@
 // ml_dtypes' (float8_e4m3fn, float8_e5m2, float4_e2m1fn) and the CPU kernel's, bit for bit.
 #include "common.cuh"
 
-// The formats of quant.FORMATS, numbered in the order of cuda/quant.py's FORMATS (tests check).
+// The formats of formats.FORMATS, numbered in the order of quant/cuda.py's FORMATS (tests check).
 enum QuantFormat {
     INT8 = 0, INT4 = 1, FP8_E4M3 = 2, FP8_E5M2 = 3, FP4_E2M1 = 4, BF16 = 5, FP16 = 6
 };
 
-// What a small float's largest exponent field means, as cpu/quant.py's: nothing special (fp4
+// What a small float's largest exponent field means, as quant/cpu.py's: nothing special (fp4
 // E2M1), NaN only where every other bit is set too (fp8 E4M3 "fn": no infinities), or IEEE
 // infinities and NaNs (fp16, fp8 E5M2).
 enum Specials { FINITE = 0, NAN_ONLY = 1, IEEE = 2 };
@@ -25,8 +25,8 @@ template <int FMT> constexpr int PER_CODE = FMT == INT4 || FMT == FP4_E2M1 ? 2 :
 template <int FMT> constexpr int CODE_BYTES = FMT == BF16 || FMT == FP16 ? 2 : 1;
 
 // The decode functions: bit operations from the code to its fp32 value, exact (every format's
-// values are fp32 values), the values of cpu/quant.py's int8_value, int4_value and
-// minifloat_value times minifloat_scale, bit for bit but for a NaN's payload (quant.FORMATS'
+// values are fp32 values), the values of quant/cpu.py's int8_value, int4_value and
+// minifloat_value times minifloat_scale, bit for bit but for a NaN's payload (formats.FORMATS'
 // fields are minifloat_value's template arguments below). One difference of means: the CPU
 // goes through fp16 (F16C's conversion, subnormals exact) and multiplies by a power of two,
 // where a small float's subnormal would meet CuPy's -ftz=true (added to every compile) and be
@@ -81,7 +81,7 @@ template <int FMT> __device__ __forceinline__ float element_value(unsigned v) {
 
 // Element k = j PER_CODE + p of a row, from its stored code c = row[j] (element 2j in the low
 // nibble, 2j + 1 in the high one): decoded, times its group's scale (row_scales: that row's
-// scales, null for bf16 / fp16), one fp32 product: cpu/quant.py's decode_row, element by
+// scales, null for bf16 / fp16), one fp32 product: quant/cpu.py's decode_row, element by
 // element.
 template <int FMT>
 __device__ __forceinline__ float dequantize(unsigned c, int p, const float* row_scales, int k,
@@ -96,7 +96,7 @@ __device__ __forceinline__ float dequantize(unsigned c, int p, const float* row_
 // row n (8 per 256-thread block): its lanes stride over the row's codes (coalesced), decode
 // each in registers and accumulate w x[m, k] in fp32 for QMATMUL_ROWS rows of x at a time (M is
 // small when decoding: one pass over the codes per QMATMUL_ROWS rows); warp_sum, then the bias
-// in fp32 and one rounding to T. As cpu/quant.py's qmatmul: one output row per program, the
+// in fp32 and one rounding to T. As quant/cpu.py's qmatmul: one output row per program, the
 // same decode and fp32 products, the sum over k in another order (lanes, then the warp's tree).
 constexpr int QMATMUL_ROWS = 8;
 
@@ -132,10 +132,10 @@ __global__ void qmatmul(const T* x, const C* codes, const float* scales, const T
     }
 }
 
-// out[t, :] = W[idx[t], :] dequantized, fp32. idx: (tokens,) int64, every id in [0, N) (quant.py
+// out[t, :] = W[idx[t], :] dequantized, fp32. idx: (tokens,) int64, every id in [0, N) (cuda.py
 // checks on the host: no bounds check here); out: (tokens, K). Launch: one block per token, 256
 // threads striding over the row's codes, each writing its code's PER_CODE elements. As
-// cpu/quant.py's qembedding: one gathered row per program, the same decode, bit for bit.
+// quant/cpu.py's qembedding: one gathered row per program, the same decode, bit for bit.
 template <typename C, int FMT>
 __global__ void qembedding(const C* codes, const float* scales, const long long* idx, float* out,
                            int K, int group_size) {
@@ -156,7 +156,7 @@ __global__ void qembedding(const C* codes, const float* scales, const long long*
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant quant.py launches (see elementwise.cu): qmatmul for x in each float dtype, both
+// Every variant cuda.py launches (see elementwise.cu): qmatmul for x in each float dtype, both
 // kernels for each format with its code type.
 void* tg_instances_quant[] = {
     (void*)&qmatmul<float, unsigned char, 0>, (void*)&qmatmul<float, unsigned char, 1>,

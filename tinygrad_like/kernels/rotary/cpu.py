@@ -43,10 +43,8 @@ def _turn(x, cos, sin, sign):
 
 
 def rotary_fwd(x, cos, sin):
-    """x (B, H, T, D) -> y (B, H, T, D), turned by the angles of cos, sin (T, D/2)."""
     return _turn(x, cos, sin, 1)
 
 
 def rotary_bwd(dy, cos, sin):
-    """dx (B, H, T, D): dy turned back by the same angles."""
     return _turn(dy, cos, sin, -1)

@@ -1,5 +1,5 @@
 """Rotary position embeddings on CUDA (rotary.cu): one thread per channel pair, forward and
-backward one kernel with a sign, as cpu/rotary.py.
+backward one kernel with a sign, as rotary/cpu.py.
 """
 
 import cupy

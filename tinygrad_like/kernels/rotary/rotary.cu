@@ -1,7 +1,7 @@
 // Rotary position embeddings, Hugging Face Llama's rotate-half convention: one thread per pair
 // (i, i + D/2) of a head's channels at one position, launched flat over the B·H·T·D/2 pairs of
 // a contiguous x (B, H, T, D). Each thread reads its two values and the pair's cos, sin at the
-// position, computes in acc_t<T> and rounds once: the arithmetic of cpu/rotary.py's _turn.
+// position, computes in acc_t<T> and rounds once: the arithmetic of rotary/cpu.py's _turn.
 #include "common.cuh"
 
 // y1 = x1 cos - SIGN x2 sin, y2 = x2 cos + SIGN x1 sin: SIGN 1 is the forward, -1 the backward
@@ -24,7 +24,7 @@ __global__ void rotary(const T* x, const acc_t<T>* cos, const acc_t<T>* sin, T* 
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant rotary.py launches. runtime.py reads this list for NVRTC's name_expressions;
+// Every variant cuda.py launches. backend/cuda/runtime.py reads this list for NVRTC's name_expressions;
 // scripts/check_kernels.sh defines TG_CHECK_INSTANTIATE so nvcc compiles each of them.
 void* tg_instances_rotary[] = {
     (void*)&rotary<float, 1>, (void*)&rotary<__half, 1>, (void*)&rotary<__nv_bfloat16, 1>,

@@ -35,8 +35,8 @@ def _layernorm_fwd(x, weight, bias, eps, y, mean, rstd):
 
 
 def layernorm_fwd(x, weight, bias, eps=1e-5):
-    """x (..., C) -> y (..., C), mean (...,) fp32, rstd (...,) fp32 (saved for backward).
-    rownorm.cu's formula: mean = sum(x)/C, var = sum((x-mean)^2)/C, y = (x - mean) rstd w + b."""
+    """rownorm.cu's formula: mean = sum(x)/C, var = sum((x-mean)^2)/C, y = (x - mean) rstd w +
+    b."""
     C = x.shape[-1]
     stat = dtypes.compute_dtype(x.dtype)
     xs = np.ascontiguousarray(f32(x.reshape(-1, C)))
@@ -92,10 +92,7 @@ def _norm_backward(dy, x, weight, mean, rstd):
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
-    """-> dx (..., C), dweight (C,), dbias (C,).
-    With xhat = (x - mean) rstd and g = dy * weight:
-    dx = rstd (g - mean(g) - xhat mean(g xhat)), dweight = sum(dy xhat), dbias = sum(dy).
-    dweight and dbias are summed per row block, then over the blocks in order."""
+    """dweight and dbias summed per row block (_norm_bwd), then over the blocks in order."""
     dx, partial = _norm_backward(dy, x, weight, mean, rstd)
     dweight, dbias = partial[:, 0].sum(axis=0), partial[:, 1].sum(axis=0)  # (C,) each, no views
     return dx, rounded(dweight, weight.dtype), rounded(dbias, weight.dtype)
@@ -116,8 +113,7 @@ def _rmsnorm_fwd(x, weight, eps, y, rstd):
 
 
 def rmsnorm_fwd(x, weight, eps=1e-6):
-    """x (..., C) -> y (..., C), rstd (...,) fp32 (saved for backward).
-    rownorm.cu's formula: rstd = 1 / sqrt(sum(x^2) / C + eps), y = (x rstd) w."""
+    """rownorm.cu's formula: rstd = 1 / sqrt(sum(x^2) / C + eps), y = (x rstd) w."""
     C = x.shape[-1]
     stat = dtypes.compute_dtype(x.dtype)
     xs = np.ascontiguousarray(f32(x.reshape(-1, C)))
@@ -128,8 +124,7 @@ def rmsnorm_fwd(x, weight, eps=1e-6):
 
 
 def rmsnorm_bwd(dy, x, weight, rstd):
-    """-> dx (..., C), dweight (C,). With xhat = x rstd and g = dy * weight:
-    dx = rstd (g - xhat mean(g xhat)), dweight = sum(dy xhat), summed per row block, then over
-    the blocks in order."""
+    """layernorm_bwd's pass without the mean; dweight summed per row block, then over the blocks
+    in order."""
     dx, partial = _norm_backward(dy, x, weight, None, rstd)
     return dx, rounded(partial[:, 0].sum(axis=0), weight.dtype)

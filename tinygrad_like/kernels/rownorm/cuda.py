@@ -18,7 +18,6 @@ from ...backend.cuda.runtime import (
 
 
 def layernorm_fwd(x, weight, bias, eps=1e-5):
-    """x (..., C) -> y (..., C), mean (...,) fp32, rstd (...,) fp32 (saved for backward)."""
     check_same_dtype(x, weight, bias)
     x, rows, C = as_rows(x)
     stat = dtypes.compute_dtype(x.dtype)
@@ -43,8 +42,8 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
-    """-> dx (..., C), dweight (C,), dbias (C,); dweight/dbias summed deterministically: partial
-    sums per chunk of rows, then one ordered pass over the chunks (see rownorm.cu)."""
+    """dweight/dbias summed deterministically: partial sums per chunk of rows, then one ordered
+    pass over the chunks (see rownorm.cu)."""
     check_same_dtype(dy, x, weight)
     x, rows, C = as_rows(x)
     dy, weight = cupy.ascontiguousarray(dy), cupy.ascontiguousarray(weight)
@@ -91,7 +90,6 @@ def _weight_grads(dy, x, mean, rstd, rows, C):
 
 
 def rmsnorm_fwd(x, weight, eps=1e-6):
-    """x (..., C) -> y (..., C), rstd (...,) fp32 (saved for backward)."""
     check_same_dtype(x, weight)
     x, rows, C = as_rows(x)
     stat = dtypes.compute_dtype(x.dtype)
@@ -114,8 +112,7 @@ def rmsnorm_fwd(x, weight, eps=1e-6):
 
 
 def rmsnorm_bwd(dy, x, weight, rstd):
-    """-> dx (..., C), dweight (C,): dweight is layernorm's with a mean of 0, by the same two
-    kernels (their dbias unused)."""
+    """dweight is layernorm's with a mean of 0, by the same two kernels (their dbias unused)."""
     check_same_dtype(dy, x, weight)
     x, rows, C = as_rows(x)
     dy, weight = cupy.ascontiguousarray(dy), cupy.ascontiguousarray(weight)

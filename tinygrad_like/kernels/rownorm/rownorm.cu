@@ -1,9 +1,9 @@
 // LayerNorm and RMSNorm over the last axis: x is viewed as (rows, C). Statistics (mean, rstd)
-// are kept in acc_t<T> (fp32, or fp64 for fp64 inputs), as cpu/rownorm.py returns them.
+// are kept in acc_t<T> (fp32, or fp64 for fp64 inputs), as rownorm/cpu.py returns them.
 #include "common.cuh"
 
 // Forward. Launch: one warp per row, 8 rows per 256-thread block. x, y: (rows, C); weight,
-// bias: (C,); mean, rstd: (rows,). As cpu/rownorm.py: mean = sum(x)/C, var = sum((x-mean)^2)/C (two
+// bias: (C,); mean, rstd: (rows,). As rownorm/cpu.py: mean = sum(x)/C, var = sum((x-mean)^2)/C (two
 // passes over the row), rstd = 1/sqrt(var + eps), y = (x - mean) * rstd * weight + bias.
 template <typename T>
 __global__ void layernorm_fwd(const T* x, const T* weight, const T* bias, T* y, acc_t<T>* mean,
@@ -99,7 +99,7 @@ __global__ void layernorm_bwd_reduce(const acc_t<T>* partial, T* dweight, T* dbi
 }
 
 // RMSNorm forward. Launch: one warp per row, 8 rows per 256-thread block. x, y: (rows, C);
-// weight: (C,); rstd: (rows,). As cpu/rownorm.py: rstd = 1/sqrt(sum(x^2)/C + eps),
+// weight: (C,); rstd: (rows,). As rownorm/cpu.py: rstd = 1/sqrt(sum(x^2)/C + eps),
 // y = x * rstd * weight.
 template <typename T>
 __global__ void rmsnorm_fwd(const T* x, const T* weight, T* y, acc_t<T>* rstd, int rows, int C,
@@ -122,8 +122,8 @@ __global__ void rmsnorm_fwd(const T* x, const T* weight, T* y, acc_t<T>* rstd, i
 
 // RMSNorm backward, dx part. Launch: one warp per row, 8 rows per 256-thread block. dy, x, dx:
 // (rows, C); weight: (C,); rstd: (rows,). With xhat = x rstd and g = dy weight, as
-// cpu/rownorm.py: dx = rstd (g - xhat mean(g xhat)). dweight is layernorm_bwd_partials' with a
-// zero mean (rownorm.py).
+// rownorm/cpu.py: dx = rstd (g - xhat mean(g xhat)). dweight is layernorm_bwd_partials' with a
+// zero mean (cuda.py).
 template <typename T>
 __global__ void rmsnorm_bwd_dx(const T* dy, const T* x, const T* weight, const acc_t<T>* rstd,
                                T* dx, int rows, int C) {
@@ -144,7 +144,7 @@ __global__ void rmsnorm_bwd_dx(const T* dy, const T* x, const T* weight, const a
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant rownorm.py launches (see elementwise.cu).
+// Every variant cuda.py launches (see elementwise.cu).
 void* tg_instances_rownorm[] = {
     (void*)&layernorm_fwd<float>, (void*)&layernorm_fwd<__half>,
     (void*)&layernorm_fwd<__nv_bfloat16>, (void*)&layernorm_fwd<double>,

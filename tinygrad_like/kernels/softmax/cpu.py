@@ -12,16 +12,14 @@ from .spec import check_targets
 
 
 def softmax_causal_fwd(scores, scale):
-    """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked
-    (probability 0). Query i is position Tk - Tq + i, so Tq < Tk serves a KV-cache decode
-    step. The rows of _softmax_rows, as softmax.cu's warp per row."""
+    """The rows of _softmax_rows, as softmax.cu's warp per row; masked keys get probability 0."""
     Tq = scores.shape[-2]
     return _over_rows(_softmax_rows, [scores], scale, Tq, True, False, period=Tq)
 
 
 def softmax_causal_bwd(probs, dprobs, scale):
-    """dscores = scale * probs * (dprobs - sum(dprobs * probs over keys)); masked entries get 0
-    because their probs are 0. The rows of _softmax_rows_bwd, as softmax.cu's warp per row."""
+    """The rows of _softmax_rows_bwd, as softmax.cu's warp per row; masked entries get 0 because
+    their probs are 0."""
     return _over_rows(_softmax_rows_bwd, [probs, dprobs], scale, False)
 
 
@@ -117,40 +115,32 @@ def _cross_entropy(
 
 
 def cross_entropy_fwd(logits, targets, n_classes=None):
-    """logits (N, Vp), targets (N,) int with -1 = ignore -> (losses (N,) fp32, 0 if ignored;
-    lse (N,) fp32, the log-sum-exp of each row, saved for backward), over the first
-    V = n_classes columns (default all Vp; the columns past V are padding and are not read).
-    Stable for large logits: the row max is subtracted before exp."""
+    """_cross_entropy's rows; the columns past n_classes are not read; stable for large logits
+    (the row max is subtracted before exp)."""
     losses, lse, _ = _cross_entropy(logits, targets, None, n_classes)
     return losses, lse
 
 
 def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
-    """dlogits (N, Vp) = dloss * (softmax(logits) - onehot(target)) in the first V = n_classes
-    columns (default all Vp) and exactly 0 in the padding columns past V, zero rows for ignored
-    targets; dloss is a 1-element array (the upstream gradient over the count of targets)."""
     lse = np.ascontiguousarray(lse, dtype=dtypes.compute_dtype(logits.dtype))
     return _cross_entropy(logits, targets, dloss, n_classes, lse, forward=False, backward=True)[2]
 
 
 def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
-    """cross_entropy_fwd's losses and cross_entropy_bwd's dlogits in one pass over each row:
-    logits (N, Vp), targets (N,) int with -1 = ignore, dloss a 1-element array -> (losses (N,)
-    fp32, dlogits (N, Vp) in the logits' dtype, 0 in the padding columns past V = n_classes).
-    One exp per logit: e = exp(logit - max) sums to the row's s, which gives the loss
-    (log s + max - logit[target], bitwise cross_entropy_fwd's), and e * dloss / s is the
-    softmax part of dlogits: in fp32 a few ulps from cross_entropy_bwd's exp(logit - lse) *
-    dloss, and closer to the exact value (logit - lse, rounded before its exp, is the larger
-    error: off by a median 4 ulps against 1-3, at most 34 against 21, on GPT-2 rows). No lse:
-    nobody needs it after. dlogits are written into out when given, which may be logits
-    itself (each logit is read before it is overwritten), so no second (N, Vp) array exists.
-    (softmax.cu's twin takes the exp twice: on a GPU bytes, not exps, bound it.)"""
+    """One exp per logit: e = exp(logit - max) sums to the row's s, which gives the loss (log s
+    + max - logit[target], bitwise cross_entropy_fwd's), and e * dloss / s is the softmax part
+    of dlogits: in fp32 a few ulps from cross_entropy_bwd's exp(logit - lse) * dloss, and closer
+    to the exact value (logit - lse, rounded before its exp, is the larger error: off by a
+    median 4 ulps against 1-3, at most 34 against 21, on GPT-2 rows). No lse: nobody needs it
+    after. out may be logits itself (each logit is read before it is overwritten), so no second
+    (N, Vp) array exists. (softmax.cu's twin takes the exp twice: on a GPU bytes, not exps,
+    bound it.)"""
     losses, _, dlogits = _cross_entropy(logits, targets, dloss, n_classes, backward=True, out=out)
     return losses, dlogits
 
 
 # ---------------------------------------------------------------- softmax over any dim
-# The rows of x (..., C): ops.softmax / ops.log_softmax move the dim last, and the naive
+# The rows of x (..., C): functional.softmax / log_softmax move the dim last, and the naive
 # attention's causal softmax is over the rows of its (..., Tq, Tk) scores. softmax.cu's twins:
 # one warp per row there, one row at a time here, a block of _BLOCK_ROWS rows per prange
 # iteration (its scratch allocated once), each row's max and sums over compiled's fixed lanes
@@ -235,20 +225,16 @@ def _over_rows(kernel, arrays, scale, *flags, period=1):
 
 
 def softmax_fwd(x):
-    """x (..., C) -> exp(x - max) / sum(exp(x - max)) over the last axis."""
     return _over_rows(_softmax_rows, [x], 1, 1, False, False)
 
 
 def softmax_bwd(y, dy):
-    """dx = y (dy - sum(dy y)) over the last axis."""
     return _over_rows(_softmax_rows_bwd, [y, dy], 1, False)
 
 
 def log_softmax_fwd(x):
-    """x (..., C) -> x - max - log(sum(exp(x - max))) over the last axis."""
     return _over_rows(_softmax_rows, [x], 1, 1, False, True)
 
 
 def log_softmax_bwd(y, dy):
-    """dx = dy - exp(y) sum(dy) over the last axis."""
     return _over_rows(_softmax_rows_bwd, [y, dy], 1, True)

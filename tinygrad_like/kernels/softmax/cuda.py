@@ -11,8 +11,6 @@ from .spec import check_targets
 
 
 def softmax_causal_fwd(scores, scale):
-    """scores (..., Tq, Tk) -> probs of softmax(scale * scores) over keys, future keys masked;
-    query i is position Tk - Tq + i (a KV-cache decode step when Tq < Tk)."""
     s, rows, Tk = as_rows(scores)
     p = cupy.empty_like(s)
     launch_per_row(
@@ -31,7 +29,6 @@ def softmax_causal_fwd(scores, scale):
 
 
 def softmax_causal_bwd(probs, dprobs, scale):
-    """dscores = scale * probs * (dprobs - sum(dprobs * probs over keys))."""
     check_same_dtype(probs, dprobs)
     p, rows, Tk = as_rows(probs)
     dp = cupy.ascontiguousarray(dprobs)
@@ -63,9 +60,7 @@ def _loss_rows(logits, targets, n_classes):
 
 
 def cross_entropy_fwd(logits, targets, n_classes=None):
-    """logits (N, Vp), targets (N,) int, -1 = ignore -> (losses (N,) fp32, 0 if ignored;
-    lse (N,) fp32) over the first V = n_classes columns (default all Vp), as the CPU twin. One block
-    per row (see softmax.cu)."""
+    """One block per row (see softmax.cu)."""
     logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
     acc = dtypes.compute_dtype(logits.dtype)
     losses, lse = cupy.empty(N, dtype=acc), cupy.empty(N, dtype=acc)
@@ -77,10 +72,8 @@ def cross_entropy_fwd(logits, targets, n_classes=None):
 
 
 def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
-    """dlogits (N, Vp) = dloss * (softmax - onehot(target)) in the first V = n_classes columns
-    (default all Vp), 0 in the padding columns past V, zero rows for ignored targets, as the
-    CPU twin. dloss is a 1-element device array, read by the kernel (no host synchronization
-    for it; the target check in _loss_rows is one)."""
+    """One block per row; dloss is read by the kernel on the device (no host synchronization for
+    it; the target check in _loss_rows is one)."""
     logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
     acc = dtypes.compute_dtype(logits.dtype)
     dlogits = cupy.empty_like(logits)
@@ -102,9 +95,8 @@ def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
 
 
 def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
-    """(losses (N,) fp32, dlogits (N, Vp)) of cross_entropy_fwd and cross_entropy_bwd in one
-    launch, one block per row (see softmax.cu), as the CPU twin; dlogits into out when given (logits
-    itself, say), which must be a C-contiguous array of the logits' shape and dtype."""
+    """One launch, one block per row (see softmax.cu); out, when given (logits itself, say),
+    must be a C-contiguous array of the logits' shape and dtype."""
     logits, targets, N, V, Vp = _loss_rows(logits, targets, n_classes)
     acc = dtypes.compute_dtype(logits.dtype)
     if out is not None and not (
@@ -134,7 +126,7 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
 
 
 # ---------------------------------------------------------------- softmax over any dim
-# Rows of (..., C) over the last axis, one warp per row (softmax.cu), as cpu/softmax.py.
+# Rows of (..., C) over the last axis, one warp per row (softmax.cu), as softmax/cpu.py.
 
 
 def _rows(kernel, x, *others):

@@ -34,7 +34,7 @@ template <typename A> __device__ __forceinline__ void warp_merge(A& m, A& s) {
 
 // Causal softmax forward. scores, probs: (rows, Tk) with rows = batch * Tq; row r is query
 // q = r % Tq at position Tk - Tq + q, which sees keys 0 .. Tk - Tq + q (the KV-cache rule of
-// cpu/softmax.py's future_mask); later keys get probability 0. Launch: one warp per row, 8 rows per
+// softmax/cpu.py's future_mask); later keys get probability 0. Launch: one warp per row, 8 rows per
 // 256-thread block. As cpu.softmax_causal_fwd: p = exp(scale s - max) / sum(exp(scale s - max)).
 template <typename T>
 __global__ void softmax_causal_fwd(const T* scores, T* probs, int rows, int Tq, int Tk, acc_t<T> scale) {
@@ -95,7 +95,7 @@ __device__ void block_row_max_sum(const T* x, int V, acc_t<T>& m, acc_t<T>& s) {
 
 // Cross-entropy forward over the vocabulary. logits: (N, Vp) rows, of which the first V columns
 // are the classes (Vp > V: the LM head's padded vocabulary, whose padding columns are not read);
-// targets: (N,) int64 in [0, V) (checked on the host by softmax.py) or -1 = ignored; losses, lse:
+// targets: (N,) int64 in [0, V) (checked on the host by cuda.py) or -1 = ignored; losses, lse:
 // (N,) acc_t<T>. Launch: one block per row, 512 threads. Reads the row's V classes once
 // (block_row_max_sum) and writes lse = log(s) + m and loss = lse - logit[target] (0 if
 // ignored), as cpu.cross_entropy_fwd.
@@ -171,7 +171,7 @@ __global__ void cross_entropy_fwd_bwd(const T* logits, const long long* targets,
 // ---------------------------------------------------------------- softmax over any dim
 // Rows of x (rows, C) (ops moves the dim last). Launch: one warp per row, 8 rows per 256-thread
 // block, as softmax_causal_fwd. The row's max m and s = sum(exp(x - m)) come from the online
-// pass (online_add, warp_merge); cpu/softmax.py subtracts the final max first, the same values
+// pass (online_add, warp_merge); softmax/cpu.py subtracts the final max first, the same values
 // to rounding.
 
 // One row per warp, forward: y = exp(x - m) / s (softmax, as cpu.softmax_fwd) or
@@ -231,7 +231,7 @@ __global__ void log_softmax_bwd(const T* y, const T* dy, T* dx, int rows, int C)
 }
 
 #ifdef TG_CHECK_INSTANTIATE
-// Every variant softmax.py launches (see elementwise.cu).
+// Every variant cuda.py launches (see elementwise.cu).
 void* tg_instances_softmax[] = {
     (void*)&softmax_causal_fwd<float>, (void*)&softmax_causal_fwd<__half>,
     (void*)&softmax_causal_fwd<__nv_bfloat16>, (void*)&softmax_causal_fwd<double>,
