@@ -9,7 +9,7 @@ step measured.
 import re
 
 from nn import ExecutionOptions, GPT2Config, LlamaConfig
-from tinygrad_like import dtypes, loss
+from tinygrad_like import dtypes, losses
 
 
 def parameter_pieces(config):
@@ -369,10 +369,10 @@ def predicted_saved_bytes(config, batch_size, seq_len, dtype, options, world=1):
 
 
 def _head_blocks(tokens):
-    """The fused head's row blocks (loss._row_blocks) that may hold its largest moment:
+    """The fused head's row blocks (losses._row_blocks) that may hold its largest moment:
     [(index, rows)]: the first, the last full one and the last (the blocks before each keep
     their losses, so among the full ones after the first the last holds the most)."""
-    R = loss.HEAD_BLOCK_ROWS
+    R = losses.HEAD_BLOCK_ROWS
     n = -(-tokens // R)
     last_full = tokens // R - 1
     return [(k, min(R, tokens - k * R)) for k in sorted({0, max(last_full, 0), n - 1})]
@@ -387,7 +387,7 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
         common = before_head + [
             ("the head's input, the final norm's output (B·T, C)", N * C * size),
             ("the unit dloss (1,) fp32", 4),
-            ("the losses of the blocks before (rows,) fp32", 4 * k * loss.HEAD_BLOCK_ROWS),
+            ("the losses of the blocks before (rows,) fp32", 4 * k * losses.HEAD_BLOCK_ROWS),
             ("dW so far (Vp, C) fp32", 4 * Vp * C if k else 0),
         ]
         if size < 4:  # the logits GEMM's output, cast to fp32

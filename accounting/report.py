@@ -43,7 +43,7 @@ from .tables import table, wrap
 
 LAUNCH_COST_S = 5e-6  # host cost of one eager launch on a GPU (ACCOUNTING.md, "Launches")
 
-# What each op keeps for its backward (tinygrad_like's functions.py, attention.py, loss.py). The
+# What each op keeps for its backward (tinygrad_like's functions.py, attention.py, losses.py). The
 # first record to save a buffer is charged for it, so a record's saved bytes are what it adds.
 SAVES = {
     "layernorm": "its input x, fp32 mean and rstd per row",

@@ -4,7 +4,7 @@ the machine's measured matmul peak (tinygrad_like.peaks' test: np.matmul on 1024
 The shapes: for each linear layer of each --models preset (B*T tokens, C = n_embd; qkv C x 3C,
 attention proj C x C, fc C x 4C, MLP proj 4C x C) its three GEMMs as functions.Linear calls them:
 forward X W (matmul), dX = dY W^T (matmul_nt) and dW = X^T dY (matmul_tn); and the fused LM
-head's three per block of loss.HEAD_BLOCK_ROWS rows: logits = x wte^T (matmul_nt), dX = dlogits
+head's three per block of losses.HEAD_BLOCK_ROWS rows: logits = x wte^T (matmul_nt), dX = dlogits
 wte (matmul) and dW = dlogits^T x (matmul_tn), plus dW summed over the step's blocks.
 The libraries, each on all the usable cores:
   ours       cpu.matmul / matmul_nt / matmul_tn (kernels/gemm/cpu.py: NumPy's OpenBLAS, a long K
@@ -14,7 +14,7 @@ The libraries, each on all the usable cores:
              wheel installed beside NumPy);
   BLIS       blis.py.gemm of the `blis` wheel (one thread: the wheel is built without
              threads).
-The head's dW over the blocks: ours (matmul_tn, then an add into the sum, as loss.py does) against
+The head's dW over the blocks: ours (matmul_tn, then an add into the sum, as losses.py does) against
 one GEMM per block that accumulates into the sum (beta = 1) through OpenBLAS's cblas_sgemm,
 MKL's and BLIS's.
 Every call is timed in interleaved rounds (each round times every library once per shape, so a
@@ -39,7 +39,7 @@ import numpy as np
 
 from accounting.tables import table
 from nn.config import PRESETS
-from tinygrad_like import kernels, loss, peaks
+from tinygrad_like import kernels, losses, peaks
 from tinygrad_like.backend.cpu import runtime
 from training.args import ArgumentParser, user_errors
 
@@ -65,7 +65,7 @@ def step_gemms(name):
     config = PRESETS[name]
     B, T = STEP[name]
     tokens, C, L = B * T, config.n_embd, config.n_layer
-    rows, Vp = loss.HEAD_BLOCK_ROWS, config.padded_vocab_size
+    rows, Vp = losses.HEAD_BLOCK_ROWS, config.padded_vocab_size
     gemms = []
     for layer, (k, n) in {
         "qkv": (C, 3 * C),

@@ -14,7 +14,7 @@ import pytest
 from accounting import measure, predictions, report
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
-from tinygrad_like import loss
+from tinygrad_like import losses
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
 from training.data import write_tokens
@@ -400,7 +400,7 @@ def test_fused_heads_peak_predicted_equal_measured(monkeypatch, dtype, block_row
     """The fused head's blocks: one (rows, Vp) fp32 buffer (its dlogits overwrite its logits),
     beside a block's dW share and from the second block on the sum so far, and in bf16 beside
     the logits GEMM's output while it is cast to fp32 (tests/test_predictions.py has the grid)."""
-    monkeypatch.setattr(loss, "HEAD_BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(losses, "HEAD_BLOCK_ROWS", block_rows)
     config = GPT2Config.from_preset("gpt2-tiny")
     options = ExecutionOptions(attention="flash", lm_head="fused")
     m = measure.measure(config, dtype, batch_size=2, seq_len=48, warmup=0, options=options)

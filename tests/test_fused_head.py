@@ -13,7 +13,7 @@ from accounting.measure import random_batch
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
 from optim.step import train_on
-from tinygrad_like import TAPE, Tensor, loss, no_grad
+from tinygrad_like import TAPE, Tensor, losses, no_grad
 from tinygrad_like.profiler import GEMMS, Profiler
 
 DESIGNS = F.HEAD_DESIGNS
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(loss, "HEAD_BLOCK_ROWS", BLOCK)
+    monkeypatch.setattr(losses, "HEAD_BLOCK_ROWS", BLOCK)
 
 
 def head(lm_head, design="precompute"):

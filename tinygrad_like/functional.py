@@ -1,5 +1,5 @@
 """The functional API, PyTorch's names and signatures (torch.nn.functional's and torch's), over
-the Functions of functions.py, attention.py and loss.py: each checks its operands in PyTorch's
+the Functions of functions.py, attention.py and losses.py: each checks its operands in PyTorch's
 words, then applies one Function. Tensor's operators and methods are these functions (set on
 Tensor at the end of this module, so that tensor.py needs no op).
 """
@@ -43,7 +43,7 @@ from .functions import (
     _matrix,
 )
 from .kernels import launch
-from .loss import (  # noqa: F401 (F.cross_entropy, ...)
+from .losses import (  # noqa: F401 (F.cross_entropy, ...)
     HEAD_DESIGNS,
     cross_entropy,
     linear_cross_entropy,

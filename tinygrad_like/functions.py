@@ -1,6 +1,6 @@
 """The differentiable ops: one Function each, its forward beside its backward (tinygrad's
 mlops.py), over arrays, through kernels.launch(name, ...), so each op's FLOPs and bytes are counted
-where they happen. attention.py and loss.py hold the two fused records (attention, the loss and
+where they happen. attention.py and losses.py hold the two fused records (attention, the loss and
 its LM head); functional.py is the PyTorch-style API over all of them, with its checks. Together
 the three files answer "what can the tape record".
 
