@@ -99,7 +99,7 @@ def load_quantized(cls, path, config, dtype=None, device=None, options=None):
             f"{path} holds {fmt} weights, which compute in fp32: load it with dtype fp32"
         )
     be = backend.get(device or backend.default_device())
-    tensors = hf.read_tensors(path)
+    tensors = hf.read_tensors(path, hf.max_weights_bytes(config))
     model = cls(config, device="meta", options=options)
     out_axes = {f"{name}.weight": axis for name, _, axis in quantized_modules(model)}
     params = dict(model.named_parameters())

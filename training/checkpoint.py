@@ -14,7 +14,9 @@ saved, and a save that fails (a full disk) removes its half-written directory.
 
 The sha256 sums let a load refuse a corrupted checkpoint instead of training on it: a flipped
 byte inside the weights still parses, so only a checksum can tell. trainer_state.json's own sum
-covers its other keys (it cannot hold the sum of the text it is part of).
+covers its other keys (it cannot hold the sum of the text it is part of). Every field of it is
+checked for type and range before use (training/fields.py), and only the four files above are
+ever opened by a name it holds.
 """
 
 import errno
@@ -26,11 +28,15 @@ import shutil
 
 import numpy as np
 
-from nn.hf import CONFIG, WEIGHTS, check_dir
-from tinygrad_like.files import atomic_write, file_sha256, fsync_dir
+from nn.hf import CONFIG, WEIGHTS, check_dir, max_weights_bytes, read_config, read_tensors
+from tinygrad_like import files
+from tinygrad_like.files import atomic_write
+
+from . import fields
 
 STATE, OPTIMIZER = "trainer_state.json", "optimizer.safetensors"
 LOCK = ".lock"
+SUM_FIELDS = fields.Exactly(dict.fromkeys((CONFIG, WEIGHTS, OPTIMIZER, STATE), fields.HEX64))
 
 
 class CheckpointError(ValueError):
@@ -55,7 +61,7 @@ def save_checkpoint(out, model, master, optimizer_state, trainer_state):
         atomic_write(os.path.join(staging, OPTIMIZER), save(arrays))
         state = dict(trainer_state, optimizer=scalars)
         state["sha256"] = {
-            f: _file_sha256(os.path.join(staging, f)) for f in (CONFIG, WEIGHTS, OPTIMIZER)
+            f: files.file_sha256(os.path.join(staging, f)) for f in (CONFIG, WEIGHTS, OPTIMIZER)
         }
         state["sha256"][STATE] = _state_sha256(state)
         atomic_write(os.path.join(staging, STATE), json.dumps(state, indent=1).encode())
@@ -70,7 +76,7 @@ def save_checkpoint(out, model, master, optimizer_state, trainer_state):
     if os.path.isdir(final):
         os.rename(final, old)
     os.rename(staging, final)
-    fsync_dir(out)
+    files.fsync_dir(out)
     shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -124,9 +130,6 @@ def find_checkpoint(path):
 def load_trainer_state(ckpt, arrays=True):
     """-> (trainer_state dict, optimizer arrays or None), every file's checksum verified;
     or an error naming the file that is missing or corrupt."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     missing = [f for f in (STATE, OPTIMIZER) if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
         raise FileNotFoundError(
@@ -138,27 +141,32 @@ def load_trainer_state(ckpt, arrays=True):
         return state, None
     verify(ckpt, state)
     path = os.path.join(ckpt, OPTIMIZER)
-    try:
-        return state, load_file(path)
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(
-            f"{path}: cannot be read ({e}); the file is truncated or corrupt"
-        ) from None
+    try:  # m and v: twice the weights' fp32 bytes at most
+        loaded = read_tensors(ckpt, 2 * max_weights_bytes(read_config(ckpt)), OPTIMIZER)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    for name, array in loaded.items():
+        if array.dtype != np.float32:
+            raise CheckpointError(f"{path}: {name} is {array.dtype}, not float32: not ours")
+        if not np.isfinite(array).all():
+            raise CheckpointError(f"{path}: {name} holds nan or inf: the file is corrupt")
+    return state, loaded
 
 
 def read_trainer_state(ckpt):
-    """trainer_state.json as a dict, or CheckpointError naming it (not JSON, wrong sum)."""
+    """trainer_state.json as a dict, every field checked (training/fields.py), or
+    CheckpointError naming it (not JSON, wrong sum, a field of the wrong type or range)."""
     path = os.path.join(ckpt, STATE)
     try:
-        with open(path, "rb") as f:
-            state = json.loads(f.read())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e}); the file is corrupt") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise CheckpointError(f"{path}: has no step: not a trainer state")
-    sums = state.get("sha256")
-    if sums is not None and (not isinstance(sums, dict) or sums.get(STATE) != _state_sha256(state)):
-        raise CheckpointError(f"{path}: its content does not match its sha256: the file is corrupt")
+        state = json.loads(files.read_small(path))
+        fields.check(path, state, {"sha256": SUM_FIELDS})
+        if state["sha256"][STATE] != _state_sha256(state):
+            raise ValueError(f"{path}: its content does not match its sha256: the file is corrupt")
+        fields.check(path, state, fields.TRAINER_STATE)
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
+            e = f"{path}: not valid JSON ({e}); the file is corrupt"
+        raise CheckpointError(str(e)) from None
     return state
 
 
@@ -169,19 +177,11 @@ def verify(ckpt, state=None):
         if not os.path.isfile(os.path.join(ckpt, STATE)):
             return
         state = read_trainer_state(ckpt)
-    for name, expected in (state.get("sha256") or {}).items():
-        if name != STATE and _file_sha256(os.path.join(ckpt, name)) != expected:
-            raise CheckpointError(
-                f"{os.path.join(ckpt, name)}: its sha256 does not match the "
-                f"one saved in {STATE}: the file is corrupt"
-            )
-
-
-def _file_sha256(path):
+    sums = {name: digest for name, digest in state["sha256"].items() if name != STATE}
     try:
-        return file_sha256(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing from the checkpoint") from None
+        files.verify_sums(ckpt, sums, STATE)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _state_sha256(state):

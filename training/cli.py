@@ -115,11 +115,25 @@ def saved_run(path):
     of the checkpoint at path."""
     ckpt = checkpoint.find_checkpoint(path)
     state, _ = checkpoint.load_trainer_state(ckpt, arrays=False)
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    saved = {k: v for k, v in (state.get("run_config") or {}).items() if k in fields}
-    saved["world_size"] = state.get("world_size", 1)
+    types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+    saved = {k: v for k, v in state["run_config"].items() if k in types}
+    for name, value in saved.items():  # each checked for its range with the flags (validate)
+        if not _of_type(value, types[name]):
+            raise checkpoint.CheckpointError(
+                f"{os.path.join(ckpt, checkpoint.STATE)}: run_config.{name} must be "
+                f"{types[name].__name__}, got {value!r:.60}: the file is corrupt"
+            )
+    saved["world_size"] = state["world_size"]
     same = os.path.normpath(ckpt) == os.path.normpath(path)  # path is the checkpoint itself
     return saved, os.path.dirname(os.path.normpath(path)) if same else path, state["step"]
+
+
+def _of_type(value, kind):
+    """Whether a saved run config's value is of its RunConfig field's type (str: or None, as
+    init_from and resume are, and model with --init-from)."""
+    if kind is float:
+        return type(value) in (int, float)
+    return type(value) is kind or (kind is str and value is None)
 
 
 def per_rank_batch(saved, given, folder):

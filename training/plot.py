@@ -15,19 +15,31 @@ PANELS = [  # (title, [(metrics.jsonl key, label)], log scale)
 ]
 
 
+ROW_BYTES = 1 << 12  # a row of ours is about 250 bytes: a longer line is not one
+
+
 def read_metrics(path):
-    """The rows of a metrics.jsonl (dicts with an int step); a partial last line (a run killed
-    mid-write) is left out."""
+    """The rows of a metrics.jsonl: objects with an integer step and numbers, booleans or null
+    for values. Anything else (a partial last line of a run killed mid-write, a line that is not
+    a row of ours) is left out; no line is read past ROW_BYTES."""
     rows = []
-    with open(path) as f:
-        for line in f:
+    with open(path, "rb") as f:
+        for line in iter(lambda: f.readline(ROW_BYTES), b""):
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+            except ValueError:  # not JSON, not UTF-8, or a line cut at ROW_BYTES
                 continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
+            if _is_row(row):
                 rows.append(row)
     return rows
+
+
+def _is_row(row):
+    return (
+        isinstance(row, dict)
+        and type(row.get("step")) is int
+        and all(v is None or type(v) in (int, float, bool) for v in row.values())
+    )
 
 
 def panels_for(rows):
