@@ -1,14 +1,18 @@
-"""Writing files so that a crash never leaves half of one (token files, checkpoints), and
-reading files as untrusted input: bounded in size, checked against their sha256 sums."""
+"""Files written so that a crash never leaves half of one (token files, checkpoints), folders
+replaced whole, and files read as untrusted input: bounded in size, never through a symbolic
+link where a folder's files are copied, checked against their sha256 sums."""
 
+import contextlib
 import hashlib
 import os
+import shutil
 import stat
 import uuid
 
 # the most bytes a file read whole may have (a config.json, a trainer state, a sums file are a
 # few KB): a larger one is not one of them, and is refused before it is read
 SMALL_FILE_BYTES = 16 << 20
+SUMS = "SHA256SUMS"  # a folder's sums, in sha256sum's format: `sha256sum -c SHA256SUMS` checks
 
 
 def atomic_write(path, data: bytes):
@@ -39,6 +43,46 @@ def fsync_dir(path):
         os.close(fd)
 
 
+@contextlib.contextmanager
+def replaced_whole(final):
+    """with replaced_whole(final) as staging: write the folder's new files into staging.
+
+    staging (final + ".new", made afresh) is swapped in for final when the block ends, by
+    renames: final -> final.old, staging -> final, then final.old is deleted. A crash before
+    the swap leaves final untouched; one between the two renames leaves it as final.old, which
+    the next swap (and the readers: training/checkpoint.find_checkpoint) takes back. An error
+    in the block removes staging and any parent folder made for it, and leaves final as it was."""
+    final = os.path.normpath(final)
+    staging, made = final + ".new", _first_missing(os.path.dirname(os.path.abspath(final)))
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        os.makedirs(staging)
+        yield staging
+    except BaseException:
+        shutil.rmtree(made or staging, ignore_errors=True)
+        raise
+    old = final + ".old"
+    if not os.path.isdir(final) and os.path.isdir(old):
+        os.rename(old, final)  # an earlier swap died between its renames: old is the one
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.isdir(final):
+        os.rename(final, old)
+    os.rename(staging, final)
+    fsync_dir(os.path.dirname(os.path.abspath(final)))
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _first_missing(folder):
+    """The outermost of folder and its parents that does not exist (None: folder exists)."""
+    missing = None
+    while not os.path.exists(folder):
+        missing, parent = folder, os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
 def read_small(path, limit=SMALL_FILE_BYTES):
     """The bytes of a file read whole (a JSON config or state), or a ValueError naming it when
     it is not a regular file (a FIFO or a device never ends) or is over limit bytes: checked
@@ -61,10 +105,53 @@ def _read_bounded(f, path, limit):
     return data
 
 
+def copy_regular(src, dst, limit):
+    """Copy the regular file src to dst -> True; False (nothing copied) when src is a symbolic
+    link or not a regular file: a source folder's link may point anywhere (a secret, a device),
+    so its target is never read. A file over limit bytes is a ValueError."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # a link (ELOOP), or nothing there
+        return False
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        data = _read_bounded(f, src, limit)
+    atomic_write(dst, data)
+    return True
+
+
 def file_sha256(path):
     """The hex sha256 of a whole file, read in 1 MB blocks (hashlib.file_digest)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_sums(folder, names):
+    """Write folder/SHA256SUMS: the sha256 of each of names (files in folder), sha256sum's
+    format."""
+    lines = [f"{file_sha256(os.path.join(folder, n))}  {n}\n" for n in sorted(names)]
+    atomic_write(os.path.join(folder, SUMS), "".join(lines).encode())
+
+
+def read_sums(folder, allowed):
+    """folder/SHA256SUMS as {name: hex sha256}; a ValueError for a line that is not
+    `<64 hex digits>  <name>` or names a file outside allowed (the files this project writes
+    there: no other file is ever opened by a name read from a file)."""
+    path = os.path.join(folder, SUMS)
+    try:
+        text = read_small(path).decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a sums file (not ASCII); the file is corrupt") from None
+    sums = {}
+    for line in text.splitlines():
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64 or set(digest) - set("0123456789abcdef"):
+            raise ValueError(f"{path}: {line[:80]!r} is not a sha256 line; the file is corrupt")
+        if name not in allowed or name in sums:
+            raise ValueError(f"{path}: names {name[:80]!r}, not a file of this folder")
+        sums[name] = digest
+    return sums
 
 
 def verify_sums(folder, sums, where):

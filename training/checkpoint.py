@@ -7,10 +7,11 @@
     trainer_state.json               step, optimizer scalars, loss scaler, data position,
                                      RNG state, the run's config and the sha256 of every file
 A save writes a whole new directory beside it (every file fsynced), then swaps the two with
-renames: checkpoint -> checkpoint.old, new -> checkpoint, then deletes checkpoint.old. A crash
-before the swap leaves the previous checkpoint untouched; a crash between the two renames
-leaves it as checkpoint.old, which find_checkpoint() falls back to. Nothing non-finite is ever
-saved, and a save that fails (a full disk) removes its half-written directory.
+renames (tinygrad_like/files.py replaced_whole): checkpoint -> checkpoint.old, new ->
+checkpoint, then deletes checkpoint.old. A crash before the swap leaves the previous checkpoint
+untouched; a crash between the two renames leaves it as checkpoint.old, which find_checkpoint()
+falls back to. Nothing non-finite is ever saved, and a save that fails (a full disk) removes
+its half-written directory.
 
 The sha256 sums let a load refuse a corrupted checkpoint instead of training on it: a flipped
 byte inside the weights still parses, so only a checksum can tell. trainer_state.json's own sum
@@ -52,32 +53,21 @@ def save_checkpoint(out, model, master, optimizer_state, trainer_state):
     from safetensors.numpy import save
 
     final = os.path.join(out, "checkpoint")
-    staging = os.path.join(out, "checkpoint.new")
     arrays, scalars = optimizer_state
     _check_finite(out, trainer_state["step"], {"weights": master, "AdamW m and v": arrays})
-    shutil.rmtree(staging, ignore_errors=True)
     try:
-        model.save_pretrained(staging, state=master)
-        atomic_write(os.path.join(staging, OPTIMIZER), save(arrays))
-        state = dict(trainer_state, optimizer=scalars)
-        state["sha256"] = {
-            f: files.file_sha256(os.path.join(staging, f)) for f in (CONFIG, WEIGHTS, OPTIMIZER)
-        }
-        state["sha256"][STATE] = _state_sha256(state)
-        atomic_write(os.path.join(staging, STATE), json.dumps(state, indent=1).encode())
+        with files.replaced_whole(final) as staging:
+            model.save_pretrained(staging, state=master)
+            atomic_write(os.path.join(staging, OPTIMIZER), save(arrays))
+            state = dict(trainer_state, optimizer=scalars)
+            state["sha256"] = {
+                f: files.file_sha256(os.path.join(staging, f)) for f in (CONFIG, WEIGHTS, OPTIMIZER)
+            }
+            state["sha256"][STATE] = _state_sha256(state)
+            atomic_write(os.path.join(staging, STATE), json.dumps(state, indent=1).encode())
     except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
         need = sum(a.nbytes for a in (*master.values(), *arrays.values()))
         raise CheckpointError(_save_failed(out, trainer_state["step"], e, need)) from None
-    old = os.path.join(out, "checkpoint.old")
-    if not os.path.isdir(final) and os.path.isdir(old):
-        os.rename(old, final)  # an earlier save died mid-swap: its old checkpoint is the one
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.isdir(final):
-        os.rename(final, old)
-    os.rename(staging, final)
-    files.fsync_dir(out)
-    shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -97,10 +87,14 @@ def _save_failed(out, step, e, need):
 
 
 def write_failed(out, e, what, need=""):
-    """The words for OSError e, met writing `what` in the run folder out: a full disk says how
-    much is free (need: what `what` needed), any other error its reason."""
+    """The words for OSError e, met writing `what` in the folder out (a run folder, or a
+    quantized checkpoint's, which may not exist yet): a full disk says how much is free (need:
+    what `what` needed), any other error its reason."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = shutil.disk_usage(out).free
+        there = os.path.abspath(out)
+        while not os.path.exists(there):  # out itself may not be made yet
+            there = os.path.dirname(there)
+        free = shutil.disk_usage(there).free
         return f"disk full: {what}{need} in {out} ({free / 1e6:,.1f} MB free)"
     return f"could not write {what} in {out}: {e.strerror or e}"
 
@@ -120,10 +114,14 @@ def on_disk(out):
 
 def find_checkpoint(path):
     """A directory that holds config.json + model.safetensors: path itself, its checkpoint/,
-    or (after a save interrupted mid-swap) its checkpoint.old/."""
-    for candidate in (path, os.path.join(path, "checkpoint"), os.path.join(path, "checkpoint.old")):
+    or (after a save interrupted mid-swap) its checkpoint.old/, or path.old when path was being
+    replaced whole (scripts/quantize.py --overwrite)."""
+    folder = os.path.normpath(path)
+    for candidate in (folder, *(os.path.join(folder, n) for n in ("checkpoint", "checkpoint.old"))):
         if os.path.isfile(os.path.join(candidate, WEIGHTS)):
             return candidate
+    if not os.path.exists(folder) and os.path.isfile(os.path.join(folder + ".old", WEIGHTS)):
+        return folder + ".old"
     check_dir(path)  # raises with the list of files expected
 
 
@@ -218,6 +216,30 @@ def held_run(out):
     if os.path.exists(os.path.join(out, LOCK)):
         return f"a run's {LOCK} (no checkpoint)"
     return None
+
+
+def held_folder(path):
+    """(What the folder path holds in words, whether it is a run folder) when it holds a run
+    or a checkpoint (a training checkpoint, a model directory, quantized or not); (None,
+    False) when it is missing or empty. A folder that holds anything else is a ValueError:
+    replacing it whole (scripts/quantize.py --out) would delete files that are not a model's.
+    A folder whose replacing died between its renames is path.old (files.replaced_whole)."""
+    path = os.path.normpath(path)
+    if not os.path.exists(path) and os.path.isdir(path + ".old"):
+        path += ".old"
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    run = held_run(path) if names else None
+    if run is not None:
+        return run, True
+    if CONFIG in names or WEIGHTS in names:
+        return f"a checkpoint ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})", False
+    if names:
+        raise ValueError(
+            f"--out {path} holds files that are not a model's ({', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}), which replacing it would delete: name a new "
+            "or empty folder"
+        )
+    return None, False
 
 
 def lock_run_folder(out):
