@@ -688,6 +688,40 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_boundary(shakespeare, tmp_p
     assert steps == list(range(1, len(steps) + 1)) and said <= len(steps) < said + 2 + 1
 
 
+# ----------------------------------------------------------------------------- the run folder
+
+
+def test_the_lock_is_taken_before_the_folder_is_examined(shakespeare, tmp_path, capsys):
+    """A run stalls just before it locks its folder, while another run locks it, trains and
+    saves: once it holds the lock it sees that run and refuses, one line, and the other run's
+    checkpoint and rows are kept."""
+    out, real = tmp_path / "run", checkpoint.lock_run_folder
+
+    def stalled(folder):
+        checkpoint.lock_run_folder = real  # the other run locks as usual
+        Trainer(tiny(shakespeare, out, steps=2)).run()
+        return real(folder)
+
+    checkpoint.lock_run_folder = stalled
+    try:
+        code, err = run_main(flags(shakespeare, out, "--steps", "1"), capsys)
+    finally:
+        checkpoint.lock_run_folder = real
+    assert code == 2 and one_line_error(err), err
+    assert f"{out}/ already holds a run at step 2: --resume {out} to continue" in err
+    assert saved_step(out) == 2 and [r["step"] for r in _rows(out)] == [1, 2]
+
+
+def test_a_lock_that_is_a_symbolic_link_is_not_followed(shakespeare, tmp_path, capsys):
+    target, out = tmp_path / "target", tmp_path / "run"
+    target.write_text("keep")
+    out.mkdir()
+    os.symlink(target, out / checkpoint.LOCK)
+    code, err = run_main(flags(shakespeare, out, "--steps", "1"), capsys)
+    assert code == 2 and one_line_error(err) and "choose another --out" in err, err
+    assert target.read_text() == "keep" and os.listdir(out) == [checkpoint.LOCK]
+
+
 # ----------------------------------------------------------------------------- memory
 
 

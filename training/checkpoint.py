@@ -202,10 +202,11 @@ def checkpoint_step(out):
     return None
 
 
-def held_run(out):
+def held_run(out, lock=True):
     """What of an earlier run folder out holds, in words, or None: its checkpoint, or else
-    its metrics.jsonl or its lock, which a run leaves from its first step and first moment on
-    (one stopped before its first save has no checkpoint, and its rows are still its own)."""
+    its metrics.jsonl or (lock: when a lock counts) its lock, which a run leaves from its first
+    step and first moment on (one stopped before its first save has no checkpoint, and its rows
+    are still its own)."""
     step = checkpoint_step(out)
     metrics = os.path.join(out, "metrics.jsonl")
     if step is not None:
@@ -213,7 +214,7 @@ def held_run(out):
     if os.path.isfile(metrics):
         with open(metrics, "rb") as f:
             return f"a run's metrics.jsonl ({sum(1 for _ in f)} rows, no checkpoint)"
-    if os.path.exists(os.path.join(out, LOCK)):
+    if lock and os.path.lexists(os.path.join(out, LOCK)):
         return f"a run's {LOCK} (no checkpoint)"
     return None
 
@@ -242,6 +243,37 @@ def held_folder(path):
     return None, False
 
 
+def claim_run_folder(out, overwrite, resumed_from=None):
+    """Lock the run folder out for this run (the returned file holds the lock), then refuse it
+    (CheckpointError) when it holds another run, unless overwrite, which deletes that run's
+    checkpoints. The lock comes first, the look after: a run that stalled between the two
+    would otherwise take a folder that another run locked, trained and saved in meanwhile.
+    resumed_from: the checkpoint this run continues, whose folder is its own."""
+    lock_found = os.path.lexists(os.path.join(out, LOCK))  # another run's sign, not ours
+    lock = lock_run_folder(out)
+    try:
+        held = held_run(out, lock=lock_found)
+        here = os.path.realpath(out)
+        ours = resumed_from and here in (
+            os.path.realpath(resumed_from),
+            os.path.dirname(os.path.realpath(resumed_from)),
+        )
+        if held is not None and not ours:
+            if not overwrite:
+                resume = checkpoint_step(out) is not None
+                raise CheckpointError(
+                    f"{out}/ already holds {held}: "
+                    + (f"--resume {out} to continue, or " if resume else "")
+                    + "--out elsewhere, or --overwrite"
+                )
+            for name in ("checkpoint", "checkpoint.old", "checkpoint.new"):
+                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
+
+
 def lock_run_folder(out):
     """Make out (a folder) and hold an exclusive lock on it for as long as the returned file
     stays open: a second run into the same folder gets CheckpointError saying who holds it.
@@ -250,7 +282,9 @@ def lock_run_folder(out):
         raise CheckpointError(f"--out {out} is a file, not a folder: choose another --out")
     try:
         os.makedirs(out, exist_ok=True)
-        f = open(os.path.join(out, LOCK), "a+")
+        # never through a link: a .lock that is one is refused (ELOOP), its target untouched
+        fd = os.open(os.path.join(out, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        f = os.fdopen(fd, "a+")
     except OSError as e:  # a read-only file system, no permission
         raise CheckpointError(f"{write_failed(out, e, LOCK)}: choose another --out") from None
     try:
