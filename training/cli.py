@@ -211,9 +211,9 @@ def validate(cfg):
     cfg.execution_options()
     backend.check_device(cfg.device)
     if cfg.device == "meta":
-        raise backend.meta.NoValues(
-            "training (token files, loss values); count a step with "
-            "python scripts/report.py --device meta"
+        raise ValueError(
+            "--device meta cannot train: it holds shapes, not values (no token files, no loss); "
+            "count a training step on it with python scripts/report.py --device meta"
         )
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:
@@ -244,6 +244,11 @@ def main(argv=None):
     cfg, notes = resolve_on_every_rank(argv)
     with user_errors():
         comm = distributed.init_world(cfg.device)
+    if cfg.zero and comm.size == 1:  # as ZeroRedundancyOptimizer and DeepSpeed run on 1 rank
+        notes.append(
+            f"note: --zero {cfg.zero} in one process has 1 rank to shard over, so it keeps all "
+            "16 bytes per parameter; under mpirun -n R each rank keeps its 1/R share"
+        )
     with rank_errors(comm):
         if comm.rank == 0:
             ensure_data(cfg)

@@ -49,14 +49,21 @@ def panels_for(rows):
 
 def run_title(run_dir):
     """'gpt2-mini, fp32 — out/': the model and dtype of the run saved in run_dir (its
-    checkpoint's run config), or the folder alone when it holds no checkpoint (--no-save)."""
-    folder = os.path.normpath(run_dir) + "/"
+    checkpoint's run config), or the folder alone when it holds no checkpoint (--no-save).
+    A name's bytes that are not UTF-8 (a str holds them as lone surrogates, which no font
+    draws) are shown escaped."""
+    folder = _printable(os.path.normpath(run_dir) + "/")
     try:
-        run = read_trainer_state(find_checkpoint(run_dir)).get("run_config") or {}
+        run = read_trainer_state(find_checkpoint(run_dir))["run_config"]
     except (ValueError, OSError):  # no checkpoint, or one that cannot be read
         return folder
     model = run.get("init_from") or run.get("model")
-    return f"{model}, {run.get('dtype')} — {folder}" if model else folder
+    return f"{_printable(model)}, {_printable(run.get('dtype'))} — {folder}" if model else folder
+
+
+def _printable(text):
+    """str(text) with its lone surrogates (a path's non-UTF-8 bytes) as \\udcff escapes."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def plot_metrics(run_dir, out=None):
