@@ -51,15 +51,17 @@ def replaced_whole(final):
     renames: final -> final.old, staging -> final, then final.old is deleted. A crash before
     the swap leaves final untouched; one between the two renames leaves it as final.old, which
     the next swap (and the readers: training/checkpoint.find_checkpoint) takes back. An error
-    in the block removes staging and any parent folder made for it, and leaves final as it was."""
-    final = os.path.normpath(final)
-    staging, made = final + ".new", _first_missing(os.path.dirname(os.path.abspath(final)))
+    in the block removes staging and the parent folders made for it (while empty), and leaves
+    final as it was."""
+    final = os.path.abspath(final)
+    staging, made = final + ".new", _first_missing(os.path.dirname(final))
     shutil.rmtree(staging, ignore_errors=True)
     try:
         os.makedirs(staging)
         yield staging
     except BaseException:
-        shutil.rmtree(made or staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty(os.path.dirname(final), made)
         raise
     old = final + ".old"
     if not os.path.isdir(final) and os.path.isdir(old):
@@ -68,7 +70,7 @@ def replaced_whole(final):
     if os.path.isdir(final):
         os.rename(final, old)
     os.rename(staging, final)
-    fsync_dir(os.path.dirname(os.path.abspath(final)))
+    fsync_dir(os.path.dirname(final))
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -81,6 +83,19 @@ def _first_missing(folder):
             break
         folder = parent
     return missing
+
+
+def _remove_empty(folder, top):
+    """Remove folder and its parents up to top (None: none), each only while it is empty: a
+    folder someone else filled meanwhile is kept."""
+    while top is not None:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+        if folder == top:
+            return
+        folder = os.path.dirname(folder)
 
 
 def read_small(path, limit=SMALL_FILE_BYTES):
