@@ -116,7 +116,7 @@ def claim_out(out, ckpt, overwrite):
             f"--out {out} already holds {held}: name another --out, or --overwrite to replace "
             "the whole folder"
         )
-    return lock_run_folder(out) if run else None
+    return lock_run_folder(out) if run and os.path.isdir(out) else None
 
 
 def save(args, model, ckpt):
@@ -142,10 +142,11 @@ def report(ckpt, args, model, tensors, n_params, skipped):
     after = os.path.getsize(os.path.join(args.out, WEIGHTS))
     group = args.group_size or quant.FORMATS[args.weights].group_size
     grouping = f"group size {group}" if group else "one scale per output channel"
+    grouping = grouping if quant.FORMATS[args.weights].scaled else "no scales"
     others = len(model.parameters()) - len(quantized)
     print(
-        f"wrote {args.out}: config.json and model.safetensors, {len(quantized)} weights in "
-        f"{args.weights} ({grouping if quant.FORMATS[args.weights].scaled else 'no scales'}), "
+        f"wrote {args.out}: config.json, model.safetensors and SHA256SUMS, {len(quantized)} "
+        f"weights in {args.weights} ({grouping}), "
         f"{others} other tensors in fp32"
     )
     print(
