@@ -10,6 +10,7 @@ kv_cache_bytes_per_token, attention_crossover, check_context, ...) so that the t
 accounting and generation need not know the family.
 """
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 # wte is stored with its vocabulary padded to a multiple of 64 (50,257 -> 50,304 for GPT-2, as
@@ -37,6 +38,9 @@ class GPT2Config:
                 raise ValueError(f"GPT2Config.{field} must be positive, got {getattr(self, field)}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        _check_positive(self, "layer_norm_epsilon")
+        if not (_is_number(self.dropout) and 0 <= self.dropout < 1):
+            raise ValueError(f"GPT2Config.dropout must be in [0, 1), got {self.dropout!r}")
 
     @classmethod
     def from_preset(cls, name, **overrides):
@@ -143,6 +147,8 @@ class LlamaConfig:
             raise ValueError(
                 f"num_attention_heads {H} is not a multiple of num_key_value_heads {Hkv}"
             )
+        _check_positive(self, "rms_norm_eps")
+        _check_positive(self, "rope_theta")
 
     # the names family-independent code reads (GPT2Config's)
     n_layer = property(lambda self: self.num_hidden_layers)
@@ -205,6 +211,20 @@ class LlamaConfig:
         forward) equal the layer's linear layers (2 per weight), the lecture's S = 24,704 for
         the reference 7B (its count, without the RMSNorm weights)."""
         return (self.layer_parameters() - 2 * self.hidden_size) / (2 * self.hidden_size)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_positive(config, field):
+    """A ValueError unless config.field is a finite number > 0 (an epsilon, the rotary base): a
+    zero, negative or infinite one would surface later as nan, blamed on the weights or --lr."""
+    value = getattr(config, field)
+    if not (_is_number(value) and math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{type(config).__name__}.{field} must be a finite number > 0, got {value!r}"
+        )
 
 
 def from_preset(name, **overrides):

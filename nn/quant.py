@@ -8,7 +8,9 @@ QuantizedWeight serves both). Norms, biases and GPT-2's position embedding stay 
 they are small, and the position table is only gathered from.
 """
 
-from tinygrad_like import no_grad
+import numpy as np
+
+from tinygrad_like import backend, no_grad
 from tinygrad_like.formats import get_format
 from tinygrad_like.quant import QuantizedWeight, quantize
 
@@ -19,23 +21,32 @@ def quantize_model(model, fmt, group_size=None):
     """Quantize model's weights to fmt (a FORMATS name; "fp32" leaves the model as it is), with
     group_size elements per scale (the format's default when None) -> model. A weight shared
     by two modules stays one. Every weight is quantized before any is replaced, so a group size
-    that does not fit one leaves the model as it was. Inference only: the model can no longer
-    be trained."""
+    that does not fit one, or a weight holding nan or inf (which the codes would turn into
+    finite numbers), leaves the model as it was. Inference only: the model can no longer be
+    trained."""
     if fmt == "fp32":
         return model
     get_format(fmt)
-    targets = [(module, out_axis) for _, module, out_axis in quantized_modules(model)]
-    if any(isinstance(module.weight, QuantizedWeight) for module, _ in targets):
+    targets = list(quantized_modules(model))
+    if any(isinstance(module.weight, QuantizedWeight) for _, module, _ in targets):
         raise ValueError("the model is quantized already: quantize it once")
     done = {}  # id(parameter) -> its QuantizedWeight
     with no_grad():
-        for module, out_axis in targets:
+        for name, module, out_axis in targets:
             p = module.weight
             if id(p) not in done:
+                _check_finite(f"{name}.weight", p.data)
                 done[id(p)] = quantize(p.data, fmt, group_size, out_axis, rows=p.rows)
-    for module, _ in targets:
+    for _, module, _ in targets:
         module.weight = done[id(module.weight)]
     return model
+
+
+def _check_finite(name, array):
+    """A ValueError naming the weight when array (on any device) holds nan or inf."""
+    be = backend.of(array)
+    if backend.holds_values(array) and not np.isfinite(be.to_numpy(array)).all():
+        raise ValueError(f"{name} holds nan or inf: it cannot be quantized (a code is finite)")
 
 
 def quantized_modules(model):

@@ -16,19 +16,27 @@ The layout: a Hugging Face-style directory, config.json + model.safetensors.
   (nn/config.py) keeps only its vocab_size rows, as the fp32 file does; the loader quantizes
   the zero padding rows again (the codes quantize_model gives them). Every other tensor (norms,
   biases, GPT-2's position table) is as the fp32 checkpoint has it: fp32, the same name.
-- the Hugging Face tokenizer files of the fp32 checkpoint's directory, when it has them.
+  Its metadata records the format ({"quantization": FORMAT}), which must agree with config.json.
+- the Hugging Face tokenizer files of the fp32 checkpoint's directory, when it has them as
+  regular files (a symbolic link is never followed: it could point at any file);
+- SHA256SUMS: the sha256 of every other file (`sha256sum -c SHA256SUMS` checks it by hand).
 Which weights are quantized is quantize_model's choice (nn/quant.py quantized_modules): the
 loader reads the same list, so a loaded model equals the fp32 one quantized on load, code for
 code.
+
+The folder is written as training checkpoints are: into a staging folder, swapped in whole
+(tinygrad_like/files.py replaced_whole), so a crash or a full disk never leaves codes of one
+format under another's config. A load verifies the sums, the format the file records, every
+shape and dtype, and every value: fp32 tensors finite, scales finite and positive, no code
+that decodes to inf or nan; a save refuses what a load would.
 """
 
 import json
 import os
-import shutil
 
 import numpy as np
 
-from tinygrad_like import backend, dtypes, formats, quant
+from tinygrad_like import backend, dtypes, files, formats, quant
 from tinygrad_like.files import atomic_write
 from tinygrad_like.quant import QuantizedWeight
 
@@ -47,6 +55,7 @@ TOKENIZER_FILES = (
     "tokenizer.model",
     "generation_config.json",
 )
+TOKENIZER_BYTES = 256 << 20  # the most a tokenizer file copied may have (Gemma's is 34 MB)
 
 
 def quantized_tensors(model):
@@ -67,8 +76,11 @@ def quantized_tensors(model):
 
 def save_quantized(path, model, source, group_size=None):
     """Write model (quantized by quantize_model with group_size) as a quantized checkpoint at
-    path, with the config.json of the checkpoint directory it was loaded from (source) and its
-    tokenizer files -> the tensors written (name -> array)."""
+    path, replacing whatever folder is there whole, with the config.json of the checkpoint
+    directory it was loaded from (source) and its tokenizer files -> (the tensors written,
+    name -> array; the tokenizer files of source not copied: links, or not regular files).
+    A tensor that a load would refuse (check_value) is a ValueError before anything is
+    written; an OSError (a full disk) leaves no folder behind and path as it was."""
     from safetensors.numpy import save
 
     formats = {p.fmt for p in model.parameters() if isinstance(p, QuantizedWeight)}
@@ -76,15 +88,75 @@ def save_quantized(path, model, source, group_size=None):
         raise ValueError(f"a quantized checkpoint holds one format, the model has {formats or 0}")
     fmt = formats.pop()
     tensors, names = quantized_tensors(model)
+    for name, array in tensors.items():
+        check_value(name, array, fmt, "the model cannot be saved")
     _, config = hf.read_json(source)
     config[hf.QUANTIZATION] = {"format": fmt, "group_size": group_size, "tensors": names}
-    os.makedirs(path, exist_ok=True)
-    atomic_write(os.path.join(path, hf.WEIGHTS), save(tensors, metadata={"quantization": fmt}))
-    atomic_write(os.path.join(path, hf.CONFIG), json.dumps(config, indent=2).encode())
-    for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(source, name)):
-            shutil.copyfile(os.path.join(source, name), os.path.join(path, name))
-    return tensors
+    present = [n for n in TOKENIZER_FILES if os.path.lexists(os.path.join(source, n))]
+    with files.replaced_whole(path) as staging:
+        weights = save(tensors, metadata={hf.QUANTIZATION: fmt})
+        atomic_write(os.path.join(staging, hf.WEIGHTS), weights)
+        atomic_write(os.path.join(staging, hf.CONFIG), json.dumps(config, indent=2).encode())
+        copied = [
+            n
+            for n in present
+            if files.copy_regular(
+                os.path.join(source, n), os.path.join(staging, n), TOKENIZER_BYTES
+            )
+        ]
+        files.write_sums(staging, [hf.WEIGHTS, hf.CONFIG, *copied])
+    return tensors, [n for n in present if n not in copied]
+
+
+def check_value(name, array, fmt, consequence):
+    """A ValueError naming the tensor (the file's name for it) when array is not a value a
+    weight of format fmt can hold: a scale that is not finite and > 0, a code that decodes to
+    inf or nan, an fp32 tensor with inf or nan. consequence: what follows, for the message."""
+    if name.endswith(SCALES):
+        bad = "a scale that is not finite and > 0"
+        ok = np.isfinite(array).all() and (array > 0).all()
+    elif name.endswith(CODES):
+        bad, finite = f"a code that decodes to inf or nan in {fmt}", _finite_codes(fmt)
+        ok = finite is None or finite[array].all()
+    else:
+        bad, ok = "nan or inf", np.isfinite(array).all()
+    if not ok:
+        raise ValueError(f"{name} holds {bad}: {consequence}")
+
+
+def _finite_codes(fmt):
+    """A lookup table, code -> whether it decodes to a finite number (one entry per code of
+    the format's bits); None when every code does (the integer formats, fp4_e2m1)."""
+    f = formats.FORMATS[fmt]
+    if f.fields[2] == formats.FINITE:
+        return None
+    codes = np.arange(2**f.bits, dtype=np.uint16 if f.bits == 16 else np.uint8)
+    return np.isfinite(codes.view(f.element).astype(np.float32))
+
+
+def _verify(path, fmt):
+    """Check the quantized checkpoint at path before its tensors are read: every file against
+    SHA256SUMS (which must list config.json and model.safetensors), and the format
+    model.safetensors records against config.json's."""
+    if not os.path.isfile(os.path.join(path, files.SUMS)):
+        raise ValueError(
+            f"{path} holds {fmt} weights but no {files.SUMS}: nothing proves them whole; "
+            "quantize the fp32 checkpoint again (scripts/quantize.py)"
+        )
+    listed = files.read_sums(path, (hf.WEIGHTS, hf.CONFIG, *TOKENIZER_FILES))
+    unlisted = [n for n in (hf.CONFIG, hf.WEIGHTS) if n not in listed]
+    if unlisted:
+        raise ValueError(
+            f"{os.path.join(path, files.SUMS)} has no sum of {' or '.join(unlisted)}: "
+            "the folder is damaged; quantize the fp32 checkpoint again"
+        )
+    files.verify_sums(path, listed, files.SUMS)
+    recorded = hf.read_metadata(path).get(hf.QUANTIZATION)
+    if recorded != fmt:
+        raise ValueError(
+            f"{os.path.join(path, hf.WEIGHTS)} records {recorded or 'no'} weights, but "
+            f"{hf.CONFIG} says {fmt}: the folder is damaged; quantize the fp32 checkpoint again"
+        )
 
 
 def load_quantized(cls, path, config, dtype=None, device=None, options=None):
@@ -99,7 +171,8 @@ def load_quantized(cls, path, config, dtype=None, device=None, options=None):
             f"{path} holds {fmt} weights, which compute in fp32: load it with dtype fp32"
         )
     be = backend.get(device or backend.default_device())
-    tensors = hf.read_tensors(path)
+    _verify(path, fmt)
+    tensors = hf.read_tensors(path, hf.max_weights_bytes(config))
     model = cls(config, device="meta", options=options)
     out_axes = {f"{name}.weight": axis for name, _, axis in quantized_modules(model)}
     params = dict(model.named_parameters())
@@ -129,11 +202,14 @@ def load_quantized(cls, path, config, dtype=None, device=None, options=None):
                 loaded[id(p)] = _plain(tensors[name], name, p)
         except ValueError as e:
             problems.append(str(e))
+    file = os.path.join(path, hf.WEIGHTS)
     if problems:
         raise ValueError(
-            f"{os.path.join(path, hf.WEIGHTS)} does not match the {hf.family(config)} model "
+            f"{file} does not match the {hf.family(config)} model "
             f"of its config.json: {'; '.join(problems[:3])}"
         )
+    for name, array in tensors.items():  # every dtype is the layout's by now
+        check_value(f"{file}: {name}", array, fmt, "the file is corrupt")
     model.replace_parameters(loaded)
     return model.to(device=be.name)
 

@@ -23,9 +23,17 @@ The layout of --out (nn/quant_checkpoint.py):
   patterns for bf16 / fp16; scales (N, K / G) fp32. The token embedding (and Llama's LM head)
   keeps its vocab_size rows, as in the fp32 file. Every other tensor (norms, biases, GPT-2's
   position table) as in the fp32 checkpoint: fp32, the same name;
-- the source's Hugging Face tokenizer files, when it has them (generation itself uses the GPT-2
-  tokenizer, nn/tokenizer.py, for every checkpoint).
+- the source's Hugging Face tokenizer files, when it has them as regular files (generation
+  itself uses the GPT-2 tokenizer, nn/tokenizer.py, for every checkpoint);
+- SHA256SUMS: every file's sha256, verified on load.
 It prints what it wrote: the file's bytes before and after, and the bytes per parameter.
+
+--out is written as a training checkpoint is: whole into a staging folder, then swapped in
+(OUT.new, renamed to OUT; a folder there before is OUT.old until the swap ends). A folder that
+holds a run, a checkpoint or a model is refused without --overwrite (a run in use always), one
+that holds anything else always (replacing it would delete those files), and so is a folder
+holding the checkpoint being quantized. A write that fails (a full disk, an unwritable
+folder) is one line, and leaves --out as it was.
 """
 
 import os
@@ -36,7 +44,7 @@ from nn.quant import quantize_model
 from nn.quant_checkpoint import save_quantized
 from tinygrad_like import formats, quant
 from training.args import ArgumentParser, user_errors
-from training.checkpoint import find_checkpoint, verify
+from training.checkpoint import find_checkpoint, held_folder, lock_run_folder, verify, write_failed
 
 MB = 1e6
 
@@ -51,6 +59,11 @@ def parse_args(argv=None):
         "--group-size", type=int, help="elements per scale (default: the format's, see --help)"
     )
     p.add_argument("--out", required=True, help="the folder to write (made if missing)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an --out that holds a run, a checkpoint or a model, whole",
+    )
     return p.parse_args(argv)
 
 
@@ -72,20 +85,55 @@ def main(argv=None):
                 f"{ckpt} is quantized already ({done['format']}): quantize the fp32 checkpoint "
                 "it was made from"
             )
-        if os.path.exists(args.out) and not os.path.isdir(args.out):
-            raise ValueError(f"--out {args.out} is a file: name a folder")
-        if os.path.isdir(args.out) and os.path.samefile(args.out, ckpt):
-            raise ValueError(f"--out {args.out} is the checkpoint itself: name another folder")
-        model = from_pretrained(ckpt, dtype="fp32", device="cpu")
-        n_params = model.num_parameters()
-        quantize_model(model, args.weights, args.group_size)
-        tensors = save_quantized(args.out, model, ckpt, args.group_size)
-    report(ckpt, args, model, tensors, n_params)
+        lock = claim_out(args.out, ckpt, args.overwrite)
+        try:
+            model = from_pretrained(ckpt, dtype="fp32", device="cpu")
+            n_params = model.num_parameters()
+            quantize_model(model, args.weights, args.group_size)
+            tensors, skipped = save(args, model, ckpt)
+        finally:
+            if lock is not None:
+                lock.close()
+    report(ckpt, args, model, tensors, n_params, skipped)
 
 
-def report(ckpt, args, model, tensors, n_params):
-    """What was written: the files' sizes, and the bytes per parameter of the model and of the
-    quantized weights alone."""
+def claim_out(out, ckpt, overwrite):
+    """Refuse --out (ValueError) when it is a file, holds the checkpoint ckpt being quantized,
+    or holds something else without overwrite (training/checkpoint.py held_folder) -> the lock
+    of the run folder it replaces (None for any other folder), held until the swap: a run
+    using the folder refuses it, and no run starts in it meanwhile."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out} is a file: name a folder")
+    if os.path.isdir(out):
+        here = os.path.realpath(out)
+        if os.path.commonpath([here, os.path.realpath(ckpt)]) == here:
+            raise ValueError(
+                f"--out {out} holds the checkpoint being quantized ({ckpt}): name another folder"
+            )
+    held, run = held_folder(out)
+    if held is not None and not overwrite:
+        raise ValueError(
+            f"--out {out} already holds {held}: name another --out, or --overwrite to replace "
+            "the whole folder"
+        )
+    return lock_run_folder(out) if run and os.path.isdir(out) else None
+
+
+def save(args, model, ckpt):
+    """save_quantized to --out, a write error (a full disk, an unwritable folder) as one line."""
+    try:
+        return save_quantized(args.out, model, ckpt, args.group_size)
+    except OSError as e:
+        need = sum(p.nbytes for p in model.parameters())
+        what = write_failed(
+            args.out, e, f"the {args.weights} checkpoint", f" needs about {need / MB:,.1f} MB"
+        )
+        raise ValueError(f"{what}; --out {args.out} is as it was") from None
+
+
+def report(ckpt, args, model, tensors, n_params, skipped):
+    """What was written: the files' sizes, the bytes per parameter of the model and of the
+    quantized weights alone, and the tokenizer files not copied."""
     quantized = [p for p in model.parameters() if isinstance(p, quant.QuantizedWeight)]
     q_bytes = sum(a.nbytes for k, a in tensors.items() if k.endswith((".codes", ".scales")))
     q_params = sum(p.unpadded_numel() for p in quantized)
@@ -94,10 +142,11 @@ def report(ckpt, args, model, tensors, n_params):
     after = os.path.getsize(os.path.join(args.out, WEIGHTS))
     group = args.group_size or formats.FORMATS[args.weights].group_size
     grouping = f"group size {group}" if group else "one scale per output channel"
+    grouping = grouping if formats.FORMATS[args.weights].scaled else "no scales"
     others = len(model.parameters()) - len(quantized)
     print(
-        f"wrote {args.out}: config.json and model.safetensors, {len(quantized)} weights in "
-        f"{args.weights} ({grouping if formats.FORMATS[args.weights].scaled else 'no scales'}), "
+        f"wrote {args.out}: config.json, model.safetensors and SHA256SUMS, {len(quantized)} "
+        f"weights in {args.weights} ({grouping}), "
         f"{others} other tensors in fp32"
     )
     print(
@@ -108,6 +157,8 @@ def report(ckpt, args, model, tensors, n_params):
         f"  bytes per parameter: 4.000 -> {total / n_params:.3f} ({n_params:,} parameters); "
         f"the quantized weights alone: {q_bytes / q_params:.3f}"
     )
+    if skipped:
+        print(f"  not copied (symbolic links or not regular files): {', '.join(skipped)}")
 
 
 if __name__ == "__main__":

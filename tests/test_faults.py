@@ -688,6 +688,74 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_boundary(shakespeare, tmp_p
     assert steps == list(range(1, len(steps) + 1)) and said <= len(steps) < said + 2 + 1
 
 
+# ----------------------------------------------------------------------------- the run folder
+
+
+def test_the_lock_is_taken_before_the_folder_is_examined(shakespeare, tmp_path, capsys):
+    """A run stalls just before it locks its folder, while another run locks it, trains and
+    saves: once it holds the lock it sees that run and refuses, one line, and the other run's
+    checkpoint and rows are kept."""
+    out, real = tmp_path / "run", checkpoint.lock_run_folder
+
+    def stalled(folder):
+        checkpoint.lock_run_folder = real  # the other run locks as usual
+        Trainer(tiny(shakespeare, out, steps=2)).run()
+        return real(folder)
+
+    checkpoint.lock_run_folder = stalled
+    try:
+        code, err = run_main(flags(shakespeare, out, "--steps", "1"), capsys)
+    finally:
+        checkpoint.lock_run_folder = real
+    assert code == 2 and one_line_error(err), err
+    assert f"{out}/ already holds a run at step 2: --resume {out} to continue" in err
+    assert saved_step(out) == 2 and [r["step"] for r in _rows(out)] == [1, 2]
+
+
+def test_a_lock_that_is_a_symbolic_link_is_not_followed(shakespeare, tmp_path, capsys):
+    target, out = tmp_path / "target", tmp_path / "run"
+    target.write_text("keep")
+    out.mkdir()
+    os.symlink(target, out / checkpoint.LOCK)
+    code, err = run_main(flags(shakespeare, out, "--steps", "1"), capsys)
+    assert code == 2 and one_line_error(err) and "choose another --out" in err, err
+    assert target.read_text() == "keep" and os.listdir(out) == [checkpoint.LOCK]
+
+
+# ----------------------------------------------------------------------------- a new user
+
+
+def test_zero_in_one_process_is_said_in_one_line(shakespeare, tmp_path, capsys):
+    """It trains, as PyTorch's ZeroRedundancyOptimizer and DeepSpeed do on one rank, and says
+    that one rank keeps the whole 16 bytes per parameter."""
+    code, err = run_main(flags(shakespeare, tmp_path, "--zero", "1", "--steps", "1"), capsys)
+    assert code == 0 and err.splitlines() == [
+        "note: --zero 1 in one process has 1 rank to shard over, so it keeps all 16 bytes per "
+        "parameter; under mpirun -n R each rank keeps its 1/R share"
+    ]
+
+
+def test_an_out_whose_name_is_not_utf8_trains_saves_and_plots(shakespeare, tmp_path, capsys):
+    from training.plot import run_title
+
+    out = tmp_path / os.fsdecode(b"run\xff")
+    code, err = run_main(flags(shakespeare, out, "--steps", "2"), capsys)
+    assert code == 0 and err == "", err
+    assert saved_step(out) == 2 and (out / "loss.png").is_file()
+    assert run_title(str(out)) == f"gpt2-tiny, fp32 — {tmp_path}/run\\udcff/"
+
+
+def test_the_readmes_training_commands_each_have_a_run_folder_of_their_own():
+    """Run one after another, as a new user does, no command of the README that starts a run
+    finds the folder of another (the default out/ included) and is refused."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        commands = [line.split("#")[0].split() for line in f if "examples/train_gpt2.py" in line]
+    starts = [c for c in commands if c[0] in ("python", "mpirun", "python3") and "--help" not in c]
+    starts = [c for c in starts if "--resume" not in c]
+    outs = [c[c.index("--out") + 1] if "--out" in c else "out" for c in starts]
+    assert len(starts) >= 5 and len(set(outs)) == len(outs), outs
+
+
 # ----------------------------------------------------------------------------- memory
 
 

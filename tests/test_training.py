@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from nn import GPT2, GPT2Config
 from nn.hf import read_state
@@ -164,7 +165,7 @@ def test_adamw_keeps_padding_rows_zero_and_checkpoints_hold_v_rows(tmp_path, dty
         str(tmp_path), model, opt.master_state(), opt.state_dict(), {"step": 3}
     )
     assert read_state(path)["transformer.wte.weight"].shape == (V, C)
-    _, arrays = checkpoint.load_trainer_state(path)
+    arrays = load_file(os.path.join(path, checkpoint.OPTIMIZER))  # a partial trainer state
     assert (
         arrays["m.transformer.wte.weight"].shape
         == arrays["v.transformer.wte.weight"].shape

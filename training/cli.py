@@ -115,11 +115,25 @@ def saved_run(path):
     of the checkpoint at path."""
     ckpt = checkpoint.find_checkpoint(path)
     state, _ = checkpoint.load_trainer_state(ckpt, arrays=False)
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    saved = {k: v for k, v in (state.get("run_config") or {}).items() if k in fields}
-    saved["world_size"] = state.get("world_size", 1)
+    types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+    saved = {k: v for k, v in state["run_config"].items() if k in types}
+    for name, value in saved.items():  # each checked for its range with the flags (validate)
+        if not _of_type(value, types[name]):
+            raise checkpoint.CheckpointError(
+                f"{os.path.join(ckpt, checkpoint.STATE)}: run_config.{name} must be "
+                f"{types[name].__name__}, got {value!r:.60}: the file is corrupt"
+            )
+    saved["world_size"] = state["world_size"]
     same = os.path.normpath(ckpt) == os.path.normpath(path)  # path is the checkpoint itself
     return saved, os.path.dirname(os.path.normpath(path)) if same else path, state["step"]
+
+
+def _of_type(value, kind):
+    """Whether a saved run config's value is of its RunConfig field's type (str: or None, as
+    init_from and resume are, and model with --init-from)."""
+    if kind is float:
+        return type(value) in (int, float)
+    return type(value) is kind or (kind is str and value is None)
 
 
 def per_rank_batch(saved, given, folder):
@@ -197,9 +211,9 @@ def validate(cfg):
     cfg.execution_options()
     backend.check_device(cfg.device)
     if cfg.device == "meta":
-        raise backend.meta.NoValues(
-            "training (token files, loss values); count a step with "
-            "python scripts/report.py --device meta"
+        raise ValueError(
+            "--device meta cannot train: it holds shapes, not values (no token files, no loss); "
+            "count a training step on it with python scripts/report.py --device meta"
         )
     supported = backend.get(cfg.device).supported_dtypes()
     if cfg.dtype not in supported:
@@ -230,6 +244,11 @@ def main(argv=None):
     cfg, notes = resolve_on_every_rank(argv)
     with user_errors():
         comm = distributed.init_world(cfg.device)
+    if cfg.zero and comm.size == 1:  # as ZeroRedundancyOptimizer and DeepSpeed run on 1 rank
+        notes.append(
+            f"note: --zero {cfg.zero} in one process has 1 rank to shard over, so it keeps all "
+            "16 bytes per parameter; under mpirun -n R each rank keeps its 1/R share"
+        )
     with rank_errors(comm):
         if comm.rank == 0:
             ensure_data(cfg)

@@ -6,7 +6,6 @@ import errno
 import json
 import math
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -327,27 +326,12 @@ class Trainer:
     # ---- the run folder
     def _claim_out(self):
         """Lock cfg.out for this run (the returned file holds it), refuse to overwrite another
-        run's checkpoint by accident, and cut metrics.jsonl back to the step the run starts
-        from (rows replayed since the last save, a partial line left by a kill)."""
+        run's checkpoint by accident (checkpoint.claim_run_folder), and cut metrics.jsonl back
+        to the step the run starts from (rows replayed since the last save, a partial line left
+        by a kill)."""
         cfg = self.cfg
-        held = checkpoint.held_run(cfg.out)  # looked at first: the lock is one of its signs
-        lock = checkpoint.lock_run_folder(cfg.out)
+        lock = checkpoint.claim_run_folder(cfg.out, cfg.overwrite, self.resumed_from)
         try:
-            out = os.path.realpath(cfg.out)
-            ours = self.resumed_from and out in (
-                os.path.realpath(self.resumed_from),
-                os.path.dirname(os.path.realpath(self.resumed_from)),
-            )
-            if held is not None and not ours:
-                if not cfg.overwrite:
-                    resume = checkpoint.checkpoint_step(cfg.out) is not None
-                    raise checkpoint.CheckpointError(
-                        f"{cfg.out}/ already holds {held}: "
-                        + (f"--resume {cfg.out} to continue, or " if resume else "")
-                        + "--out elsewhere, or --overwrite"
-                    )
-                for name in ("checkpoint", "checkpoint.old", "checkpoint.new"):
-                    shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
             self._cut_metrics_back()
         except BaseException:
             lock.close()

@@ -15,19 +15,31 @@ PANELS = [  # (title, [(metrics.jsonl key, label)], log scale)
 ]
 
 
+ROW_BYTES = 1 << 12  # a row of ours is about 250 bytes: a longer line is not one
+
+
 def read_metrics(path):
-    """The rows of a metrics.jsonl (dicts with an int step); a partial last line (a run killed
-    mid-write) is left out."""
+    """The rows of a metrics.jsonl: objects with an integer step and numbers, booleans or null
+    for values. Anything else (a partial last line of a run killed mid-write, a line that is not
+    a row of ours) is left out; no line is read past ROW_BYTES."""
     rows = []
-    with open(path) as f:
-        for line in f:
+    with open(path, "rb") as f:
+        for line in iter(lambda: f.readline(ROW_BYTES), b""):
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+            except ValueError:  # not JSON, not UTF-8, or a line cut at ROW_BYTES
                 continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
+            if _is_row(row):
                 rows.append(row)
     return rows
+
+
+def _is_row(row):
+    return (
+        isinstance(row, dict)
+        and type(row.get("step")) is int
+        and all(v is None or type(v) in (int, float, bool) for v in row.values())
+    )
 
 
 def panels_for(rows):
@@ -37,14 +49,21 @@ def panels_for(rows):
 
 def run_title(run_dir):
     """'gpt2-mini, fp32 — out/': the model and dtype of the run saved in run_dir (its
-    checkpoint's run config), or the folder alone when it holds no checkpoint (--no-save)."""
-    folder = os.path.normpath(run_dir) + "/"
+    checkpoint's run config), or the folder alone when it holds no checkpoint (--no-save).
+    A name's bytes that are not UTF-8 (a str holds them as lone surrogates, which no font
+    draws) are shown escaped."""
+    folder = _printable(os.path.normpath(run_dir) + "/")
     try:
-        run = read_trainer_state(find_checkpoint(run_dir)).get("run_config") or {}
+        run = read_trainer_state(find_checkpoint(run_dir))["run_config"]
     except (ValueError, OSError):  # no checkpoint, or one that cannot be read
         return folder
     model = run.get("init_from") or run.get("model")
-    return f"{model}, {run.get('dtype')} — {folder}" if model else folder
+    return f"{_printable(model)}, {_printable(run.get('dtype'))} — {folder}" if model else folder
+
+
+def _printable(text):
+    """str(text) with its lone surrogates (a path's non-UTF-8 bytes) as \\udcff escapes."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def plot_metrics(run_dir, out=None):
