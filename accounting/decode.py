@@ -136,10 +136,11 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
     name, w = weight_bytes_per_parameter(weight_dtype, group_size, config)
     kv = kv_bytes_per_element(kv_dtype, config.head_dim)
     prompt_s = meter.steps[0][0]
+    busy = f"; {peaks.condition()}" if peaks.busy else ""
     lines = [
         f"--- stats: {peaks.device}, weights {name}, KV cache {kv_name(kv_dtype)}, "
         f"B = {batch}; {w:g} bytes per weight; read bandwidth {peaks.read_bw / GB:.1f} GB/s "
-        f"(tinygrad_like/peaks.py, measured {peaks.when})",
+        f"(tinygrad_like/peaks.py, measured {peaks.when}{busy})",
         f"prompt: {prompt_len} tokens x {batch} in {prompt_s * 1e3:,.1f} ms: "
         f"{prompt_s * 1e3 / (prompt_len * batch):,.2f} ms/token",
     ]
