@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from accounting import mfu
+from accounting import mfu, report
 from accounting.measure import measure
 from nn import GPT2Config
 from tinygrad_like import peaks
@@ -126,6 +126,26 @@ def test_a_runs_own_gemms_raise_a_lower_peak_and_say_so(machine_peaks, tmp_path,
     assert "raised to a run's own GEMM" in raised.describe()
     _new_process(monkeypatch)
     assert peaks.get("cpu") == raised  # in the cache for the runs after
+
+
+def test_one_report_reads_one_peak_and_its_gemms_raise_a_lower_one(
+    machine_peaks, tmp_path, monkeypatch
+):
+    """The bugs: TG_REMEASURE_PEAKS=1 measured again inside one report, which printed two
+    peaks; and a low peak gave every report an MFU over 100%. The report reads the peaks once,
+    and its profiled step's GEMMs raise a peak they beat, saying so."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(peaks.REMEASURE, "1")
+    low = dataclasses.replace(machine_peaks, matmul={"fp32": 1e6})  # any GEMM beats 1 MFLOP/s
+    calls = []
+    monkeypatch.setattr(peaks, "measure", lambda device: calls.append(device) or low)
+    m = measure(GPT2Config.from_preset("gpt2-tiny"), batch_size=1, seq_len=8, warmup=0)
+    text = report.format_report(m)
+    assert calls == ["cpu"]
+    assert m.peak == m.machine.flops("fp32") > 1e6 and m.machine.describe() in text
+    assert "above the cached fp32 matmul peak of 0.0 (measured" in m.peak_note
+    assert "\n  " + m.peak_note in text and "over 100%" not in text
+    assert peaks.get("cpu") is m.machine  # and for the rest of the process
 
 
 def test_mfu_above_100_percent_is_never_printed_as_a_figure():

@@ -1001,7 +1001,8 @@ def embedding(idx, weight, num_embeddings=None):
         raise ValueError("embedding: a quantized table must be stored by rows (out_axis 0)")
     n = weight.shape[0] if num_embeddings is None else num_embeddings
     ids = idx.data if isinstance(idx, Tensor) else idx
-    if not hasattr(ids, "__cuda_array_interface__"):  # host ids (lists too): check, then move
+    # host ids (lists too): check, then move; device ids as they are (meta's: no values)
+    if backend.holds_values(ids) and not hasattr(ids, "__cuda_array_interface__"):
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
@@ -1094,8 +1095,11 @@ def scaled_dot_product_attention(q, k, v, flash=False, scale=None):
 def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
     """Check the targets of a cross-entropy over the first n_classes of Vp columns for N rows
     (what: the operand that has them, for the messages) -> (targets (N,) int64 on like's
-    device with ignore_index as -1, the count of the others, V = n_classes or Vp)."""
-    t = targets.numpy() if isinstance(targets, Tensor) else np.asarray(targets)
+    device with ignore_index as -1, the count of the others, V = n_classes or Vp). The meta
+    device's targets have a shape only: none is taken as ignored."""
+    t = targets.numpy() if isinstance(targets, Tensor) else targets
+    meta = not backend.holds_values(t)  # the meta device's targets: a shape, no ids
+    t = t if meta else np.asarray(t)
     V = Vp if n_classes is None else n_classes
     if not 0 < V <= Vp:
         raise ValueError(f"{fn}: n_classes {V} must be in [1, {Vp}] for {what}")
@@ -1103,6 +1107,8 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
         raise ValueError(f"{fn}: {what} need targets of shape ({N},), got {t.shape}")
     if t.dtype.kind not in "iu":
         raise TypeError(f"{fn}: targets must be integer class ids, got {t.dtype}")
+    if meta:  # a fresh int64 (N,) array, as np.where below makes
+        return backend.of(t).empty((N,), np.int64), N, V
     ignored = t == ignore_index
     bad = t[~ignored & ((t < 0) | (t >= V))]  # -1 is a class id like any other unless ignored
     if bad.size:
