@@ -17,7 +17,8 @@ import numpy as np
 from nn import GPT2Config, KVCache, build
 from nn.lm import KV_DTYPES, kv_bytes_per_element, kv_name
 from nn.quant import quantize_model
-from tinygrad_like import dtypes, no_grad
+from tinygrad_like import compiles, dtypes, no_grad
+from tinygrad_like.compiles import Compiles
 from tinygrad_like.formats import FORMATS, bytes_per_parameter
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
@@ -85,21 +86,27 @@ class StepMeter:
     first, then one per decode step) its seconds and the launches it made, whose bytes are
     counted where each kernel is launched (kernels.launch) and tallied after the step's clock
     has stopped (a deferred Profiler), so that a step's seconds hold none of the counting's
-    Python. timing: time each launch too (the sweep's per-GEMM times)."""
+    Python. A step's seconds hold no compiles either: the kernels compiled on first use
+    (tinygrad_like.compiles) are taken out and summed in .compiled, for a line of their own.
+    timing: time each launch too (the sweep's per-GEMM times)."""
 
     def __init__(self, tokens, timing=False):
         self.tokens, self.timing = tokens, timing
         self.steps = []  # (seconds, [Launch])
+        self.compiled = Compiles()  # during the steps, outside their seconds
 
     def __iter__(self):
         with Profiler(timing=self.timing, deferred=True) as prof:
             while True:
                 start, t0 = len(prof.launches), time.perf_counter()  # the last step counted
+                before = compiles.so_far()
                 try:
                     token = next(self.tokens)  # its logits reached the host: the step is done
                 except StopIteration:
                     return
-                self.steps.append((time.perf_counter() - t0, prof.launches[start:]))
+                seconds, compiled = time.perf_counter() - t0, compiles.so_far() - before
+                self.compiled += compiled
+                self.steps.append((seconds - compiled.seconds, prof.launches[start:]))
                 yield token
 
     def step_bytes(self, step):
@@ -125,14 +132,15 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
     (group_size its group, None for the format's default), whose bytes per parameter (scales
     included) the floor counts for every streamed weight. kv_dtype: a dtype or an fp8 format
     (nn/lm.py KV_DTYPES), whose bytes per element (its scales' share included) the floor counts
-    for the cache."""
+    for the cache. No time holds a kernel's compile (StepMeter)."""
     name, w = weight_bytes_per_parameter(weight_dtype, group_size, config)
     kv = kv_bytes_per_element(kv_dtype, config.head_dim)
     prompt_s = meter.steps[0][0]
+    busy = f"; {peaks.condition()}" if peaks.busy else ""
     lines = [
         f"--- stats: {peaks.device}, weights {name}, KV cache {kv_name(kv_dtype)}, "
         f"B = {batch}; {w:g} bytes per weight; read bandwidth {peaks.read_bw / GB:.1f} GB/s "
-        f"(tinygrad_like/peaks.py, measured {peaks.when})",
+        f"(tinygrad_like/peaks.py, measured {peaks.when}{busy})",
         f"prompt: {prompt_len} tokens x {batch} in {prompt_s * 1e3:,.1f} ms: "
         f"{prompt_s * 1e3 / (prompt_len * batch):,.2f} ms/token",
     ]

@@ -12,15 +12,29 @@ import numpy as np
 
 from nn import ExecutionOptions, KVCache, build
 from optim import AdamW, LossScaler, step
-from tinygrad_like import TAPE, backend, distributed, dtypes, kernels, no_grad, profiler
+from tinygrad_like import (
+    TAPE,
+    backend,
+    compiles,
+    distributed,
+    dtypes,
+    kernels,
+    no_grad,
+    peaks,
+    profiler,
+)
+from tinygrad_like.compiles import Compiles
 from tinygrad_like.memory import PERSISTENT, TRACKER
-from tinygrad_like.profiler import Profiler
+from tinygrad_like.profiler import GEMMS, Profiler
 
-from . import mfu
+from . import mfu, predictions
 
 
-def random_batch(vocab_size, batch_size, seq_len, seed=0):
-    """(x, y) int64 (B, T) token ids: counts and shapes do not depend on the values."""
+def random_batch(vocab_size, batch_size, seq_len, seed=0, device="cpu"):
+    """(x, y) int64 (B, T) token ids: counts and shapes do not depend on the values. On the
+    meta device two shape-only arrays, nothing allocated (B x T may be far beyond memory)."""
+    if device == "meta":
+        return tuple(backend.meta.MetaArray((batch_size, seq_len), np.int64) for _ in "xy")
     ids = np.random.default_rng(seed).integers(0, vocab_size, (batch_size, seq_len + 1))
     return ids[:, :-1].copy(), ids[:, 1:].copy()
 
@@ -104,16 +118,18 @@ class Measurement:
     skipped: bool  # the fp16 loss scaler skipped the profiled step (overflow); None on meta
     decode: Profiler  # one M = 1 decode step with a KV cache
     decode_seconds: float
-    prompt_len: int
+    cached_positions: int  # the KV cache's positions before the profiled decode step
     kv_cache_bytes_per_token: int  # the decode step's cache: its buffers' bytes per position
     peak: float  # FLOP/s the MFU divides by (None on meta: nothing ran)
     peak_name: str
     zero: int  # AdamW's ZeRO stage
     world_size: int  # R: the ranks of the world (R > 1 on the meta device only)
-    ranks: list  # every rank's persistent dict (rank 0's is persistent)
     elements: int  # AdamW's flat buffer length (the padded vocabulary, the shards' padding)
     padding: int  # elements added to split the flat buffers into R equal shards
     collectives: list  # the profiled step's distributed.Collective records
+    machine: peaks.Peaks = None  # the machine's peaks, read once (None on meta)
+    peak_note: str = None  # what the run's own GEMMs raised (peaks.beaten), if anything
+    compiles: Compiles = Compiles()  # compiled on first use while measuring, outside every time
 
 
 def check_measurable(device, dtype, world_size=1):
@@ -128,6 +144,17 @@ def check_measurable(device, dtype, world_size=1):
         raise ValueError(
             f"--world-size {world_size} is counted on the meta device only (--device meta); "
             "a real world of ranks trains under mpirun (examples/train_gpt2.py)"
+        )
+
+
+def check_world(config, world_size):
+    """Refuse a world of more ranks than AdamW's flat buffers of config hold elements: a ZeRO
+    shard is at least one element (and no machine has that many ranks)."""
+    elements = predictions.stored_elements(config)
+    if world_size > elements:
+        raise ValueError(
+            f"--world-size {world_size:,} is more ranks than the model's {elements:,} stored "
+            f"parameters (a rank's ZeRO shard holds one at least): use at most {elements:,}"
         )
 
 
@@ -149,16 +176,21 @@ def measure(
     without running: its times are the host's shape arithmetic, not a run's.
     batch: (x, y) token ids of shape (batch_size, seq_len); random when None.
     zero: AdamW's ZeRO stage; world_size R > 1 (the meta device only) counts rank 0 of R
-    ranks (distributed.MetaWorld), and every rank's persistent bytes."""
+    ranks (distributed.MetaWorld). Every rank holds rank 0's bytes: AdamW splits its flat
+    buffers into R equal shards, so one model is built, not one per rank.
+    Kernels compiled on first use (tinygrad_like.compiles) are kept out of every time: a
+    profiled step that compiled is run again, and the decode step is profiled after one
+    untimed. The machine's peaks are read once, and raised when the step's own GEMMs beat
+    the matmul peak (peaks.beaten)."""
     dtype = dtypes.name(dtypes.as_dtype(dtype))
     check_measurable(device, dtype, world_size)
+    check_world(config, world_size)
+    compiled = compiles.so_far()
     model, optimizer, persistent = _build(config, dtype, device, options, zero, world_size)
-    ranks = [persistent] + [
-        _build(config, dtype, device, options, zero, world_size, rank)[2]
-        for rank in range(1, world_size)
-    ]
     scaler = LossScaler() if dtype == "fp16" else None
-    x, y = batch if batch is not None else random_batch(config.vocab_size, batch_size, seq_len)
+    if batch is None:
+        batch = random_batch(config.vocab_size, batch_size, seq_len, device=device)
+    x, y = batch
 
     def train_step(watch=None):
         return step.train_on(model, optimizer, [(x, y)], scaler, watch=watch)
@@ -166,13 +198,17 @@ def measure(
     for _ in range(warmup):
         train_step()
     peak_bytes = _step_peak(train_step, sum(persistent.values()))
-    gc.collect()
-    t0 = time.perf_counter()
-    with Profiler(timing=True) as prof, optimizer.comm.recording() as collectives:
-        tape, activations, unowned, (_, _, skipped) = watched(train_step)
-    step_seconds = time.perf_counter() - t0
-    decode, decode_seconds, prompt_len, kv_bytes = _decode_step(model, x)
-    peak, peak_name = mfu.device_peak(device, dtype)
+    while True:  # until a step compiled nothing: its times are the kernels'
+        gc.collect()
+        before, t0 = compiles.so_far(), time.perf_counter()
+        with Profiler(timing=True) as prof, optimizer.comm.recording() as collectives:
+            tape, activations, unowned, (_, _, skipped) = watched(train_step)
+        step_seconds = time.perf_counter() - t0
+        if compiles.so_far() == before:
+            break
+    decode, decode_seconds, cached_positions, kv_bytes = _decode_step(model, x)
+    machine, note = _machine_peaks(device, dtype, prof)
+    peak, peak_name = mfu.device_peak(device, dtype, machine)
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
     return Measurement(
         config,
@@ -193,23 +229,39 @@ def measure(
         skipped,
         decode,
         decode_seconds,
-        prompt_len,
+        cached_positions,
         kv_bytes,
         peak,
         peak_name,
         zero,
         world_size,
-        ranks,
         optimizer.numel,
         optimizer.padding,
         collectives,
+        machine,
+        note,
+        compiles.so_far() - compiled,
     )
 
 
-def _build(config, dtype, device, options, zero, world_size, rank=0):
-    """-> (model, its AdamW as rank `rank` of world_size, the persistent bytes per tracker tag
-    the two allocated)."""
-    comm = distributed.MetaWorld(rank, world_size) if world_size > 1 else None
+def _machine_peaks(device, dtype, prof):
+    """-> (the machine's Peaks, read once for the whole report, None on meta; the line saying
+    that the profiled step's GEMMs raised the matmul peak, or None). A GEMM kernel's rate is
+    its FLOPs over its time, summed over its launches in the step."""
+    if device == "meta":
+        return None, None
+    rows = [r for r in prof.census() if r["kernel"] in GEMMS and r["seconds"] > 0]
+    best = max(rows, key=lambda r: r["flops"] / r["seconds"], default=None)
+    if best is None:
+        return peaks.get(device), None
+    what = f"{best['kernel']} ({best['calls']} launches of its training step)"
+    return peaks.beaten(device, dtype, best["flops"] / best["seconds"], what)
+
+
+def _build(config, dtype, device, options, zero, world_size):
+    """-> (model, its AdamW as rank 0 of world_size, the persistent bytes per tracker tag the
+    two allocated)."""
+    comm = distributed.MetaWorld(0, world_size) if world_size > 1 else None
     gc.collect()  # so the tracker's deltas below are this model's buffers only
     before = dict(TRACKER.current)
     model = build(config, device=device, options=options)
@@ -232,21 +284,23 @@ def _step_peak(train_step, persistent_bytes):
 
 
 def _decode_step(model, x):
-    """Fill a KV cache with a prompt (the batch's first row), then profile one more token:
-    the M = 1 step of generation. -> (profiler, seconds, prompt length, the cache's bytes per
-    position: every layer's K and V buffers over their length)."""
-    prompt = x[:1, : min(x.shape[1], model.config.n_positions - 1)]
+    """Fill a KV cache with a prompt (the batch's first row), run one token untimed (the
+    decode kernels' first call, which may compile them), then profile one more: the M = 1 step
+    of generation. -> (profiler, seconds, the positions cached before that step, the cache's
+    bytes per position: every layer's K and V buffers over their length)."""
+    prompt = x[:1, : min(x.shape[1], model.config.n_positions - 2)]
     model.eval()
     with no_grad():
         like = model.get_input_embeddings().weight
-        cache = KVCache(model.config, 1, prompt.shape[1] + 1, like)
+        cache = KVCache(model.config, 1, prompt.shape[1] + 2, like)
         model(prompt, cache=cache, last_only=True)
+        model(prompt[:, -1:], cache=cache, last_only=True)
         t0 = time.perf_counter()
         with Profiler(timing=True) as prof:
             model(prompt[:, -1:], cache=cache, last_only=True)
         seconds = time.perf_counter() - t0
     kv_bytes = sum(a.nbytes for a in cache.k + cache.v) // cache.max_len
-    return prof, seconds, prompt.shape[1], kv_bytes
+    return prof, seconds, prompt.shape[1] + 1, kv_bytes
 
 
 # ---------------------------------------------------------------- the tape, grouped

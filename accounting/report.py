@@ -17,12 +17,11 @@ while it lives.
 
 from nn import LlamaConfig
 from tinygrad_like import backend
-from tinygrad_like import peaks as machine_peaks
 from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
-from . import lecture, roofline
+from . import lecture, mfu, roofline
 from .measure import Measurement, block_layers, group, layer_of, measure
 from .predictions import (
     OPTION_GRID,
@@ -105,11 +104,16 @@ def default_budget_bytes(device):
     return 8 * 10**9
 
 
-def format_report(m: Measurement, budget_bytes=None) -> str:
-    c = m.config
+def format_report(m: Measurement, budget_bytes=None, counts_only=False) -> str:
+    """The report of a Measurement; budget_bytes: the largest-batch table's (default
+    default_budget_bytes). counts_only: only what is the same on every machine and device
+    (counts, bytes, launches, predictions), the part the docs quote and tests/test_docs.py
+    regenerates on the meta device; no times, MFU, peaks, compiles or census."""
+    c, timed = m.config, m.device != "meta" and not counts_only
+    device = "" if counts_only else f" on {m.device}"
     head = (
         f"== accounting: L={c.n_layer}, C={c.n_embd}, H={c.n_head}, V={c.vocab_size:,}, "
-        f"context {c.n_positions:,}; {m.dtype} on {m.device}; one training step at "
+        f"context {c.n_positions:,}; {m.dtype}{device}; one training step at "
         f"B={m.batch_size}, T={m.seq_len} ({m.batch_size * m.seq_len:,} tokens) =="
     )
     if m.skipped:
@@ -117,20 +121,25 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
     budget_bytes = budget_bytes or default_budget_bytes(m.device)
     sections = [
         _parameters(m),
-        _flops(m),
-        _state_memory(m),
+        _flops(m, timed),
+        _state_memory(m, timed),
         _activations(m),
         _memory_trades(m, budget_bytes),
-        _launches(m),
+        _launches(m, timed),
     ]
     if isinstance(c, LlamaConfig):  # the course's reference 7B is of this family
         sections.append(lecture.format_lecture(m, budget_bytes))
+    if counts_only:
+        note = "counts only: the same on every machine and device; no times, no census"
+        return "\n\n".join([head] + sections + [f"-- ({note})"])
     if m.device == "meta":  # counted, not run: nothing was timed
         note = "meta device: the step was counted, not run; no times, no census by time"
         return "\n\n".join([head] + sections + [f"-- ({note})"])
-    peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
+    peaks = m.machine  # read once for the whole report (and raised by its GEMMs, if they beat it)
+    if m.device == "cpu":  # Numba's first calls; CUDA's compiles are not counted
+        sections.append("-- " + m.compiles.describe())
     sections += [
-        "-- " + peaks.describe(),
+        "-- " + peaks.describe() + (f"\n  {m.peak_note}" if m.peak_note else ""),
         format_census(
             roofline.census(m.step, peaks, m.dtype),
             title=f"-- op census: one training step, M = B·T = "
@@ -139,7 +148,7 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
         format_census(
             roofline.census(m.decode, peaks, m.dtype),
             title=f"-- op census: one decode step, M = 1 (KV cache of "
-            f"{m.prompt_len} positions, no_grad), by time lost to the "
+            f"{m.cached_positions} positions, no_grad), by time lost to the "
             "roofline",
         ),
     ]
@@ -175,7 +184,7 @@ def _padded(config):
     return "the embedding and the LM head are" if isinstance(config, LlamaConfig) else "wte is"
 
 
-def _flops(m):
+def _flops(m, timed):
     c, n, tokens = m.config, m.n_params, m.batch_size * m.seq_len
     computed, skipped = attention_flops_per_token(c, m.seq_len)
     gemm, bias = gemm_flops(c, m.batch_size, m.seq_len)
@@ -201,15 +210,17 @@ def _flops(m):
             (phase, *pred, multiple(got_gemm / tokens), multiple(got / tokens), f"{got / 1e9:,.3f}")
         )
     step_flops = c.flops_per_token(m.seq_len) * tokens
-    achieved = (
-        wrap(
-            f"achieved: {m.step_seconds:.3f} s per step (profiled), "
-            f"{tokens / m.step_seconds:,.0f} tokens/s, "
-            f"MFU {step_flops / m.step_seconds / m.peak:.2%} of the {m.peak_name} "
-            "(6N + 12·L·C·T per token)"
-        )
-        if m.peak is not None  # else the meta device: nothing ran
-        else "  achieved: - (the meta device counts a step without running it)"
+    achieved = (  # a time: not on meta, which counts a step without running it
+        [
+            wrap(
+                f"achieved: {m.step_seconds:.3f} s per step (profiled), "
+                f"{tokens / m.step_seconds:,.0f} tokens/s, MFU "
+                f"{mfu.percent(step_flops / m.step_seconds / m.peak, 2)} of the {m.peak_name} "
+                "(6N + 12·L·C·T per token)"
+            )
+        ]
+        if timed
+        else []
     )
     return "\n".join(
         [
@@ -241,8 +252,8 @@ def _flops(m):
                 f"as the batch grows ({tokens:,} tokens here)"
             ),
             _ran_in_versus_math(m),
-            achieved,
         ]
+        + achieved
     )
 
 
@@ -293,7 +304,7 @@ def _why_ran_in_differs(opts):
     return "'ran in' differs from 'math of' because " + "; and ".join(reasons) + "."
 
 
-def _state_memory(m):
+def _state_memory(m, timed):
     source = "measured: the buffers the model and AdamW allocated"
     if m.world_size == 1 and not m.zero:
         return state_memory_table(m.persistent, m.n_params, m.dtype, source)
@@ -306,28 +317,30 @@ def _state_memory(m):
                 m.dtype,
                 source + (f", rank 0 of {R} counted on the meta device" if R > 1 else ""),
                 zero=m.zero,
-                ranks=m.ranks,
                 elements=m.elements,
                 padding=m.padding,
+                world=R,
             ),
             communication_table(
                 m.collectives,
                 predicted_collectives(m.elements, m.dtype, m.zero, R),
                 R,
-                timed=m.device != "meta",
+                timed=timed,
             ),
         ]
     )
 
 
-def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, elements=None, padding=0):
+def state_memory_table(
+    persistent, n, dtype, source, zero=0, ranks=None, elements=None, padding=0, world=None
+):
     """Bytes per parameter by consumer, predicted beside measured: persistent is tracker tag ->
     bytes, n the parameter count, source says where the bytes were measured, elements the
     length of AdamW's flat buffers (the padded vocabulary's rows included). Data parallel:
-    ranks is every rank's persistent dict (this one's is the table's), padding the elements
+    ranks is every rank's measured persistent dict (this one's is the table's), or world the
+    number of ranks when this one's alone was counted (the meta device); padding the elements
     the flat buffers got to split into equal shards."""
-    ranks = ranks or [persistent]
-    R = len(ranks)
+    R = len(ranks) if ranks else world or 1
     pred = predicted_state_bytes(dtype, zero, R)
     names = {
         "weights": f"weights ({dtype})",
@@ -346,7 +359,7 @@ def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, element
         f"-- persistent training memory, bytes per parameter ({source})",
         table(("consumer", "predicted", "measured bytes", "measured/param"), rows),
     ]
-    if R > 1:
+    if R > 1 and ranks:
         totals = [sum(r[tag] for tag in PERSISTENT) for r in ranks]
         same = (
             "the same on every rank"
@@ -356,6 +369,11 @@ def state_memory_table(persistent, n, dtype, source, zero=0, ranks=None, element
         lines.append(
             f"  per rank of {R}, ZeRO-{zero}: measured {same}; the flat buffers are "
             f"padded by {padding:,} elements to {R} equal shards"
+        )
+    elif R > 1:
+        lines.append(
+            f"  per rank of {R}, ZeRO-{zero}: rank 0's counted, and every rank holds as much "
+            f"(AdamW's flat buffers are padded by {padding:,} elements to {R} equal shards)"
         )
     if elements is not None and elements > n:
         lines.append(
@@ -550,7 +568,7 @@ def _bytes_per_token(nbytes, tokens):
     return f"{per:,.0f}" if per == int(per) else f"{per:,.2f}"
 
 
-def _launches(m):
+def _launches(m, timed):
     phases = m.step.by_phase()
     layers = block_layers(m.tape)
     layer = group(m.tape, lambda r: layer_of(r["scope"]))[layers[0]]
@@ -567,8 +585,8 @@ def _launches(m):
     total = sum(p["launches"] for p in phases.values())
     rows.append(("training step: total", total, "", ""))
     decode = len(m.decode.launches)
-    timed = f"{m.decode_seconds * 1e3:.1f} ms measured" if m.device != "meta" else ""
-    rows.append(("decode step (M = 1)", decode, "", timed))
+    seconds = f"{m.decode_seconds * 1e3:.1f} ms measured" if timed else ""
+    rows.append(("decode step (M = 1)", decode, "", seconds))
     return "\n".join(
         [
             f"-- kernel launches (per layer: {layers[0]}, from the tape)",

@@ -15,7 +15,6 @@ codes as it reads them)."""
 
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -173,9 +172,10 @@ def batch(prompts):
 
 def stream(model, tok, prompt, args, seed, title):
     """Print the title and the prompt, then each token as it is sampled; then the two speeds
-    (and with --stats the decode accounting). The first token comes before anything is
-    printed: a forward that fails on the prompt prints only its error, and one that fails later
-    ends the line first. A batch (B > 1) prints each sequence when all are done."""
+    (the steps' own seconds: no compile, no printing), the kernels compiled on first use on a
+    line of their own (and with --stats the decode accounting). The first token comes before
+    anything is printed: a forward that fails on the prompt prints only its error, and one that
+    fails later ends the line first. A batch (B > 1) prints each sequence when all are done."""
     B, T = prompt.shape
     meter = StepMeter(
         model.generate_stream(
@@ -189,9 +189,7 @@ def stream(model, tok, prompt, args, seed, title):
         )
     )
     tokens = iter(meter)
-    t0 = time.perf_counter()
     first = next(tokens)
-    t_first = time.perf_counter()
     ids = [[int(t)] for t in first]
     if B == 1:
         print(title)
@@ -209,16 +207,18 @@ def stream(model, tok, prompt, args, seed, title):
     except ValueError:
         print(flush=True)
         raise
-    t_end = time.perf_counter()
     for b in range(B if B > 1 else 0):
         print(f"{title} (prompt {b + 1} of {B})")
         print(args.prompt[b] + tok.decode(ids[b]))
     n = len(ids[0])
-    decode_rate = B * (n - 1) / (t_end - t_first) if n > 1 else float("nan")
+    decode_s = sum(seconds for seconds, _ in meter.steps[1:])  # the meter's: no compiles
+    decode_rate = B * (n - 1) / decode_s if n > 1 else float("nan")
     print(
-        f"\n--- prompt: {B} x {T} tokens at {B * T / (t_first - t0):,.1f} "
+        f"\n--- prompt: {B} x {T} tokens at {B * T / meter.steps[0][0]:,.1f} "
         f"tokens/s; generated: {B} x {n} tokens at {decode_rate:,.1f} tokens/s"
     )
+    if meter.compiled.count:  # the first calls' compiles: in neither speed above
+        print(f"--- {meter.compiled.describe()}")
     if args.stats:
         weights = model.get_input_embeddings().weight
         peak = peaks.get(weights.device)

@@ -148,9 +148,11 @@ class CausalLM(Module):
 
     # ---- the pieces of forward
     def _positions(self, idx, cache):
-        """idx (B, T) checked -> (idx as a host int array, B, T, the first position)."""
+        """idx (B, T) checked -> (idx as a host int array, or the meta device's shape-only
+        one, B, T, the first position)."""
         name = type(self).__name__
-        idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
+        if backend.holds_values(idx):
+            idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
         if idx.ndim != 2:
             raise ValueError(f"{name} expects token ids of shape (B, T), got {idx.shape}")
         B, T = idx.shape
@@ -178,7 +180,7 @@ class CausalLM(Module):
             x = x[:, -1:, :]  # (B, 1, C)
         V = self.config.vocab_size
         if targets is not None:
-            targets = np.asarray(targets)
+            targets = np.asarray(targets) if backend.holds_values(targets) else targets
             if targets.shape != (B, T):
                 raise ValueError(f"targets of shape {targets.shape} do not match ids {(B, T)}")
             if self.options.lm_head == "fused":

@@ -27,11 +27,13 @@ import numpy as np
 
 from accounting.decode import StepMeter, stream_bytes, weight_bytes_per_parameter
 from accounting.tables import table
-from nn import from_pretrained
+from nn import LlamaConfig, from_pretrained
+from nn.config import PRESETS
 from nn.hf import read_quantization
 from nn.options import ExecutionOptions
 from nn.quant import quantize_model
 from tinygrad_like import no_grad, peaks
+from tinygrad_like.formats import get_format
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint
 from training.cli import ensure_data
@@ -197,7 +199,7 @@ def run(args, log=print):
         )
     for fmt in formats:
         if fmt != "fp32":
-            formats.get_format(fmt)
+            get_format(fmt)
     path = find_checkpoint(args.checkpoint)
     stored = read_quantization(path)
     if stored is not None:  # fp32's row and every other format start from the fp32 weights
@@ -219,9 +221,21 @@ def run(args, log=print):
     )
     log(format_table(rows, peak.read_bw))
     if args.plot:
-        plot(rows, peak.read_bw, args.plot, f"decode per format: {path}")
+        title = f"decode per format, {model_name(models[0].config)}: {', '.join(formats)}"
+        plot(rows, peak.read_bw, args.plot, title)
         log(f"plot: {args.plot}")
     return rows
+
+
+def model_name(config):
+    """A title's name of the model: its preset (gpt2-mini, gpt2, ...) or its family and shape,
+    with its size; never the checkpoint's folder, a path of one machine."""
+    size = f"{config.num_parameters() / 1e6:,.1f}M parameters"
+    preset = next((name for name, known in PRESETS.items() if known == config), None)
+    if preset:
+        return f"{preset} ({size})"
+    family = "Llama" if isinstance(config, LlamaConfig) else "GPT-2"
+    return f"{family} L={config.n_layer}, C={config.n_embd} ({size})"
 
 
 def main(argv=None):

@@ -12,7 +12,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from tinygrad_like import backend, peaks
 
 BLAS_ENV = peaks.BLAS_ENV + ("OMP_WAIT_POLICY",)  # the peaks' variables, and OpenMP's spinning
-QUIET = 0.10  # a step is "quiet" while other processes use under 10% of the CPUs
+QUIET = peaks.QUIET  # a step is "quiet" while other processes use under 10% of the CPUs
 
 _thread_limit = []  # keeps a threadpoolctl limit alive for the whole run
 
@@ -153,34 +153,13 @@ def torch_matmul_rate(torch, n=peaks.CPU_GEMM, tries=peaks.CPU_GEMM_TRIES):
 # ---------------------------------------------------------------- noise
 
 
-def cpu_snapshot():
-    """(seconds the machine's CPUs were busy, seconds this process ran, all its threads).
-    Their differences over a step tell our load from other processes' (the noise)."""
-    busy = float("nan")
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(v) for v in f.readline().split()[1:9]]  # user .. steal
-        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
-    except (OSError, ValueError, IndexError):
-        pass
-    t = os.times()
-    return busy, t.user + t.system
-
-
-def foreign_share(before, after, wall):
-    """The fraction of the machine's CPU time that other processes used during wall seconds
-    (0 = we had the machine to ourselves; NaN where /proc/stat is missing)."""
-    other = (after[0] - before[0]) - (after[1] - before[1])
-    return max(other, 0.0) / (wall * peaks.usable_cores()) if wall > 0 else 0.0
-
-
 def timed(fn):
     """-> (fn(), wall seconds, share of the CPUs other processes took meanwhile). fn must
     finish its device work before it returns."""
-    s0, t0 = cpu_snapshot(), time.perf_counter()
+    s0, t0 = peaks.cpu_times(), time.perf_counter()
     out = fn()
     wall = time.perf_counter() - t0
-    return out, wall, foreign_share(s0, cpu_snapshot(), wall)
+    return out, wall, peaks.others_share(s0, peaks.cpu_times(), wall)
 
 
 def quiet(samples, key=lambda s: s):

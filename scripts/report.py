@@ -7,6 +7,9 @@
 
 The measurement runs one untimed and one profiled training step on a fresh model, then one
 decode step with a KV cache; see accounting/report.py for what each section measures.
+--counts-only prints the part that is the same on every machine and device (docs/ quotes it;
+tests/test_docs.py regenerates it on the meta device). Nothing in proportion to B x T is
+allocated before the fit check, nor at all on the meta device (its batch is shapes only).
 """
 
 import time
@@ -38,6 +41,12 @@ def parse_args(argv=None):
         help="ranks R: with --device meta, count rank 0 of R (default 1)",
     )
     p.add_argument(
+        "--counts-only",
+        action="store_true",
+        help="print only what is the same on every machine and device (counts, bytes, "
+        "predictions): no times, MFU, peaks nor census (what docs/ quotes)",
+    )
+    p.add_argument(
         "--budget-gb",
         type=float,
         help="memory for the largest-batch table (default: the GPU's memory, or 8 GB on a CPU)",
@@ -58,9 +67,9 @@ def main(argv=None):
         if args.budget_gb is not None and not 0 < args.budget_gb < float("inf"):
             raise ValueError(f"--budget-gb must be a positive number, got {args.budget_gb}")
         config = config_from_args(args)
-        batch = batch_from_args(args, config.vocab_size)
+        measure.check_world(config, args.world_size)
         shape = (config, args.batch_size, args.seq_len, args.dtype)
-        fits.check(  # before minutes of building a model that cannot be held
+        fits.check(  # before the batch, and minutes of building a model that cannot be held
             predictions.predicted_peak_bytes(
                 *shape, **options, zero=args.zero, world=args.world_size
             ),
@@ -69,19 +78,26 @@ def main(argv=None):
             f"{args.seq_len} in {args.dtype}",
             "use a smaller --model, --batch-size or --seq-len",
         )
+        # on meta (no --data, which it refuses) measure's batch: shapes, nothing allocated
+        meta = args.device == "meta" and not args.data
+        batch = None if meta else batch_from_args(args, config.vocab_size)
     t0 = time.perf_counter()
     m = measure.measure(
         config,
         args.dtype,
         args.device,
+        args.batch_size,
+        args.seq_len,
         batch=batch,
         warmup=args.warmup,
         zero=args.zero,
         world_size=args.world_size,
         **options,
     )
-    print(f"model {args.model}: measured in {time.perf_counter() - t0:.1f} s")
-    print(report.format_report(m, args.budget_gb and args.budget_gb * 1e9))
+    if not args.counts_only:  # a time
+        print(f"model {args.model}: measured in {time.perf_counter() - t0:.1f} s")
+    budget = args.budget_gb and args.budget_gb * 1e9
+    print(report.format_report(m, budget, counts_only=args.counts_only))
 
 
 if __name__ == "__main__":

@@ -7,16 +7,22 @@ import gc
 import json
 import os
 import sys
+import tracemalloc
 
+import numba
 import numpy as np
 import pytest
 
 from accounting import measure, predictions, report
 from nn import GPT2, ExecutionOptions, GPT2Config
 from optim import AdamW
-from tinygrad_like import losses
+from scripts import report as report_script
+from tinygrad_like import compiles, losses
+from tinygrad_like.backend.cpu import compiled
+from tinygrad_like.compiles import Compiles
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
+from training.args import Refused
 from training.data import write_tokens
 from training.loop import RunConfig, Trainer
 
@@ -333,6 +339,67 @@ def test_report_for_a_small_model():
     ]
     assert len(head) == 1
     assert m.unowned["backward"].launches > 0 and m.unowned["forward"].launches == 0
+
+
+@compiled.kernel
+def _doubled(x, out):
+    for i in numba.prange(x.shape[0]):
+        out[i] = 2 * x[i]
+
+
+def test_a_kernels_first_call_per_dtype_is_counted_as_a_compile():
+    """The compiles that the report, generate.py and the decode meter keep out of their
+    times: each new variant (a kernel's first call with its dtypes), compiled or loaded from
+    Numba's disk cache, and nothing else."""
+    x, out = np.arange(8, dtype=np.float32), np.empty(8, np.float32)
+    before = compiles.so_far()
+    _doubled(x, out)
+    first = compiles.so_far() - before
+    assert first.count == 1 and first.seconds > 0
+    _doubled(x, out)
+    assert compiles.so_far() - before == first  # warm: no compile
+    _doubled(x.astype(np.float64), np.empty(8))  # another dtype: another variant
+    assert (compiles.so_far() - before).count == 2
+    np.testing.assert_array_equal(out, 2 * x)
+
+
+def test_the_reports_times_hold_no_compile(monkeypatch):
+    """The issue: a decode census with flash_attention_fwd at 699 ms and gelu_fwd at 137 ms
+    of Numba compiles. A profiled step that compiled is run again, the decode step is profiled
+    after an untimed one, and the compiles are a line of their own. (The compile is made up:
+    which kernels are cold depends on what ran before in the process.)"""
+    profiled = []
+    watched = measure.watched
+    monkeypatch.setattr(measure, "watched", lambda run: profiled.append(1) or watched(run))
+    compiling = Compiles(1, 2.5)  # seen from the first profiled step on
+    monkeypatch.setattr(compiles, "so_far", lambda: compiling if profiled else Compiles())
+    config = GPT2Config.from_preset("gpt2-tiny")
+    m = measure.measure(config, batch_size=1, seq_len=8, warmup=0)
+    assert len(profiled) == 2 and m.compiles == compiling
+    assert m.cached_positions == 9  # the prompt's 8, then the untimed token
+    head = [x for x in m.decode.launches if x.name == "matmul_nt"]
+    assert len(head) == 1  # one token profiled
+    text = report.format_report(m)
+    assert (
+        "\n\n-- compiles: 1 kernel variant compiled (or loaded from Numba's disk cache) on "
+        "first use, 2.50 s, kept out of every time\n\n"
+    ) in text
+    counts = report.format_report(m, counts_only=True)
+    for timed in ("compiles", "op census", "ms measured", "achieved", "machine peaks", " on cpu"):
+        assert timed not in counts
+
+
+def test_nothing_in_proportion_to_the_batch_is_allocated_before_the_fit_check(capsys):
+    """The issue: scripts/report.py drew its B x T batch first, 1.6 GB at B = 10^6."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(Refused):
+            report_script.main(["--model", "gpt2-tiny", "--batch-size", str(10**6)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # the batch alone: 512 MB of int64 ids
+    assert "error: gpt2-tiny's training step at --batch-size 1000000" in capsys.readouterr().err
 
 
 def test_trainer_prints_the_report_at_the_end(data_dir, tmp_path, capsys):

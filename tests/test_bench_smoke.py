@@ -237,7 +237,7 @@ def test_gpu_session_scripts_parse_and_reject_bad_input():
     assert done.returncode == 2 and done.stderr.startswith("error: ")
 
 
-def test_decode_formats_table_and_plot(tmp_path, capsys, shakespeare):
+def test_decode_formats_table_and_plot(tmp_path, capsys, shakespeare, monkeypatch):
     """scripts/decode_formats.py on a tiny GPT-2 checkpoint: a row per format, fp32 agreeing with
     itself, int8 bytes a quarter of fp32's (plus its scales), and the plot written."""
     from nn import build
@@ -245,7 +245,10 @@ def test_decode_formats_table_and_plot(tmp_path, capsys, shakespeare):
 
     build(from_preset("gpt2-tiny"), device="cpu").save_pretrained(tmp_path / "ckpt")
     png = tmp_path / "formats.png"
-    _load("decode_formats").main(
+    script, titles = _load("decode_formats"), []
+    plot = script.plot
+    monkeypatch.setattr(script, "plot", lambda *a: titles.append(a[-1]) or plot(*a))
+    script.main(
         ["--checkpoint", str(tmp_path / "ckpt"), "--formats", "fp32,int8,int4"]
         + ["--data-dir", shakespeare, "--eval-iters", "1", "--batch-size", "2", "--seq-len", "16"]
         + ["--prompt-len", "4", "--new-tokens", "3", "--plot", str(png)]
@@ -255,3 +258,5 @@ def test_decode_formats_table_and_plot(tmp_path, capsys, shakespeare):
     assert float(rows["int8"][1]) == pytest.approx(1 + 4 / 32)  # a scale per 32-wide row
     assert float(rows["int4"][1]) == pytest.approx(0.5 + 4 / 32)
     assert png.stat().st_size > 0
+    # the plot's title names the model and the formats, not a folder of this machine
+    assert titles == ["decode per format, gpt2-tiny (1.6M parameters): fp32, int8, int4"]

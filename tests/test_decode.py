@@ -6,6 +6,7 @@ and the meta device's 7B cache beside its weights in 80 GB.
 """
 
 import re
+import types
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from test_llama import randomized as randomized_llama
 import tinygrad_like as tg
 from accounting import decode, predictions
 from nn import KVCache, from_preset
-from tinygrad_like import dtypes
+from tinygrad_like import compiles, dtypes
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
 
@@ -209,6 +210,46 @@ def test_generate_py_stats(checkpoint, capsys, kv_dtype):
     assert stats[2].startswith("decode: 5 steps of 1 tokens") and "tokens/s" in stats[2]
     assert stats[3].startswith("bytes: ") and "MB/token moved" in stats[3]
     assert stats[4].startswith("bound: ") and "of the bound" in stats[4]
+
+
+def test_a_steps_seconds_hold_none_of_its_compiles(monkeypatch):
+    """The issue: generate.py --stats counted 20,549 ms for a prompt token, Numba's first
+    compiles. The meter takes each step's compiles (tinygrad_like.compiles) out of its seconds
+    and sums them on their own (a made-up clock: no timing is asserted)."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(decode, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(compiles, "_total", compiles.Compiles())
+
+    def tokens():
+        clock.now += 20.5  # the prompt's step: 20 s of it compiling
+        compiles.add(20.0)
+        yield np.array([1])
+        clock.now += 0.1
+        yield np.array([2])
+
+    meter = decode.StepMeter(tokens())
+    assert [int(t[0]) for t in meter] == [1, 2]
+    assert [seconds for seconds, _ in meter.steps] == pytest.approx([0.5, 0.1])
+    assert meter.compiled == compiles.Compiles(1, 20.0)
+
+
+def test_generate_py_says_its_compiles_on_a_line_of_their_own(checkpoint, capsys, monkeypatch):
+    calls = []
+
+    def so_far():  # one compile, of no seconds, in the prompt's step (made up: they may be warm)
+        calls.append(1)
+        return compiles.Compiles(int(len(calls) > 1), 0.0)
+
+    monkeypatch.setattr(compiles, "so_far", so_far)
+    argv = ["--checkpoint", checkpoint, "--prompt", "!#", "--max-new-tokens", "3"]
+    code, out, err = generate_py(argv, capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    speeds = [i for i, line in enumerate(lines) if line.startswith("--- prompt: 1 x 2 tokens")]
+    assert len(speeds) == 1 and lines[speeds[0] + 1] == (
+        "--- compiles: 1 kernel variant compiled (or loaded from Numba's disk cache) on first "
+        "use, 0.00 s, kept out of every time"
+    )
 
 
 def test_generate_py_decodes_a_batch_as_each_prompt_alone(checkpoint, capsys):

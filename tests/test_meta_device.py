@@ -6,14 +6,15 @@ allocating, so a 1.5B model's step is counted in seconds. What needs values is r
 import gc
 import importlib
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tinygrad_like.functional as F
-from accounting import measure
-from accounting.predictions import predicted_collectives, predicted_state_bytes
+from accounting import measure, report
+from accounting.predictions import predicted_collectives, predicted_state_bytes, stored_elements
 from nn import GPT2, ExecutionOptions, GPT2Config, LlamaConfig, build, from_preset
 from optim import AdamW, LossScaler, clip_grad_norm_, step
 from scripts import report as report_script
@@ -113,15 +114,47 @@ def test_a_rank_of_a_zero_world_counts_on_meta_what_it_counts_on_the_cpu(zero):
     assert whats == (["loss", "gradients", "norm²", "weights"] if zero else ["loss", "gradients"])
 
 
-def test_a_world_of_ranks_is_measured_on_meta_only():
+def test_a_world_of_ranks_is_measured_on_meta_only(monkeypatch, capsys):
+    """Rank 0 of R is counted with one model: AdamW's R shards are equal, so every rank holds
+    its bytes (the issue: a model was built per rank). R is bounded by the flat buffers'
+    elements (a shard holds one at least), one line past it."""
+    built = []
+    monkeypatch.setattr(measure, "build", lambda *a, **k: built.append(1) or build(*a, **k))
     m = measure.measure(TINY, "bf16", "meta", 1, 32, zero=2, world_size=4)
-    assert len(m.ranks) == 4 and all(r == m.persistent for r in m.ranks)
+    assert len(built) == 1 and m.world_size == 4
     per_param = predicted_state_bytes("bf16", zero=2, world=4)
     assert m.persistent == {tag: per_param[tag] * m.elements for tag in per_param}
     sent = [(c.name, c.what, c.nbytes) for c in m.collectives]
     assert sorted(sent) == sorted(predicted_collectives(m.elements, "bf16", 2, 4))
+    assert "per rank of 4, ZeRO-2: rank 0's counted, and every rank holds as much" in (
+        report.format_report(m)
+    )
     with pytest.raises(ValueError, match="meta device only"):
         measure.measure(TINY, "fp32", "cpu", 1, 8, world_size=2)
+    elements = stored_elements(TINY)
+    argv = ["--model", "gpt2-tiny", "--device", "meta", "--zero", "1", "--world-size"]
+    with pytest.raises(Refused):
+        report_script.main(argv + [str(elements + 1)])
+    assert capsys.readouterr().err == (
+        f"error: --world-size {elements + 1:,} is more ranks than the model's {elements:,} "
+        f"stored parameters (a rank's ZeRO shard holds one at least): use at most {elements:,}\n"
+    )
+
+
+def test_the_meta_device_allocates_nothing_in_proportion_to_the_batch():
+    """The issue: the report drew a real B x T batch on meta, a MemoryError at B = 10^6. Its
+    batch is shapes now, counted as the CPU counts its ids (the test above), and a step of a
+    million sequences allocates no more than one of a single sequence."""
+    peaks = {}
+    for batch in (1, 10**6):
+        tracemalloc.start()
+        try:
+            argv = ["--model", "gpt2-tiny", "--device", "meta", "--lm-head", "plain"]
+            report_script.main(argv + ["--batch-size", str(batch), "--counts-only"])
+            peaks[batch] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peaks[10**6] < 2 * peaks[1] + (16 << 20)  # the batch alone: 512 MB of int64 ids
 
 
 def test_views_have_numpys_shapes_strides_and_base():

@@ -333,7 +333,8 @@ def embedding(idx, weight, num_embeddings=None):
         raise ValueError("embedding: a quantized table must be stored by rows (out_axis 0)")
     n = weight.shape[0] if num_embeddings is None else num_embeddings
     ids = idx.data if isinstance(idx, Tensor) else idx
-    if not hasattr(ids, "__cuda_array_interface__"):  # host ids (lists too): check, then move
+    # host ids (lists too): check, then move; device ids as they are (meta's: no values)
+    if backend.holds_values(ids) and not hasattr(ids, "__cuda_array_interface__"):
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")

@@ -155,8 +155,11 @@ class LinearCrossEntropy(Function):
 def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
     """Check the targets of a cross-entropy over the first n_classes of Vp columns for N rows
     (what: the operand that has them, for the messages) -> (targets (N,) int64 on like's
-    device with ignore_index as -1, the count of the others, V = n_classes or Vp)."""
-    t = targets.numpy() if isinstance(targets, Tensor) else np.asarray(targets)
+    device with ignore_index as -1, the count of the others, V = n_classes or Vp). The meta
+    device's targets have a shape only: none is taken as ignored."""
+    t = targets.numpy() if isinstance(targets, Tensor) else targets
+    meta = not backend.holds_values(t)  # the meta device's targets: a shape, no ids
+    t = t if meta else np.asarray(t)
     V = Vp if n_classes is None else n_classes
     if not 0 < V <= Vp:
         raise ValueError(f"{fn}: n_classes {V} must be in [1, {Vp}] for {what}")
@@ -164,6 +167,8 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
         raise ValueError(f"{fn}: {what} need targets of shape ({N},), got {t.shape}")
     if t.dtype.kind not in "iu":
         raise TypeError(f"{fn}: targets must be integer class ids, got {t.dtype}")
+    if meta:  # a fresh int64 (N,) array, as np.where below makes
+        return backend.of(t).empty((N,), np.int64), N, V
     ignored = t == ignore_index
     bad = t[~ignored & ((t < 0) | (t >= V))]  # -1 is a class id like any other unless ignored
     if bad.size:

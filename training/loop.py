@@ -504,7 +504,8 @@ class Trainer:
                 if metrics:
                     self._append(metrics, row)
                 history.append(row)
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.1%}")
+                shown = mfu.percent(row["mfu"])  # above 100%: a flag, not a figure
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", mfu=shown)
                 bar.update(1)
                 if cfg.sample_every and self.step % cfg.sample_every == 0 and not quiet:
                     say(f"sample at step {self.step}: {self.sample()!r}")

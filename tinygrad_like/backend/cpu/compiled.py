@@ -29,6 +29,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from ... import compiles
 from .runtime import THREADS
 
 
@@ -60,15 +61,29 @@ SERIAL_BELOW = 1 << 15
 def _jit(fn, parallel, fastmath=False):
     """fn compiled (cached on disk); the serial twin under its own name, so that the two never
     share a cache entry (Numba keys its cache by the function's name, not its flags).
-    fastmath: reassociated sums (vector_dot's flags) for a kernel held to a tolerance."""
+    fastmath: reassociated sums (vector_dot's flags) for a kernel held to a tolerance. Each new
+    variant's compile (or disk-cache load) is counted in tinygrad_like.compiles, so that a
+    timed step can leave it out."""
     if not parallel:
         name = fn.__name__ + "_serial"  # a closure keeps its cells: a kernel made per format
         fn = types_module.FunctionType(fn.__code__, fn.__globals__, name, None, fn.__closure__)
         fn.__qualname__ = fn.__name__
     flags = {"reassoc", "contract"} if fastmath else False
-    return numba.njit(
+    jitted = numba.njit(
         parallel=parallel, cache=True, nogil=True, error_model="numpy", fastmath=flags
     )(fn)
+    compile_variant = jitted.compile  # what a call that finds no variant for its types runs
+
+    def counted(signature):  # its compiles (and disk-cache loads) into tinygrad_like.compiles
+        before, t0 = len(jitted.overloads), time.perf_counter()
+        try:
+            return compile_variant(signature)
+        finally:
+            if len(jitted.overloads) > before:
+                compiles.add(time.perf_counter() - t0)
+
+    jitted.compile = counted
+    return jitted
 
 
 def _announced(jitted, name, args):
