@@ -83,10 +83,10 @@ def save_quantized(path, model, source, group_size=None):
     written; an OSError (a full disk) leaves no folder behind and path as it was."""
     from safetensors.numpy import save
 
-    formats = {p.fmt for p in model.parameters() if isinstance(p, QuantizedWeight)}
-    if len(formats) != 1:
-        raise ValueError(f"a quantized checkpoint holds one format, the model has {formats or 0}")
-    fmt = formats.pop()
+    held = {p.fmt for p in model.parameters() if isinstance(p, QuantizedWeight)}
+    if len(held) != 1:
+        raise ValueError(f"a quantized checkpoint holds one format, the model has {held or 0}")
+    fmt = held.pop()
     tensors, names = quantized_tensors(model)
     for name, array in tensors.items():
         check_value(name, array, fmt, "the model cannot be saved")
