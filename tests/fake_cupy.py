@@ -1,4 +1,5 @@
-"""A NumPy stand-in for the part of CuPy that backend/cuda/ uses: the one check of the CUDA glue
+"""A NumPy stand-in for the part of CuPy that the CUDA device uses (backend/cuda/, and the kernels'
+cuda.py modules, kernels/<family>/cuda.py): the one check of the CUDA glue
 (argument packing, launch shapes, the compile list) that runs without a GPU.
 
 Arrays are NumPy arrays of a subclass, `ndarray`, with CuPy's `.data.ptr`; the array functions
@@ -12,7 +13,8 @@ device's opt-in limit, SHARED_OPTIN) and records it in LAUNCHES. By default it c
 (tests/cuda_on_cpu: the .cu source compiled with the C++ compiler, on the arrays' buffers).
 
 installed() puts the stand-in in sys.modules, imports a fresh tinygrad_like.backend.cuda package
-over it, and restores sys.modules (and os.environ) afterwards.
+over it (and, as kernels.on(device) asks for them, fresh kernels/<family>/cuda.py modules), and
+restores sys.modules (and os.environ) afterwards.
 """
 
 import contextlib
@@ -106,12 +108,20 @@ def asnumpy(a):
     return np.array(a)
 
 
+def ascontiguousarray(a, dtype=None):
+    """As CuPy's (and NumPy's, but for the subclass): a itself when it is a C-contiguous device
+    array of that dtype, at least 1-d; else a C-contiguous copy."""
+    same = dtype is None or np.dtype(dtype) == a.dtype
+    if isinstance(a, ndarray) and a.ndim and a.flags.c_contiguous and same:
+        return a
+    return _device(np.ascontiguousarray(a, dtype))
+
+
 _ARRAY_FUNCTIONS = (
     "empty",
     "zeros",
     "full",
     "empty_like",
-    "ascontiguousarray",
     "broadcast_to",
     "matmul",
     "concatenate",
@@ -359,6 +369,7 @@ def _modules():
         setattr(cupy, fn, _on_device(getattr(np, fn)))
     cupy.ndarray, cupy.int64 = ndarray, np.int64
     cupy.asarray, cupy.asnumpy, cupy.RawModule = asarray, asnumpy, RawModule
+    cupy.ascontiguousarray = ascontiguousarray
     cupy.get_default_memory_pool = _Pool
     cuda = types.ModuleType("cupy.cuda")
     cuda.Device, cuda.Event = _Device, _Event
@@ -376,38 +387,47 @@ def _modules():
 
 
 _CUDA = "tinygrad_like.backend.cuda"
+_KERNELS = "tinygrad_like.kernels."  # + <family>.cuda: the CUDA kernels, over the same CuPy
 _CUPY = ("cupy", "cupy.cuda", "cupy.cuda.memory_hook")
 
 
 def _ours(name):
-    """Whether a module is the stand-in's or imported over it (the CUDA backend's package)."""
-    return name in _CUPY or name == _CUDA or name.startswith(_CUDA + ".")
+    """Whether a module is the stand-in's or imported over it (the CUDA device's package and
+    the kernel families' cuda.py modules)."""
+    kernel = name.startswith(_KERNELS) and name.endswith(".cuda")
+    return name in _CUPY or name == _CUDA or name.startswith(_CUDA + ".") or kernel
 
 
 @contextlib.contextmanager
 def installed(execute=False):
-    """with installed() as cuda: backend/cuda/ imported over the stand-in. On exit sys.modules
-    (real CuPy included), the backend package's `cuda` attribute and os.environ (importing
-    cuda/runtime.py may set CUDA_PATH) are as they were. execute=True: launches run the kernels
-    on the CPU (tests/cuda_on_cpu) after their checks."""
-    from tinygrad_like import backend
+    """with installed() as cuda: backend/cuda/ imported over the stand-in; kernels.on(cuda) then
+    imports the kernel families' cuda.py over it too. On exit sys.modules (real CuPy included),
+    the `cuda` attributes of the backend package and of the family packages, kernels.on's
+    gathering and os.environ (importing cuda/runtime.py may set CUDA_PATH) are as they were.
+    execute=True: launches run the kernels on the CPU (tests/cuda_on_cpu) after their checks."""
+    from tinygrad_like import backend, kernels
 
     backend.cuda_available()  # cached now, from the real environment, never from the stand-in
     saved = {n: m for n, m in sys.modules.items() if _ours(n)}
-    saved_attr = backend.__dict__.get("cuda")
+    families = {sys.modules[f"{kernels.__name__}.{k.family}"] for k in kernels.KERNELS.values()}
+    saved_attrs = [(p, p.__dict__.get("cuda")) for p in (backend, *families)]  # submodules
     for n in saved:
         del sys.modules[n]
     sys.modules.update(_modules())
     was_executing, EXECUTE[0] = EXECUTE[0], execute
+    module = None
     try:
         with mock.patch.dict(os.environ):
-            yield importlib.import_module(_CUDA)
+            module = importlib.import_module(_CUDA)
+            yield module
     finally:
         EXECUTE[0] = was_executing
+        kernels._gathered.pop(module, None)  # the stand-in's kernels, gathered by on(module)
         for n in [n for n in sys.modules if _ours(n)]:
             del sys.modules[n]
         sys.modules.update(saved)
-        if saved_attr is None:
-            backend.__dict__.pop("cuda", None)
-        else:
-            backend.cuda = saved_attr
+        for package, value in saved_attrs:
+            if value is None:
+                package.__dict__.pop("cuda", None)
+            else:
+                package.cuda = value

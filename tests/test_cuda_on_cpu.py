@@ -18,13 +18,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tinygrad_like.backend import cpu
+from tinygrad_like import kernels
 
 if not cuda_on_cpu.available():
     pytest.skip("no C++ compiler", allow_module_level=True)
 
 ORDERS = ("forward", "reverse", "shuffle")
 F32 = np.float32
+cpu = kernels.on("cpu")
 
 
 def rand(shape, dtype=F32, seed=0):
@@ -43,6 +44,10 @@ def trimmed(source, keep):
         source,
         flags=re.S,
     )
+
+
+# What runs a mutation's kernels (cuda: kernels.on(the CUDA device), its kernels and host
+# functions) -> [(the CUDA result, the CPU's)]
 
 
 def run_grad_norm_sq(cuda):
@@ -167,7 +172,7 @@ def agrees(cuda, monkeypatch, filename, source, run, order):
     cuda.runtime.compiled_module.cache_clear()
     cuda.runtime.compiled.cache_clear()
     try:
-        pairs = run(cuda)
+        pairs = run(kernels.on(cuda))
         return all(
             np.allclose(np.asarray(g, np.float64), np.asarray(r, np.float64), rtol=2e-3, atol=1e-4)
             for g, r in pairs
@@ -337,8 +342,9 @@ def test_an_access_past_shared_memory_is_caught(cuda, body, shared_mem, message)
 
 
 def test_a_misaligned_cp_async_is_refused(cuda):
-    """gemm.py launches the cp.async instance only for 16-byte aligned operands; launched
-    directly with an operand one element in, the copy is refused as the GPU would fault."""
+    """kernels/gemm/cuda.py launches the cp.async instance only for 16-byte aligned operands;
+    launched directly with an operand one element in, the copy is refused as the GPU would
+    fault."""
     kernel = cuda.runtime.compiled("gemm.cu", "gemm_tc", np.float16, False, False, True)
     buf = dev(rand(64 * 64 + 1, np.float16))
     a, c = buf[1:].reshape(64, 64), dev(np.zeros((64, 64), np.float16))
@@ -357,14 +363,15 @@ def test_half_and_bfloat16_conversions_round_as_numpy(cuda):
     bits = np.random.default_rng(0).integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
     x = np.concatenate([np.array(specials, F32), -np.array(specials, F32), bits.view(F32)])
     x = np.concatenate([x, np.array([np.nan], F32)])
+    gpu = kernels.on(cuda)
     for dtype in (np.float16, ml_dtypes.bfloat16):
-        got = np.asarray(cuda.cast(dev(x), dtype))
+        got = np.asarray(gpu.cast(dev(x), dtype))
         with np.errstate(over="ignore", invalid="ignore"):
             want = x.astype(dtype)
         nan = np.isnan(want.astype(F32))
         np.testing.assert_array_equal(np.isnan(got.astype(F32)), nan)
         np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
-        back = np.asarray(cuda.cast(dev(want), F32))
+        back = np.asarray(gpu.cast(dev(want), F32))
         np.testing.assert_array_equal(back[~nan], want.astype(F32)[~nan])
 
 
@@ -406,17 +413,17 @@ def test_address_sanitizer_catches_a_read_past_a_buffer():
 
 
 def test_flash_attention_asks_the_device_for_its_shared_memory_limit(cuda, monkeypatch):
-    """attention.py reads the device's opt-in limit: on an A100's 166912 bytes the backward at
-    D = 128 in fp32 (198912 bytes for dq) is refused, naming the limit; on 232448 (H200) it
-    runs (test_cuda_kernels checks its values)."""
-    q = dev(rand((1, 1, 8, 128)))
-    out, lse = cuda.flash_attention_fwd(q, q, q, 0.1)  # 116480 bytes: fits either
+    """kernels/attention/cuda.py reads the device's opt-in limit: on an A100's 166912 bytes the
+    backward at D = 128 in fp32 (198912 bytes for dq) is refused, naming the limit; on 232448
+    (H200) it runs (tests/kernels/test_attention.py checks its values)."""
+    gpu, q = kernels.on(cuda), dev(rand((1, 1, 8, 128)))
+    out, lse = gpu.flash_attention_fwd(q, q, q, 0.1)  # 116480 bytes: fits either
     monkeypatch.setitem(fake_cupy.DEVICE_ATTRIBUTES, 97, 166912)
-    cuda.flash_attention_fwd(q, q, q, 0.1)
+    gpu.flash_attention_fwd(q, q, q, 0.1)
     with pytest.raises(ValueError, match="198912 bytes .* more than the 166912 this GPU"):
-        cuda.flash_attention_bwd(q, q, q, out, lse, q, 0.1)
+        gpu.flash_attention_bwd(q, q, q, out, lse, q, 0.1)
     monkeypatch.setitem(fake_cupy.DEVICE_ATTRIBUTES, 97, 232448)
-    cuda.flash_attention_bwd(q, q, q, out, lse, q, 0.1)
+    gpu.flash_attention_bwd(q, q, q, out, lse, q, 0.1)
 
 
 def test_the_stand_in_refuses_shared_memory_not_opted_into(cuda):

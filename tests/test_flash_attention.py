@@ -1,11 +1,10 @@
-"""Flash attention (ops.FlashAttention, cpu.flash_attention_fwd / _bwd) against the naive
-Attention record: the same outputs and gradients on ragged shapes (T not a multiple of the
-block, T = 1, a KV-cache decode step and a prompt after a cache), in every dtype; finite
-differences in float64 across several blocks; a tape record that saves O(T) bytes per head;
-a GPT-2 with ExecutionOptions(attention="flash") equal to the naive one (training and
-generation); and the FLOPs and bytes its launches are counted with. The CUDA kernels are
-compared with these in test_cuda_kernels.py, their launches checked in
-test_cuda_launch_args.py.
+"""Flash attention (F.scaled_dot_product_attention(flash=True), over kernels/attention's
+flash_attention_fwd / _bwd) against the naive Attention record: the same outputs and gradients
+on ragged shapes (T not a multiple of the block, T = 1, a KV-cache decode step and a prompt after
+a cache), in every dtype; finite differences in float64 across several blocks; a tape record that
+saves O(T) bytes per head; a GPT-2 with ExecutionOptions(attention="flash") equal to the naive
+one (training and generation); and the FLOPs and bytes its launches are counted with. The
+kernels themselves, on every device: tests/kernels/test_attention.py.
 """
 
 import math
@@ -13,12 +12,13 @@ import math
 import numpy as np
 import pytest
 from gradcheck import gradcheck
+from kernels.test_attention import DECODE, decode_inputs
 
 import tinygrad_like as tg
 from nn import GPT2, ExecutionOptions, GPT2Config
-from tinygrad_like import Tensor, dtypes
+from tinygrad_like import Tensor, dtypes, kernels
 from tinygrad_like import functional as F
-from tinygrad_like.backend import cpu
+from tinygrad_like.kernels.attention import cpu as attention_cpu
 from tinygrad_like.kernels.attention import spec as attention
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
@@ -79,68 +79,14 @@ def test_two_byte_formats_are_close_to_the_fp32_result(rng, dtype):
         assert_close(run(*args, flash=flash), ref, 4 * TOL[dtype])
 
 
-def test_the_output_has_the_input_dtype_and_lse_is_fp32(rng):
-    q, k, v, _ = inputs(rng, 1, 2, 5, 9, 4, BF16)
-    out, lse = cpu.flash_attention_fwd(q, k, v, 0.5)
-    assert (out.dtype, out.shape, lse.dtype, lse.shape) == (BF16, q.shape, F32, q.shape[:-1])
-    s = np.einsum("bhqd,bhkd->bhqk", q.astype(F32), k.astype(F32)) * 0.5
-    s[..., np.triu(np.ones((5, 9), bool), k=9 - 5 + 1)] = -np.inf
-    np.testing.assert_allclose(lse, np.log(np.exp(s).sum(-1)), rtol=1e-6)
-
-
-# A decode step's rows (cpu.attention._attention_rows, Tq G <= DECODE_ROWS): (H, Hkv, Tq, Tk)
-# with Tk of 1, a key block's end (64) and past it, ragged; Tq = 1, 2, 3; grouped-query heads
-DECODE = [
-    (2, 2, 1, 1),
-    (2, 2, 1, 64),
-    (3, 3, 2, 65),
-    (2, 2, 3, 130),
-    (4, 2, 3, 3),
-    (6, 2, 2, 70),
-    (4, 1, 1, 129),
-]
-
-
-def decode_inputs(rng, B, H, Hkv, Tq, Tk, D, dtype, length=200):
-    """q a (B, H, Tq, D) view of a (B, Tq, 3 H D) projection, transposed; k, v the first Tk
-    positions of (B, Hkv, length, D) caches: the strided views a model passes."""
-    qkv = rand(rng, (B, Tq, 3 * H * D), dtype)
-    q = qkv[..., : H * D].reshape(B, Tq, H, D).transpose(0, 2, 1, 3)
-    k, v = (rand(rng, (B, Hkv, length, D), dtype)[:, :, :Tk] for _ in range(2))
-    return q, k, v, rand(rng, q.shape, dtype)
-
-
 @pytest.mark.parametrize("dtype", [F64, F32], ids=dtypes.name)
 @pytest.mark.parametrize("shape", DECODE, ids=str)
 def test_a_decode_step_equals_the_naive_attention(rng, dtype, shape):
     """Through the tape: out from the rows, the gradients from their lse."""
     H, Hkv, Tq, Tk = shape
-    assert Tq * H // Hkv <= cpu.attention.DECODE_ROWS
+    assert Tq * H // Hkv <= attention_cpu.DECODE_ROWS
     args = decode_inputs(rng, 2, H, Hkv, Tq, Tk, 16, dtype)
     assert_close(run(*args, flash=True), run(*args, flash=False), TOL[dtype])
-
-
-@pytest.mark.parametrize("shape", DECODE, ids=str)
-def test_a_decode_step_equals_the_blocks(rng, monkeypatch, shape):
-    """out and lse of the rows against those of the query blocks, on contiguous inputs and on
-    views whose rows are not contiguous (copied by the kernel)."""
-    H, Hkv, Tq, Tk = shape
-    q, k, v, _ = decode_inputs(rng, 2, H, Hkv, Tq, Tk, 16, F32)
-    strided = k[..., ::-1], np.repeat(v, 2, axis=-1)[..., ::2]  # rows reversed, or strided
-    got = [cpu.flash_attention_fwd(q, *kv, 0.3) for kv in ((k, v), strided)]
-    monkeypatch.setattr(cpu.attention, "DECODE_ROWS", 0)
-    for kv, (out, lse) in zip(((k, v), strided), got):
-        want = cpu.flash_attention_fwd(*(np.ascontiguousarray(a) for a in (q, *kv)), 0.3)
-        assert (out.dtype, lse.dtype, lse.shape) == (F32, F32, q.shape[:-1])
-        assert_close([out, lse], want, TOL[F32])
-
-
-def test_a_long_decode_step_runs_its_rows_across_the_cores(rng, monkeypatch):
-    """k of 2^21 elements: prange's kernel (the tests above run its one-core twin)."""
-    q, k, v, _ = decode_inputs(rng, 2, 4, 2, 1, 1 << 14, 32, F32, length=1 << 14)
-    out, lse = cpu.flash_attention_fwd(q, k, v, 0.2)
-    monkeypatch.setattr(cpu.attention, "DECODE_ROWS", 0)
-    assert_close([out, lse], cpu.flash_attention_fwd(q, k, v, 0.2), TOL[F32])
 
 
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=dtypes.name)
@@ -148,7 +94,7 @@ def test_a_decode_step_in_two_byte_formats_is_close_to_fp32(rng, dtype):
     args = decode_inputs(rng, 2, 4, 2, 3, 70, 16, dtype)
     ref = run(*[a.astype(F32) for a in args], flash=False)
     assert_close(run(*args, flash=True), ref, 4 * TOL[dtype])
-    out, lse = cpu.flash_attention_fwd(*args[:3], 0.25)
+    out, lse = kernels.on("cpu").flash_attention_fwd(*args[:3], 0.25)
     assert (out.dtype, lse.dtype) == (dtype, F32)
 
 

@@ -4,8 +4,8 @@ h // (H / Hkv), against a float64 NumPy reference that repeats k and v explicitl
 Face's repeat_kv); Hkv = 1 (multi-query) and Hkv = H included, Tq < Tk (a KV-cache decode step),
 ragged flash blocks, 2-byte dtypes; the FLOPs and bytes counted (those of H full heads, no
 repeated k or v); broadcast operands (the gradient summed back to each one's shape), 2-D and
-3-D inputs, scale=, and the one-line errors for what is not supported. The CUDA kernels'
-grouped-query runs are in test_cuda_kernels.py, their launches in test_cuda_launch_args.py.
+3-D inputs, scale=, and the one-line errors for what is not supported. The kernels' own
+grouped-query cases, on every device: tests/kernels/test_attention.py.
 """
 
 import math
@@ -88,7 +88,7 @@ def test_grouped_query_attention_equals_repeated_kv(
 
 @pytest.mark.parametrize("flash", [False, True], ids=["naive", "flash"])
 def test_grouped_query_attention_in_default_blocks(rng, flash):
-    """contract's own 64-blocks, ragged: 130 queries, a prompt of 20 after 110 cached keys."""
+    """The spec's own 64-blocks, ragged: 130 queries, a prompt of 20 after 110 cached keys."""
     for Tq, Tk in [(130, 130), (20, 130)]:
         args = inputs(rng, 1, 4, 2, Tq, Tk, 8)
         assert_close(run(*args, flash=flash), reference(*args), TOL[F64])

@@ -1,8 +1,9 @@
-"""The Llama family: its kernels (rotary, SwiGLU) on the CPU against float64 formulas and their
-counting, its ops' float64 gradient checks, the model (Hugging Face's names and shapes, the
-parameter count of its config, the KV cache, recomputation, the fused head), Hugging Face's
-LlamaForCausalLM directory format (round trip, config.json, tied and unsupported checkpoints)
-and nn.build / nn.from_pretrained choosing the family. Parity with transformers itself:
+"""The Llama family: its kernels' counting (rotary, SwiGLU; their values on every device:
+tests/kernels/test_rotary.py and test_elementwise.py), its ops' float64 gradient checks, the
+model (Hugging Face's names and shapes, the parameter count of its config, the KV cache,
+recomputation, the fused head), Hugging Face's LlamaForCausalLM directory format (round trip,
+config.json, tied and unsupported checkpoints) and nn.build / nn.from_pretrained choosing the
+family. Parity with transformers itself:
 tests/test_llama_hf_parity.py.
 
 Grouped-query configs (num_key_value_heads < num_attention_heads) need attention with fewer K/V
@@ -21,9 +22,7 @@ import nn
 from nn import GPT2, ExecutionOptions, GPT2Config, Llama, LlamaConfig, hf
 from tinygrad_like import Tensor, dtypes, no_grad, profiler
 from tinygrad_like import functional as F
-from tinygrad_like.backend import cpu
 
-HALF = [pytest.param(dtypes.float16, id="fp16"), pytest.param(dtypes.bfloat16, id="bf16")]
 F32 = dtypes.float32
 MHA = LlamaConfig(2, 32, 4, 4, 48, 101, 24)
 GQA = LlamaConfig(2, 32, 4, 2, 48, 101, 24)
@@ -42,71 +41,6 @@ def tables(rng, T, h):
 
 
 # ---------------------------------------------------------------- kernels
-
-
-def test_rotary_kernels_against_the_formula_in_float64(rng):
-    x = rng.standard_normal((2, 3, 7, 10))
-    cos, sin = tables(rng, 7, 5)
-    np.testing.assert_allclose(cpu.rotary_fwd(x, cos, sin), rotary_ref(x, cos, sin), rtol=1e-15)
-    # the backward is the turn's transpose: the opposite angle
-    dy = rng.standard_normal(x.shape)
-    np.testing.assert_allclose(cpu.rotary_bwd(dy, cos, sin), rotary_ref(dy, cos, -sin), rtol=1e-15)
-
-
-@pytest.mark.parametrize("dtype", HALF)
-def test_rotary_half_rounds_once(rng, dtype):
-    x = rng.standard_normal((2, 3, 7, 10)).astype(dtype)
-    cos, sin = (t.astype(F32) for t in tables(rng, 7, 5))
-    for kernel, s in [(cpu.rotary_fwd, sin), (cpu.rotary_bwd, -sin)]:
-        y = kernel(x, cos, sin)
-        assert y.dtype == dtype
-        want = rotary_ref(x.astype(F32), cos, s).astype(dtype)
-        np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
-
-
-def test_rotary_of_a_strided_view(rng):
-    """q of (B, T, H, D) viewed as (B, H, T, D), as the model passes it."""
-    x = rng.standard_normal((2, 7, 3, 8)).astype(F32).transpose(0, 2, 1, 3)
-    cos, sin = (t.astype(F32) for t in tables(rng, 7, 4))
-    np.testing.assert_allclose(
-        cpu.rotary_fwd(x, cos, sin), rotary_ref(x, cos, sin), rtol=1e-6, atol=1e-6
-    )
-
-
-def silu(g):
-    return g / (1 + np.exp(-g))
-
-
-def test_swiglu_kernels_against_the_formula_in_float64(rng):
-    g, u, dy = (3 * rng.standard_normal((4, 33)) for _ in range(3))
-    np.testing.assert_allclose(cpu.swiglu_fwd(g, u), silu(g) * u, rtol=1e-14)
-    dg, du = cpu.swiglu_bwd(g, u, dy)
-    s = 1 / (1 + np.exp(-g))
-    np.testing.assert_allclose(du, dy * silu(g), rtol=1e-14)
-    np.testing.assert_allclose(dg, dy * u * (s + g * s * (1 - s)), rtol=1e-12)
-
-
-@pytest.mark.parametrize("dtype", HALF)
-def test_swiglu_half_rounds_once(rng, dtype):
-    g, u, dy = (rng.standard_normal(300).astype(dtype) for _ in range(3))
-    y = cpu.swiglu_fwd(g, u)
-    assert y.dtype == dtype
-    gf, uf, df = (a.astype(F32) for a in (g, u, dy))
-    s = 1 / (np.exp(-gf) + 1)
-    np.testing.assert_array_equal(y.view(np.uint16), (s * gf * uf).astype(dtype).view(np.uint16))
-    dg, du = cpu.swiglu_bwd(g, u, dy)
-    assert dg.dtype == du.dtype == dtype
-    np.testing.assert_array_equal(du.view(np.uint16), (gf * s * df).astype(dtype).view(np.uint16))
-    want = (((1 - s) * gf + 1) * s * uf * df).astype(dtype)
-    np.testing.assert_array_equal(dg.view(np.uint16), want.view(np.uint16))
-
-
-def test_swiglu_saturates_without_nan():
-    g = np.array([-1000.0, -90.0, 0.0, 90.0, 1000.0], F32)
-    y = cpu.swiglu_fwd(g, np.ones_like(g))
-    dg, du = cpu.swiglu_bwd(g, np.ones_like(g), np.ones_like(g))
-    assert np.isfinite(y).all() and np.isfinite(dg).all() and np.isfinite(du).all()
-    np.testing.assert_array_equal(y[[0, 2, 4]], [0.0, 0.0, 1000.0])
 
 
 def test_the_kernels_are_counted(rng):

@@ -1,15 +1,10 @@
-"""Quantized weights (tinygrad_like/quant.py, backend/cpu/quant.py, nn/quant.py): the quantizer
-against ml_dtypes' roundings for every format, the kernels' decode of every code against
-ml_dtypes, qmatmul against dequantize-then-matmul and qembedding against dequantize()[idx], the
-meta device's shapes, quantized GPT-2 and Llama decoding the fp32 models' greedy tokens, the
-bytes a quantized decode step's launches count, and generate.py --weights.
+"""Quantized weights (tinygrad_like/quant.py, nn/quant.py): the quantizer against ml_dtypes'
+roundings for every format, the meta device's shapes, quantized GPT-2 and Llama decoding the
+fp32 models' greedy tokens, the bytes a quantized decode step's launches count, and generate.py
+--weights. The kernels (qmatmul, qembedding) on every device: tests/kernels/test_quant.py.
 """
 
 import gc
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +18,7 @@ import tinygrad_like.functional as F
 from nn import build, from_preset
 from nn.quant import quantize_model
 from tinygrad_like import Tensor, formats, quant
-from tinygrad_like.backend import cpu, meta
+from tinygrad_like.backend import meta
 from tinygrad_like.memory import TRACKER
 from tinygrad_like.profiler import Profiler
 
@@ -132,111 +127,7 @@ def test_a_conv1d_weight_is_stored_transposed():
     assert qw.nbytes == 40 * 24 + 40 * 4
 
 
-# ---------------------------------------------------------------- the kernels
-
-
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "fp16", "bf16", "int8"])
-def test_every_code_decodes_as_ml_dtypes_does(fmt):
-    f = formats.FORMATS[fmt]
-    every = np.arange(2**f.bits, dtype=np.uint16 if f.bits == 16 else np.uint8)
-    if f.bits == 4:
-        codes = (every[0::2] | (every[1::2] << 4)).astype(np.uint8)
-    else:
-        codes = every
-    K = every.size
-    scales = np.ones((1, 1), np.float32) if f.scaled else None
-    got = cpu.qembedding(codes[None], scales, np.array([0]), fmt, K if f.scaled else None)[0]
-    want = every.view(f.element).astype(np.float32)
-    assert np.array_equal(np.isnan(got), np.isnan(want))
-    finite = ~np.isnan(want)
-    assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))  # -0 too
-
-
-@pytest.mark.parametrize("fmt", list(formats.FORMATS))
-def test_the_decode_step_dot_decodes_every_code_as_ml_dtypes_does(fmt):
-    # row n of W holds code n in element 0 and zeros (int4: nibble 8) elsewhere, x = e_0 and
-    # the scales 1: y[0, n] is code n's value times 1 plus zeros, exactly (but a zero's sign)
-    f = formats.FORMATS[fmt]
-    every = np.arange(2**f.bits, dtype=np.uint16 if f.bits == 16 else np.uint8)
-    K = 32
-    zero = 0x88 if fmt == "int4" else 0
-    codes = np.full((every.size, K // 2 if f.bits == 4 else K), zero, every.dtype)
-    codes[:, 0] = (every | 0x80) if fmt == "int4" else every
-    scales = np.ones((every.size, 1), np.float32) if f.scaled else None
-    x = np.eye(1, K, dtype=np.float32)
-    got = cpu.qmatmul(x, codes, scales, fmt, K if f.scaled else None)[0]
-    if fmt == "int4":
-        want = every.astype(np.float32) - 8
-    else:
-        want = every.view(f.element).astype(np.float32)
-    assert np.array_equal(np.isnan(got), np.isnan(want))
-    finite = ~np.isnan(want)
-    assert np.array_equal(got[finite], want[finite] + np.float32(0))
-
-
-def test_fp16_decodes_alike_on_a_cpu_without_f16c(tmp_path):
-    # compiled.f32_from_f16_bits' integer form (NUMBA_CPU_NAME=generic: no F16C) gives the
-    # bits of the F16C form for every fp16, NaNs included
-    every = np.arange(2**16, dtype=np.uint16)[None]
-    here = cpu.qembedding(every, None, np.array([0]), "fp16", None)[0]
-    code = (
-        "import numpy as np, sys; from tinygrad_like.backend import cpu; "
-        "every = np.arange(2**16, dtype=np.uint16)[None]; "
-        "got = cpu.qembedding(every, None, np.array([0]), 'fp16', None); "
-        "sys.stdout.buffer.write(got.tobytes())"
-    )
-    root = str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
-    env.update(PYTHONPATH=path, TG_QUIET="1")
-    run = [sys.executable, "-c", code]
-    out = subprocess.run(run, env=env, cwd=root, capture_output=True, check=True)
-    generic = np.frombuffer(out.stdout, np.float32)
-    assert np.array_equal(generic.view(np.uint32), here.view(np.uint32))
-
-
-@pytest.mark.parametrize("fmt", sorted(FOUR_BIT))
-@pytest.mark.parametrize("group_size", [32, 64, 128])
-@pytest.mark.parametrize("M", [1, 3, 4])
-def test_4bit_decode_dot_is_dequantize_then_matmul(fmt, group_size, M):
-    # the decode-step dot of the 4-bit formats (M < 4, groups of 32, 64 or 128: x split into
-    # its even and odd elements, each group a constant-trip loop) and, at M = 4, decode_row
-    N, K = 21, 256
-    qw = quant.quantize(weight(N, K), fmt, group_size)
-    x = np.random.default_rng(3).normal(size=(M, K)).astype(np.float32)
-    got = cpu.qmatmul(x, qw.codes, qw.scales, fmt, qw.group_size)
-    want = x.astype(np.float64) @ quant.dequantize(qw).T.astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("fmt", list(formats.FORMATS))
-@pytest.mark.parametrize("M", [1, 3, 17])
-def test_qmatmul_is_dequantize_then_matmul(fmt, M):
-    N, K = 37, 88  # N ragged against the row blocks, K against the lanes
-    qw = quant.quantize(weight(N, K), fmt, group_for(fmt, K))
-    W = quant.dequantize(qw)
-    x = np.random.default_rng(1).normal(size=(M, K)).astype(np.float32)
-    bias = np.random.default_rng(2).normal(size=N).astype(np.float32)
-    for b in (None, bias):
-        got = cpu.qmatmul(x, qw.codes, qw.scales, fmt, qw.group_size, bias=b)
-        want = x.astype(np.float64) @ W.T.astype(np.float64) + (0 if b is None else b)
-        assert got.dtype == np.float32 and got.shape == (M, N)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    xb = x.astype(tg.dtypes.bfloat16)  # widened in the kernel, the result rounded once
-    got = cpu.qmatmul(xb, qw.codes, qw.scales, fmt, qw.group_size)
-    want = (xb.astype(np.float32) @ W.T).astype(tg.dtypes.bfloat16)
-    assert got.dtype == tg.dtypes.bfloat16
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-2)
-
-
-@pytest.mark.parametrize("fmt", ["int4", "fp8_e4m3", "bf16"])
-def test_qembedding_is_dequantize_then_gather(fmt):
-    qw = quant.quantize(weight(50, 48), fmt, group_for(fmt, 48))
-    idx = np.array([[3, 49, 0], [3, 7, 21]])
-    got = cpu.qembedding(qw.codes, qw.scales, idx, fmt, qw.group_size)
-    assert got.shape == (2, 3, 48) and np.array_equal(got, quant.dequantize(qw)[idx])
-    with pytest.raises(ValueError, match="token id 50 out of range"):
-        cpu.qembedding(qw.codes, qw.scales, np.array([50]), fmt, qw.group_size)
+# ---------------------------------------------------------------- the meta device
 
 
 def test_the_meta_device_gives_the_shapes():

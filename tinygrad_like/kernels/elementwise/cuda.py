@@ -93,14 +93,15 @@ def div_bwd(a, b, dy):
 
 
 def _unary(kernel, op, x, *others):
-    """elementwise.cu's kernel<T, op> over x and others (same shape, made contiguous) -> out."""
-    x = cupy.ascontiguousarray(x)
+    """elementwise.cu's kernel<T, op> over x and others (same shape, made contiguous) -> out,
+    of x's shape (cupy.ascontiguousarray makes a 0-d array 1-d, as NumPy's does)."""
+    shape, x = x.shape, cupy.ascontiguousarray(x)
     others = [cupy.ascontiguousarray(o, dtype=x.dtype) for o in others]
     out = cupy.empty_like(x)
     launch_flat(
         "elementwise.cu", kernel, (x.dtype, unary_op(op)), x.size, x, *others, out, np.int64(x.size)
     )
-    return out
+    return out.reshape(shape)
 
 
 def unary_fwd(x, op):

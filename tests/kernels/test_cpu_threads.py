@@ -1,4 +1,4 @@
-"""The CPU backend's thread splits (runtime.in_parallel, the GEMMs' splits) change no result:
+"""The CPU device's thread splits (runtime.in_parallel, the GEMMs' splits) change no result:
 a GEMM split across the cores matches one BLAS call, elementwise and row kernels split into
 blocks match the same kernel run as one block bit for bit, a compiled kernel's parallel and
 serial twins agree bit for bit, and the BLAS thread count is restored."""
@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from tinygrad_like import dtypes
-from tinygrad_like.backend import cpu
-from tinygrad_like.backend.cpu import compiled, gemm, runtime
+from tinygrad_like.backend.cpu import compiled, runtime
+from tinygrad_like.kernels.gemm import cpu as gemm
+
+from .check import cpu
 
 F32 = np.float32
 

@@ -1,0 +1,251 @@
+"""GEMMs (kernels/gemm): a linear layer's three, Y = X W (matmul, with the bias epilogue),
+dX = dY W^T (matmul_nt) and dW = X^T dY (matmul_tn), and attention's batched ones, against
+float64 products: ragged shapes (not multiples of any tile or warp), aligned ones (the cp.async
+path), one tile or less, K = 0, GPT-2's c_attn shape, a transposed operand.
+
+2-byte formats: the CPU multiplies in fp32 and rounds once, as a tensor core does: bit for bit
+the fp32 product of the rounded inputs, rounded. The CPU's splits over its cores:
+test_cpu_threads.py.
+"""
+
+import numpy as np
+import pytest
+
+from tinygrad_like import dtypes
+
+from . import check
+from .check import (
+    BF16,
+    EPS,
+    F16,
+    F32,
+    F64,
+    FLOATS,
+    ON_GPU,
+    TRAINING,
+    Case,
+    cases,
+    close,
+    cpu,
+    f64,
+    gpu_only,
+    rand,
+)
+
+HALF = [F16, BF16]
+
+
+def matmul_ref(a, b, bias=None):
+    return f64(a) @ f64(b) + (0 if bias is None else f64(bias))
+
+
+def matmul_nt_ref(a, b):
+    return f64(a) @ f64(b).swapaxes(-1, -2)
+
+
+def matmul_tn_ref(a, b):
+    return f64(a).swapaxes(-1, -2) @ f64(b)
+
+
+# ---------------------------------------------------------------- a linear layer's GEMMs
+
+
+def layer(put, dtype, M, K, N, call):
+    """A linear layer's operands x (M, K), w (K, N), dy (M, N) and bias (N,), as `call` takes
+    them: the forward X W, with the bias, dX = dY W^T, dW = X^T dY."""
+    x, w, dy, bias = (
+        put(rand(s, dtype, seed=i)) for i, s in enumerate([(M, K), (K, N), (M, N), N])
+    )
+    return {
+        "x w": (x, w),
+        "x w + bias": (x, w, {"bias": bias}),
+        "dy w^T": (dy, w),
+        "x^T dy": (x, dy),
+    }[call]
+
+
+LAYER_CALLS = [
+    ("matmul", "x w", matmul_ref),
+    ("matmul", "x w + bias", matmul_ref),
+    ("matmul_nt", "dy w^T", matmul_nt_ref),
+    ("matmul_tn", "x^T dy", matmul_tn_ref),
+]
+# (M, K, N): ragged everywhere; aligned K and N (the cp.async path) with a ragged M; one tile
+# or less; several tiles with a ragged K tail; aligned
+LAYER = [(77, 45, 131), (257, 200, 136), (1, 8, 5), (300, 70, 260), (128, 64, 96)]
+# GPT-2's c_attn GEMM (B T, C) @ (C, 3C). Executed on the CPU, the tensor-core GEMM's emulation
+# runs at ~0.2 GFLOP/s (10 s for this one): there, K = 768 with fewer rows and columns.
+GPT2_GEMM = (1024, 768, 2304) if ON_GPU else (130, 768, 264)
+
+
+def gpt2(put, dtype, M, K, N, transposed):
+    """x (M, K) and w (K, N) at GPT-2's scale: with a bias (N,), or x a transposed view of a
+    (K, M) array."""
+    x = rand((M, K), dtype, seed=1)
+    w, bias = put(rand((K, N), dtype, scale=0.05, seed=2)), put(rand(N, dtype, seed=3))
+    if transposed:
+        return put(np.ascontiguousarray(x.T)).T, w
+    return put(x), w, {"bias": bias}
+
+
+def attention(put, dtype, T, D, call):
+    """Attention's GEMMs over (B, H) = (2, 3): q, k, v (2, 3, T, D), probabilities and their
+    gradient (2, 3, T, T); and (B, H, T, D) against one matrix (its leading dims folded into M),
+    against a batch of 3 (broadcast), and with a bias."""
+    q, k, v = (put(rand((2, 3, T, D), dtype, seed=s)) for s in (1, 2, 3))
+    att, datt = (put(rand((2, 3, T, T), dtype, seed=s)) for s in (4, 5))
+    w, bias = put(rand((D, 40), dtype, seed=6)), put(rand(40, dtype, seed=7))
+    return {
+        "q k^T": (q, k),
+        "p v": (att, v),
+        "ds k": (datt, k),
+        "ds^T q": (datt, q),
+        "p^T dout": (att, v),
+        "x w + bias": (q, w, {"bias": bias}),
+        "x w batch": (q, put(rand((3, D, 40), dtype, seed=8))),
+        "dy w^T": (put(rand((2, 3, T, 40), dtype, seed=9)), w),
+    }[call]
+
+
+ATTENTION_CALLS = [
+    ("matmul_nt", "q k^T", matmul_nt_ref),
+    ("matmul", "p v", matmul_ref),
+    ("matmul", "ds k", matmul_ref),
+    ("matmul_tn", "ds^T q", matmul_tn_ref),
+    ("matmul_tn", "p^T dout", matmul_tn_ref),
+    ("matmul", "x w + bias", matmul_ref),
+    ("matmul", "x w batch", matmul_ref),
+    ("matmul_nt", "dy w^T", matmul_nt_ref),
+]
+
+
+def k_zero(put, dtype, a, b, bias):
+    """Operands with K = 0: C = the bias, or 0 (cuda.py fills it without a launch)."""
+    kw = {"bias": put(rand(b[-1], dtype))} if bias else {}
+    return put(np.zeros(a, dtype)), put(np.zeros(b, dtype)), kw
+
+
+CASES = [
+    *[
+        case
+        for kernel, call, ref in LAYER_CALLS
+        for case in cases(kernel, layer, [(d, *s, call) for d in FLOATS for s in LAYER], ref=ref)
+    ],
+    *[
+        case
+        for kernel, call, ref in ATTENTION_CALLS
+        for case in cases(
+            kernel,
+            attention,
+            [(d, T, D, call) for d in FLOATS for T, D in [(37, 24), (64, 64)]],
+            ref=ref,
+        )
+    ],
+    *cases(
+        "matmul",
+        gpt2,
+        [(d, *GPT2_GEMM, t) for d in TRAINING for t in (False, True)],
+        ref=matmul_ref,
+    ),
+    *cases("matmul", k_zero, [(d, (37, 0), (0, 133), True) for d in FLOATS], ref=matmul_ref),
+    *cases("matmul_nt", k_zero, [(d, (2, 5, 0), (7, 0), False) for d in FLOATS], ref=matmul_nt_ref),
+    *cases("matmul_tn", k_zero, [(d, (0, 37), (0, 133), False) for d in FLOATS], ref=matmul_tn_ref),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_kernel(case, check):
+    check(case)
+
+
+# ---------------------------------------------------------------- the CPU's rounding
+
+FP32_GEMMS = {  # kernel -> (shape a, shape b, the product in fp32)
+    "matmul": ((2, 3, 64), (2, 64, 5), lambda a, b: a @ b),
+    "matmul_nt": ((2, 3, 64), (2, 5, 64), lambda a, b: a @ b.swapaxes(-1, -2)),
+    "matmul_tn": ((2, 64, 3), (2, 64, 5), lambda a, b: a.swapaxes(-1, -2) @ b),
+}
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)
+@pytest.mark.parametrize("kernel", sorted(FP32_GEMMS))
+def test_cpu_half_rounds_once(kernel, dtype):
+    sa, sb, product = FP32_GEMMS[kernel]
+    a, b = rand(sa, F32, seed=1), rand(sb, F32, seed=2)
+    ah, bh = a.astype(dtype), b.astype(dtype)
+    out = getattr(cpu, kernel)(ah, bh)
+    assert out.dtype == dtype
+    # fp32 arithmetic on the rounded inputs, rounded once: bit for bit
+    want = product(ah.astype(F32), bh.astype(F32)).astype(dtype)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+    # and within 4 eps (two input roundings, one output rounding) of fp32 on the originals,
+    # relative to sum |a||b|
+    bound = 4 * EPS[dtype] * product(np.abs(a), np.abs(b))
+    assert np.all(np.abs(out.astype(F32) - product(a, b)) <= bound)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)
+def test_cpu_matmul_bias_added_before_rounding(dtype):
+    a, b, bias = rand((4, 32), dtype, seed=1), rand((32, 6), dtype, seed=2), rand(6, dtype, seed=3)
+    out = cpu.matmul(a, b, bias=bias)
+    want = (a.astype(F32) @ b.astype(F32) + bias.astype(F32)).astype(dtype)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
+def test_cpu_fp32_and_fp64_keep_their_dtype():
+    a, b = rand((3, 4), F32, seed=1), rand((4, 2), F32, seed=2)
+    assert cpu.matmul(a, b).dtype == F32
+    np.testing.assert_allclose(cpu.matmul(a, b), a @ b, rtol=1e-6)
+    a64, b64 = a.astype(F64), b.astype(F64)
+    assert cpu.matmul_nt(a64, b64.T.copy()).dtype == F64
+    np.testing.assert_array_equal(cpu.matmul_tn(a64.T.copy(), b64), a64 @ b64)
+
+
+# ---------------------------------------------------------------- CUDA's own paths
+
+
+@pytest.mark.parametrize("dtype", TRAINING, ids=dtypes.name)
+def test_cuda_kernels_with_k_zero(cuda, dtype):
+    """K = 0: cuda.py fills C without a launch (the cases above); the kernels themselves,
+    launched directly, must give the same: bias or 0 (no k-tile runs, and no cp.async is left
+    in flight)."""
+    runtime, cupy = cuda.runtime, cuda.xp
+    bias = rand(133, dtype)
+    for aligned in (False, True):
+        kernel = (
+            runtime.compiled("gemm.cu", "gemm_f32", False, False, aligned)
+            if dtype == F32
+            else runtime.compiled("gemm.cu", "gemm_tc", dtype, False, False, aligned)
+        )
+        tile = 64 if dtype == F32 else 128
+        operand = cupy.zeros(64, dtype)  # a valid address for A and B; with K = 0 none is read
+        c = cupy.full((37, 133), 7, dtype)
+        sizes = (np.int32(37), np.int32(133), np.int32(0), np.int64(0), np.int64(0))
+        grid = (runtime.blocks_for(133, tile), runtime.blocks_for(37, tile), 1)
+        kernel(grid, (256,), (operand, operand, cuda.asarray(bias), c, *sizes, np.int64(37 * 133)))
+        close(cuda.to_numpy(c), np.broadcast_to(bias, (37, 133)))
+
+
+@pytest.mark.parametrize("dtype", TRAINING, ids=dtypes.name)
+def test_cuda_cublas_switch(cuda, monkeypatch, dtype):
+    """TG_MATMUL=cublas: a linear layer's three GEMMs through cupy.matmul, the CPU's results."""
+    monkeypatch.setenv("TG_MATMUL", "cublas")
+    for kernel, call, _ in LAYER_CALLS:
+        check.on_cuda(Case(kernel, layer, (dtype, *LAYER[0], call)), cuda)
+
+
+@gpu_only
+def test_cuda_timer_and_pool_watcher(cuda, cuda_device):
+    cupy, gpu = cuda.xp, cuda_device
+    timer = cuda.start_timer()
+    gpu.matmul(cuda.asarray(rand((512, 512), F32)), cuda.asarray(rand((512, 512), F32)))
+    assert timer.stop().seconds() > 0
+    with cuda.PoolWatcher() as watcher:
+        start = watcher.report()["used_bytes"]
+        x = cupy.zeros(1 << 20, dtype=np.uint8)
+        assert watcher.report()["used_bytes"] >= start + (1 << 20)
+        del x
+    report = watcher.report()
+    assert report["used_bytes"] == start
+    assert report["peak_used_bytes"] >= start + (1 << 20)
+    assert report["pool_total_bytes"] >= report["used_bytes"]
