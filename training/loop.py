@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
@@ -20,6 +20,7 @@ import nn
 from accounting import fits, mfu, predictions, report
 from nn import ExecutionOptions, from_preset
 from nn.hf import read_config, read_state
+from nn.options import setting, with_options
 from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
@@ -41,15 +42,13 @@ from .data import DataLoader
 from .plot import plot_metrics, read_metrics
 
 
-def setting(default, help):
-    """A RunConfig field: its default and the help of its command-line flag (training/cli.py)."""
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
+@with_options
 class RunConfig:
-    """Every setting of a run. The defaults are the no-argument CPU run (gpt2-mini on the
-    Shakespeare default, about 5 minutes on 2 cores); training/cli.py overrides them on a GPU."""
+    """Every setting of a run, the model's ExecutionOptions among them (declared in
+    nn/options.py: with_options adds their fields after these, help included). The defaults
+    are the no-argument CPU run (gpt2-mini on the Shakespeare default, about 5 minutes on 2
+    cores); training/cli.py overrides them on a GPU."""
 
     model: str = setting("gpt2-mini", "a preset of nn/config.py (PRESETS) for a fresh model")
     init_from: str = setting(None, "fine-tune from this checkpoint or Hugging Face directory")
@@ -66,21 +65,6 @@ class RunConfig:
     weight_decay: float = setting(0.1, "AdamW's decoupled decay, on the 2-D weights only")
     grad_clip: float = setting(1.0, "clip the global gradient norm to this (0 = off)")
     dtype: str = setting("fp32", "working weights and gradients: fp32, fp16 or bf16")
-    # the model's ExecutionOptions, with its defaults
-    attention: str = setting(
-        ExecutionOptions.attention, "flash (one log-sum-exp per row) or naive (T x T saved)"
-    )
-    lm_head: str = setting(
-        ExecutionOptions.lm_head, "fused (row blocks, no logits kept) or plain (B·T x Vp)"
-    )
-    lm_head_design: str = setting(
-        ExecutionOptions.lm_head_design,
-        "the fused head's: precompute (its gradients formed in the forward) or recompute "
-        "(its logits formed again in the backward)",
-    )
-    recompute: bool = setting(
-        ExecutionOptions.recompute, "blocks save only their input and redo their forward"
-    )
     zero: int = setting(0, "under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads")
     device: str = setting("cpu", "cpu or cuda")
     eval_every: int = setting(50, "steps between validation losses (0 = never)")
@@ -97,11 +81,6 @@ class RunConfig:
     save: bool = setting(True, "write no checkpoint (speed tests: 1.5 GB for gpt2)")
     report: bool = setting(True, "print no accounting report after training")
 
-    def execution_options(self):
-        """The model's ExecutionOptions these settings choose (ValueError for a bad one)."""
-        names = (f.name for f in fields(ExecutionOptions))
-        return ExecutionOptions(**{name: getattr(self, name) for name in names})
-
 
 class Trainer:
     """One rank's run. comm: the data-parallel world (distributed.init_world); rank 0 alone
@@ -113,7 +92,7 @@ class Trainer:
         self.rank0 = self.comm.rank == 0
         self.device = backend.check_device(cfg.device)
         self.dtype = dtypes.as_dtype(cfg.dtype)
-        self.options = cfg.execution_options()
+        self.options = ExecutionOptions.of(cfg)
         self.resume_state = None
         self.resumed_from = None  # the checkpoint folder a resumed run was loaded from
         with self._errors_said_once():
