@@ -213,7 +213,8 @@ def _build(config, dtype, device, options, zero, world_size, rank=0):
     gc.collect()  # so the tracker's deltas below are this model's buffers only
     before = dict(TRACKER.current)
     model = build(config, device=device, options=options)
-    optimizer = AdamW(model.named_parameters(), dtype=dtype, comm=comm, zero=zero)
+    model.flatten_parameters(dtype, shards=world_size if zero else 1)  # the working dtype
+    optimizer = AdamW(model.named_parameters(), comm=comm, zero=zero)
     gc.collect()  # the per-parameter tensors the flat buffers replaced
     return model, optimizer, {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
 

@@ -96,7 +96,7 @@ class Trainer:
         self.resume_state = None
         self.resumed_from = None  # the checkpoint folder a resumed run was loaded from
         with self._errors_said_once():
-            self.model = self._build_model()
+            self.model, weights = self._build_model()
             self.model.config.check_context(cfg.seq_len, "--seq-len")
             vocab = self.model.config.vocab_size
             shard = dict(rank=self.comm.rank, world=self.comm.size)
@@ -112,12 +112,15 @@ class Trainer:
             # checked now (ids, length, format), not at the first evaluation dozens of steps in
             DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
         self._check_same_on_every_rank()
+        # the working dtype: the weights in one flat buffer of it (in equal shards under ZeRO),
+        # which AdamW views; its fp32 master starts from the weights as they were before
+        self.model.flatten_parameters(self.dtype, shards=self.comm.size if cfg.zero else 1)
         self.optimizer = AdamW(
             self.model.named_parameters(),
             lr=cfg.lr,
             weight_decay=cfg.weight_decay,
             grad_clip=cfg.grad_clip,
-            dtype=self.dtype,
+            master=weights,
             comm=self.comm,
             zero=cfg.zero,
         )
@@ -131,6 +134,8 @@ class Trainer:
 
     # ---- set-up
     def _build_model(self):
+        """-> (the model in fp32; its weights, name -> fp32 array, for AdamW's master: a fresh
+        model's as drawn, or the checkpoint's)."""
         cfg = self.cfg
         source = cfg.resume or cfg.init_from
         self._check_fits(
@@ -138,7 +143,8 @@ class Trainer:
         )
         if source is None:  # the preset's family: GPT-2 or Llama
             config = from_preset(cfg.model)
-            return nn.build(config, seed=cfg.seed, device=self.device, options=self.options)
+            model = nn.build(config, seed=cfg.seed, device=self.device, options=self.options)
+            return model, model.state_dict()
         ckpt = checkpoint.find_checkpoint(source)
         if cfg.resume:  # verifies every file's sha256 first
             self.resume_state = checkpoint.load_trainer_state(ckpt)
@@ -146,8 +152,9 @@ class Trainer:
         else:
             checkpoint.verify(ckpt)
         model = nn.build(read_config(ckpt), seed=cfg.seed, device=self.device, options=self.options)
-        model.load_state_dict(read_state(ckpt))  # fp32 master: any --dtype can follow
-        return model
+        weights = read_state(ckpt)  # the fp32 master: any --dtype can follow
+        model.load_state_dict(weights)
+        return model, weights
 
     @contextlib.contextmanager
     def _errors_said_once(self):
