@@ -117,14 +117,16 @@ class Measurement:
 
 
 def check_measurable(device, dtype, world_size=1):
-    """Refuse fp16 on the meta device (meta.NoValues): its loss scaler skips a step on an
-    overflow, a decision that needs the gradient norm's value; and a world of R > 1 ranks
-    anywhere else (one process runs one rank: a real world runs under mpirun)."""
-    if device == "meta" and dtype == "fp16":
-        raise backend.meta.NoValues("fp16's loss scaler (it skips a step on an overflow)")
+    """Refuse fp16 on a device that holds no values (meta: NoValues): its loss scaler skips a
+    step on an overflow, a decision that needs the gradient norm's value; and a world of R > 1
+    ranks on one that does (one process runs one rank: a real world runs under mpirun; a
+    shape-only world's sums are never read)."""
+    be = backend.get(device)
+    if dtype == "fp16":
+        be.require_values("fp16's loss scaler (it skips a step on an overflow)")
     if world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {world_size}")
-    if world_size > 1 and device != "meta":
+    if world_size > 1 and be.HOLDS_VALUES:
         raise ValueError(
             f"--world-size {world_size} is counted on the meta device only (--device meta); "
             "a real world of ranks trains under mpirun (examples/train_gpt2.py)"

@@ -125,7 +125,7 @@ def format_report(m: Measurement, budget_bytes=None) -> str:
     ]
     if isinstance(c, LlamaConfig):  # the course's reference 7B is of this family
         sections.append(lecture.format_lecture(m, budget_bytes))
-    if m.device == "meta":  # counted, not run: nothing was timed
+    if not backend.get(m.device).HOLDS_VALUES:  # meta: counted, not run, nothing timed
         note = "meta device: the step was counted, not run; no times, no census by time"
         return "\n\n".join([head] + sections + [f"-- ({note})"])
     peaks = machine_peaks.get(m.device)  # measured once per machine, then cached
@@ -314,7 +314,7 @@ def _state_memory(m):
                 m.collectives,
                 predicted_collectives(m.elements, m.dtype, m.zero, R),
                 R,
-                timed=m.device != "meta",
+                timed=backend.get(m.device).HOLDS_VALUES,
             ),
         ]
     )
@@ -567,7 +567,8 @@ def _launches(m):
     total = sum(p["launches"] for p in phases.values())
     rows.append(("training step: total", total, "", ""))
     decode = len(m.decode.launches)
-    timed = f"{m.decode_seconds * 1e3:.1f} ms measured" if m.device != "meta" else ""
+    ran = backend.get(m.device).HOLDS_VALUES
+    timed = f"{m.decode_seconds * 1e3:.1f} ms measured" if ran else ""
     rows.append(("decode step (M = 1)", decode, "", timed))
     return "\n".join(
         [

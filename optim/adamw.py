@@ -160,12 +160,11 @@ class AdamW:
         """Reduce over the ranks, unscale, clip, check for inf/nan and update, all on the
         device. Returns the global gradient norm (unscaled, before clipping) and whether the
         step was skipped for an overflow; that read is the step's one host synchronization.
-        On the meta device there is nothing to read: the step's launches run and it returns
-        (None, None), norm and overflow unknown; the fp16 loss scaler, whose next scale
-        depends on that overflow, is refused (meta.NoValues)."""
-        meta = not backend.holds_values(self.master)
-        if meta and scaler is not None:
-            raise backend.meta.NoValues("the fp16 loss scaler's overflow skip")
+        On a device that holds no values (meta) there is nothing to read: the step's launches
+        run and it returns (None, None), norm and overflow unknown; the fp16 loss scaler, whose
+        next scale depends on that overflow, is refused (require_values: NoValues)."""
+        if scaler is not None:
+            self.be.require_values("the fp16 loss scaler's overflow skip")
         if lr is not None:
             self.lr = lr
         inv_scale = 1.0 / scaler.scale if scaler is not None else 1.0
@@ -200,7 +199,7 @@ class AdamW:
                 self.comm.all_gather(
                     self.master if self.working is None else self.working, what="weights"
                 )
-        if meta:
+        if not self.be.HOLDS_VALUES:
             self.step_count += 1
             return None, None
         scaled = float(backend.of(norm_sq).to_numpy(norm_sq)[0])

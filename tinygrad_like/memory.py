@@ -191,14 +191,13 @@ def counter_events(events, pid=1, tid=0, name="memory (bytes)"):
 
 # ---- the hook point for the real allocator: on CUDA, CuPy's pool seen through a memory hook
 def pool_watcher(device):
-    """The CUDA backend's PoolWatcher (enter it with `with`; .report() gives used_bytes,
-    peak_used_bytes, pool_total_bytes) to set beside TRACKER.total() and peak_total, or None
-    where there is no pool to watch (the CPU: NumPy allocates through malloc)."""
-    if device != "cuda":
-        return None
+    """The device's PoolWatcher (the CUDA backend's: enter it with `with`; .report() gives
+    used_bytes, peak_used_bytes, pool_total_bytes) to set beside TRACKER.total() and
+    peak_total, or None where there is no pool to watch (the CPU: NumPy allocates through
+    malloc; meta allocates nothing)."""
     from . import backend
 
-    watcher = getattr(backend.get("cuda"), "PoolWatcher", None)
+    watcher = getattr(backend.get(device), "PoolWatcher", None)
     return watcher() if watcher is not None else None
 
 

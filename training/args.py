@@ -143,23 +143,23 @@ def add_data_arg(p):
 
 def batch_from_args(args, vocab_size):
     """(x, y) (B, T): the first batch of --data (seed 0), or random ids when it is not given.
-    The meta device refuses --data: it would drop the ids (a step's counts do not depend on
-    them)."""
-    if args.data and args.device == "meta":
-        raise backend.meta.NoValues("--data (a token file)")
+    A device that holds no values (meta) refuses --data: it would drop the ids (a step's counts
+    do not depend on them)."""
     if args.data:
+        backend.get(args.device).require_values("--data (a token file)")
         return DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
     return random_batch(vocab_size, args.batch_size, args.seq_len)
 
 
 def check_model_args(args, model_from_checkpoint=False):
-    """Validate add_model_args' values (raises ValueError) and resolve args.device."""
+    """Validate add_model_args' values (raises ValueError) and resolve args.device: the one
+    place a script's device is resolved and checked (backend.resolve)."""
     if args.batch_size <= 0 or args.seq_len <= 0:
         raise ValueError(
             f"--batch-size and --seq-len must be positive, got {args.batch_size} and {args.seq_len}"
         )
     check_dtype(args.dtype)
-    args.device = backend.check_device(args.device or backend.default_device())
+    args.device = backend.resolve(args.device)
     check_measurable(args.device, args.dtype)
     if not model_from_checkpoint:
         config_from_args(args).check_context(args.seq_len, "--seq-len")

@@ -67,8 +67,8 @@ def resolve(argv=None):
     --resume the saved run's config: a flag given explicitly overrides a saved setting, and
     notes says so, one line each. Resuming a run already at --steps is a ValueError."""
     given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
-    device = given.get("device") or backend.default_device()
-    defaults, notes, step = (GPU_DEFAULTS if device == "cuda" else {}), [], None
+    device = backend.resolve(given.get("device"))  # the one place the device is resolved
+    defaults, notes, step = (GPU_DEFAULTS if backend.get(device).GPU else {}), [], None
     if "init_from" in given:
         given["model"] = model_of(given["init_from"], given.get("model"))
     if "resume" in given:
@@ -189,13 +189,12 @@ def validate(cfg):
     config = cfg.model and from_preset(cfg.model)  # None: --init-from's own
     check_dtype(cfg.dtype)
     ExecutionOptions.of(cfg)
-    backend.check_device(cfg.device)
-    if cfg.device == "meta":
-        raise backend.meta.NoValues(
-            "training (token files, loss values); count a step with "
-            "python scripts/report.py --device meta"
-        )
-    supported = backend.get(cfg.device).supported_dtypes()
+    be = backend.get(cfg.device)
+    be.require_values(
+        "training (token files, loss values); count a step with "
+        "python scripts/report.py --device meta"
+    )
+    supported = be.supported_dtypes()
     if cfg.dtype not in supported:
         raise ValueError(
             f"device {cfg.device} cannot train in {cfg.dtype}: it supports {', '.join(supported)}"

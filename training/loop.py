@@ -90,7 +90,7 @@ class Trainer:
         self.cfg = cfg
         self.comm = comm or Communicator()
         self.rank0 = self.comm.rank == 0
-        self.device = backend.check_device(cfg.device)
+        self.device = cfg.device  # resolved where the command line was read (training/cli.py)
         self.dtype = dtypes.as_dtype(cfg.dtype)
         self.options = ExecutionOptions.of(cfg)
         self.resume_state = None
@@ -175,22 +175,23 @@ class Trainer:
 
     def _check_fits(self, config):
         """DoesNotFit before anything big is allocated when this run's predicted peak is more
-        than the memory there: a CPU's is shared by the machine's ranks, and the report's twin
+        than the memory there: one the machine's ranks share (a CPU's) counts them all, and the
+        report's twin
         (rank 0 measures one at the end) comes beside this run's state (counted with its
         activations, which are gone by then: an upper bound)."""
         cfg, R = self.cfg, self.comm.size
         shape = (config, cfg.batch_size, cfg.seq_len, cfg.dtype)
         need = predictions.predicted_peak_bytes(*shape, self.options, zero=cfg.zero, world=R)
-        on_cpu = self.device == "cpu"
-        need *= local_size() if on_cpu else 1
-        twin = cfg.report and not cfg.quiet and (self.rank0 or on_cpu)
+        shared = backend.get(self.device).RANKS_SHARE_MEMORY
+        need *= local_size() if shared else 1
+        twin = cfg.report and not cfg.quiet and (self.rank0 or shared)
         need += predictions.predicted_peak_bytes(*shape, self.options) if twin else 0
         fits.check(
             need,
             self.device,
             f"training {cfg.resume or cfg.init_from or cfg.model} at --batch-size "
             f"{cfg.batch_size} x --seq-len {cfg.seq_len} in {cfg.dtype}"
-            + (f" on {local_size()} ranks here" if on_cpu and R > 1 else "")
+            + (f" on {local_size()} ranks here" if shared and R > 1 else "")
             + (" with the report's twin" if twin else ""),
             "lower --batch-size or --seq-len, or try --recompute"
             + (", --zero 1 or 2" if R > 1 else "")

@@ -49,6 +49,17 @@ def supported_dtypes():
     return dtypes.TRAINING
 
 
+# ---------------------------------------------------------------- what this device is
+# (asked of the backend module, backend.get(name) or backend.of(array), never by its name)
+HOLDS_VALUES = True  # its arrays have values to read back; its kernels run, and are timed
+GPU = False  # the training defaults of a CPU run; ranks talk over MPI
+RANKS_SHARE_MEMORY = True  # the ranks of one machine share its memory
+
+
+def require_values(what):
+    """Nothing: this device holds values (meta's raises NoValues)."""
+
+
 # ---------------------------------------------------------------- arrays and timing (HOST)
 
 

@@ -45,6 +45,17 @@ def supported_dtypes():
     return dtypes.TRAINING
 
 
+# ---------------------------------------------------------------- what this device is
+# (asked of the backend module, backend.get(name) or backend.of(array), never by its name)
+HOLDS_VALUES = True  # its arrays have values to read back; its kernels run, and are timed
+GPU = True  # a GPU run's training defaults; one GPU per rank, ranks talk over NCCL
+RANKS_SHARE_MEMORY = False  # each rank has a GPU's memory of its own
+
+
+def require_values(what):
+    """Nothing: this device holds values (meta's raises NoValues)."""
+
+
 # ---------------------------------------------------------------- arrays and timing
 
 

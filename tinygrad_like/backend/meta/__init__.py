@@ -16,6 +16,7 @@ embedding, adamw; runtime holds the host functions; array the MetaArray and the 
 from .. import contract
 from . import array as xp  # noqa: F401 (the array module, for code that must make views)
 from .array import MetaArray, NoValues  # noqa: F401
+from .runtime import GPU, HOLDS_VALUES, RANKS_SHARE_MEMORY, require_values  # noqa: F401
 
 name = "meta"
 
