@@ -15,7 +15,7 @@ def forward_backward(model, x, y, scaler=None, micro_batches=1, watch=None):
     if watch is not None:
         watch()
     scaled.backward()
-    return loss.item() if backend.of(loss.data).HOLDS_VALUES else None
+    return loss.item() if backend.holds_values(loss.data) else None
 
 
 def train_on(model, optimizer, batches, scaler=None, lr=None, watch=None):

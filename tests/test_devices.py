@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import fake_cupy
+import numpy as np
 import pytest
 
 from tinygrad_like import backend
@@ -13,9 +14,10 @@ from tinygrad_like.backend import cpu, meta
 from tinygrad_like.backend.meta import NoValues
 
 ROOT = Path(__file__).resolve().parents[1]
-# tests of a device by its name, or of the meta device's arrays, outside the backends; the
-# files still holding some are another change's (the peaks, the fit rules, torch's devices)
-BY_NAME = re.compile(r'[=!]= "(cpu|cuda|meta)"|holds_values|NoValues\(')
+# tests of a device by its name, or the meta device's refusal raised by name, outside the
+# backends; the files still holding some are another change's (the peaks, the fit rules,
+# torch's devices)
+BY_NAME = re.compile(r'[=!]= "(cpu|cuda|meta)"|NoValues\(')
 NOT_YET = {
     "tinygrad_like/peaks.py",
     "accounting/mfu.py",
@@ -39,6 +41,9 @@ def test_each_device_says_what_it_is():
     cpu.require_values("a loss")  # holds values: nothing to refuse
     with pytest.raises(NoValues, match="shapes, not values: a loss needs the values"):
         meta.require_values("a loss")
+    host = [[1, 2]], np.zeros(2), cpu.empty((2,), np.float32)
+    assert all(backend.holds_values(data) for data in host)
+    assert not backend.holds_values(meta.empty((2,), np.float32))
 
 
 def test_a_device_is_resolved_and_checked_in_one_place():

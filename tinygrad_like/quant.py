@@ -194,7 +194,7 @@ def quantize(weight, fmt, group_size=None, out_axis=0, rows=None):
         raise ValueError(f"quantize: a 2-D weight and out_axis 0 or 1, got {weight.shape}")
     f, (N, K) = get_format(fmt), weight.shape[:: 1 if out_axis == 0 else -1]
     g = check_group_size(fmt, K, group_size)
-    if not be.HOLDS_VALUES:  # the meta device: the stored shapes, no values
+    if not backend.holds_values(weight):  # the meta device: the stored shapes, no values
         (codes_shape, codes_dtype), scales_shape = stored_layout(fmt, N, K, g)
         codes = be.empty(codes_shape, codes_dtype)
         scales = be.empty(scales_shape, np.float32) if f.scaled else None

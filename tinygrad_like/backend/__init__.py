@@ -76,3 +76,9 @@ def is_array(data) -> bool:
         or hasattr(data, "__cuda_array_interface__")
         or isinstance(data, meta.MetaArray)
     )
+
+
+def holds_values(data) -> bool:
+    """Whether data has values to read: host data does, an array as its device says
+    (HOLDS_VALUES: the meta device's arrays hold a shape only)."""
+    return not is_array(data) or of(data).HOLDS_VALUES
