@@ -2,8 +2,6 @@
 run needs follow from its shape (accounting/report.py's predictions), and the memory there is
 from the kernel or the GPU. A refusal is one line (DoesNotFit, exit code 2)."""
 
-import os
-
 from nn.lm import kv_bytes_per_element
 from tinygrad_like import backend, dtypes
 
@@ -14,29 +12,12 @@ class DoesNotFit(ValueError):
     """What a run needs is more than the memory available."""
 
 
-def available_bytes(device):
-    """The memory that can be allocated now: the GPU's free memory; on a CPU the kernel's
-    MemAvailable (free memory and the page cache it can drop), else the free pages."""
-    if device == "cuda":
-        return backend.get("cuda").xp.cuda.Device().mem_info[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # not Linux
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def check(needed, device, what, fix):
     """DoesNotFit when needed bytes exceed the memory available on device; what needs them
     and fix (what to change) are words for the one line. The meta device allocates nothing:
     whatever it counts fits."""
-    if device == "meta":
-        return
-    have = available_bytes(device)
-    if needed > have:
+    have = backend.get(device).available_bytes()
+    if have is not None and needed > have:
         raise DoesNotFit(
             f"{what} needs about {needed / 1e9:,.2f} GB and {device} has {have / 1e9:,.2f} GB "
             f"available: {fix}"
@@ -50,10 +31,10 @@ def generation_bytes(config, dtype, tokens, device, kv_dtype=None, batch=1, stor
     dtype; an fp8 format's codes and scales, nn/lm.py kv_bytes_per_element). stored: the bytes
     of a quantized checkpoint's tensors, which become the model as they are read (on a GPU,
     copied from the host), no fp32 model built."""
-    size = dtypes.as_dtype(dtype).itemsize
+    size, host = dtypes.as_dtype(dtype).itemsize, backend.get(device).HOST_MEMORY
     kv_size = kv_bytes_per_element(kv_dtype or dtype, config.head_dim)
     if stored is not None:
-        weights = stored * (1 if device == "cpu" else 2)
+        weights = stored * (1 if host else 2)
     else:
-        weights = predictions.stored_elements(config) * (4 + (4 if device == "cpu" else size))
+        weights = predictions.stored_elements(config) * (4 + (4 if host else size))
     return weights + batch * tokens * config.kv_cache_bytes_per_token(kv_size)

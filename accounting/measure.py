@@ -33,8 +33,9 @@ from . import mfu, predictions
 def random_batch(vocab_size, batch_size, seq_len, seed=0, device="cpu"):
     """(x, y) int64 (B, T) token ids: counts and shapes do not depend on the values. On the
     meta device two shape-only arrays, nothing allocated (B x T may be far beyond memory)."""
-    if device == "meta":
-        return tuple(backend.meta.MetaArray((batch_size, seq_len), np.int64) for _ in "xy")
+    be = backend.get(device)
+    if not be.HOLDS_VALUES:
+        return tuple(be.empty((batch_size, seq_len), np.int64) for _ in "xy")
     ids = np.random.default_rng(seed).integers(0, vocab_size, (batch_size, seq_len + 1))
     return ids[:, :-1].copy(), ids[:, 1:].copy()
 
@@ -133,14 +134,16 @@ class Measurement:
 
 
 def check_measurable(device, dtype, world_size=1):
-    """Refuse fp16 on the meta device (meta.NoValues): its loss scaler skips a step on an
-    overflow, a decision that needs the gradient norm's value; and a world of R > 1 ranks
-    anywhere else (one process runs one rank: a real world runs under mpirun)."""
-    if device == "meta" and dtype == "fp16":
-        raise backend.meta.NoValues("fp16's loss scaler (it skips a step on an overflow)")
+    """Refuse fp16 on a device that holds no values (meta: NoValues): its loss scaler skips a
+    step on an overflow, a decision that needs the gradient norm's value; and a world of R > 1
+    ranks on one that does (one process runs one rank: a real world runs under mpirun; a
+    shape-only world's sums are never read)."""
+    be = backend.get(device)
+    if dtype == "fp16":
+        be.require_values("fp16's loss scaler (it skips a step on an overflow)")
     if world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {world_size}")
-    if world_size > 1 and device != "meta":
+    if world_size > 1 and be.HOLDS_VALUES:
         raise ValueError(
             f"--world-size {world_size} is counted on the meta device only (--device meta); "
             "a real world of ranks trains under mpirun (examples/train_gpt2.py)"
@@ -248,7 +251,7 @@ def _machine_peaks(device, dtype, prof):
     """-> (the machine's Peaks, read once for the whole report, None on meta; the line saying
     that the profiled step's GEMMs raised the matmul peak, or None). A GEMM kernel's rate is
     its FLOPs over its time, summed over its launches in the step."""
-    if device == "meta":
+    if not backend.get(device).HOLDS_VALUES:
         return None, None
     rows = [r for r in prof.census() if r["kernel"] in GEMMS and r["seconds"] > 0]
     best = max(rows, key=lambda r: r["flops"] / r["seconds"], default=None)
@@ -265,7 +268,8 @@ def _build(config, dtype, device, options, zero, world_size):
     gc.collect()  # so the tracker's deltas below are this model's buffers only
     before = dict(TRACKER.current)
     model = build(config, device=device, options=options)
-    optimizer = AdamW(model.named_parameters(), dtype=dtype, comm=comm, zero=zero)
+    model.flatten_parameters(dtype, shards=world_size if zero else 1)  # the working dtype
+    optimizer = AdamW(model.named_parameters(), comm=comm, zero=zero)
     gc.collect()  # the per-parameter tensors the flat buffers replaced
     return model, optimizer, {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
 

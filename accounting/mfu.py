@@ -14,10 +14,11 @@ from tinygrad_like import backend, peaks
 def device_peak(device, dtype_name, machine=None):
     """-> (FLOP/s, a phrase naming where the number comes from); None on the meta device,
     which runs nothing. machine: the Peaks to read on a CPU (default peaks.get's)."""
-    if device == "meta":
+    be = backend.get(device)
+    if not be.HOLDS_VALUES:
         return None, "no peak: the meta device runs nothing"
-    if device == "cpu":
-        cached = machine or peaks.get("cpu")
+    if not be.GPU:
+        cached = machine or peaks.get(device)
         rate = cached.flops("fp32")
         condition = cached.condition()
         return rate, (
@@ -25,7 +26,7 @@ def device_peak(device, dtype_name, machine=None):
             + (f"; {condition}" if cached.busy else "")
             + f"; cached, {peaks.REMEASURE}=1 measures again)"
         )
-    return peaks.datasheet(dtype_name, backend.get("cuda").device_name())
+    return peaks.datasheet(dtype_name, be.device_name())
 
 
 def percent(mfu, digits=1):

@@ -99,9 +99,8 @@ def for_run(config, dtype, device, batch, options):
 
 def default_budget_bytes(device):
     """The memory a run may use: the GPU's, or 8 GB on a CPU (and on meta)."""
-    if device == "cuda":
-        return backend.get("cuda").xp.cuda.Device().mem_info[1]
-    return 8 * 10**9
+    be = backend.get(device)
+    return be.total_bytes() if be.GPU else 8 * 10**9
 
 
 def format_report(m: Measurement, budget_bytes=None, counts_only=False) -> str:
@@ -109,7 +108,8 @@ def format_report(m: Measurement, budget_bytes=None, counts_only=False) -> str:
     default_budget_bytes). counts_only: only what is the same on every machine and device
     (counts, bytes, launches, predictions), the part the docs quote and tests/test_docs.py
     regenerates on the meta device; no times, MFU, peaks, compiles or census."""
-    c, timed = m.config, m.device != "meta" and not counts_only
+    be = backend.get(m.device)
+    c, timed = m.config, be.HOLDS_VALUES and not counts_only
     device = "" if counts_only else f" on {m.device}"
     head = (
         f"== accounting: L={c.n_layer}, C={c.n_embd}, H={c.n_head}, V={c.vocab_size:,}, "
@@ -132,11 +132,11 @@ def format_report(m: Measurement, budget_bytes=None, counts_only=False) -> str:
     if counts_only:
         note = "counts only: the same on every machine and device; no times, no census"
         return "\n\n".join([head] + sections + [f"-- ({note})"])
-    if m.device == "meta":  # counted, not run: nothing was timed
+    if not be.HOLDS_VALUES:  # meta: counted, not run, nothing timed
         note = "meta device: the step was counted, not run; no times, no census by time"
         return "\n\n".join([head] + sections + [f"-- ({note})"])
     peaks = m.machine  # read once for the whole report (and raised by its GEMMs, if they beat it)
-    if m.device == "cpu":  # Numba's first calls; CUDA's compiles are not counted
+    if not be.GPU:  # Numba's first calls; a GPU's (NVRTC's) compiles are not counted
         sections.append("-- " + m.compiles.describe())
     sections += [
         "-- " + peaks.describe() + (f"\n  {m.peak_note}" if m.peak_note else ""),

@@ -85,7 +85,7 @@ def main(argv=None):
         check_sampling(
             args.temperature, args.top_k, args.top_p, names=("--temperature", "--top-k", "--top-p")
         )
-        device = backend.check_device(args.device or backend.default_device())
+        device = backend.resolve(args.device)
         ckpt = find_checkpoint(args.checkpoint)
         verify(ckpt)  # a training checkpoint's sha256 sums (a flipped byte still loads)
         if args.kv_dtype not in KV_DTYPES:

@@ -2,7 +2,7 @@
 
 Each layer makes its parameters with parameter(shape, init): init() draws the initial values
 on the host (one stream whatever the device, so a model is the same on every device), except
-inside building_on("meta"), where nothing is drawn: the meta device holds shapes only.
+when building for a device that holds no values (meta: shapes only), where nothing is drawn.
 """
 
 import contextlib
@@ -28,10 +28,11 @@ def building_on(device):
 
 
 def parameter(shape, init, rows=None):
-    """A Parameter of shape from init() -> its fp32 host values, or, when building for the
-    meta device, a shape-only fp32 array with nothing drawn or allocated."""
-    if _building_for[-1] == "meta":
-        return Parameter(backend.get("meta").empty(shape, dtypes.float32), rows=rows)
+    """A Parameter of shape from init() -> its fp32 host values, or, when building for a device
+    that holds no values (meta), a shape-only fp32 array with nothing drawn or allocated."""
+    device = _building_for[-1]
+    if device is not None and not backend.get(device).HOLDS_VALUES:
+        return Parameter(backend.get(device).empty(shape, dtypes.float32), rows=rows)
     return Parameter(init(), rows=rows)
 
 

@@ -18,9 +18,11 @@ def model_class(config):
     raise TypeError(f"no model family for a {type(config).__name__}")
 
 
-def build(config, seed=0, device=None, options=None):
-    """A fresh model of config's family (random weights from seed), run with options."""
-    return model_class(config)(config, seed=seed, device=device, options=options)
+def build(config, seed=0, device=None, options=None, dtype=None):
+    """A fresh model of config's family (random weights from seed, drawn in fp32), run with
+    options; with dtype, laid out for training in that working dtype (flatten_parameters)."""
+    model = model_class(config)(config, seed=seed, device=device, options=options)
+    return model if dtype is None else model.flatten_parameters(dtype)
 
 
 def from_pretrained(path, dtype=None, device=None, options=None):

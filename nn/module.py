@@ -14,6 +14,8 @@ from tinygrad_like.memory import TRACKER
 from tinygrad_like.padded_rows import PaddedRows
 from tinygrad_like.quant import QuantizedWeight, dequantize
 
+from .flat import flatten_parameters
+
 
 class Parameter(Tensor, PaddedRows):
     """rows: how many leading rows are parameters when the storage has zero rows past them (the
@@ -24,11 +26,12 @@ class Parameter(Tensor, PaddedRows):
     def __init__(self, data, dtype=None, device=None, rows=None):
         super().__init__(data, requires_grad=True, dtype=dtype, device=device)
         self.rows = rows
+        self.flat = None  # the FlatParameters whose buffer this one views (nn/flat.py)
         TRACKER.register(self.data, "weights")
 
-    def assign(self, array):
-        """Rebind to a new buffer (a cast copy, or a view into the optimizer's flat buffer)."""
-        self.data = array
+    def assign(self, array, flat=None):
+        """Rebind to a new buffer: a cast or moved copy, or a view of flat's buffer."""
+        self.data, self.flat = array, flat
         TRACKER.register(array, "weights")
 
 
@@ -94,7 +97,8 @@ class Module:
                 kernels.launch("fill", p.grad.data, 0)
 
     def to(self, dtype=None, device=None):
-        """Move every parameter to device and/or cast it to dtype (e.g. bf16 inference).
+        """Move every parameter to device and/or cast it to dtype (e.g. bf16 inference), each
+        into a buffer of its own (training lays them out in one: flatten_parameters).
         model.to("cuda") and model.to("bf16") also work."""
         if dtype in backend.DEVICES:
             dtype, device = None, dtype
@@ -109,6 +113,16 @@ class Module:
                 if dtype is not None and p.dtype != dtypes.as_dtype(dtype):
                     p.assign(kernels.launch("cast", p.data, dtypes.as_dtype(dtype)))
                     p.grad = None
+        return self
+
+    def flatten_parameters(self, dtype=None, shards=1):
+        """Take the working dtype of training: every parameter becomes a view of one flat
+        buffer of dtype (default their own), which the optimizer updates in one launch (nn/flat.py:
+        its layout, and zeros up to a multiple of shards for ZeRO's equal shards). -> self."""
+        quantized = [name for name, p in self.named_parameters() if isinstance(p, QuantizedWeight)]
+        if quantized:
+            raise ValueError(f"a quantized model ({quantized[0]}, ...) is for inference only")
+        flatten_parameters(self.parameters(), dtype, shards)
         return self
 
     def replace_parameters(self, new):

@@ -1,28 +1,35 @@
 """AdamW over flat buffers: one fused kernel updates every parameter.
 
-At construction the parameters are packed into flat buffers (2-D weights first, so weight
-decay applies to a prefix) and each Parameter is rebound to a view of the working buffer, its
-.grad to a view of the gradient buffer. The persistent state is then exactly:
+The model's parameters are views of one flat buffer in its working dtype, which the model took
+before the optimizer was made (nn/flat.py: Module.flatten_parameters, nn.build(config,
+dtype=...)): AdamW views that buffer as its working weights, and allocates the rest, each one
+flat buffer of the same layout: the fp32 master, m, v and the gradients (each Parameter's .grad
+is a view of the gradient buffer, as PyTorch's DDP does with gradient_as_bucket_view). It never
+rebinds a parameter. The persistent state is then exactly:
 
     dtype   working weights   gradients   master   m    v    = bytes per parameter
     fp32    4                 4           -        4    4    = 16 (the weights are the master)
     fp16    2                 2           4        4    4    = 16
     bf16    2                 2           4        4    4    = 16
 
-A step is three launches whatever the model: the gradient's sum of squares (for clipping and
-the overflow check), the fused update, and (in zero_grad) one fill of the gradient buffer.
+The master starts from `master` (name -> fp32 values: a checkpoint's, or a fresh model's taken
+before its cast, so that a 2-byte dtype loses nothing) or else from the weights themselves; the
+working weights are then set to its rounding, as every step leaves them. A step is three
+launches whatever the model: the gradient's sum of squares (for clipping and the overflow
+check), the fused update, and (in zero_grad) one fill of the gradient buffer.
 
 A parameter stored with zero padding rows (Parameter.rows: the tied wte, padded to an aligned
-vocabulary) is packed whole, padding included: those elements are real memory in every buffer.
+vocabulary) is laid out whole, padding included: those elements are real memory in every buffer.
 Their gradient is always zero, so m, v and the weights stay exactly zero there (decay keeps 0 at
 0). The checkpoint state (master_state, state_dict) holds the parameter rows only.
 
 Data parallel (comm: a tinygrad_like.distributed communicator of R ranks), ZeRO stage `zero`:
     0 (DDP)  the gradient buffer is all-reduced; every rank updates everything
-    1        each rank keeps master, m and v of one shard only (1/R of the flat buffers, padded
-             to R equal parts): the gradients are reduce-scattered (each rank needs the sum of
-             its shard only, so an all-reduce would send half again as much for nothing), the
-             rank updates its shard and all-gathers the working weights: the bytes DDP sends
+    1        each rank keeps master, m and v of one shard only (1/R of the flat buffers, which
+             the layout pads to R equal parts: flatten_parameters(dtype, shards=R)): the
+             gradients are reduce-scattered (each rank needs the sum of its shard only, so an
+             all-reduce would send half again as much for nothing), the rank updates its shard
+             and all-gathers the working weights: the bytes DDP sends
     2        as 1, and the shard of the gradients is all a rank keeps of them between steps:
              the full-size buffer the backward accumulates into lives from zero_grad() to the
              reduce-scatter (one per step, counted in its peak; a bucketed reduce-scatter
@@ -50,7 +57,7 @@ class AdamW:
         eps=1e-8,
         weight_decay=0.1,
         grad_clip=0.0,
-        dtype=None,
+        master=None,
         comm=None,
         zero=0,
     ):
@@ -62,56 +69,45 @@ class AdamW:
         self.lr, self.betas, self.eps = lr, betas, eps
         self.weight_decay, self.grad_clip = weight_decay, grad_clip
         self.step_count = 0
-        # decay the 2-D weights (matmuls, embeddings), not biases or layernorm gains
-        named.sort(key=lambda kv: kv[1].ndim < 2)
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.n_decay = sum(p.numel() for p in self.params if p.ndim >= 2)
-        self.dtype = dtypes.as_dtype(dtype) if dtype is not None else self.params[0].dtype
         if zero not in (0, 1, 2):
             raise ValueError(f"ZeRO stage must be 0, 1 or 2, got {zero}")
         self.comm, self.zero = comm or Communicator(), zero
-        self._pack()
+        self.flat = _flat_of([p for _, p in named], self.comm.size if zero else 1)
+        order = {id(p): i for i, p in enumerate(self.flat.params)}
+        named.sort(key=lambda kv: order[id(kv[1])])  # the layout's order
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.spans = dict(zip(self.names, self.flat.spans))
+        # the layout puts the 2-D weights (matmuls, embeddings) first: decay covers a prefix,
+        # not the biases or norm gains after it
+        self.n_decay = sum(p.numel() for p in self.params if p.ndim >= 2)
+        self.dtype = self.flat.data.dtype
+        self._allocate(master)
 
     # ---- the flat buffers
-    def _pack(self):
-        be = self.be = backend.of(self.params[0].data)
-        edges = np.cumsum([0] + [p.numel() for p in self.params]).tolist()
-        self.spans = {name: (lo, hi) for name, lo, hi in zip(self.names, edges, edges[1:])}
-        n, R = edges[-1], self.comm.size
+    def _allocate(self, master):
+        be = self.be = backend.of(self.flat.data)
+        self.numel, self.padding = self.flat.numel, self.flat.padding
         # the shard this rank updates: all of it (ZeRO-0) or one of R equal parts
-        size = -(-n // R) if self.zero else n
-        self.numel = size * R if self.zero else n
-        self.padding = self.numel - n
-        self.shard = (self.comm.rank * size, self.comm.rank * size + size) if self.zero else (0, n)
-        lo, hi = self.shard
-        master = be.empty((self.numel,), dtypes.float32)
-        for p, (a, b) in zip(self.params, self.spans.values()):
-            weights = kernels.launch("cast", p.data, dtypes.float32).reshape(-1)
-            kernels.launch("copy", master[a:b], weights)
-        if self.padding:  # stays 0 in every buffer, like wte's rows
-            kernels.launch("fill", master[n:], 0)
-        self.comm.broadcast(master, what="weights")  # every rank starts from rank 0's
-        if self.dtype == dtypes.float32:
-            self.working = None  # the master is the working copy
-            self.master = master
-            TRACKER.register(self.master, "weights")
-        else:
-            self.working = kernels.launch("cast", master, self.dtype)
+        size = self.numel // self.comm.size if self.zero else self.numel
+        lo = self.comm.rank * size if self.zero else 0
+        lo, hi = self.shard = (lo, lo + size)
+        full = self._full_master(master)
+        if self.dtype == dtypes.float32:  # the weights are the master (tagged "weights")
+            self.working, self.master = None, full
+        else:  # the model's weights, set to the master's rounding
+            self.working = self.flat.data
+            kernels.launch("copy", self.working, kernels.launch("cast", full, self.dtype))
             self.master = (
-                master
+                full
                 if not self.zero
-                else kernels.launch("copy", be.empty((size,), dtypes.float32), master[lo:hi])
+                else kernels.launch("copy", be.empty((size,), dtypes.float32), full[lo:hi])
             )
             TRACKER.register(self.master, "master")
-            TRACKER.register(self.working, "weights")
         self.m = kernels.launch("fill", be.empty((size,), dtypes.float32), 0)
         self.v = kernels.launch("fill", be.empty((size,), dtypes.float32), 0)
         TRACKER.register(self.m, "adam_m")
         TRACKER.register(self.v, "adam_v")
-        weights = self.master if self.working is None else self.working
-        for p, (a, b) in zip(self.params, self.spans.values()):
-            p.assign(weights[a:b].reshape(p.shape))
         self.grad = None  # what the backward accumulates into: all numel elements
         self.grad_shard = None  # the reduced gradient of this rank's shard (step())
         if self.zero == 2:  # what a rank keeps: its shard, copied out of the reduce-scatter
@@ -119,6 +115,18 @@ class AdamW:
             TRACKER.register(self.grad_kept, "gradients")
         else:
             self._bind_gradients()
+
+    def _full_master(self, master):
+        """(numel,) fp32: all the master weights, rank 0's on every rank: master's values (name
+        -> fp32 array) or else the weights' own; in fp32 the weights' buffer itself."""
+        weights, fp32 = self.flat.data, dtypes.float32
+        if master is None:
+            full = weights if self.dtype == fp32 else kernels.launch("cast", weights, fp32)
+        else:
+            values = self.be.asarray(self._host_flat(master, "master weights"))
+            full = kernels.launch("copy", weights, values) if self.dtype == fp32 else values
+        self.comm.broadcast(full, what="weights")  # every rank starts from rank 0's
+        return full
 
     def _bind_gradients(self):
         """A zeroed full-size gradient buffer, each Parameter's .grad a view of it."""
@@ -152,12 +160,11 @@ class AdamW:
         """Reduce over the ranks, unscale, clip, check for inf/nan and update, all on the
         device. Returns the global gradient norm (unscaled, before clipping) and whether the
         step was skipped for an overflow; that read is the step's one host synchronization.
-        On the meta device there is nothing to read: the step's launches run and it returns
-        (None, None), norm and overflow unknown; the fp16 loss scaler, whose next scale
-        depends on that overflow, is refused (meta.NoValues)."""
-        meta = not backend.holds_values(self.master)
-        if meta and scaler is not None:
-            raise backend.meta.NoValues("the fp16 loss scaler's overflow skip")
+        On a device that holds no values (meta) there is nothing to read: the step's launches
+        run and it returns (None, None), norm and overflow unknown; the fp16 loss scaler, whose
+        next scale depends on that overflow, is refused (require_values: NoValues)."""
+        if scaler is not None:
+            self.be.require_values("the fp16 loss scaler's overflow skip")
         if lr is not None:
             self.lr = lr
         inv_scale = 1.0 / scaler.scale if scaler is not None else 1.0
@@ -192,7 +199,7 @@ class AdamW:
                 self.comm.all_gather(
                     self.master if self.working is None else self.working, what="weights"
                 )
-        if meta:
+        if not self.be.HOLDS_VALUES:
             self.step_count += 1
             return None, None
         scaled = float(backend.of(norm_sq).to_numpy(norm_sq)[0])
@@ -227,28 +234,31 @@ class AdamW:
         """Load a checkpoint's m and v (whatever the number of ranks that saved it): this rank
         keeps its shard."""
         expected = {f"{b}.{n}" for b in "mv" for n in self.names}
-        if set(arrays) != expected:
-            missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
-            raise ValueError(
-                f"optimizer state does not match the model (nothing loaded): "
-                f"missing {missing[:5]}, unexpected {extra[:5]}"
-            )
-        params = dict(zip(self.names, self.params))
-        for key, array in arrays.items():
-            n = params[key[2:]].unpadded_numel()
-            if array.size != n:
-                raise ValueError(
-                    f"optimizer state {key} has {array.size} values, the "
-                    f"parameter has {n} (nothing loaded)"
-                )
+        _check_names(arrays, expected, "optimizer state")
         lo, hi = self.shard
-        for buf, letter in ((self.m, "m"), (self.v, "v")):
-            flat = np.zeros(self.numel, np.float32)  # padding rows and the tail stay 0
-            for name, (a, _) in self.spans.items():  # the parameter rows lead
-                array = np.asarray(arrays[f"{letter}.{name}"], np.float32).reshape(-1)
-                flat[a : a + array.size] = array
+        flats = [self._host_flat(arrays, "optimizer state", prefix) for prefix in ("m.", "v.")]
+        for buf, flat in zip((self.m, self.v), flats):  # all checked first: nothing half-loaded
             kernels.launch("copy", buf, self.be.asarray(flat[lo:hi]))
         self.step_count = int(scalars["step"])
+
+    def _host_flat(self, arrays, what, prefix=""):
+        """(numel,) fp32 host array of arrays[prefix + name] (each the parameter rows, as state
+        dicts hold them) laid out as the flat buffers are, zero in the padding rows and the
+        tail; ValueError (nothing loaded) for a missing name or a wrong size."""
+        _check_names(
+            {k for k in arrays if k.startswith(prefix)}, {prefix + n for n in self.names}, what
+        )
+        flat = np.zeros(self.numel, np.float32)
+        for name, p in zip(self.names, self.params):
+            array = np.asarray(arrays[prefix + name], np.float32).reshape(-1)
+            if array.size != p.unpadded_numel():
+                raise ValueError(
+                    f"{what} {prefix + name} has {array.size} values, the parameter has "
+                    f"{p.unpadded_numel()} (nothing loaded)"
+                )
+            lo = self.spans[name][0]
+            flat[lo : lo + array.size] = array  # the parameter rows lead
+        return flat
 
     def _gathered(self, buf):
         """The full flat buffer of which buf is this rank's shard (or buf, if it is whole)."""
@@ -267,3 +277,32 @@ class AdamW:
             name: p.unpadded(host[lo:hi].reshape(p.shape)).astype(np.float32)
             for p, (name, (lo, hi)) in zip(self.params, self.spans.items())
         }
+
+
+def _flat_of(params, shards):
+    """The FlatParameters params are laid out in, all of it and nothing else, in equal shards
+    (ValueError otherwise: the model takes its working dtype, and so its layout, first)."""
+    flat = params[0].flat
+    ids = {id(p) for p in params}
+    if flat is None or len(ids) != len(flat.params) or any(p.flat is not flat for p in params):
+        raise ValueError(
+            "AdamW views the model's working weights, which must be one flat buffer of exactly "
+            "these parameters: lay them out first (model.flatten_parameters(dtype), "
+            "nn.build(config, dtype=...), nn.flat.flatten_parameters(params, dtype))"
+        )
+    if flat.numel % shards:
+        raise ValueError(
+            f"ZeRO over {shards} ranks splits the flat buffers into {shards} equal shards: lay "
+            f"the parameters out for them (flatten_parameters(dtype, shards={shards}))"
+        )
+    return flat
+
+
+def _check_names(given, expected, what):
+    """ValueError naming what is missing from given and what is unexpected in it."""
+    if set(given) != expected:
+        missing, extra = sorted(expected - set(given)), sorted(set(given) - expected)
+        raise ValueError(
+            f"{what} does not match the model (nothing loaded): "
+            f"missing {missing[:5]}, unexpected {extra[:5]}"
+        )

@@ -80,7 +80,7 @@ from accounting import mfu, roofline, roofline_plot
 from accounting.measure import random_batch
 from accounting.tables import table
 from nn import GPT2Config
-from tinygrad_like import peaks
+from tinygrad_like import backend, peaks
 from tinygrad_like.profiler import format_census
 from training.args import (
     ArgumentParser,
@@ -189,10 +189,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     with user_errors():
         check_model_args(args)
-        if args.device == "meta":
+        if not backend.get(args.device).HOLDS_VALUES:
             raise ValueError(
-                "--device meta counts a step without running it, so there is nothing to time: "
-                "count it with python scripts/report.py --device meta"
+                f"--device {args.device} counts a step without running it, so there is nothing "
+                f"to time: count it with python scripts/report.py --device {args.device}"
             )
         options_from_args(args)
         for name in ("steps", "rounds", "prompt_len", "new_tokens", "gen_batch", "gen_repeats"):
@@ -233,7 +233,7 @@ def import_torch(device, dtype, log):
     if dtype not in PEER_DTYPES:
         log(f"no PyTorch peer in {dtype} (only {', '.join(PEER_DTYPES)})")
         return None
-    if device == "cuda" and not torch.cuda.is_available():
+    if backend.get(device).GPU and not torch.cuda.is_available():
         log(f"torch {torch.__version__} sees no GPU: no PyTorch peer")
         return None
     return torch
@@ -262,7 +262,7 @@ def run(args, results, log=print):
         peak_name=peak_name,
     )
     log(machine.format_environment(env, peak_name))
-    if torch is not None and args.device == "cpu":
+    if torch is not None and not backend.get(args.device).GPU:
         time.sleep(0.5)  # OpenBLAS's threads spin a while after a call: let them sleep first
         results["torch_peak_flops"] = machine.torch_matmul_rate(torch)
         log(
@@ -303,7 +303,7 @@ def run(args, results, log=print):
         results["decode_formats"] = run_decode_formats(args, model, log)
     if args.decode_sweep:
         results["decode_sweep"] = run_decode_sweep(args, log)
-    if args.device == "cpu":  # a peak that a busy machine lowered is raised for the next run
+    if not backend.get(args.device).GPU:  # a peak that a busy machine lowered is raised
         what = f"np.matmul {peaks.CPU_GEMM}^3 at the bench's end"
         note = peaks.beaten("cpu", "fp32", peaks.cpu_matmul_rate(), what)[1]
         if note:

@@ -259,7 +259,7 @@ def parse_args(argv=None):
             check_dtype(name)
         if cupy is None:
             raise RuntimeError("CuPy is not installed: this benchmark needs a CUDA GPU")
-        backend.check_device("cuda")
+        backend.resolve("cuda")
     return args
 
 

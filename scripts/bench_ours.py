@@ -21,7 +21,7 @@ def build_ours(
 ):
     """Our model (options: attention, lm_head, recompute) and AdamW, and the fp16 loss scaler
     (None in fp32 and bf16)."""
-    model = GPT2(config, seed=seed, device=device, **options)
+    model = GPT2(config, seed=seed, device=device, **options).flatten_parameters(dtype)
     opt = AdamW(
         model.named_parameters(),
         lr=lr,
@@ -29,7 +29,6 @@ def build_ours(
         eps=1e-8,
         weight_decay=weight_decay,
         grad_clip=grad_clip,
-        dtype=dtype,
     )
     return model, opt, LossScaler() if dtype == "fp16" else None
 

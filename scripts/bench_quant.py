@@ -20,11 +20,11 @@ from training.args import ArgumentParser, user_errors
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)]  # (K, N)
 
 
-def best_seconds(fn, repeats, elements):
+def best_seconds(fn, be, repeats, elements):
     """The best of `repeats` tries, each of enough launches to take a few ms, per launch."""
     fn()  # warm-up: compiles on a cold cache
     launches = max(3, int(2e7 // elements))
-    be, best = backend.get(backend.default_device()), float("inf")
+    best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(launches):
@@ -34,20 +34,19 @@ def best_seconds(fn, repeats, elements):
     return best
 
 
-def row(fmt, repeats, rng):
-    be = backend.get(backend.default_device())
+def row(fmt, be, repeats, rng):
     cells = [fmt]
     for K, N in SHAPES:
         x = be.asarray(rng.normal(size=(1, K)).astype(np.float32))
         W = rng.normal(0, 0.02, (N, K)).astype(np.float32)
         if fmt == "fp32":
             Wt, nbytes = be.asarray(np.ascontiguousarray(W.T)), W.nbytes
-            seconds = best_seconds(lambda: kernels.on(be).matmul(x, Wt), repeats, N * K)
+            seconds = best_seconds(lambda: kernels.on(be).matmul(x, Wt), be, repeats, N * K)
         else:
             qw = quant.quantize(be.asarray(W), fmt)
             args = x, qw.codes, qw.scales, fmt, qw.group_size
             nbytes = qw.nbytes
-            seconds = best_seconds(lambda: kernels.on(be).qmatmul(*args), repeats, N * K)
+            seconds = best_seconds(lambda: kernels.on(be).qmatmul(*args), be, repeats, N * K)
         cells.append(f"{seconds * 1e3:,.3f} ms {nbytes / seconds / 1e9:,.2f} GB/s")
     return cells
 
@@ -63,10 +62,11 @@ def main(argv=None):
             formats.get_format(fmt)
         if args.repeats <= 0:
             raise ValueError("--repeats must be positive")
+        device = backend.resolve()  # TG_DEVICE's, or the GPU when one is usable
     rng = np.random.default_rng(0)
-    rows = [row(fmt, args.repeats, rng) for fmt in chosen + ["fp32"]]
+    rows = [row(fmt, backend.get(device), args.repeats, rng) for fmt in chosen + ["fp32"]]
     head = ["weights"] + [f"{K} x {N}" for K, N in SHAPES]
-    print(f"-- qmatmul GEMV (M = 1) on {backend.default_device()}, best of {args.repeats}")
+    print(f"-- qmatmul GEMV (M = 1) on {device}, best of {args.repeats}")
     print(table(head, rows, "l" + "r" * len(SHAPES)))
 
 

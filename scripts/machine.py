@@ -50,7 +50,7 @@ def environment_info(torch=None, device="cpu"):
             "mkldnn": bool(torch.backends.mkldnn.is_available()),
             "blas": _torch_blas(torch),
         }
-    if device == "cuda":
+    if backend.get(device).GPU:
         import cupy
 
         info["gpu"] = {

@@ -75,7 +75,7 @@ def parse_args(argv=None):
     )
     args = p.parse_args(argv)
     with user_errors():
-        backend.check_device(args.device)
+        args.device = backend.resolve(args.device)
         if args.dtype not in dtypes.TRAINING:
             raise ValueError(
                 f"unknown --dtype {args.dtype!r}: use one of {', '.join(dtypes.TRAINING)}"
@@ -265,7 +265,7 @@ def predictions(results, peaks, dtype="fp32", device="cpu"):
     it held)]; (a), (b), (c) and (f) need M = 512 and (d), (e) M = 1: without them, left out."""
     by = {m: {r["row"]: r for r in rows} for m, rows in results.items()}
     big, one = by.get(512), by.get(1)
-    gpu = device == "cuda"
+    gpu = backend.get(device).GPU
     out = []
 
     if big:

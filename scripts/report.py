@@ -15,6 +15,7 @@ allocated before the fit check, nor at all on the meta device (its batch is shap
 import time
 
 from accounting import fits, measure, predictions, report
+from tinygrad_like import backend
 from training.args import (
     ArgumentParser,
     add_step_args,
@@ -79,7 +80,7 @@ def main(argv=None):
             "use a smaller --model, --batch-size or --seq-len",
         )
         # on meta (no --data, which it refuses) measure's batch: shapes, nothing allocated
-        meta = args.device == "meta" and not args.data
+        meta = not backend.get(args.device).HOLDS_VALUES and not args.data
         batch = None if meta else batch_from_args(args, config.vocab_size)
     t0 = time.perf_counter()
     m = measure.measure(

@@ -53,7 +53,7 @@ def gpt2():
     bytes the two allocated per tag."""
 
     def build():
-        model = GPT2(GPT2Config.from_preset("gpt2"), options=NAIVE_PLAIN)
+        model = GPT2(GPT2Config.from_preset("gpt2"), options=NAIVE_PLAIN).flatten_parameters()
         return model, AdamW(model.named_parameters())
 
     (model, optimizer), allocated = allocated_by(build)
@@ -172,8 +172,8 @@ def test_gpt2_fp32_state_is_16_bytes_per_parameter(gpt2):
 @pytest.mark.parametrize("dtype, expected", [("fp32", FULL), ("fp16", HALF), ("bf16", HALF)])
 def test_state_bytes_per_parameter(dtype, expected):
     def build():
-        model = GPT2(GPT2Config.from_preset("gpt2-mini"))
-        return model, AdamW(model.named_parameters(), dtype=dtype)
+        model = GPT2(GPT2Config.from_preset("gpt2-mini")).flatten_parameters(dtype)
+        return model, AdamW(model.named_parameters())
 
     (model, _), allocated = allocated_by(build)
     n = stored_elements(model)
@@ -276,7 +276,7 @@ def test_memory_trace_writes_a_valid_chrome_trace_and_plot(data_dir, tmp_path, c
 
 def test_phase_spans_follow_the_step():
     """A step is forward, backward, optimizer, in that order, one span each."""
-    model = GPT2(GPT2Config.from_preset("gpt2-tiny"))
+    model = GPT2(GPT2Config.from_preset("gpt2-tiny")).flatten_parameters()
     optimizer = AdamW(model.named_parameters())
     x, y = measure.random_batch(model.config.vocab_size, 2, 8)
     with Profiler(timing=True) as prof:
@@ -293,7 +293,7 @@ def test_a_deferred_profiler_counts_what_a_profiler_counts():
     """Profiler(deferred=True) counts a launch when its launches are read, not as it runs
     (but for those a tape record counts as they run): the same launches, phases, math labels,
     FLOPs, exps and bytes as a profiler that counts at once."""
-    model = GPT2(GPT2Config.from_preset("gpt2-tiny"))
+    model = GPT2(GPT2Config.from_preset("gpt2-tiny")).flatten_parameters()
     optimizer = AdamW(model.named_parameters())
     x, y = measure.random_batch(model.config.vocab_size, 2, 8)
 

@@ -265,6 +265,7 @@ def test_ranks_that_disagree_are_refused(shakespeare, tmp_path):
 def test_sharded_adamw_in_one_process_is_plain_adamw():
     """ZeRO-1 and ZeRO-2 over a world of one (every collective the identity) step exactly as
     the unsharded optimizer: the sharding code path is the same arithmetic."""
+    from nn.flat import flatten_parameters
     from nn.module import Parameter
 
     shapes = [(5, 3), (7,), (2, 4)]
@@ -272,6 +273,7 @@ def test_sharded_adamw_in_one_process_is_plain_adamw():
     for zero in (0, 1, 2):
         rng = np.random.default_rng(0)
         params = [Parameter(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+        flatten_parameters(params)
         opt = AdamW(params, lr=1e-2, grad_clip=1.0, comm=Communicator(), zero=zero)
         for step in range(3):
             opt.zero_grad()

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from nn import GPT2, GPT2Config
 from nn.hf import read_state
+from tinygrad_like import backend
 from training import checkpoint
 from training.args import user_errors
 from training.cli import main, resolve
@@ -762,9 +763,7 @@ def test_the_readmes_training_commands_each_have_a_run_folder_of_their_own():
 @pytest.fixture
 def memory_24gb(monkeypatch):
     """24 GB available (the machine of issue 25): nothing is allocated to find out."""
-    from accounting import fits
-
-    monkeypatch.setattr(fits, "available_bytes", lambda device: 24 * 10**9)
+    monkeypatch.setattr(backend.cpu, "available_bytes", lambda: 24 * 10**9)
 
 
 def test_accounting_of_a_model_that_does_not_fit_is_refused_at_once(memory_24gb, capsys):
@@ -786,9 +785,7 @@ def test_training_a_model_that_does_not_fit_is_refused_before_building_it(
 
 
 def test_generating_from_a_checkpoint_that_does_not_fit_is_refused(tmp_path, monkeypatch, capsys):
-    from accounting import fits
-
-    monkeypatch.setattr(fits, "available_bytes", lambda device: 10**6)
+    monkeypatch.setattr(backend.cpu, "available_bytes", lambda: 10**6)
     GPT2(GPT2Config.from_preset("gpt2-tiny")).save_pretrained(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         script_main("examples/generate.py")(

@@ -148,7 +148,7 @@ def test_gpt2_fused_trains_to_the_plain_heads_losses(small_blocks, design):
     batches = [random_batch(cfg.vocab_size, 2, 13, seed=s) for s in range(3)]  # 26 rows
     losses = {}
     for lm_head in ("plain", "fused"):
-        model = GPT2(cfg, options=head(lm_head, design))
+        model = GPT2(cfg, options=head(lm_head, design)).flatten_parameters()
         opt = AdamW(model.named_parameters(), lr=1e-2)
         losses[lm_head] = [train_on(model, opt, [b])[0] for b in batches]
     np.testing.assert_allclose(losses["fused"], losses["plain"], rtol=1e-5)

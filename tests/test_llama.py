@@ -238,7 +238,7 @@ def test_execution_options_give_the_default_s_gradients(options):
 def test_a_few_steps_lower_the_loss():
     from optim import AdamW
 
-    model = nn.build(nn.from_preset("llama-tiny"), seed=0)
+    model = nn.build(nn.from_preset("llama-tiny"), seed=0, dtype="fp32")
     opt = AdamW(model.named_parameters(), lr=3e-3)
     x = ids(model.config, B=4, T=16)
     y = np.roll(x, -1, axis=1)

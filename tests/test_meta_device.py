@@ -79,7 +79,8 @@ def _recorded_step(device, config, dtype, B, T, options, comm=None, zero=0):
     """One training step after a warm-up: every buffer's birth and death as (tag, bytes), the
     peak per tag above the step's start, the launches and the collectives."""
     model = build(config, device=device, options=options)
-    optimizer = AdamW(model.named_parameters(), dtype=dtype, comm=comm, zero=zero)
+    model.flatten_parameters(dtype, shards=comm.size if comm and zero else 1)
+    optimizer = AdamW(model.named_parameters(), comm=comm, zero=zero)
     x, y = measure.random_batch(config.vocab_size, B, T)
     step.train_on(model, optimizer, [(x, y)])
     gc.collect()
@@ -243,8 +244,8 @@ def test_reading_a_meta_array_raises_the_clear_error():
 
 
 def test_a_loss_and_a_gradient_norm_are_refused_but_the_step_runs():
-    model = GPT2(TINY, device="meta")
-    optimizer = AdamW(model.named_parameters(), dtype="bf16", grad_clip=1.0)
+    model = GPT2(TINY, device="meta").flatten_parameters("bf16")
+    optimizer = AdamW(model.named_parameters(), grad_clip=1.0)
     x, y = measure.random_batch(TINY.vocab_size, 2, 16)
     _, loss = model(x, y)
     with pytest.raises(NoValues):
@@ -259,8 +260,8 @@ def test_a_loss_and_a_gradient_norm_are_refused_but_the_step_runs():
 def test_fp16_is_refused_on_meta():
     with pytest.raises(NoValues, match="fp16's loss scaler"):
         measure.measure(TINY, "fp16", "meta")
-    model = GPT2(TINY, device="meta")
-    optimizer = AdamW(model.named_parameters(), dtype="fp16")
+    model = GPT2(TINY, device="meta").flatten_parameters("fp16")
+    optimizer = AdamW(model.named_parameters())
     with pytest.raises(NoValues, match="overflow skip"):
         step.train_on(model, optimizer, [measure.random_batch(TINY.vocab_size, 1, 8)], LossScaler())
 

@@ -10,6 +10,7 @@ import pytest
 
 import tinygrad_like.functional as F
 from nn import GPT2, GPT2Config
+from nn.flat import flatten_parameters
 from nn.hf import read_state
 from nn.module import Parameter
 from optim import AdamW, LossScaler
@@ -70,7 +71,8 @@ def some_params(rng):
 )
 def test_overflow_skips_step_and_changes_nothing(rng, dtype, bad, use_scaler):
     params = some_params(rng)
-    opt = AdamW(params, lr=1e-2, weight_decay=0.1, grad_clip=1.0, dtype=dtype)
+    flatten_parameters(params, dtype)
+    opt = AdamW(params, lr=1e-2, weight_decay=0.1, grad_clip=1.0)
     scaler = LossScaler(init_scale=1024.0) if use_scaler else None
     for p in params:  # one good step: m, v non-zero
         p.grad.data[...] = rng.normal(0, 1, p.shape) * (scaler.scale if scaler else 1)
@@ -130,7 +132,8 @@ def test_overflow_in_a_gpt2_backward_is_skipped(shakespeare, tmp_path):
 
 def test_scale_doubles_after_growth_interval_good_steps(rng):
     w = Parameter(np.ones((4, 4), np.float32))
-    opt = AdamW([w], lr=1e-3, dtype="fp16")
+    flatten_parameters([w], "fp16")
+    opt = AdamW([w], lr=1e-3)
     scaler = LossScaler(init_scale=1024.0, growth_interval=3)
 
     def step(ok=True):
@@ -151,7 +154,8 @@ def test_scale_doubles_after_growth_interval_good_steps(rng):
 
 def test_static_scale_never_changes(rng):
     w = Parameter(np.ones(4, np.float32))
-    opt = AdamW([w], dtype="fp16")
+    flatten_parameters([w], "fp16")
+    opt = AdamW([w])
     scaler = LossScaler(init_scale=256.0, growth_interval=1, dynamic=False)
     for bad in (False, True, False, False):
         w.grad.data[...] = np.inf if bad else 1.0
@@ -187,7 +191,8 @@ def test_loss_scaling_rescues_gradients_that_flush_to_zero_in_fp16(rng):
 
     # fp16 without scaling: the gradient is lost, and the optimizer learns nothing
     w = Parameter(np.ones(n, np.float32))
-    opt = AdamW([w], lr=1e-3, dtype="fp16")
+    flatten_parameters([w], "fp16")
+    opt = AdamW([w], lr=1e-3)
     x = Tensor(x16)
     _underflow_loss(w, x).backward()
     assert w.grad.dtype == np.float16
@@ -197,7 +202,8 @@ def test_loss_scaling_rescues_gradients_that_flush_to_zero_in_fp16(rng):
 
     # fp16 with the loss scaler: every element survives, and unscales to the fp32 gradient
     w = Parameter(np.ones(n, np.float32))
-    opt = AdamW([w], lr=1e-3, betas=(0.9, 0.95), dtype="fp16")
+    flatten_parameters([w], "fp16")
+    opt = AdamW([w], lr=1e-3, betas=(0.9, 0.95))
     scaler = LossScaler()  # 2^16, the default
     scaler.scale_loss(_underflow_loss(w, x)).backward()
     g = w.grad.numpy()
@@ -239,7 +245,8 @@ def test_master_copy_accumulates_updates_below_bf16_spacing():
     above). Naive bf16 weights never move; the fp32 master accumulates, and the bf16 working
     copy follows it once it crosses the rounding midpoint 1 - 2^-9 (after 20 steps)."""
     w = Parameter(np.ones(8, np.float32))
-    opt = AdamW([w], lr=1e-4, eps=1e-12, weight_decay=0.0, dtype="bf16")
+    flatten_parameters([w], "bf16")
+    opt = AdamW([w], lr=1e-4, eps=1e-12, weight_decay=0.0)
     naive = np.ones(8, BF16)
     first_move = None
     for step in range(1, 61):
@@ -317,8 +324,8 @@ def test_bytes_per_parameter_by_consumer(dtype):
     gc.disable()  # no unrelated collection in the middle of the measurement
     try:
         before = dict(TRACKER.current)
-        model = GPT2(config, seed=0)
-        opt = AdamW(model.named_parameters(), dtype=dtype)
+        model = GPT2(config, seed=0).flatten_parameters(dtype)
+        opt = AdamW(model.named_parameters())
         after = dict(TRACKER.current)
     finally:
         gc.enable()
@@ -387,6 +394,29 @@ def test_checkpoint_changes_dtype_through_the_fp32_master(
     history = resumed.run()  # and it trains on
     assert [r["step"] for r in history] == [4, 5]
     assert all(np.isfinite(r["loss"]) for r in history)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_master_starts_from_the_fp32_weights_not_their_rounding(shakespeare, tmp_path, dtype):
+    """The model takes its 2-byte dtype before AdamW is made; the master still starts from
+    the fp32 values: a fresh model's as drawn (the trainer takes them before the cast), or
+    any given ones (a checkpoint's), with the working weights their rounding."""
+    fresh = Trainer(tiny(shakespeare, tmp_path, dtype=dtype))
+    drawn = GPT2(GPT2Config.from_preset("gpt2-tiny"), seed=1337).state_dict()
+    low = dtypes.as_dtype(dtype)
+    for k, w in fresh.optimizer.master_state().items():
+        np.testing.assert_array_equal(w, drawn[k], err_msg=k)
+        np.testing.assert_array_equal(fresh.model.state_dict()[k], w.astype(low), err_msg=k)
+    assert any(not np.array_equal(w.astype(low).astype(np.float32), w) for w in drawn.values())
+
+    w = Parameter(np.zeros(4, np.float32))
+    flatten_parameters([w], dtype)
+    values = np.array([1 / 3, 1e-3, -7.1, 2.0**-20], np.float32)
+    opt = AdamW([w], master={"0": values})
+    np.testing.assert_array_equal(opt.master, values)
+    np.testing.assert_array_equal(w.numpy(), values.astype(low))
+    with pytest.raises(ValueError, match="master weights does not match the model"):
+        AdamW([w], master={"w": values})
 
 
 def test_init_from_bf16_checkpoint_in_fp32_uses_the_master(shakespeare, tmp_path):

@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
+from nn.flat import flatten_parameters
 from nn.module import Parameter
 from optim import AdamW, clip_grad_norm_, cosine_with_warmup
+from tinygrad_like.distributed import MetaWorld
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -25,10 +27,18 @@ SHAPES = {  # given out of order on purpose: AdamW packs the 2-D ones first
 
 
 def make_params(rng):
-    return {
-        name: Parameter(rng.normal(0, 0.5, shape).astype(np.float32))
-        for name, shape in SHAPES.items()
-    }
+    """name -> Parameter, laid out in one flat buffer (as a model takes its working dtype)."""
+    return laid_out(
+        {
+            name: Parameter(rng.normal(0, 0.5, shape).astype(np.float32))
+            for name, shape in SHAPES.items()
+        }
+    )
+
+
+def laid_out(params):
+    flatten_parameters(params.values())
+    return params
 
 
 def set_grads(params, grads):
@@ -154,6 +164,7 @@ def test_adamw_first_step_is_lr_times_sign(rng):
     """Bias correction: on step 1 mhat = g and vhat = g^2, so (no decay, tiny eps) every
     weight moves by lr * g / (|g| + eps) ~= lr * sign(g) whatever the betas."""
     w = Parameter(np.zeros(64, np.float32))
+    flatten_parameters([w])
     opt = AdamW([w], lr=1e-2, betas=(0.5, 0.25), eps=1e-12, weight_decay=0.0)
     g = rng.normal(0, 1, 64).astype(np.float32)
     w.grad.data[...] = g
@@ -186,7 +197,7 @@ def test_adamw_state_roundtrip_continues_identically(rng):
     arrays, scalars = opt.state_dict()
     weights = opt.master_state()
 
-    clone = {k: Parameter(weights[k]) for k in SHAPES}
+    clone = laid_out({k: Parameter(weights[k]) for k in SHAPES})
     opt2 = AdamW(clone, lr=1e-2, grad_clip=1.0)
     opt2.load_state_dict(arrays, scalars)
     assert opt2.step_count == 3
@@ -219,6 +230,28 @@ def test_adamw_load_state_dict_mismatch_loads_nothing(rng):
 def test_adamw_rejects_no_parameters():
     with pytest.raises(ValueError, match="no parameters"):
         AdamW([])
+
+
+def test_adamw_views_the_layout_it_is_given_and_rebinds_nothing(rng):
+    """The working weights are the model's flat buffer, laid out (2-D first, zeros up to the
+    shards) before AdamW: AdamW refuses parameters not laid out, or only some of a layout, or
+    a layout that does not split into its ZeRO shards, and binds no parameter's data."""
+    loose = {k: Parameter(rng.normal(0, 1, s).astype(np.float32)) for k, s in SHAPES.items()}
+    with pytest.raises(ValueError, match="lay them out first"):
+        AdamW(loose)
+    flat = flatten_parameters(loose.values(), shards=3)  # 44 elements, 1 of padding
+    assert [p.ndim >= 2 for p in flat.params] == sorted(
+        (len(s) >= 2 for s in SHAPES.values()), reverse=True
+    )
+    assert flat.numel == 45 and flat.padding == 1 and flat.spans[-1][1] == 44
+    with pytest.raises(ValueError, match="lay them out first"):
+        AdamW({"w": loose["w"]})
+    with pytest.raises(ValueError, match="into 4 equal shards"):
+        AdamW(loose, comm=MetaWorld(0, 4), zero=1)
+    data = {k: p.data for k, p in loose.items()}
+    opt = AdamW(loose, comm=MetaWorld(1, 3), zero=1)
+    assert opt.m.size == 15 and opt.shard == (15, 30) and opt.padding == 1
+    assert all(p.data is data[k] and p.flat is flat for k, p in loose.items())
 
 
 # ----------------------------------------------------------------------------- clipping
@@ -267,7 +300,7 @@ def test_adamw_fused_clip_equals_clip_then_step(rng):
     """AdamW(grad_clip=c) gives the same update as clip_grad_norm_(c) and an unclipped AdamW."""
     grads = grad_schedule(rng)
     a = make_params(rng)
-    b = {k: Parameter(p.numpy().copy()) for k, p in a.items()}
+    b = laid_out({k: Parameter(p.numpy().copy()) for k, p in a.items()})
     fused = AdamW(a, lr=1e-2, grad_clip=1.0)
     plain = AdamW(b, lr=1e-2, grad_clip=0.0)
     for g in grads:

@@ -30,6 +30,7 @@ def options(recompute):
 def train(recompute, dropout, steps=10):
     """steps of AdamW on random batches -> (losses, every step's gradients, final weights)."""
     model = GPT2(GPT2Config.from_preset("gpt2-tiny", dropout=dropout), options=options(recompute))
+    model.flatten_parameters()
     optimizer = AdamW(model.named_parameters(), lr=1e-2)
     F.manual_seed(7)
     rng = np.random.default_rng(0)

@@ -147,8 +147,8 @@ def test_adamw_keeps_padding_rows_zero_and_checkpoints_hold_v_rows(tmp_path, dty
     into the padded buffers exactly."""
     cfg = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=8, vocab_size=37)
     V, Vp, C = 37, 64, 16
-    model = GPT2(cfg)
-    opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1, dtype=dtype)
+    model = GPT2(cfg).flatten_parameters(dtype)
+    opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
     rng = np.random.default_rng(0)
     idx, targets = rng.integers(0, V, (2, 8)), rng.integers(0, V, (2, 8))
     for _ in range(3):
@@ -171,8 +171,9 @@ def test_adamw_keeps_padding_rows_zero_and_checkpoints_hold_v_rows(tmp_path, dty
         == arrays["v.transformer.wte.weight"].shape
         == (V, C)
     )
-    loaded = GPT2.from_pretrained(path)
-    again = AdamW(loaded.named_parameters(), lr=1e-2, weight_decay=0.1, dtype=dtype)
+    loaded = GPT2.from_pretrained(path).flatten_parameters(dtype)
+    master = read_state(path)  # the fp32 master, which a 2-byte model no longer holds
+    again = AdamW(loaded.named_parameters(), lr=1e-2, weight_decay=0.1, master=master)
     again.load_state_dict(arrays, opt.state_dict()[1])
     for a, b in ((again.master, opt.master), (again.m, opt.m), (again.v, opt.v)):
         np.testing.assert_array_equal(a, b)

@@ -384,8 +384,10 @@ def init_world(device):
     MPI world (device cpu) or an NCCL one (device cuda, one GPU per rank on each machine)."""
     if not launched_by_mpi():
         return Communicator()
+    from . import backend
+
     host_world()  # mpi4py is there
-    if device == "cuda":
+    if backend.get(device).GPU:
         import cupy
 
         cupy.cuda.Device(local_rank()).use()  # before the backend allocates anything

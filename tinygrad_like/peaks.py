@@ -206,8 +206,8 @@ def fingerprint(device):
         "device": device,
         "method": METHOD,
     }
-    if device == "cuda":
-        out["gpu"] = backend.get("cuda").device_name()
+    if backend.get(device).GPU:
+        out["gpu"] = backend.get(device).device_name()
     return out
 
 
@@ -333,7 +333,7 @@ def measure(device="cpu"):
     """The peaks measured now; on a CPU with the share of it other processes took meanwhile."""
     fp = fingerprint(device)
     machine = f"{fp['cpu']}, {fp['cores']} usable cores, NumPy {fp['numpy']} ({fp['blas']})"
-    if device == "cuda":
+    if backend.get(device).GPU:
         machine = f"{fp['gpu']} on {machine}"
         found, others = _measure_cuda(), None  # a GPU's contention is not a CPU share
     else:

@@ -21,12 +21,11 @@ class Tensor:
             data = data.data
         be = backend.get(device) if device is not None else None
         if be is None:
-            is_array = (
-                hasattr(data, "__array_interface__")
-                or hasattr(data, "__cuda_array_interface__")
-                or not backend.holds_values(data)
+            be = (
+                backend.of(data)
+                if backend.is_array(data)
+                else backend.get(backend.default_device())
             )
-            be = backend.of(data) if is_array else backend.get(backend.default_device())
         if dtype is None and not hasattr(data, "dtype"):
             # Python lists and scalars: floats become fp32 and ints int64, as in PyTorch
             data = np.asarray(data)

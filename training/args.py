@@ -9,7 +9,6 @@ import sys
 
 from accounting.measure import check_measurable, random_batch
 from nn import PRESETS, ExecutionOptions, LlamaConfig, from_preset
-from nn.options import CHOICES
 from tinygrad_like import backend, distributed, dtypes
 
 from .data import DataLoader
@@ -87,25 +86,41 @@ def config_from_args(args):
     return from_preset(args.model, num_key_value_heads=args.n_kv_head)
 
 
+def add_setting_flags(p, settings, gpu_defaults=None):
+    """One flag per field of the dataclass settings (ExecutionOptions, RunConfig), its help the
+    field's metadata "help" and its default: a bool an on/off switch (--recompute turns one on,
+    --no-save one off), any other a value of the field's type. A flag not given parses as None,
+    so that a resumed run tells the flags given from its saved settings. gpu_defaults: the
+    defaults a GPU run takes instead, named in the help."""
+    for f in dataclasses.fields(settings):
+        name, text = flag(f.name), f.metadata["help"]
+        if f.type is bool:
+            on = not f.default
+            p.add_argument(
+                name if on else "--no-" + name[2:],
+                dest=f.name,
+                default=None,
+                action="store_true" if on else "store_false",
+                help=text,
+            )
+            continue
+        if f.default is not None:
+            gpu = (gpu_defaults or {}).get(f.name)
+            text += f" (default {f.default}" + (f"; {gpu} on a GPU)" if gpu else ")")
+        p.add_argument(name, type=f.type, help=text, metavar=f.name.upper())
+
+
 def add_option_args(p):
     """--attention, --lm-head, --lm-head-design, --recompute: the model's execution options
     (nn/options.py), with its defaults."""
-    for name in CHOICES:
-        default = getattr(ExecutionOptions, name)
-        p.add_argument(
-            flag(name), default=default, help=f"{' or '.join(CHOICES[name])} (default {default})"
-        )
-    p.add_argument(
-        "--recompute",
-        action="store_true",
-        help="blocks save only their input and redo their forward in the backward",
-    )
+    add_setting_flags(p, ExecutionOptions)
 
 
 def options_from_args(args):
     """-> GPT2's (and measure()'s) keyword arguments for the options add_option_args parsed:
     {"options": ExecutionOptions}, checked (ValueError)."""
-    chosen = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExecutionOptions)}
+    names = (f.name for f in dataclasses.fields(ExecutionOptions))
+    chosen = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     return {"options": ExecutionOptions(**chosen)}
 
 
@@ -128,23 +143,23 @@ def add_data_arg(p):
 
 def batch_from_args(args, vocab_size):
     """(x, y) (B, T): the first batch of --data (seed 0), or random ids when it is not given.
-    The meta device refuses --data: it would drop the ids (a step's counts do not depend on
-    them)."""
-    if args.data and args.device == "meta":
-        raise backend.meta.NoValues("--data (a token file)")
+    A device that holds no values (meta) refuses --data: it would drop the ids (a step's counts
+    do not depend on them)."""
     if args.data:
+        backend.get(args.device).require_values("--data (a token file)")
         return DataLoader(args.data, args.batch_size, args.seq_len, seed=0).next_batch()
     return random_batch(vocab_size, args.batch_size, args.seq_len)
 
 
 def check_model_args(args, model_from_checkpoint=False):
-    """Validate add_model_args' values (raises ValueError) and resolve args.device."""
+    """Validate add_model_args' values (raises ValueError) and resolve args.device: the one
+    place a script's device is resolved and checked (backend.resolve)."""
     if args.batch_size <= 0 or args.seq_len <= 0:
         raise ValueError(
             f"--batch-size and --seq-len must be positive, got {args.batch_size} and {args.seq_len}"
         )
     check_dtype(args.dtype)
-    args.device = backend.check_device(args.device or backend.default_device())
+    args.device = backend.resolve(args.device)
     check_measurable(args.device, args.dtype)
     if not model_from_checkpoint:
         config_from_args(args).check_context(args.seq_len, "--seq-len")

@@ -1,5 +1,5 @@
 """Command line of examples/train_gpt2.py: one flag per RunConfig field, its help the field's
-(its metadata's "help"). Bad input is one line on stderr and exit code 2 (training/args.py). Under
+(args.add_setting_flags). Bad input is one line on stderr and exit code 2 (training/args.py). Under
 `mpirun -n R` every rank runs this same command: data-parallel training (training/loop.py)."""
 
 import contextlib
@@ -10,13 +10,22 @@ import signal
 import sys
 import traceback
 
-from nn import GPT2Config, from_preset
+from nn import ExecutionOptions, GPT2Config, from_preset
 from nn.config import PRESETS
 from nn.hf import read_config
 from tinygrad_like import backend, distributed
 
 from . import checkpoint
-from .args import BAD_INPUT, ArgumentParser, Refused, check_dtype, fail, flag, user_errors
+from .args import (
+    BAD_INPUT,
+    ArgumentParser,
+    Refused,
+    add_setting_flags,
+    check_dtype,
+    fail,
+    flag,
+    user_errors,
+)
 from .corpus import DEFAULT_DATA_DIR, prepare
 from .loop import Agreed, Interrupted, RunConfig, Trainer
 
@@ -45,22 +54,7 @@ def parser():
         description="Train GPT-2 on the Shakespeare default (or any prepared "
         ".bin data) with the tinygrad_like autograd."
     )
-    for f in dataclasses.fields(RunConfig):
-        name, text = flag(f.name), f.metadata["help"]
-        if f.type is bool:  # on/off switches: --quiet turns one on, --no-save one off
-            on = not f.default
-            p.add_argument(
-                name if on else "--no-" + name[2:],
-                dest=f.name,
-                default=None,
-                action="store_true" if on else "store_false",
-                help=text,
-            )
-            continue
-        if f.default is not None:
-            gpu = GPU_DEFAULTS.get(f.name)
-            text += f" (default {f.default}" + (f"; {gpu} on a GPU)" if gpu else ")")
-        p.add_argument(name, type=f.type, help=text, metavar=f.name.upper())
+    add_setting_flags(p, RunConfig, GPU_DEFAULTS)
     return p
 
 
@@ -73,8 +67,8 @@ def resolve(argv=None):
     --resume the saved run's config: a flag given explicitly overrides a saved setting, and
     notes says so, one line each. Resuming a run already at --steps is a ValueError."""
     given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
-    device = given.get("device") or backend.default_device()
-    defaults, notes, step = (GPU_DEFAULTS if device == "cuda" else {}), [], None
+    device = backend.resolve(given.get("device"))  # the one place the device is resolved
+    defaults, notes, step = (GPU_DEFAULTS if backend.get(device).GPU else {}), [], None
     if "init_from" in given:
         given["model"] = model_of(given["init_from"], given.get("model"))
     if "resume" in given:
@@ -208,14 +202,14 @@ def validate(cfg):
         )
     config = cfg.model and from_preset(cfg.model)  # None: --init-from's own
     check_dtype(cfg.dtype)
-    cfg.execution_options()
-    backend.check_device(cfg.device)
-    if cfg.device == "meta":
+    ExecutionOptions.of(cfg)
+    be = backend.get(cfg.device)
+    if not be.HOLDS_VALUES:
         raise ValueError(
             "--device meta cannot train: it holds shapes, not values (no token files, no loss); "
             "count a training step on it with python scripts/report.py --device meta"
         )
-    supported = backend.get(cfg.device).supported_dtypes()
+    supported = be.supported_dtypes()
     if cfg.dtype not in supported:
         raise ValueError(
             f"device {cfg.device} cannot train in {cfg.dtype}: it supports {', '.join(supported)}"

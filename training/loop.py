@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
@@ -19,6 +19,7 @@ import nn
 from accounting import fits, mfu, predictions, report
 from nn import ExecutionOptions, from_preset
 from nn.hf import read_config, read_state
+from nn.options import setting, with_options
 from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
@@ -40,15 +41,13 @@ from .data import DataLoader
 from .plot import plot_metrics, read_metrics
 
 
-def setting(default, help):
-    """A RunConfig field: its default and the help of its command-line flag (training/cli.py)."""
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
+@with_options
 class RunConfig:
-    """Every setting of a run. The defaults are the no-argument CPU run (gpt2-mini on the
-    Shakespeare default, about 5 minutes on 2 cores); training/cli.py overrides them on a GPU."""
+    """Every setting of a run, the model's ExecutionOptions among them (declared in
+    nn/options.py: with_options adds their fields after these, help included). The defaults
+    are the no-argument CPU run (gpt2-mini on the Shakespeare default, about 5 minutes on 2
+    cores); training/cli.py overrides them on a GPU."""
 
     model: str = setting("gpt2-mini", "a preset of nn/config.py (PRESETS) for a fresh model")
     init_from: str = setting(None, "fine-tune from this checkpoint or Hugging Face directory")
@@ -65,21 +64,6 @@ class RunConfig:
     weight_decay: float = setting(0.1, "AdamW's decoupled decay, on the 2-D weights only")
     grad_clip: float = setting(1.0, "clip the global gradient norm to this (0 = off)")
     dtype: str = setting("fp32", "working weights and gradients: fp32, fp16 or bf16")
-    # the model's ExecutionOptions, with its defaults
-    attention: str = setting(
-        ExecutionOptions.attention, "flash (one log-sum-exp per row) or naive (T x T saved)"
-    )
-    lm_head: str = setting(
-        ExecutionOptions.lm_head, "fused (row blocks, no logits kept) or plain (B·T x Vp)"
-    )
-    lm_head_design: str = setting(
-        ExecutionOptions.lm_head_design,
-        "the fused head's: precompute (its gradients formed in the forward) or recompute "
-        "(its logits formed again in the backward)",
-    )
-    recompute: bool = setting(
-        ExecutionOptions.recompute, "blocks save only their input and redo their forward"
-    )
     zero: int = setting(0, "under mpirun, ZeRO stage: 0 DDP, 1 shard AdamW, 2 and grads")
     device: str = setting("cpu", "cpu or cuda")
     eval_every: int = setting(50, "steps between validation losses (0 = never)")
@@ -96,11 +80,6 @@ class RunConfig:
     save: bool = setting(True, "write no checkpoint (speed tests: 1.5 GB for gpt2)")
     report: bool = setting(True, "print no accounting report after training")
 
-    def execution_options(self):
-        """The model's ExecutionOptions these settings choose (ValueError for a bad one)."""
-        names = (f.name for f in fields(ExecutionOptions))
-        return ExecutionOptions(**{name: getattr(self, name) for name in names})
-
 
 class Trainer:
     """One rank's run. comm: the data-parallel world (distributed.init_world); rank 0 alone
@@ -110,13 +89,13 @@ class Trainer:
         self.cfg = cfg
         self.comm = comm or Communicator()
         self.rank0 = self.comm.rank == 0
-        self.device = backend.check_device(cfg.device)
+        self.device = cfg.device  # resolved where the command line was read (training/cli.py)
         self.dtype = dtypes.as_dtype(cfg.dtype)
-        self.options = cfg.execution_options()
+        self.options = ExecutionOptions.of(cfg)
         self.resume_state = None
         self.resumed_from = None  # the checkpoint folder a resumed run was loaded from
         with self._errors_said_once():
-            self.model = self._build_model()
+            self.model, weights = self._build_model()
             self.model.config.check_context(cfg.seq_len, "--seq-len")
             vocab = self.model.config.vocab_size
             shard = dict(rank=self.comm.rank, world=self.comm.size)
@@ -132,12 +111,15 @@ class Trainer:
             # checked now (ids, length, format), not at the first evaluation dozens of steps in
             DataLoader(self.val_path, cfg.batch_size, cfg.seq_len, vocab_size=vocab)
         self._check_same_on_every_rank()
+        # the working dtype: the weights in one flat buffer of it (in equal shards under ZeRO),
+        # which AdamW views; its fp32 master starts from the weights as they were before
+        self.model.flatten_parameters(self.dtype, shards=self.comm.size if cfg.zero else 1)
         self.optimizer = AdamW(
             self.model.named_parameters(),
             lr=cfg.lr,
             weight_decay=cfg.weight_decay,
             grad_clip=cfg.grad_clip,
-            dtype=self.dtype,
+            master=weights,
             comm=self.comm,
             zero=cfg.zero,
         )
@@ -151,6 +133,8 @@ class Trainer:
 
     # ---- set-up
     def _build_model(self):
+        """-> (the model in fp32; its weights, name -> fp32 array, for AdamW's master: a fresh
+        model's as drawn, or the checkpoint's)."""
         cfg = self.cfg
         source = cfg.resume or cfg.init_from
         self._check_fits(
@@ -158,7 +142,8 @@ class Trainer:
         )
         if source is None:  # the preset's family: GPT-2 or Llama
             config = from_preset(cfg.model)
-            return nn.build(config, seed=cfg.seed, device=self.device, options=self.options)
+            model = nn.build(config, seed=cfg.seed, device=self.device, options=self.options)
+            return model, model.state_dict()
         ckpt = checkpoint.find_checkpoint(source)
         if cfg.resume:  # verifies every file's sha256 first
             self.resume_state = checkpoint.load_trainer_state(ckpt)
@@ -166,8 +151,9 @@ class Trainer:
         else:
             checkpoint.verify(ckpt)
         model = nn.build(read_config(ckpt), seed=cfg.seed, device=self.device, options=self.options)
-        model.load_state_dict(read_state(ckpt))  # fp32 master: any --dtype can follow
-        return model
+        weights = read_state(ckpt)  # the fp32 master: any --dtype can follow
+        model.load_state_dict(weights)
+        return model, weights
 
     @contextlib.contextmanager
     def _errors_said_once(self):
@@ -188,22 +174,23 @@ class Trainer:
 
     def _check_fits(self, config):
         """DoesNotFit before anything big is allocated when this run's predicted peak is more
-        than the memory there: a CPU's is shared by the machine's ranks, and the report's twin
+        than the memory there: one the machine's ranks share (a CPU's) counts them all, and the
+        report's twin
         (rank 0 measures one at the end) comes beside this run's state (counted with its
         activations, which are gone by then: an upper bound)."""
         cfg, R = self.cfg, self.comm.size
         shape = (config, cfg.batch_size, cfg.seq_len, cfg.dtype)
         need = predictions.predicted_peak_bytes(*shape, self.options, zero=cfg.zero, world=R)
-        on_cpu = self.device == "cpu"
-        need *= local_size() if on_cpu else 1
-        twin = cfg.report and not cfg.quiet and (self.rank0 or on_cpu)
+        shared = backend.get(self.device).HOST_MEMORY
+        need *= local_size() if shared else 1
+        twin = cfg.report and not cfg.quiet and (self.rank0 or shared)
         need += predictions.predicted_peak_bytes(*shape, self.options) if twin else 0
         fits.check(
             need,
             self.device,
             f"training {cfg.resume or cfg.init_from or cfg.model} at --batch-size "
             f"{cfg.batch_size} x --seq-len {cfg.seq_len} in {cfg.dtype}"
-            + (f" on {local_size()} ranks here" if on_cpu and R > 1 else "")
+            + (f" on {local_size()} ranks here" if shared and R > 1 else "")
             + (" with the report's twin" if twin else ""),
             "lower --batch-size or --seq-len, or try --recompute"
             + (", --zero 1 or 2" if R > 1 else "")

@@ -20,7 +20,7 @@ import pytest
 
 from tinygrad_like import dtypes, kernels
 from tinygrad_like.backend import cpu, meta
-from tinygrad_like.backend.host import HOST
+from tinygrad_like.backend.host import FACTS, HOST
 from tinygrad_like.kernels.record import KERNELS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +75,14 @@ def test_every_device_has_the_host_function_in_its_runtime(stand_in, fn):
         assert found is getattr(importlib.import_module(f"{be.__name__}.runtime"), fn.__name__)
         assert getattr(kernels.on(be), fn.__name__) is found
         assert _shape(found) == _shape(fn), f"{be.name}.{fn.__name__}"
+
+
+@pytest.mark.parametrize("fact", FACTS)
+def test_every_device_says_each_fact_in_its_runtime(stand_in, fact):
+    for be in (cpu, stand_in, meta):
+        found = getattr(be, fact)
+        assert isinstance(found, bool), f"{be.name}.{fact}"
+        assert found is getattr(importlib.import_module(f"{be.__name__}.runtime"), fact)
 
 
 def test_the_names_have_no_repeats():
@@ -164,6 +172,8 @@ def test_a_missing_kernel_fails_when_the_device_is_gathered(monkeypatch):
     device.name = "halfdevice"
     for fn in HOST:
         setattr(device, fn.__name__, getattr(cpu, fn.__name__))
+    for fact in FACTS:
+        setattr(device, fact, getattr(cpu, fact))
     for family in FAMILIES:
         name = f"{kernels.__name__}.{family}.halfdevice"
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))

@@ -26,13 +26,16 @@ def cuda_available() -> bool:
 
 @lru_cache(maxsize=None)
 def default_device() -> str:
-    device = os.environ.get("TG_DEVICE")
-    if device:
-        return check_device(device)
-    return "cuda" if cuda_available() else "cpu"
+    """TG_DEVICE's device, else cuda when a GPU is usable, else cpu."""
+    return resolve(os.environ.get("TG_DEVICE") or ("cuda" if cuda_available() else "cpu"))
 
 
-def check_device(device: str) -> str:
+def resolve(device=None) -> str:
+    """The device a command line names (None: default_device()), checked: ValueError for an
+    unknown name, RuntimeError for cuda where no GPU is usable. Programs call it once, where
+    they read their command line; what differs by device is then asked of get(device)."""
+    if device is None:
+        return default_device()
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
     if device == "cuda" and not cuda_available():
@@ -45,12 +48,13 @@ def check_device(device: str) -> str:
 
 
 def get(device: str):
-    """The backend module for a device name."""
+    """The backend module for a device name: its host functions and what the device is
+    (host.py; its kernels: kernels.on(name))."""
     if device == "cpu":
         return cpu
     if device == "meta":
         return meta
-    check_device(device)
+    resolve(device)
     from . import cuda
 
     return cuda
@@ -64,6 +68,17 @@ def of(array):
     return meta if isinstance(array, meta.MetaArray) else get("cuda")
 
 
-def holds_values(array) -> bool:
-    """Whether an array has values to read back (every device's but meta's)."""
-    return not isinstance(array, meta.MetaArray)
+def is_array(data) -> bool:
+    """Whether data is an array of some device (NumPy's, CuPy's, a MetaArray), not host data
+    (a list, a scalar)."""
+    return (
+        hasattr(data, "__array_interface__")
+        or hasattr(data, "__cuda_array_interface__")
+        or isinstance(data, meta.MetaArray)
+    )
+
+
+def holds_values(data) -> bool:
+    """Whether data has values to read: host data does, an array as its device says
+    (HOLDS_VALUES: the meta device's arrays hold a shape only)."""
+    return not is_array(data) or of(data).HOLDS_VALUES

@@ -1,8 +1,17 @@
-"""The host functions every device provides (backend/<device>/runtime.py, exported by the device
-package): the rest of a device besides its kernels (kernels/), called directly on the device's
-module and never counted by kernels.launch. Declared once here: a name, a signature and what it
-does; tests/kernels/test_contract.py holds every device to them.
+"""What every device provides besides its kernels (backend/<device>/runtime.py, exported by the
+device package), declared once here: the host functions, called directly on the device's module
+and never counted by kernels.launch, and the facts that say what the device is. Code outside
+backend/ asks these of the device's module (backend.get(name), backend.of(array)), never tests a
+device by its name; tests/kernels/test_contract.py and tests/test_devices.py hold every device
+to them.
 """
+
+# The facts, each a bool of the device's runtime.py
+FACTS = (
+    "HOLDS_VALUES",  # its arrays have values to read back; its kernels run and are timed
+    "GPU",  # a GPU: a GPU run's training defaults, datasheet peaks, ranks over NCCL
+    "HOST_MEMORY",  # its memory is the host's: a machine's ranks and host copies share it
+)
 
 
 def supported_dtypes():
@@ -29,4 +38,27 @@ def start_timer():
     """A timer started now, with .stop() and .seconds()."""
 
 
-HOST = (supported_dtypes, asarray, to_numpy, empty, synchronize, start_timer)
+def require_values(what):
+    """Nothing where the device holds values; where it does not (meta), NoValues saying that
+    what needs them."""
+
+
+def available_bytes():
+    """The memory that can be allocated now (None: the device allocates nothing)."""
+
+
+def total_bytes():
+    """The device's memory (None: it has none of its own)."""
+
+
+HOST = (
+    supported_dtypes,
+    asarray,
+    to_numpy,
+    empty,
+    synchronize,
+    start_timer,
+    require_values,
+    available_bytes,
+    total_bytes,
+)

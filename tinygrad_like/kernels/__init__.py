@@ -52,18 +52,18 @@ def on(device):
     found = _gathered.get(be)
     if found is None:
         host = {f.__name__: getattr(be, f.__name__) for f in HOST}
-        found = _gathered[be] = SimpleNamespace(**host, **_gather(be.name))
+        found = _gathered[be] = SimpleNamespace(**host, **_gather(be))
     return found
 
 
-def _gather(device):
-    """name -> function for every kernel of KERNELS on device; a missing one fails here, naming
-    the file it belongs in."""
-    if device == "meta":
+def _gather(be):
+    """name -> function for every kernel of KERNELS on the device of backend module be; a
+    missing one fails here, naming the file it belongs in."""
+    if not be.HOLDS_VALUES:  # the meta device's are the shape rules
         return {name: meta.shape_only(k) for name, k in KERNELS.items()}
     found = {}
     for k in KERNELS.values():
-        module = import_module(f"{__name__}.{k.family}.{device}")
+        module = import_module(f"{__name__}.{k.family}.{be.name}")
         if not hasattr(module, k.name):
             raise ImportError(
                 f"{module.__name__} has no {k.name}, which {k.family}/spec.py declares"

@@ -6,7 +6,20 @@ the CUDA kernels are tested against.
 
 import numpy as np
 
-from .runtime import asarray, empty, start_timer, supported_dtypes, synchronize, to_numpy  # noqa: F401
+from .runtime import (  # noqa: F401
+    GPU,
+    HOLDS_VALUES,
+    HOST_MEMORY,
+    asarray,
+    available_bytes,
+    empty,
+    require_values,
+    start_timer,
+    supported_dtypes,
+    synchronize,
+    to_numpy,
+    total_bytes,
+)
 
 name = "cpu"
 xp = np  # the array module, for code that must allocate on this device

@@ -49,6 +49,35 @@ def supported_dtypes():
     return dtypes.TRAINING
 
 
+# ---------------------------------------------------------------- what this device is
+# (asked of the backend module, backend.get(name) or backend.of(array), never by its name)
+HOLDS_VALUES = True  # its arrays have values to read back; its kernels run, and are timed
+GPU = False  # the training defaults of a CPU run; ranks talk over MPI
+HOST_MEMORY = True  # its memory is the host's: the ranks of one machine and host copies share it
+
+
+def require_values(what):
+    """Nothing: this device holds values (meta's raises NoValues)."""
+
+
+def available_bytes():
+    """The memory that can be allocated now: the kernel's MemAvailable (free memory and the
+    page cache it can drop), else the free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # not Linux
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def total_bytes():
+    """The machine's memory."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 # ---------------------------------------------------------------- arrays and timing (HOST)
 
 

@@ -7,17 +7,23 @@ imports the CPU device.
 import cupy
 
 from .runtime import (  # noqa: F401
+    GPU,
+    HOLDS_VALUES,
+    HOST_MEMORY,
     PoolWatcher,
     asarray,
+    available_bytes,
     device_name,
     empty,
     instances,
     kernel_files,
     kernel_source,
+    require_values,
     start_timer,
     supported_dtypes,
     synchronize,
     to_numpy,
+    total_bytes,
 )
 
 name = "cuda"

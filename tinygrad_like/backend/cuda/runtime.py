@@ -48,6 +48,27 @@ def supported_dtypes():
     return dtypes.TRAINING
 
 
+# ---------------------------------------------------------------- what this device is
+# (asked of the backend module, backend.get(name) or backend.of(array), never by its name)
+HOLDS_VALUES = True  # its arrays have values to read back; its kernels run, and are timed
+GPU = True  # a GPU run's training defaults; one GPU per rank, ranks talk over NCCL
+HOST_MEMORY = False  # a GPU's memory of its own, one GPU per rank
+
+
+def require_values(what):
+    """Nothing: this device holds values (meta's raises NoValues)."""
+
+
+def available_bytes():
+    """The GPU's free memory."""
+    return cupy.cuda.Device().mem_info[0]
+
+
+def total_bytes():
+    """The GPU's memory."""
+    return cupy.cuda.Device().mem_info[1]
+
+
 # ---------------------------------------------------------------- arrays and timing
 
 

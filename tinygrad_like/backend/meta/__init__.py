@@ -10,6 +10,19 @@ fp16 loss scaler's overflow skip, ids read from a token file.
 
 from . import array as xp  # noqa: F401 (the array module, for code that must make views)
 from .array import MetaArray, NoValues  # noqa: F401
-from .runtime import asarray, empty, start_timer, supported_dtypes, synchronize, to_numpy  # noqa: F401
+from .runtime import (  # noqa: F401
+    GPU,
+    HOLDS_VALUES,
+    HOST_MEMORY,
+    asarray,
+    available_bytes,
+    empty,
+    require_values,
+    start_timer,
+    supported_dtypes,
+    synchronize,
+    to_numpy,
+    total_bytes,
+)
 
 name = "meta"

@@ -16,6 +16,26 @@ def supported_dtypes():
     return tuple(d for d in dtypes.TRAINING if d != "fp16")
 
 
+# ---------------------------------------------------------------- what this device is
+# (asked of the backend module, backend.get(name) or backend.of(array), never by its name)
+HOLDS_VALUES = False  # shapes only: nothing to read back, no weights drawn, nothing run or timed
+GPU = False  # counts any machine's step: the CPU's training defaults
+HOST_MEMORY = False  # it allocates nothing
+
+
+def require_values(what):
+    """Refuse what needs values (a loss, a token file, the fp16 overflow skip): NoValues."""
+    raise NoValues(what)
+
+
+def available_bytes():
+    """None: it allocates nothing, so whatever it counts fits."""
+
+
+def total_bytes():
+    """None: it has no memory of its own."""
+
+
 # ---------------------------------------------------------------- arrays and timing (HOST)
 
 
