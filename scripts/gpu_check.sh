@@ -22,7 +22,7 @@
 #                       with CUDA_PATH at the nvidia-cuda-runtime wheel, then at /usr/local/cuda;
 #                       the first that works is exported for the rest
 #   compile         30  every kernels/*/*.cu as the backend compiles it, in parallel (fills CuPy's cache)
-#   pytest-kernels  47  tests/test_cuda_kernels.py alone, TG_DEVICE=cuda
+#   pytest-kernels  47  tests/kernels alone (every kernel's cases on the GPU against the CPU), TG_DEVICE=cuda
 #   pytest-rest     60  every other test, TG_DEVICE=cuda (pytest-xdist's 8 workers when there),
 #                       but the fault-injection suite (CPU processes killed and disks filled: it
 #                       tests nothing of the GPU and takes a minute) and the MPI suite (CPU
@@ -319,10 +319,10 @@ part headers headers || {
     [ -n "$found" ] || abort "NVRTC finds no cuda_fp16.h / cuda_bf16.h: see the [headers] parts"
 }
 part compile compile_kernels
-part pytest-kernels capped 45 env TG_DEVICE=cuda "$PY" -m pytest -q -rfE \
-    tests/test_cuda_kernels.py
+part pytest-kernels capped 45 env TG_DEVICE=cuda "$PY" -m pytest -q -rfE "${XDIST[@]}" \
+    tests/kernels
 part pytest-rest capped 58 env TG_DEVICE=cuda "$PY" -m pytest -q -rfE "${XDIST[@]}" \
-    --ignore=tests/test_cuda_kernels.py --ignore=tests/test_faults.py \
+    --ignore=tests/kernels --ignore=tests/test_faults.py \
     --ignore=tests/test_distributed.py tests
 part bench-kernels capped 35 "$PY" scripts/bench_kernels.py --json "$OUTDIR/bench_kernels.json"
 part bench-torch capped 45 "$PY" scripts/bench.py --device cuda --dtype bf16 --model gpt2 \

@@ -185,10 +185,11 @@ def test_the_readmes_report_excerpt_and_figures_are_the_reports():
         assert figure.format(**got) in said
 
 
-def test_the_readmes_7b_table_is_the_reports():
-    """Every number of its measured columns is in the report it quotes (GQA: its own), and the
-    ZeRO-1 rank's figures below it in that report's."""
-    readme = doc("README.md")
+def test_the_7b_table_is_the_reports():
+    """docs/accounting.md's table of the reference 7B: every number of its measured columns is
+    in the report it quotes (GQA: its own), and the ZeRO-1 rank's figures below it in that
+    report's."""
+    readme = doc("docs/accounting.md")
     number = r"(?<![\w.])\d[\d,]*(?:\.\d+)?"
     dense, gqa = (report(ACCOUNTING_FILES[f"accounting_llama-7b{s}.txt"]) for s in ("", "-gqa"))
     rows = table_rows(readme, "| figure (bf16, B = 8, T = 4096")

@@ -2,7 +2,7 @@
 broadcasting, negative and out-of-range dims, non-contiguous inputs, fp16 and bf16 against fp32
 computed and rounded once, and the invalid inputs PyTorch refuses. Expected values come from
 NumPy formulas (PyTorch is not installed here); float64 gradients of the new ops are in
-test_ops_gradcheck.py, the CUDA kernels against the CPU's in test_cuda_kernels.py.
+test_ops_gradcheck.py, the CUDA kernels against the CPU's in tests/kernels/.
 """
 
 import warnings

@@ -37,7 +37,7 @@ __global__ void div_bwd(const T* a, acc_t<T> sa, const T* b, const T* dy, T* db,
     db[i] = from_acc<T>(-(to_acc(dy[i]) * (x / y)) / y);
 }
 
-// The unary ops, in the order of contract.UNARY_OPS (tests/test_cuda_launch_args.py checks it).
+// The unary ops, in the order of spec.py's UNARY_OPS (tests/kernels/test_cuda_launches.py checks it).
 enum UnaryOp { EXP = 0, LOG = 1, SQRT = 2, RSQRT = 3, TANH = 4, SIGMOID = 5, SILU = 6, RELU = 7 };
 
 template <typename A> __device__ __forceinline__ A sigmoid(A x) {
