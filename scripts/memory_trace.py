@@ -14,6 +14,7 @@ and prints the peak bytes per tag (on CUDA, beside what CuPy's memory pool saw).
 """
 
 import contextlib
+import gc
 import json
 import os
 
@@ -57,6 +58,7 @@ def trace_steps(trainer, steps):
     # a device with a memory pool of its own (CUDA: CuPy's) watches it, to cross-check
     pool = getattr(backend.get(trainer.device), "PoolWatcher", None)
     watcher = pool() if pool else None
+    gc.collect()  # buffers that died before the trace (in cycles) are not its events
     with watcher or contextlib.nullcontext(), Profiler(timing=True) as prof:
         TRACKER.start_recording(temporaries=True, t0=prof.t0)
         try:
