@@ -45,6 +45,7 @@ import numpy as np
 
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels, profiler
 from tinygrad_like.distributed import Communicator
+from tinygrad_like.kernels.adamw.spec import Hyper
 from tinygrad_like.memory import TRACKER
 
 
@@ -185,15 +186,17 @@ class AdamW:
                 self.v,
                 working,
                 norm_sq,
-                lr=self.lr,
-                beta1=b1,
-                beta2=b2,
-                eps=self.eps,
-                weight_decay=self.weight_decay,
-                n_decay=min(max(self.n_decay - lo, 0), hi - lo),
-                step=self.step_count + 1,
-                inv_scale=inv_scale,
-                max_norm=self.grad_clip,
+                Hyper(
+                    lr=self.lr,
+                    beta1=b1,
+                    beta2=b2,
+                    eps=self.eps,
+                    weight_decay=self.weight_decay,
+                    n_decay=min(max(self.n_decay - lo, 0), hi - lo),
+                    step=self.step_count + 1,
+                    inv_scale=inv_scale,
+                    max_norm=self.grad_clip,
+                ),
             )
             if self.zero:
                 self.comm.all_gather(

@@ -22,6 +22,7 @@ import numpy as np
 
 from accounting.tables import table
 from tinygrad_like import backend, dtypes, kernels
+from tinygrad_like.kernels.adamw.spec import Hyper
 from training.args import ArgumentParser, check_dtype, user_errors
 
 try:  # --help and the one-line error on a machine without a GPU need no CuPy
@@ -135,7 +136,7 @@ def memory_cases(dtype):
     v = cupy.abs(v)
     working = None if dtype == dtypes.float32 else master.astype(dtype)
     norm_sq = gpu.grad_norm_sq(grad)
-    adamw = dict(
+    adamw = Hyper(
         lr=6e-4,
         beta1=0.9,
         beta2=0.95,
@@ -196,7 +197,7 @@ def memory_cases(dtype):
         (
             "adamw_step",
             f"{N_PARAMS}",
-            lambda: gpu.adamw_step(master, grad, m, v, working, norm_sq, **adamw),
+            lambda: gpu.adamw_step(master, grad, m, v, working, norm_sq, adamw),
             N_PARAMS * (6 * 4 + it + (0 if working is None else it)),
         ),
     ]

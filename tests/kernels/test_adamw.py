@@ -10,6 +10,8 @@ import math
 import numpy as np
 import pytest
 
+from tinygrad_like.kernels.adamw.spec import Hyper
+
 from .check import BF16, F16, F32, F64, FLOATS, Case, cases, cpu, f64, gpu_only, rand
 
 HP = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, n_decay=600, step=3)
@@ -31,19 +33,19 @@ def not_finite(results, grad):
     assert not np.isfinite(results[0][0])
 
 
-def adamw_ref(master, grad, m, v, working, norm_sq, *, inv_scale, max_norm, **hp):
-    """The textbook AdamW in float64 -> master, m, v (and working, the master rounded); the
-    arguments as they were when norm_sq is not finite (an overflow)."""
+def adamw_ref(master, grad, m, v, working, norm_sq, h):
+    """The textbook AdamW in float64 with the Hyper h -> master, m, v (and working, the master
+    rounded); the arguments as they were when norm_sq is not finite (an overflow)."""
     if not np.isfinite(norm_sq[0]):
         return tuple(a for a in (master, m, v, working) if a is not None)
     master, m, v = (f64(a) for a in (master, m, v))
-    g = f64(grad) * inv_scale
-    if max_norm > 0:
-        g *= min(1.0, max_norm / (math.sqrt(float(norm_sq[0])) * inv_scale + 1e-6))
-    b1, b2, step = hp["beta1"], hp["beta2"], hp["step"]
+    g = f64(grad) * h.inv_scale
+    if h.max_norm > 0:
+        g *= min(1.0, h.max_norm / (math.sqrt(float(norm_sq[0])) * h.inv_scale + 1e-6))
+    b1, b2, step = h.beta1, h.beta2, h.step
     m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-    master[: hp["n_decay"]] *= 1 - hp["lr"] * hp["weight_decay"]
-    master -= hp["lr"] * (m / (1 - b1**step)) / (np.sqrt(v / (1 - b2**step)) + hp["eps"])
+    master[: h.n_decay] *= 1 - h.lr * h.weight_decay
+    master -= h.lr * (m / (1 - b1**step)) / (np.sqrt(v / (1 - b2**step)) + h.eps)
     return (master, m, v) + (() if working is None else (master.astype(working.dtype),))
 
 
@@ -57,8 +59,8 @@ def buffers(put, P, G, max_norm, bad):
         grad[17] = float(bad)
     working = put(master.astype(G)) if G != P else None
     arrays = [put(a) for a in (master, grad, m, v)]
-    hp = dict(HP, inv_scale=1 / 1024, max_norm=max_norm)
-    return (*arrays[:4], working, put(cpu.grad_norm_sq(grad)), hp)
+    hyper = Hyper(**HP, inv_scale=1 / 1024, max_norm=max_norm)
+    return (*arrays[:4], working, put(cpu.grad_norm_sq(grad)), hyper)
 
 
 def adamw_case(P, G, max_norm, bad=None):
@@ -109,14 +111,14 @@ def test_cuda_adamw_step_never_waits_for_the_host(cuda, cuda_device):
     """Captured into a CUDA graph: any device-to-host read (e.g. float(norm_sq[0])) would make
     the capture fail."""
     gpu, cupy = cuda_device, cuda.xp
-    *bufs, norm_sq, hp = buffers(gpu.asarray, F32, BF16, 1.0, None)
-    gpu.adamw_step(*bufs, norm_sq, **hp)  # compile and load outside the capture
+    *bufs, norm_sq, hyper = buffers(gpu.asarray, F32, BF16, 1.0, None)
+    gpu.adamw_step(*bufs, norm_sq, hyper)  # compile and load outside the capture
     before = gpu.to_numpy(bufs[0])
     gpu.synchronize()  # the capture stream does not wait for the default stream
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
-        gpu.adamw_step(*bufs, norm_sq, **hp)
+        gpu.adamw_step(*bufs, norm_sq, hyper)
         graph = stream.end_capture()
     graph.launch(stream)
     stream.synchronize()
@@ -152,9 +154,10 @@ def test_cpu_three_steps_follow_the_reference(working_dtype, max_norm):
     for step in (1, 2, 3):
         grad = (scale * rand(N, F32, seed=step)).astype(working_dtype or F32)
         norm_sq, grad_before = cpu.grad_norm_sq(grad), grad.copy()
-        cpu.adamw_step(master, grad, m, v, working, norm_sq, **dict(hp, step=step))
+        hyper = Hyper(**dict(hp, step=step))
+        cpu.adamw_step(master, grad, m, v, working, norm_sq, hyper)
         assert grad.tobytes() == grad_before.tobytes()
-        ref = adamw_ref(*ref[:1], grad, *ref[1:], None, norm_sq, **dict(hp, step=step))
+        ref = adamw_ref(*ref[:1], grad, *ref[1:], None, norm_sq, hyper)
         for got, want in zip((master, m, v), ref):
             assert got.dtype == F32
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
@@ -169,17 +172,9 @@ def test_cpu_weight_decay_only_on_the_first_n_decay():
     master = rand(N, F32)
     before, grad = master.copy(), np.zeros(N, F32)  # zero gradient: only the decay moves
     zeros = np.zeros(N, F32)
-    hp = dict(lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.5, n_decay=5, step=1)
-    cpu.adamw_step(
-        master,
-        grad,
-        zeros,
-        zeros.copy(),
-        None,
-        cpu.grad_norm_sq(grad),
-        inv_scale=1.0,
-        max_norm=0.0,
-        **hp,
+    hyper = Hyper(
+        0.1, 0.9, 0.999, 1e-8, weight_decay=0.5, n_decay=5, step=1, inv_scale=1.0, max_norm=0
     )
+    cpu.adamw_step(master, grad, zeros, zeros.copy(), None, cpu.grad_norm_sq(grad), hyper)
     np.testing.assert_allclose(master[:5], before[:5] * (1 - 0.1 * 0.5), rtol=1e-6)
     np.testing.assert_array_equal(master[5:], before[5:])

@@ -315,13 +315,13 @@ def test_flash_attention_refuses_heads_that_do_not_group(gpu, stand_in, launches
 def test_adamw_constants_are_rounded_once_to_the_master_dtype(gpu, stand_in, launches, P, G):
     """cpu.adamw_step keeps decay, lr/bc1 and 1/sqrt(bc2) in the master's dtype (acc(...)); the
     kernel gets the same values (in fp64 runs, not fp32 roundings of them)."""
-    *bufs, hp = test_adamw.buffers(stand_in.asarray, P, G, 1.0, None)
-    gpu.adamw_step(*bufs, **hp)
+    *bufs, h = test_adamw.buffers(stand_in.asarray, P, G, 1.0, None)
+    gpu.adamw_step(*bufs, h)
     (launch,) = [la for la in launches if la.name.startswith("adamw_step")]
-    lr, beta1, beta2, step = hp["lr"], hp["beta1"], hp["beta2"], hp["step"]
+    lr, beta1, beta2, step = h.lr, h.beta1, h.beta2, h.step
     acc = P.type
     want = (
-        acc(1 - lr * hp["weight_decay"]),
+        acc(1 - lr * h.weight_decay),
         acc(lr / (1 - beta1**step)),
         acc(1 / np.sqrt(1 - beta2**step)),
     )
@@ -362,14 +362,14 @@ def test_a_widened_int_is_refused(gpu, stand_in, monkeypatch):
 def test_swapped_arguments_are_refused(gpu, stand_in, monkeypatch):
     """adamw_step's n_decay (long long) and inv_scale (double) swapped. (Two arguments of one
     type swapped would pass: packing cannot tell them apart.)"""
-    *bufs, hp = test_adamw.buffers(stand_in.asarray, F32, BF16, 1.0, None)
+    *bufs, hyper = test_adamw.buffers(stand_in.asarray, F32, BF16, 1.0, None)
     _tamper(
         stand_in,
         monkeypatch,
         lambda args: args[:7] + (args[8], args[7]) + args[9:] if len(args) > 9 else args,
     )
     with pytest.raises(fake_cupy.LaunchError, match="n_decay"):
-        gpu.adamw_step(*bufs, **hp)
+        gpu.adamw_step(*bufs, hyper)
 
 
 def test_bad_pointers_and_scalars_are_refused(stand_in):

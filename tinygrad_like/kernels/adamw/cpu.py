@@ -63,49 +63,33 @@ def _adamw(
         m[i], v[i], master[i] = mi, vi, w
 
 
-def adamw_step(
-    master,
-    grad,
-    m,
-    v,
-    working,
-    norm_sq,
-    *,
-    lr,
-    beta1,
-    beta2,
-    eps,
-    weight_decay,
-    n_decay,
-    step,
-    inv_scale,
-    max_norm,
-):
+def adamw_step(master, grad, m, v, working, norm_sq, hyper):
     """adamw.cu's update: the skip and the clipping coefficient decided here from norm_sq (one
     host read), then one compiled pass over the elements, the working copy refreshed after."""
     scaled_norm_sq = float(norm_sq[0])
     if not np.isfinite(scaled_norm_sq):
         return
-    g_coef = inv_scale
-    if max_norm > 0:
-        norm = np.sqrt(scaled_norm_sq) * inv_scale
-        g_coef *= min(1.0, max_norm / (norm + 1e-6))
+    h = hyper
+    g_coef = h.inv_scale
+    if h.max_norm > 0:
+        norm = np.sqrt(scaled_norm_sq) * h.inv_scale
+        g_coef *= min(1.0, h.max_norm / (norm + 1e-6))
     # the bias corrections fold into two scalars: update = lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
-    bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+    bc1, bc2 = 1 - h.beta1**h.step, 1 - h.beta2**h.step
     acc = master.dtype.type
     scalars = (
         g_coef,
-        beta1,
-        1 - beta1,
-        beta2,
-        1 - beta2,
-        eps,
-        1 - lr * weight_decay if weight_decay else 1.0,
-        lr / bc1,
+        h.beta1,
+        1 - h.beta1,
+        h.beta2,
+        1 - h.beta2,
+        h.eps,
+        1 - h.lr * h.weight_decay if h.weight_decay else 1.0,
+        h.lr / bc1,
         1 / np.sqrt(bc2),
     )
     # 2-byte gradients are widened first, and the working copy refreshed from master after
     g = np.ascontiguousarray(f32(grad), dtype=master.dtype)
-    _adamw(master, g, m, v, n_decay if weight_decay else 0, *[acc(s) for s in scalars])
+    _adamw(master, g, m, v, h.n_decay if h.weight_decay else 0, *[acc(s) for s in scalars])
     if working is not None:
         working[...] = master

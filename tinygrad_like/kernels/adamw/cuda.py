@@ -26,33 +26,14 @@ def grad_norm_sq(grad):
     return out
 
 
-def adamw_step(
-    master,
-    grad,
-    m,
-    v,
-    working,
-    norm_sq,
-    *,
-    lr,
-    beta1,
-    beta2,
-    eps,
-    weight_decay,
-    n_decay,
-    step,
-    inv_scale,
-    max_norm,
-):
+def adamw_step(master, grad, m, v, working, norm_sq, hyper):
     """norm_sq stays on the device: the kernel skips the step when it is inf/nan and derives the
     clipping coefficient from it, so nothing here waits for the GPU."""
     for a in (master, grad, m, v) + (() if working is None else (working,)):
         if not a.flags.c_contiguous or a.size != master.size:
             raise ValueError("adamw_step updates flat contiguous buffers of one size in place")
-    P = (
-        master.dtype.type
-    )  # every constant rounded once to the master's dtype, as the CPU twin's acc
-    bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+    h, P = hyper, master.dtype.type  # every constant rounded once to P, as the CPU twin's acc
+    bc1, bc2 = 1 - h.beta1**h.step, 1 - h.beta2**h.step
     norm_sq = cupy.ascontiguousarray(norm_sq, dtype=dtypes.compute_dtype(grad.dtype))
     launch_flat(
         "adamw.cu",
@@ -66,15 +47,15 @@ def adamw_step(
         NULL if working is None else working,
         norm_sq,
         np.int64(master.size),
-        np.int64(n_decay),
-        np.float64(inv_scale),
-        np.float64(max_norm),
-        P(beta1),
-        P(1 - beta1),
-        P(beta2),
-        P(1 - beta2),
-        P(eps),
-        P(1 - lr * weight_decay),
-        P(lr / bc1),
+        np.int64(h.n_decay),
+        np.float64(h.inv_scale),
+        np.float64(h.max_norm),
+        P(h.beta1),
+        P(1 - h.beta1),
+        P(h.beta2),
+        P(1 - h.beta2),
+        P(h.eps),
+        P(1 - h.lr * h.weight_decay),
+        P(h.lr / bc1),
         P(1 / np.sqrt(bc2)),
     )
