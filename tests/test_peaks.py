@@ -56,6 +56,34 @@ def test_peaks_are_measured_once_per_machine_then_read_from_the_cache(
         path = peaks.cache_path("cpu")
 
 
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda d: d.update(matmul={"fp32": -1.0}),  # a rate must be positive
+        lambda d: d.update(copy_bw=float("nan")),
+        lambda d: d.update(matmul={"bf16": 1e12}),  # no fp32 peak
+        lambda d: d.update(read_bw="fast"),
+        lambda d: d.update(others=3.0),  # a share of the CPUs is at most 1
+        lambda d: d.update(measurements=0),
+        lambda d: d.update(how=["made up"]),
+        lambda d: d.update(machine="x" * (1 << 20)),  # over a small file's size
+    ],
+)
+def test_a_cache_file_out_of_range_is_measured_again(machine_peaks, tmp_path, monkeypatch, tamper):
+    """The peaks' cache is a file anyone could have written: read as untrusted input, a field
+    of the wrong type or out of range, or a file too big, is a cache to measure again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(peaks, "measure", lambda device: calls.append(device) or machine_peaks)
+    path = peaks.cache_path("cpu")
+    path.parent.mkdir(parents=True)
+    fields = dataclasses.asdict(machine_peaks)
+    tamper(fields)
+    path.write_text(json.dumps(fields))
+    _new_process(monkeypatch)
+    assert peaks.get("cpu") == machine_peaks and calls == ["cpu"]
+
+
 def test_a_peak_measured_while_others_use_the_cpu_is_marked_and_measured_again(
     machine_peaks, tmp_path, monkeypatch
 ):

@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from . import backend, dtypes, kernels
-from .files import atomic_write
+from .files import atomic_write, read_small
 
 METHOD = 3  # bumped whenever a measurement changes: older caches are not read
 REMEASURE = "TG_REMEASURE_PEAKS"
@@ -82,6 +82,7 @@ STREAM_BYTES = {"cpu": 256 << 20, "cuda": 1 << 30}  # per buffer of the copy and
 GPU_GEMM = 8192  # n of the GPU's n^3 GEMM test
 EXP_BLOCK, EXP_REPS = 1 << 16, 100  # 64K float32 per thread (L2-resident), 100 passes each
 LAUNCHES = 2000  # back-to-back tiny launches of the launch test
+CACHE_BYTES = 64 << 10  # a cache file's largest size (it holds about 1 KB)
 
 # dense tensor-core peaks from NVIDIA's datasheets (FLOP/s), by a substring of the device name
 DATASHEET_PEAKS = {
@@ -286,11 +287,33 @@ def best_of(a, b):
 
 
 def _read(path):
-    """The Peaks of a cache file, or None (missing, of another version, or cut short)."""
+    """The Peaks of a cache file, or None (missing, of another version, cut short, over a small
+    file's size, or holding a field of the wrong type or out of range: measured again)."""
     try:
-        return Peaks(**json.loads(path.read_text()))
+        peaks = Peaks(**json.loads(read_small(path, CACHE_BYTES)))
     except (OSError, ValueError, TypeError):
         return None
+    return peaks if _sound(peaks) else None
+
+
+def _sound(peaks):
+    """Whether every field of cached peaks has its type and a rate's range: the cache is a file
+    anyone could have written, read as untrusted input."""
+    rates = [*peaks.matmul.values(), peaks.copy_bw, peaks.read_bw, peaks.launch_s]
+    numbers = rates + [peaks.exp_rate] + ([] if peaks.others is None else [peaks.others])
+    return (
+        isinstance(peaks.matmul, dict)
+        and "fp32" in peaks.matmul
+        and all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers)
+        and all(x > 0 for x in rates)
+        and peaks.exp_rate >= 0
+        and (peaks.others is None or 0 <= peaks.others <= 1)
+        and isinstance(peaks.measurements, int)
+        and peaks.measurements >= 1
+        and all(isinstance(v, str) for v in (peaks.device, peaks.machine, peaks.when))
+        and isinstance(peaks.how, dict)
+        and all(isinstance(v, str) for v in peaks.how.values())
+    )
 
 
 def _store(path, peaks):
