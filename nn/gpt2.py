@@ -6,10 +6,8 @@ Vp = V padded to a multiple of 64 (the rows wte stores, the logits' columns; nn/
 
 import math
 
-import numpy as np
-
 import tinygrad_like.functional as F
-from tinygrad_like import autograd
+from tinygrad_like import autograd, kernels
 
 from .config import GPT2Config
 from .layers import Dropout, Embedding, LayerNorm, Linear
@@ -27,13 +25,13 @@ class CausalSelfAttention(Module):
         self.c_proj = Linear(C, C, std=0.02 / math.sqrt(2 * L), rng=rng)  # residual out
         self.resid_dropout = Dropout(config.dropout)
 
-    def forward(self, x, cache=None, layer=0):
+    def forward(self, x, cache=None, layer=0, positions=None):
         B, T, C = x.shape
         H = self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C), views
         q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         if cache is not None:  # decoding: attend to the past (B, H, Tpast + T, D)
-            y = cache.attention(layer, q, k, v, self.flash)  # (B, H, T, D)
+            y = cache.attention(layer, q, k, v, positions)  # (B, H, T, D)
         else:
             y = F.scaled_dot_product_attention(q, k, v, self.flash)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)
@@ -61,13 +59,13 @@ class Block(Module):
         self.mlp = MLP(config, rng)
         self.recompute = options.recompute  # save x, redo the rest in the backward
 
-    def forward(self, x, cache=None, layer=0):
+    def forward(self, x, cache=None, layer=0, positions=None):
         if self.recompute and cache is None:  # one "checkpoint" record saving x (B, T, C)
             return autograd.checkpoint(self._forward, x)
-        return self._forward(x, cache, layer)
+        return self._forward(x, cache, layer, positions)
 
-    def _forward(self, x, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), cache, layer)
+    def _forward(self, x, cache=None, layer=0, positions=None):
+        x = x + self.attn(self.ln_1(x), cache, layer, positions)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -96,16 +94,17 @@ class GPT2(CausalLM):
     def get_input_embeddings(self):
         return self.transformer.wte
 
-    def forward(self, idx, targets=None, cache=None, last_only=False):
+    def forward(self, idx, targets=None, cache=None, last_only=False, cache_position=None):
         """idx (B, T) int token ids -> (logits (B, T, V) fp, mean cross-entropy or None).
-        targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length.
-        last_only and the LM head (tied to wte, logits = x wte^T): CausalLM._head."""
-        idx, B, T, start = self._positions(idx, cache)
+        targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length
+        (cache_position (T,): Hugging Face's name). last_only and the LM head (tied to wte,
+        logits = x wte^T): CausalLM._head."""
+        idx, B, T, positions = self._positions(idx, cache, cache_position)
         tr = self.transformer
-        x = tr.wte(idx) + tr.wpe(np.arange(start, start + T))  # (B, T, C) + (T, C)
+        x = tr.wte(idx) + tr.wpe(positions)  # (B, T, C) + (T, C)
         x = tr.drop(x)
         for i, block in enumerate(tr.h):
-            x = block(x, cache, i)
+            x = block(x, cache, i, positions)
         if cache is not None:
-            cache.length += T
+            kernels.on_host(cache.advance, T)
         return self._head(tr.ln_f(x), tr.wte.weight, targets, last_only)

@@ -10,7 +10,7 @@ weight is (out, in), as the checkpoints store it (layers.TransposedLinear).
 import numpy as np
 
 import tinygrad_like.functional as F
-from tinygrad_like import autograd, backend, dtypes
+from tinygrad_like import autograd, backend, dtypes, kernels
 
 from .config import LlamaConfig
 from .layers import Embedding, RMSNorm, TransposedLinear
@@ -32,13 +32,17 @@ class LlamaRotaryEmbedding(Module):
         self.host = np.cos(angles), np.sin(angles)
         self.tables = {}  # (device, compute dtype) -> (cos, sin)
 
-    def forward(self, like):
-        """(cos, sin) on like's device in its compute dtype (fp32, fp64 for fp64)."""
+    def forward(self, like, positions=None):
+        """(cos, sin) on like's device in its compute dtype (fp32, fp64 for fp64): the whole
+        tables, or their rows at positions (T,) int64 of that device, gathered by counted
+        embedding_fwd launches (a KV-cache step's: the same launches at every position)."""
         be, acc = backend.of(like.data), dtypes.compute_dtype(like.dtype)
         key = (be.name, acc)
         if key not in self.tables:
             self.tables[key] = tuple(be.asarray(t.astype(acc)) for t in self.host)
-        return self.tables[key]
+        if positions is None:
+            return self.tables[key]
+        return tuple(kernels.launch("embedding_fwd", t, positions) for t in self.tables[key])
 
 
 class LlamaAttention(Module):
@@ -56,8 +60,9 @@ class LlamaAttention(Module):
         self.v_proj = TransposedLinear(C, Hkv * D, rng=rng)
         self.o_proj = TransposedLinear(H * D, C, rng=rng)
 
-    def forward(self, x, rope, cache=None, layer=0):
-        """x (B, T, C); rope (cos, sin, start): the tables and the first position."""
+    def forward(self, x, rope, cache=None, layer=0, positions=None):
+        """x (B, T, C); rope (cos, sin, start): the tables and the first of their rows to read
+        (a KV-cache step's tables are its rows, start 0); positions (T,): the cache's."""
         B, T, _ = x.shape
         cos, sin, start = rope
         q = self.q_proj(x).reshape(B, T, self.n_head, self.head_dim).transpose(1, 2)
@@ -66,7 +71,7 @@ class LlamaAttention(Module):
         q = F.apply_rotary(q, cos, sin, start)  # (B, H, T, D)
         k = F.apply_rotary(k, cos, sin, start)  # (B, Hkv, T, D)
         if cache is not None:  # decoding: attend to the past (B, Hkv, Tpast + T, D)
-            y = cache.attention(layer, q, k, v, self.flash)  # (B, H, T, D)
+            y = cache.attention(layer, q, k, v, positions)  # (B, H, T, D)
         else:
             y = F.scaled_dot_product_attention(q, k, v, self.flash)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -95,13 +100,13 @@ class LlamaDecoderLayer(Module):
         self.mlp = LlamaMLP(config, rng)
         self.recompute = options.recompute  # save x, redo the rest in the backward
 
-    def forward(self, x, rope, cache=None, layer=0):
+    def forward(self, x, rope, cache=None, layer=0, positions=None):
         if self.recompute and cache is None:  # one "checkpoint" record saving x (B, T, C)
             return autograd.checkpoint(lambda x: self._forward(x, rope), x)
-        return self._forward(x, rope, cache, layer)
+        return self._forward(x, rope, cache, layer, positions)
 
-    def _forward(self, x, rope, cache=None, layer=0):
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer)
+    def _forward(self, x, rope, cache=None, layer=0, positions=None):
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -134,16 +139,17 @@ class Llama(CausalLM):
     def get_input_embeddings(self):
         return self.model.embed_tokens
 
-    def forward(self, idx, targets=None, cache=None, last_only=False):
+    def forward(self, idx, targets=None, cache=None, last_only=False, cache_position=None):
         """idx (B, T) int token ids -> (logits (B, T, V) fp, mean cross-entropy or None).
-        targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length.
+        targets (B, T) int, -1 ignored. With a cache, positions continue from cache.length
+        (cache_position (T,): Hugging Face's name), the rotary tables' rows gathered at them.
         last_only and the LM head: CausalLM._head."""
-        idx, B, T, start = self._positions(idx, cache)
+        idx, B, T, positions = self._positions(idx, cache, cache_position)
         m = self.model
         x = m.embed_tokens(idx)  # (B, T, C)
-        rope = (*m.rotary_emb(x), start)
+        rope = (*m.rotary_emb(x, positions if cache is not None else None), 0)
         for i, layer in enumerate(m.layers):
-            x = layer(x, rope, cache, i)
+            x = layer(x, rope, cache, i, positions)
         if cache is not None:
-            cache.length += T
+            kernels.on_host(cache.advance, T)
         return self._head(m.norm(x), self.lm_head.weight, targets, last_only)

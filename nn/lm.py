@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 import tinygrad_like.functional as F
-from tinygrad_like import Tensor, autograd, backend, dtypes, kernels
+from tinygrad_like import Tensor, autograd, backend, dtypes, graph, kernels
 from tinygrad_like.kernels.kvcache.spec import KV_FORMATS
 from tinygrad_like.memory import TRACKER
 
@@ -48,6 +48,9 @@ class KVCache:
     """Keys and values of the positions seen so far, per layer: (B, Hkv, max_len, D) each
     (Hkv = H for GPT-2; Llama's grouped-query attention stores only its Hkv heads).
     Under no_grad only: the prompt fills it once, then each decode step appends one position.
+    Its kernels (kernels/kvcache) take the whole cache and the positions written and attended
+    from as a device array, so that every decode step launches the same kernels on the same
+    arrays: a step that can be captured and replayed (tinygrad_like.compile).
     dtype: the cache's number format (default the model's, like's: fp32 for a quantized weight,
     the activations' dtype), one of KV_DTYPES: a narrower one holds and streams fewer bytes per
     token. In an fp8 format (fmt, else None) k and v hold uint8 codes and k_scales, v_scales
@@ -71,46 +74,54 @@ class KVCache:
         self.length = 0  # positions already stored (before the current forward)
         self.max_len = max_len
 
-    def append(self, layer, k, v):
-        """Store this step's k, v (B, Hkv, T, D), cast to the cache's dtype by a counted kernel
-        when it differs; return all keys and values so far as views. Not for an fp8 cache,
-        whose codes only its attention reads."""
-        start, end = self.length, self.length + k.shape[2]
-        for buf, new in ((self.k[layer], k.data), (self.v[layer], v.data)):
-            if new.dtype != self.dtype:
-                new = kernels.launch("cast", new, self.dtype)
-            kernels.launch("copy", buf[:, :, start:end], new)
-        return Tensor(self.k[layer][:, :, :end]), Tensor(self.v[layer][:, :, :end])
+    def advance(self, tokens):
+        """The positions stored grow by tokens (host state: a captured step's replay runs it
+        in its place, kernels.on_host)."""
+        self.length += tokens
 
-    def _append_quantized(self, layer, k, v):
-        """Store this step's k, v (B, Hkv, T, D) in the fp8 cache: each position's row
-        quantized by the counted kv_quantize kernel (codes and its scale), then copied in."""
-        start, end = self.length, self.length + k.shape[2]
+    def _write(self, layer, k, v, positions):
+        """Store this step's k, v (B, Hkv, T, D) at positions (T,): cast to the cache's dtype
+        by a counted kernel when it differs, or, in an fp8 cache, each position's row quantized
+        by the counted kv_quantize kernel (codes and its scale)."""
+        if self.fmt is None:
+            for buf, new in ((self.k[layer], k.data), (self.v[layer], v.data)):
+                if new.dtype != self.dtype:
+                    new = kernels.launch("cast", new, self.dtype)
+                kernels.launch("kv_write", buf, new, positions)
+            return
         for codes, scales, new in (
             (self.k[layer], self.k_scales[layer], k.data),
             (self.v[layer], self.v_scales[layer], v.data),
         ):
             new_codes, new_scales = kernels.launch("kv_quantize", new, self.fmt)
-            kernels.launch("copy", codes[:, :, start:end], new_codes)
-            kernels.launch("copy", scales[:, :, start:end], new_scales)
+            kernels.launch("kv_write", codes, new_codes, positions)
+            kernels.launch("kv_write", scales, new_scales, positions)
 
-    def attention(self, layer, q, k, v, flash=False):
-        """Causal attention of q (B, H, T, D) over the cache after appending k, v: computed in
-        the cache's dtype (q cast to it, the output cast back to q's), so the cache is read in
-        its own format, never a widened copy of it; q and the output are one position each in
-        a decode step, the cache all of them. An fp8 cache: one qattention launch, which
-        decodes the codes as it reads them (blockwise, whatever flash says), out in q's dtype."""
-        if self.fmt is None:
-            k, v = self.append(layer, k, v)
-            return F.scaled_dot_product_attention(q.to(self.dtype), k, v, flash).to(q.dtype)
+    def attention(self, layer, q, k, v, positions):
+        """Causal attention of q (B, H, T, D) at positions (T,) over the cache after writing
+        k, v there: one kv_attention launch in the cache's dtype (q cast to it, the output cast
+        back to q's), so the cache is read in its own format, never a widened copy of it; an
+        fp8 cache one qattention launch, which decodes the codes as it reads them, out in q's
+        dtype. Both the flash kernels' arithmetic, whatever the model's attention option."""
         if autograd.is_grad_enabled() and q.requires_grad:
             raise RuntimeError(
-                f"a KV cache in {self.fmt} is inference only: run the model under no_grad()"
+                f"a KV cache in {kv_name(self.fmt or self.dtype)} is inference only: run the "
+                "model under no_grad()"
             )
-        self._append_quantized(layer, k, v)
+        self._write(layer, k, v, positions)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        if self.fmt is None:
+            out = kernels.launch(
+                "kv_attention",
+                q.to(self.dtype).data,
+                self.k[layer],
+                self.v[layer],
+                positions,
+                scale,
+            )
+            return Tensor(out).to(q.dtype)
         args = (self.k[layer], self.k_scales[layer], self.v[layer], self.v_scales[layer])
-        length, scale = self.length + k.shape[2], 1.0 / math.sqrt(q.shape[-1])
-        return Tensor(kernels.launch("qattention", q.data, *args, self.fmt, length, scale))
+        return Tensor(kernels.launch("qattention", q.data, *args, self.fmt, positions, scale))
 
 
 def _dtype_name(dtype):
@@ -147,9 +158,11 @@ class CausalLM(Module):
         raise NotImplementedError
 
     # ---- the pieces of forward
-    def _positions(self, idx, cache):
+    def _positions(self, idx, cache, cache_position=None):
         """idx (B, T) checked -> (idx as a host int array, or the meta device's shape-only
-        one, B, T, the first position)."""
+        one, B, T, the tokens' positions (T,) int64: cache_position when given (a device array,
+        as a captured decode step passes its own), else the cache's next T positions on the
+        model's device, or 0 ... T - 1 on the host without a cache)."""
         name = type(self).__name__
         if backend.holds_values(idx):
             idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
@@ -164,7 +177,13 @@ class CausalLM(Module):
                 f"sequence of {start + T} tokens is longer than the context of "
                 f"{self.config.n_positions}: shorten it (or --seq-len)"
             )
-        return idx, B, T, start
+        if cache_position is None:
+            cache_position = np.arange(start, start + T)
+            if cache is not None:
+                cache_position = backend.get(self.get_input_embeddings().weight.device).asarray(
+                    cache_position
+                )
+        return idx, B, T, cache_position
 
     def _head(self, x, weight, targets, last_only):
         """The LM head over the final hidden states x (B, T, C) with weight (Vp, C) (logits =
@@ -226,23 +245,39 @@ class CausalLM(Module):
 
     # ---- generation
     def generate(
-        self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, kv_dtype=None
+        self,
+        idx,
+        max_new_tokens,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=None,
+        kv_dtype=None,
+        compile=False,
     ):
         """-> (B, T + max_new_tokens) int64 ids: the prompt then the sampled continuation."""
         idx = _prompt(idx)
-        new = list(
-            self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, seed, kv_dtype)
-        )
+        args = (temperature, top_k, top_p, seed, kv_dtype, compile)
+        new = list(self.generate_stream(idx, max_new_tokens, *args))
         return np.concatenate([idx] + [t[:, None] for t in new], axis=1)
 
     def generate_stream(
-        self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, kv_dtype=None
+        self,
+        idx,
+        max_new_tokens,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        seed=None,
+        kv_dtype=None,
+        compile=False,
     ):
         """An iterator over each new token column (B,) as it is sampled. The prompt goes
         through the model once, filling the KV cache (in kv_dtype, default the model's dtype);
         then every step feeds just the one new token. The B prompts are of one length T (the
-        attention is causal with no padding mask: a batch is never padded). Bad arguments raise
-        here, not at the first next()."""
+        attention is causal with no padding mask: a batch is never padded). compile: the decode
+        step captured and replayed (tinygrad_like.compile; its first two tokens run eagerly),
+        the same tokens. Bad arguments raise here, not at the first next()."""
         idx = _prompt(idx)
         check_sampling(temperature, top_k, top_p)
         B, T = idx.shape
@@ -256,15 +291,40 @@ class CausalLM(Module):
             )
         like = self.get_input_embeddings().weight
         cache = KVCache(self.config, B, T + max_new_tokens, like, kv_dtype)
-        return self._decode(
-            idx, max_new_tokens, cache, temperature, top_k, top_p, np.random.default_rng(seed)
-        )
+        step = self.decode_step(cache)
+        steps = (step, graph.compile(step) if compile else step)  # the prompt's, then a token's
+        rng = np.random.default_rng(seed)
+        return self._decode(idx, max_new_tokens, cache, steps, temperature, top_k, top_p, rng)
 
-    def _decode(self, idx, max_new_tokens, cache, temperature, top_k, top_p, rng):
+    def decode_step(self, cache):
+        """The step that feeds tokens (B, T) at positions (T,), device arrays, through the model
+        and its cache -> the last position's logits, a device array (B, 1, V), under no_grad
+        with every module in eval mode (tinygrad_like.compile can capture it)."""
         modules = [m for _, m in self.named_modules()]
+
+        def step(tokens, positions):
+            modes = [m.training for m in modules]
+            for m in modules:
+                object.__setattr__(m, "training", False)
+            try:
+                # an overflow is not warned about on the way: _decode checks the logits
+                with autograd.no_grad(), np.errstate(over="ignore", invalid="ignore"):
+                    logits, _ = self(tokens, cache=cache, last_only=True, cache_position=positions)
+                return logits.data
+            finally:
+                for m, mode in zip(modules, modes):
+                    object.__setattr__(m, "training", mode)
+
+        return step
+
+    def _decode(self, idx, max_new_tokens, cache, steps, temperature, top_k, top_p, rng):
+        be = backend.get(self.get_input_embeddings().weight.device)
         feed = idx
-        for _ in range(max_new_tokens):
-            logits = self._infer(feed, cache, modules)  # (B, V) fp32, host
+        for i in range(max_new_tokens):
+            T = feed.shape[1]
+            positions = be.asarray(np.arange(cache.length, cache.length + T))
+            logits = steps[i > 0](be.asarray(feed), positions)  # (B, 1, V)
+            logits = be.to_numpy(logits)[:, -1, :].astype(np.float32)  # (B, V) fp32, host
             if not np.isfinite(logits).all():  # else argmax picks token 0, sampling fails
                 raise ValueError(
                     _non_finite(self.get_input_embeddings().weight.dtype, cache.length)
@@ -272,20 +332,6 @@ class CausalLM(Module):
             token = sample(logits, temperature, top_k, top_p, rng)  # (B,)
             yield token  # outside no_grad/eval: the caller's code runs as usual
             feed = token[:, None]
-
-    def _infer(self, idx, cache, modules):
-        """Last-position logits under no_grad and eval mode (each module's mode restored)."""
-        modes = [m.training for m in modules]
-        for m in modules:
-            object.__setattr__(m, "training", False)
-        try:
-            # an overflow is not warned about on the way: _decode checks the logits, one error
-            with autograd.no_grad(), np.errstate(over="ignore", invalid="ignore"):
-                logits, _ = self(idx, cache=cache, last_only=True)
-            return logits.numpy()[:, -1, :].astype(np.float32)
-        finally:
-            for m, mode in zip(modules, modes):
-                object.__setattr__(m, "training", mode)
 
 
 def _non_finite(dtype, tokens):

@@ -33,9 +33,10 @@ from .check import BF16, F16, F32, F64, FLOATS, cpu, rand
 
 ids = dtypes.name
 KERNELS_DIR = Path(kernels.__file__).parent  # kernels/<family>/<family>.cu
-# Run by CuPy itself on CUDA (copies, fills, concatenation, sums, index gradients, max).
+# Run by CuPy itself on CUDA (copies, fills, concatenation, sums, index gradients, max, a KV
+# cache's scatter).
 NO_CUSTOM_KERNEL = {
-    *("contiguous", "copy", "fill", "concat", "index_bwd", "sum"),
+    *("contiguous", "copy", "fill", "concat", "index_bwd", "sum", "kv_write"),
     *("amax", "argmax", "amax_bwd", "max_bwd"),
 }
 # fp64 GEMMs and casts from fp64 go to cuBLAS / astype: no launch of ours.

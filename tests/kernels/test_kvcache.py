@@ -1,9 +1,11 @@
-"""The fp8 KV cache's kernels (kernels/kvcache): kv_quantize, bit for bit quant.quantize's codes
-and scales of each row (ml_dtypes' rounding, ties to even) on rows of every magnitude and on
-random fp32 bit patterns; qattention, against float64 attention over the dequantized cache (the
-cache's values decoded exactly, so only the arithmetic's rounding differs): a decode step, a
-prompt, a prompt after a cache, grouped- and multi-query heads, ragged head dims. The cache
-itself and decoding through it: tests/test_kv_fp8.py.
+"""A KV cache's kernels (kernels/kvcache): kv_write, a copy of the rows of some positions into a
+cache, bit for bit; kv_attention, against float64 attention over the cache's first positions (a
+decode step, a prompt, a prompt after a cache, grouped- and multi-query heads); kv_quantize, bit
+for bit quant.quantize's codes and scales of each row (ml_dtypes' rounding, ties to even) on rows
+of every magnitude and on random fp32 bit patterns; qattention, against float64 attention over
+the dequantized fp8 cache (the cache's values decoded exactly, so only the arithmetic's rounding
+differs), on the same shapes and ragged head dims. The caches themselves and decoding through
+them: tests/test_kv_fp8.py, tests/test_decode.py.
 """
 
 import re
@@ -61,18 +63,23 @@ def dequantized(codes, scales, fmt):
     return quant.dequantize(qw).reshape(codes.shape)
 
 
-def qattention_ref(q, k_codes, k_scales, v_codes, v_scales, fmt, length, scale):
-    """Causal softmax(scale q k^T) v in float64 of q (B, H, Tq, D) over the first `length`
-    positions of the dequantized k, v (B, Hkv, L, D), query i at position length - Tq + i,
-    query head h against kv head h // (H / Hkv) (Hugging Face's repeat_kv)."""
-    Tq, G = q.shape[2], q.shape[1] // k_codes.shape[1]
-    k, v = (dequantized(c, s, fmt) for c, s in ((k_codes, k_scales), (v_codes, v_scales)))
+def attention_ref(q, k, v, positions, scale):
+    """Causal softmax(scale q k^T) v in float64 of q (B, H, Tq, D) at positions over the
+    positions 0 ... positions[-1] of k, v (B, Hkv, L, D), query head h against kv head
+    h // (H / Hkv) (Hugging Face's repeat_kv)."""
+    Tq, G, length = q.shape[2], q.shape[1] // k.shape[1], int(positions[-1]) + 1
     k, v = (np.repeat(a[:, :, :length].astype(np.float64), G, axis=1) for a in (k, v))
     s = f64(q) @ k.swapaxes(-1, -2) * scale
     seen = np.arange(length)[None, :] <= (length - Tq + np.arange(Tq))[:, None]
     s = np.where(seen, s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def qattention_ref(q, k_codes, k_scales, v_codes, v_scales, fmt, positions, scale):
+    """attention_ref over the dequantized k, v."""
+    k, v = (dequantized(c, s, fmt) for c, s in ((k_codes, k_scales), (v_codes, v_scales)))
+    return attention_ref(q, k, v, positions, scale)
 
 
 def quantized_cache(B, Hkv, L, D, fmt, seed=0):
@@ -83,9 +90,35 @@ def quantized_cache(B, Hkv, L, D, fmt, seed=0):
     return cpu.kv_quantize(k, fmt) + cpu.kv_quantize(v, fmt)
 
 
+def positions(Tq, length):
+    """The positions of Tq queries whose last is length - 1."""
+    return np.arange(length - Tq, length)
+
+
 def attention(put, dtype, fmt, B, H, Hkv, Tq, L, length, D):
-    q = rand((B, H, Tq, D), dtype, seed=2)
-    return (put(q), *map(put, quantized_cache(B, Hkv, L, D, fmt)), fmt, length, 1 / np.sqrt(D))
+    q, at = rand((B, H, Tq, D), dtype, seed=2), positions(Tq, length)
+    cache = quantized_cache(B, Hkv, L, D, fmt)
+    return (put(q), *map(put, cache), fmt, put(at), 1 / np.sqrt(D))
+
+
+def plain_attention(put, dtype, B, H, Hkv, Tq, L, length, D):
+    q, k, v = (
+        rand(shape, dtype, seed=i) for i, shape in enumerate([(B, H, Tq, D)] + [(B, Hkv, L, D)] * 2)
+    )
+    return put(q), put(k), put(v), put(positions(Tq, length)), 1 / np.sqrt(D)
+
+
+def write(put, dtype, shape, T, at):
+    """A cache of shape (B, Hkv, L, ...) and T new rows for positions at ... at + T - 1."""
+    cache = rand(shape, dtype, seed=1)
+    new = rand(shape[:2] + (T,) + shape[3:], dtype, seed=2)
+    return put(cache), put(new), put(np.arange(at, at + T))
+
+
+def write_ref(cache, new, at):
+    out = f64(cache)
+    out[:, :, at] = f64(new)
+    return out
 
 
 # (B, H, Hkv, Tq, L, length, D): a decode step (GQA, past two key blocks, the cache longer than
@@ -104,6 +137,21 @@ ATTENTION = [
 ROWS = [(s, "magnitudes") for s in [(3, 2, 13, 40), (2, 3, 50, 40)]]
 ROWS += [((1, D), "normal") for D in (24, 64)]
 CASES = [
+    *cases(
+        "kv_write",
+        write,
+        [(d, (2, 3, 9, 8), 1, 4) for d in FLOATS]
+        + [(F32, (1, 2, 7, 5), 7, 0), (np.dtype(np.uint8), (2, 2, 6, 4), 2, 3)]
+        + [(F32, (2, 2, 6), 1, 5)],  # an fp8 cache's scales (B, Hkv, L)
+        ref=write_ref,
+        exact=True,
+    ),
+    *cases(
+        "kv_attention",
+        plain_attention,
+        [(d, *s) for d in (F32, BF16) for s in ATTENTION],
+        ref=attention_ref,
+    ),
     *cases(
         "kv_quantize",
         rows,
@@ -133,8 +181,9 @@ def test_kernel(case, check):
     "change, words",
     [
         (dict(fmt="int8"), "the quantized ones are fp8_e4m3, fp8_e5m2"),
-        (dict(length=31), "Tq <= length <= L"),
-        (dict(length=2), "Tq <= length <= L"),
+        (dict(positions=np.arange(28, 31)), "consecutive positions in [0, L = 30)"),
+        (dict(positions=np.array([4, 6, 7])), "consecutive positions in [0, L = 30)"),
+        (dict(positions=np.arange(4)), "Tq positions"),
         (dict(q=np.zeros((1, 3, 3, 16), F32)), "H a multiple of Hkv"),
         (dict(k_scales=np.zeros((1, 2, 29), F32)), "scales (B, Hkv, L)"),
     ],
@@ -143,7 +192,8 @@ def test_qattention_refuses_arguments_that_do_not_fit(device, change, words):
     kc, ks, vc, vs = quantized_cache(1, 2, 30, 16, "fp8_e4m3")
     arrays = dict(q=np.zeros((1, 4, 3, 16), F32), k_codes=kc, k_scales=ks, v_codes=vc, v_scales=vs)
     args = {k: device.asarray(a) for k, a in {**arrays, **change}.items() if hasattr(a, "shape")}
-    kw = dict(fmt="fp8_e4m3", length=10, scale=0.25)
+    args.setdefault("positions", device.asarray(np.arange(7, 10)))
+    kw = dict(fmt="fp8_e4m3", scale=0.25)
     kw.update({k: a for k, a in change.items() if not hasattr(a, "shape")})
     with pytest.raises(ValueError, match=re.escape(words)):
         device.qattention(**args, **kw)
@@ -152,8 +202,9 @@ def test_qattention_refuses_arguments_that_do_not_fit(device, change, words):
 def test_cpu_qattention_in_a_two_byte_dtype_is_the_fp32_result_rounded():
     kc, ks, vc, vs = quantized_cache(1, 2, 30, 16, "fp8_e4m3")
     q = rand((1, 4, 3, 16), BF16, seed=2)
-    out = cpu.qattention(q, kc, ks, vc, vs, "fp8_e4m3", 25, 0.25)
-    want = cpu.qattention(q.astype(F32), kc, ks, vc, vs, "fp8_e4m3", 25, 0.25)
+    at = np.arange(22, 25)
+    out = cpu.qattention(q, kc, ks, vc, vs, "fp8_e4m3", at, 0.25)
+    want = cpu.qattention(q.astype(F32), kc, ks, vc, vs, "fp8_e4m3", at, 0.25)
     assert out.dtype == BF16
     np.testing.assert_array_equal(out, want.astype(BF16))
 

@@ -91,7 +91,7 @@ def count(name, args, kwargs, out):
     written = [args[i] for i in k.writes if args[i] is not None]
     written += [kwargs["out"]] if kwargs.get("out") is not None else []
     ids = {id(a) for a in written}
-    nbytes += sum(a.nbytes for a in written)
+    nbytes += k.written(outs, *args, **kwargs) if k.written else sum(a.nbytes for a in written)
     nbytes += sum(a.nbytes for a in _arrays(outs) if id(a) not in ids)
     return flops, exps, nbytes
 
@@ -126,16 +126,45 @@ class sink_to:
         _sinks.pop()
 
 
+_recorders = []  # objects with .launched(...) and .hosted(...): the captures recording now
+
+
+class recording:
+    """with recording(r): launches inside call r.launched(name, kernel, args, kwargs, out), and
+    kernels.on_host r.hosted(fn, args), after running (tinygrad_like/graph's capture)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __enter__(self):
+        _recorders.append(self.target)
+        return self.target
+
+    def __exit__(self, *exc):
+        _recorders.pop()
+
+
+def on_host(fn, *args):
+    """fn(*args) now: host state a step changes besides its arrays (a KV cache's length). A
+    captured step's replay runs it again, in its place among the launches."""
+    fn(*args)
+    if _recorders:
+        _recorders[-1].hosted(fn, args)
+
+
 def launch(name, *args, **kwargs):
     be = backend.of(args[0] if hasattr(args[0], "shape") else _first_array(args))
-    if not (_sinks or profiler.active() or TRACKER.track_temporaries):
-        return getattr(_gathered.get(be) or on(be), name)(*args, **kwargs)  # nobody counts
+    kernel = getattr(_gathered.get(be) or on(be), name)
+    if not (_sinks or _recorders or profiler.active() or TRACKER.track_temporaries):
+        return kernel(*args, **kwargs)  # nobody counts
     timing = profiler.timing_wanted()
     timer = be.start_timer() if timing else None
     t_host = time.perf_counter()
-    out = getattr(_gathered.get(be) or on(be), name)(*args, **kwargs)
+    out = kernel(*args, **kwargs)
     if timer is not None:
         timer.stop()
+    if _recorders:
+        _recorders[-1].launched(name, kernel, args, kwargs, out)
     # counted now unless only deferred profilers want it: they count it when next read
     if not _sinks and profiler.deferring():
         counts = lambda: count(name, args, kwargs, out)  # noqa: E731

@@ -16,8 +16,9 @@ docstring, decorated with:
   exps(result, *args, **kwargs): exp / tanh evaluations, which on a CPU can bound a kernel of their
   own (one per element or score exponentiated; a log or sqrt per row is left out).
   bytes: every array argument read once and every new output written once, corrected by `writes`
-  (argument positions written in place), `skips` (argument positions not read) and `reads`
-  (bytes read, for a kernel that reads only part of an argument).
+  (argument positions written in place), `skips` (argument positions not read), `reads` (bytes
+  read, for a kernel that reads only part of an argument) and `written` (bytes written in place,
+  for one that writes only part of one).
 
 Adding a kernel: its record in its family's spec.py, its function in cpu.py and cuda.py (and the
 .cu code), its cases in tests/kernels/test_<family>.py, and the op that launches it (functions.py).
@@ -49,6 +50,7 @@ class Kernel:
     writes: tuple = ()  # argument positions written in place
     skips: tuple = ()  # argument positions not read
     reads: Callable = None  # (outs, *args, **kwargs) -> bytes read; None: from skips
+    written: Callable = None  # (outs, *args, **kwargs) -> bytes written in place; None: writes
 
 
 KERNELS = {}  # name -> Kernel, in declaration order (family by family, as kernels/ imports them)

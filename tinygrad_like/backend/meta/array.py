@@ -38,17 +38,19 @@ def c_strides(shape, itemsize):
 
 class MetaArray:
     """shape, dtype and strides; base: the array whose memory a view would share (None for an
-    array that owns its memory), as NumPy's .base."""
+    array that owns its memory), as NumPy's .base; known: the values of a small integer array
+    made from host data (a KV cache's positions), which decide the work of the kernels that
+    read them as shapes do, else None."""
 
-    __slots__ = ("shape", "dtype", "strides", "base", "__weakref__")
+    __slots__ = ("shape", "dtype", "strides", "base", "known", "__weakref__")
 
-    def __init__(self, shape, dtype, strides=None, base=None):
+    def __init__(self, shape, dtype, strides=None, base=None, known=None):
         self.shape = tuple(int(n) for n in shape)
         if any(n < 0 for n in self.shape):
             raise ValueError(f"negative dimensions are not allowed: {self.shape}")
         self.dtype = np.dtype(dtype)
         self.strides = c_strides(self.shape, self.dtype.itemsize) if strides is None else strides
-        self.base = base
+        self.base, self.known = base, known
 
     # ---- facts
     @property

@@ -52,17 +52,23 @@ def asarray(data, dtype=None):
 
 
 _twins = {}  # id(host array) -> its MetaArray, while the host array lives
+KNOWN = 1024  # the integer host arrays up to this size whose values a twin keeps (positions)
 
 
 def _twin(host):
     """The meta array of a host NumPy array: one per host buffer while it lives (the same ids
-    moved every step are one buffer, as on the CPU), a view of it for a view."""
+    moved every step are one buffer, as on the CPU), a view of it for a view; a small integer
+    one keeps its values (MetaArray.known)."""
     owner = root(host)
     twin = _twins.get(id(owner))
     if twin is None:
         twin = _twins[id(owner)] = MetaArray(owner.shape, owner.dtype, owner.strides)
         weakref.finalize(owner, _twins.pop, id(owner))
-    return twin if owner is host else MetaArray(host.shape, host.dtype, host.strides, twin)
+    known = host if host.dtype.kind in "iu" and host.size <= KNOWN else None
+    if owner is host:
+        twin.known = known
+        return twin
+    return MetaArray(host.shape, host.dtype, host.strides, twin, known)
 
 
 def to_numpy(a):

@@ -24,10 +24,10 @@ from numba import prange
 from ...backend.cpu.compiled import device, f32_from_bits, kernel, vector_dot
 from ...backend.cpu.runtime import f32, rounded
 from ...formats import FORMATS
-from ..attention.cpu import DECODE_SERIAL_BELOW, softmax_block
+from ..attention.cpu import DECODE_SERIAL_BELOW, flash_attention_fwd, softmax_block
 from ..attention.spec import FLASH_BK
 from ..quant.cpu import minifloat_scale, minifloat_value
-from .spec import check_kv_attention, check_kv_format
+from .spec import check_kv_attention, check_kv_format, check_positions, check_write
 
 _KEYS = FLASH_BK  # keys per block of qattention's online softmax (kvcache.cu KV_KEYS)
 
@@ -164,9 +164,22 @@ def kv_quantize(x, fmt):
     return codes.reshape(x.shape), scales.reshape(x.shape[:-1])
 
 
-def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, length, scale):
+def kv_write(cache, new, positions):
+    check_write(cache, new, positions)
+    cache[:, :, positions] = new
+    return cache
+
+
+def kv_attention(q, k, v, positions, scale):
+    """flash_attention_fwd's kernels (a decode step's compiled rows, a prompt's blocks) on the
+    cache cut to its length, read from positions on the host."""
+    length = check_positions("kv_attention", q, k, positions)
+    return flash_attention_fwd(q, k[:, :, :length], v[:, :, :length], scale)[0]
+
+
+def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions, scale):
     """Computed in fp32 (a 2-byte or fp64 q read as fp32): see the module's docstring."""
-    check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, length)
+    length = check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions)
     fields = FORMATS[fmt].fields
     if fields not in _QATTENTION:
         _QATTENTION[fields] = _qattention_kernel(*fields)

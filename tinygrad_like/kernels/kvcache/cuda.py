@@ -12,7 +12,8 @@ import numpy as np
 from ... import dtypes
 from ...backend.cuda.runtime import BLOCK, CTYPES, blocks_for, compiled
 from ...formats import FORMATS
-from .spec import check_kv_attention, check_kv_format
+from ..attention.cuda import flash_attention_fwd
+from .spec import check_kv_attention, check_kv_format, check_positions, check_write
 
 KEYS = 64  # kvcache.cu's KV_KEYS: the scores of one block of keys in shared memory
 
@@ -58,9 +59,24 @@ def kv_quantize(x, fmt):
     return codes, scales
 
 
-def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, length, scale):
-    """One block per query row."""
-    check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, length)
+def kv_write(cache, new, positions):
+    """CuPy's scatter, on the device (the positions never read by the host)."""
+    check_write(cache, new, positions)
+    cache[:, :, positions] = new
+    return cache
+
+
+def kv_attention(q, k, v, positions, scale):
+    """attention.cu's flash kernels on the cache cut to its length, which the host reads from
+    positions (one sync: a decode step so launched cannot yet be captured in a CUDA graph)."""
+    length = check_positions("kv_attention", q, k, positions)
+    return flash_attention_fwd(q, k[:, :, :length], v[:, :, :length], scale)[0]
+
+
+def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions, scale):
+    """One block per query row; the cache's length read by the host from positions (one sync,
+    as kv_attention's)."""
+    length = check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions)
     if q.dtype not in CTYPES:
         raise TypeError(f"qattention takes a floating-point q, got {q.dtype}")
     B, H, Tq, D = q.shape

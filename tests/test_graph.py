@@ -1,0 +1,143 @@
+"""Graph second (tinygrad_like/graph): a step captured through the launch point and replayed
+without the op layer. A captured decode step gives the eager step's logits bit for bit (GPT-2 and
+Llama; fp32, bf16, quantized weights, an fp8 cache), a step whose kernels take a value that
+changes between calls is refused naming the launch, a new shape is captured again and said
+once, and the memory plan never lets two live buffers share a byte.
+"""
+
+import numpy as np
+import pytest
+from test_generate import CFG, randomized
+from test_llama import GQA
+from test_llama import randomized as randomized_llama
+
+import tinygrad_like as tg
+from nn import KVCache
+from nn.quant import quantize_model
+from tinygrad_like import backend, graph, kernels
+from tinygrad_like.graph.plan import Buffer, plan
+
+
+def model_of(family, dtype="fp32", weights=None):
+    model = randomized(CFG, seed=0) if family == "gpt2" else randomized_llama(GQA, seed=0)
+    if weights is not None:
+        quantize_model(model, weights)
+    return model.to(dtype=dtype)
+
+
+def decode(model, steps, kv_dtype=None, compiled=False, prompt_len=5):
+    """The last position's logits (B, V) of each of steps greedy tokens after a prompt, from the
+    eager decode step or its capture."""
+    prompt = np.random.default_rng(1).integers(0, model.config.vocab_size, (2, prompt_len))
+    like = model.get_input_embeddings().weight
+    cache = KVCache(model.config, 2, prompt_len + steps, like, kv_dtype)
+    step = model.decode_step(cache)
+    token = step(prompt, np.arange(prompt_len))
+    run = graph.compile(step) if compiled else step
+    out = []
+    for _ in range(steps):
+        feed = token[:, -1].argmax(-1)[:, None]
+        token = run(feed, np.array([cache.length]))
+        out.append(np.array(token[:, -1], np.float32))
+    return np.stack(out, 1)
+
+
+@pytest.mark.parametrize(
+    "family, dtype, weights, kv_dtype",
+    [
+        ("gpt2", "fp32", None, None),
+        ("llama", "fp32", None, None),
+        ("gpt2", "bf16", None, None),
+        ("llama", "fp32", "int8", None),
+        ("gpt2", "fp32", "int4", "fp8_e4m3"),
+    ],
+)
+def test_a_replayed_decode_step_is_the_eager_step_bit_for_bit(family, dtype, weights, kv_dtype):
+    model = model_of(family, dtype, weights)
+    eager = decode(model, 6, kv_dtype)
+    replayed = decode(model, 6, kv_dtype, compiled=True)
+    assert replayed.tobytes() == eager.tobytes()
+
+
+def test_generate_with_compile_gives_the_same_tokens():
+    model = model_of("gpt2")
+    prompt = np.random.default_rng(2).integers(0, CFG.vocab_size, (1, 4))
+    eager = model.generate(prompt, 8, temperature=0)
+    assert np.array_equal(model.generate(prompt, 8, temperature=0, compile=True), eager)
+
+
+def test_a_replay_runs_the_kernels_and_host_calls_without_the_op_layer():
+    """After two recorded calls, a call launches nothing through kernels.launch (no counting,
+    no tape): the kernels run directly, and the cache's length still grows (kernels.on_host)."""
+    model = model_of("gpt2")
+    cache = KVCache(CFG, 1, 8, model.get_input_embeddings().weight)
+    step = graph.compile(model.decode_step(cache))
+    for _ in range(2):
+        step(np.array([[3]]), np.array([cache.length]))
+    with tg.profiler.Profiler() as prof:
+        step(np.array([[3]]), np.array([cache.length]))
+    assert prof.launches == [] and cache.length == 3
+    (capture,) = step.captures.values()
+    assert capture.program.launches == 12 * CFG.n_layer + 5  # GPT-2's decode step
+
+
+def test_a_value_that_changes_between_calls_is_refused_naming_the_launch():
+    def scaled(x):  # the scale is Python's, computed from a counter: a replay would keep it
+        scaled.calls += 1
+        return kernels.launch("mul", x, float(scaled.calls))
+
+    scaled.calls = 0
+    step = graph.compile(scaled)
+    step(np.ones(3, np.float32))
+    with pytest.raises(RuntimeError, match=r"step 0 \(mul\) takes a value that changes"):
+        step(np.ones(3, np.float32))
+
+
+def test_the_inputs_reach_the_kernels_by_their_buffers():
+    def double(x):
+        return kernels.launch("mul", kernels.launch("add", x, x), 0.5)
+
+    step = graph.compile(double)
+    for value in (1.0, 2.0, 3.0, 4.0):  # two recorded, two replayed
+        got = step(np.full(4, value, np.float32))
+        np.testing.assert_array_equal(got, np.full(4, value, np.float32))
+
+
+def test_a_new_shape_is_captured_again_and_said_once(capsys):
+    def neg(x):
+        return kernels.launch("neg", x)
+
+    step = graph.compile(neg)
+    for n in (2, 3, 4, 4, 4):
+        np.testing.assert_array_equal(step(np.ones(n, np.float32)), -np.ones(n, np.float32))
+    err = capsys.readouterr().err
+    assert err.count("compile: neg captured again") == 1 and len(step.captures) == 3
+
+
+def test_a_buffer_the_steps_python_allocates_is_allocated_again_at_each_replay():
+    def filled(x):
+        out = backend.of(x).empty(x.shape, x.dtype)
+        kernels.launch("fill", out, 2.0)
+        return kernels.launch("add", out, x)
+
+    step = graph.compile(filled)
+    results = [step(np.full(3, v, np.float32)) for v in (1.0, 2.0, 3.0)]
+    np.testing.assert_array_equal(results[2], np.full(3, 5.0, np.float32))
+    assert results[2] is not results[1]  # a fresh buffer each call, as eagerly
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_plan_never_shares_a_byte_between_two_live_buffers(seed):
+    rng = np.random.default_rng(seed)
+    buffers = []
+    for _ in range(40):
+        birth = int(rng.integers(0, 30))
+        buffers.append(Buffer(int(rng.integers(1, 5000)), birth, birth + int(rng.integers(0, 8))))
+    buffers.sort(key=lambda b: b.birth)
+    p = plan(buffers)
+    for i, a in enumerate(buffers):
+        for j, b in enumerate(buffers[:i]):
+            if a.birth <= b.death and b.birth <= a.death:  # alive together
+                lo = max(p.offsets[i], p.offsets[j])
+                assert lo >= min(p.offsets[i] + a.nbytes, p.offsets[j] + b.nbytes)
+    assert p.live_peak <= p.size <= sum(-(-b.nbytes // 64) * 64 for b in buffers)

@@ -1,0 +1,74 @@
+"""Graph second: a step captured once through the launch point and replayed without the op layer
+(capture.py), its buffers planned in one arena by their lifetimes (plan.py).
+
+compile(fn), named as PyTorch's torch.compile (the command-line flag is --compile, and fused
+kernels, the next step of a compiler, are to come from the same capture), wraps a step function
+fn(*inputs) -> an array or a tuple of arrays, whose inputs are arrays of one device. The first
+call with inputs of a shape runs fn eagerly, recording; the second runs it eagerly again,
+recording, and checks the two (capture.py); every later call copies its inputs into the buffers
+the first two ran on and replays the kernels. A call whose inputs have another shape or dtype is
+captured anew, and says so once. What changes between calls must reach the kernels as the
+contents of an input (token ids, positions), never as a Python value the step computes.
+"""
+
+import sys
+
+from .. import backend, kernels
+from .capture import Mismatch, Program, Recording
+
+
+def compile(fn):
+    """fn as a captured step (see the module's docstring)."""
+    return Compiled(fn)
+
+
+class Compiled:
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "step")
+        self.captures = {}  # (shape, dtype, device) of each input -> its Capture
+        self.told = False
+
+    def __call__(self, *inputs):
+        key = tuple((tuple(a.shape), str(a.dtype), backend.of(a).name) for a in inputs)
+        capture = self.captures.get(key)
+        if capture is None:
+            if self.captures and not self.told:
+                print(
+                    f"compile: {self.name} captured again, for inputs "
+                    f"{', '.join(f'{s} {d}' for s, d, _ in key)}",
+                    file=sys.stderr,
+                )
+                self.told = True
+            capture = self.captures[key] = Capture(inputs)
+        return capture(self.fn, inputs)
+
+
+class Capture:
+    """One shape of a step: the buffers its inputs are copied into, its two recordings, then
+    its Program."""
+
+    def __init__(self, inputs):
+        self.buffers = [backend.of(a).empty(a.shape, a.dtype) for a in inputs]
+        self.recordings = []
+        self.program = None
+
+    def __call__(self, fn, inputs):
+        for buffer, a in zip(self.buffers, inputs):
+            buffer[...] = a  # a host write, not a launch
+        if self.program is not None:
+            return self.program.replay()
+        recording = Recording()
+        with kernels.recording(recording):
+            result = fn(*self.buffers)
+        self.recordings.append((recording, result))
+        if len(self.recordings) == 2:
+            try:
+                self.program = Program(*self.recordings)
+            except Mismatch as e:
+                raise RuntimeError(f"compile: cannot replay the step: {e}") from None
+            self.recordings = None
+        return result
+
+
+__all__ = ["compile", "Compiled", "Mismatch"]

@@ -1,0 +1,209 @@
+"""Capture: a step's kernel launches recorded as they pass kernels.launch, then replayed without
+the op layer: no Tensor, Function, tape or Module code per op, only the kernels in order.
+
+A step is recorded on two calls, and the recordings are read side by side. Each argument of a
+launch must be, in both, a buffer the step makes (a kernel's output, or a buffer the step's
+Python allocates and a kernel writes before anything reads it), at the same place within it; or
+the same array object both times (a weight, a KV cache, the gradients, the step's input
+buffers, whose contents change between calls: constants of the replay); or an equal Python
+value. An argument that differs otherwise is a value the step's Python computed from something
+that changes between calls, which a replay would pass stale: it is refused, naming the launch,
+so that the value becomes an array the kernels read (a KV cache's positions). Host state a step
+changes besides its arrays (a KV cache's length) goes through kernels.on_host, which the replay
+runs too, in its place. Shapes: v a value (a buffer the step makes, numbered as it appears), view
+(shape, strides, byte offset) within its buffer.
+"""
+
+import numpy as np
+
+from .. import backend, kernels
+from ..memory import root
+from .plan import Buffer, plan
+
+
+class Recording:
+    """One call of a step, in order: ("launch", name, kernel, args, kwargs, out) and ("host",
+    fn, args); with kernels.recording(it) kernels.launch and kernels.on_host add them."""
+
+    def __init__(self):
+        self.steps = []
+
+    def launched(self, name, kernel, args, kwargs, out):
+        self.steps.append(("launch", name, kernel, args, kwargs, out))
+
+    def hosted(self, fn, args):
+        self.steps.append(("host", fn, args))
+
+
+class Mismatch(RuntimeError):
+    """Two calls of a step launched what a replay cannot reproduce."""
+
+
+def _is_array(x):
+    return hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "nbytes")
+
+
+def _address(a):
+    """a's first byte in memory (0 on the meta device, which has none)."""
+    if hasattr(a, "__array_interface__"):
+        return a.__array_interface__["data"][0]
+    return getattr(getattr(a, "data", None), "ptr", 0)
+
+
+def _view(a, buffer):
+    """None when a is buffer itself, else (shape, strides, byte offset) of a within it."""
+    if a is buffer:
+        return None
+    return tuple(a.shape), tuple(a.strides), _address(a) - _address(buffer)
+
+
+def _said(x):
+    if _is_array(x):
+        return f"an array {tuple(x.shape)} {x.dtype}"
+    return repr(x) if not isinstance(x, (list, tuple)) else f"a {type(x).__name__} of {len(x)}"
+
+
+class Program:
+    """The launches and host calls of a step read from two recordings, (recording, result) each;
+    each argument described as ("const", x), ("value", v, view) or ("seq", type, items)."""
+
+    def __init__(self, first, second):
+        (rec1, result1), (rec2, result2) = first, second
+        if len(rec1.steps) != len(rec2.steps):
+            raise Mismatch(
+                f"two calls of the step launched {len(rec1.steps)} and {len(rec2.steps)} "
+                "kernels and host calls: what it launches depends on something that changes"
+            )
+        self.values = ({}, {})  # per recording: id(buffer) -> v
+        self.buffers, self.births, self.deaths = [], [], []  # per v, of the first recording
+        self.steps = []
+        for i, (a, b) in enumerate(zip(rec1.steps, rec2.steps)):
+            self.where = f"step {i} ({a[1] if a[0] == 'launch' else a[1].__name__})"
+            if a[0] != b[0] or a[1] != b[1]:  # the kernel's name, or the host function
+                raise Mismatch(f"{self.where}: the second call ran {b[1]} there")
+            if a[0] == "host":
+                self.steps.append(("host", a[1], self._describe(a[2], b[2], i)))
+            else:
+                self.steps.append(self._launch(a, b, i))
+        self.where = "the step's result"
+        self.result = self._describe(result1, result2, len(rec1.steps))
+        self.launches = sum(step[0] == "launch" for step in self.steps)
+        self.plan = plan(
+            [Buffer(x.nbytes, b, d) for x, b, d in zip(self.buffers, self.births, self.deaths)]
+        )
+
+    def _launch(self, a, b, i):
+        """One launch, its arguments described and the buffers it makes numbered."""
+        _, name, kernel, args1, kwargs1, out1 = a
+        args2, kwargs2, out2 = b[3:]
+        writes, known = set(kernels.KERNELS[name].writes), len(self.buffers)
+        args = tuple(
+            self._describe(x, y, i, j in writes) for j, (x, y) in enumerate(zip(args1, args2))
+        )
+        kwargs = {k: self._describe(x, kwargs2[k], i, k == "out") for k, x in kwargs1.items()}
+        allocs = tuple(  # the buffers the step's Python allocated for this launch to write
+            (v, tuple(self.buffers[v].shape), self.buffers[v].dtype, backend.of(self.buffers[v]))
+            for v in range(known, len(self.buffers))
+        )
+        given = {id(root(x)) for x in (*args1, *kwargs1.values()) if _is_array(x)}
+        outs1, outs2 = ((o if isinstance(o, tuple) else (o,)) for o in (out1, out2))
+        makes = tuple(self._made(x, y, i, given) for x, y in zip(outs1, outs2))
+        return ("launch", kernel, args, kwargs, makes, allocs)
+
+    def _new(self, buffer1, buffer2, step):
+        v = len(self.buffers)
+        self.values[0][id(buffer1)], self.values[1][id(buffer2)] = v, v
+        self.buffers.append(buffer1)
+        self.births.append(step)
+        self.deaths.append(step)
+        return v
+
+    def _made(self, x, y, step, given):
+        """The value an output starts, or None: no array, or a launch's argument returned."""
+        if not _is_array(x):
+            return None
+        buffer = root(x)
+        if id(buffer) in given or id(buffer) in self.values[0]:
+            return None
+        return self._new(buffer, root(y), step)
+
+    def _describe(self, x, y, step, written=False):
+        """The description of an argument x (first recording) and y (second)."""
+        if isinstance(x, (list, tuple)) and not _is_array(x):
+            if type(x) is type(y) and len(x) == len(y):
+                return ("seq", type(x), tuple(self._describe(a, b, step) for a, b in zip(x, y)))
+        elif not _is_array(x):
+            if x is y or (type(x) is type(y) and not _is_array(y) and x == y):
+                return ("const", x)
+        elif _is_array(y):
+            r1, r2 = root(x), root(y)
+            v, view = self.values[0].get(id(r1)), _view(x, r1)
+            if v is None and (x is y or (r1 is r2 and view == _view(y, r2))):
+                return ("const", x)
+            if v is None and written and r1 is not r2 and id(r2) not in self.values[1]:
+                v = self._new(r1, r2, step)  # allocated by the step's Python, written here
+            if v is not None and self.values[1].get(id(r2)) == v and view == _view(y, r2):
+                self.deaths[v] = step
+                return ("value", v, view)
+        raise Mismatch(
+            f"{self.where} takes a value that changes between calls of the step ({_said(x)}, "
+            f"then {_said(y)}): a replay would pass the first again; make it an array the "
+            "kernels read"
+        )
+
+    def replay(self):
+        """Run the step's kernels and host calls again -> its result, built of this run's
+        buffers."""
+        if not hasattr(self, "_compiled"):
+            self._compiled = [_compile(step) for step in self.steps]
+        buffers = [None] * len(self.buffers)
+        for host, fn, args, kwargs, makes, allocs in self._compiled:
+            for v, shape, dtype, empty in allocs:
+                buffers[v] = empty(shape, dtype)
+            out = fn(*[a(buffers) if built else a for built, a in args], **kwargs(buffers))
+            if not host:
+                outs = out if isinstance(out, tuple) else (out,)
+                for v, o in zip(makes, outs):
+                    if v is not None:
+                        buffers[v] = root(o)
+        return _maker(self.result)[1](buffers)
+
+
+def _compile(step):
+    """A step as the replay runs it: (host, fn, per argument (built, a constant or a function
+    of the buffers), a function of the buffers giving the keyword arguments, makes, allocs)."""
+    if step[0] == "host":
+        return True, step[1], [_maker(d) for d in step[2][2]], lambda buffers: {}, (), ()
+    _, kernel, args, kwargs, makes, allocs = step
+    named = {k: _maker(d) for k, d in kwargs.items()}
+
+    def keywords(buffers):
+        return {k: a(buffers) if built else a for k, (built, a) in named.items()}
+
+    allocs = tuple((v, shape, dtype, device.empty) for v, shape, dtype, device in allocs)
+    return False, kernel, [_maker(d) for d in args], keywords, makes, allocs
+
+
+def _maker(d):
+    """(False, the argument) for a constant, else (True, a function of this replay's buffers
+    that builds it)."""
+    kind = d[0]
+    if kind == "const":
+        return False, d[1]
+    if kind == "seq":
+        items = [_maker(x) for x in d[2]]
+        return True, lambda buffers: d[1](a(buffers) if built else a for built, a in items)
+    v, view = d[1], d[2]
+    if view is None:
+        return True, lambda buffers: buffers[v]
+    shape, strides, offset = view
+    return True, lambda buffers: _view_of(buffers[v], shape, strides, offset)
+
+
+def _view_of(buffer, shape, strides, offset):
+    """The view (shape, strides) at a byte offset of buffer, a contiguous array: NumPy's own
+    constructor on the CPU (a tenth of as_strided's time), as_strided elsewhere."""
+    if isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous:
+        return np.ndarray(shape, buffer.dtype, buffer, offset, strides)
+    flat = buffer.reshape(-1)[offset // buffer.itemsize :]
+    return backend.of(buffer).xp.lib.stride_tricks.as_strided(flat, shape, strides)
