@@ -149,13 +149,16 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
         return lines + ["decode: no decode step (one new token comes from the prompt's step)"]
     n = len(steps)
     seconds = sum(meter.steps[s][0] for s in steps) / n
-    moved = sum(meter.step_bytes(s) for s in steps) / n
+    counted = [s for s in steps if meter.steps[s][1]]  # a replayed step passes no launch point
+    moved = sum(meter.step_bytes(s) for s in counted) / len(counted)
     floor = sum(stream_bytes(config, w, kv, batch, prompt_len + s) for s in steps) / n
+    replayed = f" ({n - len(counted)} replayed, bytes counted on the other {len(counted)})"
     weights = streamed_weight_elements(config) * w
     bound = floor / peaks.read_bw
     return lines + [
-        f"decode: {n} steps of {batch} tokens, {seconds * 1e3:,.2f} ms/step = "
-        f"{seconds * 1e3 / batch:,.2f} ms/token, {batch / seconds:,.1f} tokens/s",
+        f"decode: {n} steps of {batch} tokens{replayed if len(counted) < n else ''}, "
+        f"{seconds * 1e3:,.2f} ms/step = {seconds * 1e3 / batch:,.2f} ms/token, "
+        f"{batch / seconds:,.1f} tokens/s",
         f"bytes: {moved / batch / 1e6:,.2f} MB/token moved by the kernels (counted at each "
         f"launch, read + written); floor {floor / batch / 1e6:,.2f} MB/token = weights "
         f"{weights / batch / 1e6:,.2f} + KV cache {(floor - weights) / batch / 1e6:,.3f}",

@@ -11,7 +11,8 @@ checkpoint (scripts/quantize.py's --out) loads as it is stored, its weights neve
 format is the model's (--weights may name it, never another). --kv-dtype sets the KV cache's
 format: fp32, fp16 or bf16, or fp8_e4m3 / fp8_e5m2 (a byte a key or value and an fp32 scale per
 position of a head, quantized as each position is appended; the attention kernel decodes the
-codes as it reads them)."""
+codes as it reads them). --compile captures the decode step on its first two tokens and replays
+it for the rest (tinygrad_like.compile: the kernels in order, no op layer), the same tokens."""
 
 import os
 import sys
@@ -68,6 +69,12 @@ def parse_args(argv=None):
         help="elements per scale for --weights int4 / fp4_e2m1 (default 32), or any scaled format",
     )
     p.add_argument("--stats", action="store_true", help="print the decode accounting")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="capture the decode step once and replay it without the op layer (the same "
+        "tokens; tinygrad_like.compile)",
+    )
     args = p.parse_args(argv)
     args.prompt = args.prompt or ["\n"]
     args.kv_dtype = args.kv_dtype or args.dtype
@@ -186,6 +193,7 @@ def stream(model, tok, prompt, args, seed, title):
             args.top_p,
             seed,
             args.kv_dtype,
+            args.compile,
         )
     )
     tokens = iter(meter)

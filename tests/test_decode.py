@@ -212,6 +212,23 @@ def test_generate_py_stats(checkpoint, capsys, kv_dtype):
     assert stats[4].startswith("bound: ") and "of the bound" in stats[4]
 
 
+def test_generate_py_compile_prints_the_same_text_and_counts_the_eager_steps(checkpoint, capsys):
+    """--compile: the same greedy text; --stats says how many steps were replayed (they pass no
+    launch point) and counts the bytes on the others."""
+    argv = ["--checkpoint", checkpoint, "--prompt", "!#", "--max-new-tokens", "7"]
+    argv += ["--temperature", "0", "--stats"]
+    texts = []
+    for flags in ([], ["--compile"]):
+        code, out, err = generate_py(argv + flags, capsys)
+        assert code == 0, err
+        texts.append(out[: out.index("\n--- prompt")])
+        stats = out[out.index("--- stats") :].splitlines()
+    assert texts[0] == texts[1]
+    assert stats[2].startswith(
+        "decode: 6 steps of 1 tokens (4 replayed, bytes counted on the other 2)"
+    )
+
+
 def test_a_steps_seconds_hold_none_of_its_compiles(monkeypatch):
     """The issue: generate.py --stats counted 20,549 ms for a prompt token, Numba's first
     compiles. The meter takes each step's compiles (tinygrad_like.compiles) out of its seconds
