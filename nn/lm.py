@@ -9,6 +9,7 @@ runs in). Shapes: B batch, T tokens, C channels, Hkv key/value heads of D channe
 Vp = V padded (nn/config.py).
 """
 
+import functools
 import math
 
 import numpy as np
@@ -177,12 +178,11 @@ class CausalLM(Module):
                 f"sequence of {start + T} tokens is longer than the context of "
                 f"{self.config.n_positions}: shorten it (or --seq-len)"
             )
-        if cache_position is None:
-            cache_position = np.arange(start, start + T)
-            if cache is not None:
-                cache_position = backend.get(self.get_input_embeddings().weight.device).asarray(
-                    cache_position
-                )
+        if cache_position is None and cache is None:
+            cache_position = _first_positions(T)
+        elif cache_position is None:
+            be = backend.get(self.get_input_embeddings().weight.device)
+            cache_position = be.asarray(np.arange(start, start + T))
         return idx, B, T, cache_position
 
     def _head(self, x, weight, targets, last_only):
@@ -332,6 +332,15 @@ class CausalLM(Module):
             token = sample(logits, temperature, top_k, top_p, rng)  # (B,)
             yield token  # outside no_grad/eval: the caller's code runs as usual
             feed = token[:, None]
+
+
+@functools.lru_cache(maxsize=None)
+def _first_positions(T):
+    """0 ... T - 1 on the host, read-only: the same array at every call (a captured training
+    step's kernels read it as a constant)."""
+    positions = np.arange(T)
+    positions.flags.writeable = False
+    return positions
 
 
 def _non_finite(dtype, tokens):

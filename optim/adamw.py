@@ -147,10 +147,10 @@ class AdamW:
     def _reduce_gradients(self):
         """Sum the gradients over the ranks -> grad_shard, the sum of this rank's shard."""
         if not self.zero:
-            self.comm.all_reduce(self.grad, what="gradients")
+            kernels.on_host(self.comm.all_reduce, self.grad, "gradients")
             self.grad_shard = self.grad
             return
-        self.grad_shard = self.comm.reduce_scatter(self.grad, what="gradients")
+        self.grad_shard = kernels.on_host(self.comm.reduce_scatter, self.grad, "gradients")
         if self.zero == 2:  # the full buffer dies here; zero_grad() makes the next one
             self.grad_shard = kernels.launch("copy", self.grad_kept, self.grad_shard)
             self.grad = None
@@ -163,45 +163,50 @@ class AdamW:
         step was skipped for an overflow; that read is the step's one host synchronization.
         On a device that holds no values (meta) there is nothing to read: the step's launches
         run and it returns (None, None), norm and overflow unknown; the fp16 loss scaler, whose
-        next scale depends on that overflow, is refused (require_values: NoValues)."""
+        next scale depends on that overflow, is refused (require_values: NoValues). What the
+        host decides (this step's scalars, the collectives, the read and what follows from it)
+        are host calls (kernels.on_host), which a captured training step's replay runs again;
+        lr, when given, is set before them (a replay's caller sets optimizer.lr)."""
         if scaler is not None:
             self.be.require_values("the fp16 loss scaler's overflow skip")
         if lr is not None:
             self.lr = lr
-        inv_scale = 1.0 / scaler.scale if scaler is not None else 1.0
+        hyper = kernels.on_host(self._hyper, scaler)
         lo, hi = self.shard
         with profiler.phase("optimizer"), autograd.no_grad():
             self._reduce_gradients()
             norm_sq = kernels.launch("grad_norm_sq", self.grad_shard)  # (1,) fp32, on the device
             if self.zero:
-                self.comm.all_reduce(norm_sq, what="norm²")
-            b1, b2 = self.betas
+                kernels.on_host(self.comm.all_reduce, norm_sq, "norm²")
             master = self.master[lo:hi] if self.working is None else self.master
             working = None if self.working is None else self.working[lo:hi]
             kernels.launch(
-                "adamw_step",
-                master,
-                self.grad_shard,
-                self.m,
-                self.v,
-                working,
-                norm_sq,
-                Hyper(
-                    lr=self.lr,
-                    beta1=b1,
-                    beta2=b2,
-                    eps=self.eps,
-                    weight_decay=self.weight_decay,
-                    n_decay=min(max(self.n_decay - lo, 0), hi - lo),
-                    step=self.step_count + 1,
-                    inv_scale=inv_scale,
-                    max_norm=self.grad_clip,
-                ),
+                "adamw_step", master, self.grad_shard, self.m, self.v, working, norm_sq, hyper
             )
             if self.zero:
-                self.comm.all_gather(
-                    self.master if self.working is None else self.working, what="weights"
-                )
+                weights = self.master if self.working is None else self.working
+                kernels.on_host(self.comm.all_gather, weights, "weights")
+        return kernels.on_host(self._finish, norm_sq, scaler, hyper)
+
+    def _hyper(self, scaler):
+        """This step's scalars (adamw.spec.Hyper): lr, the step's number, 1 / the loss scale."""
+        lo, hi = self.shard
+        b1, b2 = self.betas
+        return Hyper(
+            lr=self.lr,
+            beta1=b1,
+            beta2=b2,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            n_decay=min(max(self.n_decay - lo, 0), hi - lo),
+            step=self.step_count + 1,
+            inv_scale=1.0 / scaler.scale if scaler is not None else 1.0,
+            max_norm=self.grad_clip,
+        )
+
+    def _finish(self, norm_sq, scaler, hyper):
+        """The step's host side after its kernels: read the norm (the one host sync), update
+        the loss scaler, count the step -> (norm, overflow), (None, None) on meta."""
         if not self.be.HOLDS_VALUES:
             self.step_count += 1
             return None, None
@@ -211,7 +216,7 @@ class AdamW:
             scaler.update(overflow)
         if not overflow:
             self.step_count += 1
-        return (math.sqrt(scaled) * inv_scale if not overflow else float("inf")), overflow
+        return (math.sqrt(scaled) * hyper.inv_scale if not overflow else float("inf")), overflow
 
     # ---- checkpoints (collectives under ZeRO: every rank calls them together)
     def master_state(self):

@@ -11,6 +11,8 @@ scaled gradient would flush to zero. The trainer stops there (training/loop.py),
 many skipped steps in a row (skips_in_a_row), whichever comes first.
 """
 
+from tinygrad_like import kernels
+
 MIN_SCALE = 2.0**-24
 
 
@@ -33,8 +35,12 @@ class LossScaler:
         self.skips_in_a_row = 0
 
     def scale_loss(self, loss):
-        """loss * S, the tensor to call backward() on."""
-        return loss * self.scale
+        """loss * S, the tensor to call backward() on. S is read by a host call, which a
+        captured training step's replay runs again (S changes between steps)."""
+        return loss * kernels.on_host(self.current_scale)
+
+    def current_scale(self):
+        return self.scale
 
     def update(self, overflow: bool):
         if overflow:

@@ -85,7 +85,7 @@ def test_run_returns_positive_finite_numbers(bench):
     assert any(name.startswith("cross_entropy") for name in names)
     assert all(r["seconds"] >= 0 and r["calls"] > 0 for r in census["train"]["rows"])
     assert positive(census["train"]["wall_s"]) and positive(census["decode"]["wall_s"])
-    assert {r["kernel"] for r in census["decode"]["rows"]} >= {"matmul", "flash_attention_fwd"}
+    assert {r["kernel"] for r in census["decode"]["rows"]} >= {"matmul", "kv_attention"}
     report = bench.format_report(results)
     assert "tokens/s" in report and "decode tokens/s" in report
 

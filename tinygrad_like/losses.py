@@ -6,7 +6,7 @@ functional.py exports), which check the operands in PyTorch's words.
 
 import numpy as np
 
-from . import backend, dtypes, profiler
+from . import backend, dtypes, kernels, profiler
 from .autograd import Function, is_grad_enabled
 from .functions import _as
 from .kernels import launch
@@ -21,16 +21,16 @@ class CrossEntropy(Function):
     fp16 loss scale) folded in before rounding."""
 
     @staticmethod
-    def forward(ctx, logits, targets, count, n_classes):
+    def forward(ctx, logits, targets, inv_count, n_classes):
         losses, lse = launch("cross_entropy_fwd", logits, targets, n_classes=n_classes)
         ctx.save_for_backward(logits, lse, targets)
-        ctx.count, ctx.n_classes = count, n_classes
-        return launch("mul", launch("sum", losses), 1.0 / count)
+        ctx.inv_count, ctx.n_classes = inv_count, n_classes
+        return launch("mul", launch("sum", losses), inv_count)
 
     @staticmethod
     def backward(ctx, g):
         logits, lse, targets = ctx.saved
-        dloss = launch("mul", g, 1.0 / ctx.count)  # (,) fp32, stays on the device
+        dloss = launch("mul", g, ctx.inv_count)  # (,) fp32, stays on the device
         dlogits = launch("cross_entropy_bwd", logits, lse, targets, dloss, n_classes=ctx.n_classes)
         return dlogits, None, None, None
 
@@ -110,13 +110,13 @@ class LinearCrossEntropy(Function):
       the forward phase (labeled backward math)."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, count, n_classes, design):
-        ctx.count, ctx.n_classes, ctx.design = count, n_classes, design
+    def forward(ctx, x, weight, targets, inv_count, n_classes, design):
+        ctx.inv_count, ctx.n_classes, ctx.design = inv_count, n_classes, design
         precompute = design == "precompute"
         if precompute:  # dlogits and both gradients in fp32, for dloss = 1 / count
             acc = dtypes.compute_dtype(x.dtype)
             dx, dw = backend.of(x).empty(x.shape, acc), None
-            unit = launch("fill", backend.of(x).empty((1,), acc), 1.0 / count)
+            unit = launch("fill", backend.of(x).empty((1,), acc), inv_count)
             ctx.dtypes = x.dtype, weight.dtype
         losses, lses = [], []
         for rows in _row_blocks(x.shape[0]):
@@ -131,7 +131,7 @@ class LinearCrossEntropy(Function):
             ctx.save_for_backward(dx, dw)
         else:
             ctx.save_for_backward(x, weight, launch("concat", lses, 0), targets)
-        return launch("mul", launch("sum", launch("concat", losses, 0)), 1.0 / count)
+        return launch("mul", launch("sum", launch("concat", losses, 0)), inv_count)
 
     @staticmethod
     def backward(ctx, g):
@@ -142,7 +142,7 @@ class LinearCrossEntropy(Function):
             )  # then round once
             return dx, dw, None, None, None, None
         x, weight, lse, targets = ctx.saved
-        dloss = launch("mul", g, 1.0 / ctx.count)  # (,) fp32, stays on the device
+        dloss = launch("mul", g, ctx.inv_count)  # (,) fp32, stays on the device
         dx, dw = backend.of(x).empty(x.shape, x.dtype), None
         for rows in _row_blocks(x.shape[0]):
             dw = _recomputed_block(x, weight, rows, lse, targets, dloss, ctx.n_classes, dx, dw)
@@ -155,8 +155,10 @@ class LinearCrossEntropy(Function):
 def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
     """Check the targets of a cross-entropy over the first n_classes of Vp columns for N rows
     (what: the operand that has them, for the messages) -> (targets (N,) int64 on like's
-    device with ignore_index as -1, the count of the others, V = n_classes or Vp). The meta
-    device's targets have a shape only: none is taken as ignored."""
+    device with ignore_index as -1 (the targets themselves when they already are: the same
+    array at every call of a captured step), 1 / the count of the others (the mean's factor,
+    counted by a host call that a captured step's replay runs again), V = n_classes or Vp).
+    The meta device's targets have a shape only: none is taken as ignored."""
     t = targets.numpy() if isinstance(targets, Tensor) else targets
     meta = not backend.holds_values(t)  # the meta device's targets: a shape, no ids
     t = t if meta else np.asarray(t)
@@ -167,21 +169,32 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
         raise ValueError(f"{fn}: {what} need targets of shape ({N},), got {t.shape}")
     if t.dtype.kind not in "iu":
         raise TypeError(f"{fn}: targets must be integer class ids, got {t.dtype}")
-    if meta:  # a fresh int64 (N,) array, as np.where below makes
-        return backend.of(t).empty((N,), np.int64), N, V
+    if meta:  # int64, as np.where below makes
+        t = t if t.dtype == np.int64 else backend.of(t).empty((N,), np.int64)
+        return t, kernels.on_host(_inverse_count, t, fn, ignore_index), V
     ignored = t == ignore_index
     bad = t[~ignored & ((t < 0) | (t >= V))]  # -1 is a class id like any other unless ignored
     if bad.size:
         raise ValueError(
             f"target id {int(bad[0])} out of range for vocab {V} (ignore_index is {ignore_index})"
         )
-    t = np.where(ignored, -1, t).astype(np.int64)
-    count = int((t >= 0).sum())
+    if ignore_index != -1 or t.dtype != np.int64:
+        t = np.where(ignored, -1, t).astype(np.int64)
+    t = backend.of(like.data).asarray(t)
+    return t, kernels.on_host(_inverse_count, t, fn, ignore_index), V
+
+
+def _inverse_count(t, fn, ignore_index):
+    """1 / the targets of t (N,) that are not -1 (ignored), read on the host; on the meta
+    device, whose targets have no values, all N count."""
+    if not backend.holds_values(t):
+        return 1.0 / t.shape[0]
+    count = int((backend.of(t).to_numpy(t) >= 0).sum())
     if count == 0:
         raise ValueError(
             f"{fn}: every target is ignored ({ignore_index}), so the mean is undefined"
         )
-    return backend.of(like.data).asarray(t), count, V
+    return 1.0 / count
 
 
 def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
@@ -197,10 +210,10 @@ def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
             "logits.reshape(-1, V) and targets.reshape(-1)"
         )
     N, Vp = logits.shape
-    t, count, V = _class_targets(
+    t, inv_count, V = _class_targets(
         "cross_entropy", f"logits {logits.shape}", targets, N, Vp, n_classes, ignore_index, logits
     )
-    return CrossEntropy.apply(logits, t, count, V)
+    return CrossEntropy.apply(logits, t, inv_count, V)
 
 
 def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, design="precompute"):
@@ -219,7 +232,7 @@ def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, de
             f"linear_cross_entropy: input {x.shape} @ weight {weight.shape}^T: "
             "need x (N, C) and weight (Vp, C)"
         )
-    t, count, V = _class_targets(
+    t, inv_count, V = _class_targets(
         "linear_cross_entropy",
         f"input {x.shape}",
         targets,
@@ -231,4 +244,4 @@ def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, de
     )
     if not (is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         design = "recompute"  # its forward is the loss alone
-    return LinearCrossEntropy.apply(x, weight, t, count, V, design)
+    return LinearCrossEntropy.apply(x, weight, t, inv_count, V, design)

@@ -9,9 +9,12 @@ buffers, whose contents change between calls: constants of the replay); or an eq
 value. An argument that differs otherwise is a value the step's Python computed from something
 that changes between calls, which a replay would pass stale: it is refused, naming the launch,
 so that the value becomes an array the kernels read (a KV cache's positions). Host state a step
-changes besides its arrays (a KV cache's length) goes through kernels.on_host, which the replay
-runs too, in its place. Shapes: v a value (a buffer the step makes, numbered as it appears), view
-(shape, strides, byte offset) within its buffer.
+changes besides its arrays (a KV cache's length, AdamW's scalars of the step) goes through
+kernels.on_host, which the replay runs too, in its place, passing its new result wherever the
+recordings passed that object (a result that is an interned Python value, None, a bool, a small
+int or a string, cannot be told from a constant: give such values in an object of their own).
+Shapes: v a value (a buffer the step makes, numbered as it appears), view (shape, strides, byte
+offset) within its buffer; k the number of a host call.
 """
 
 import numpy as np
@@ -23,7 +26,7 @@ from .plan import Buffer, plan
 
 class Recording:
     """One call of a step, in order: ("launch", name, kernel, args, kwargs, out) and ("host",
-    fn, args); with kernels.recording(it) kernels.launch and kernels.on_host add them."""
+    fn, args, result); with kernels.recording(it) kernels.launch and kernels.on_host add them."""
 
     def __init__(self):
         self.steps = []
@@ -31,8 +34,8 @@ class Recording:
     def launched(self, name, kernel, args, kwargs, out):
         self.steps.append(("launch", name, kernel, args, kwargs, out))
 
-    def hosted(self, fn, args):
-        self.steps.append(("host", fn, args))
+    def hosted(self, fn, args, result):
+        self.steps.append(("host", fn, args, result))
 
 
 class Mismatch(RuntimeError):
@@ -76,13 +79,17 @@ class Program:
             )
         self.values = ({}, {})  # per recording: id(buffer) -> v
         self.buffers, self.births, self.deaths = [], [], []  # per v, of the first recording
+        self.hosted = ({}, {})  # per recording: id(a host call's result) -> k
         self.steps = []
         for i, (a, b) in enumerate(zip(rec1.steps, rec2.steps)):
             self.where = f"step {i} ({a[1] if a[0] == 'launch' else a[1].__name__})"
             if a[0] != b[0] or a[1] != b[1]:  # the kernel's name, or the host function
                 raise Mismatch(f"{self.where}: the second call ran {b[1]} there")
             if a[0] == "host":
-                self.steps.append(("host", a[1], self._describe(a[2], b[2], i)))
+                k = len(self.hosted[0])
+                self.steps.append(("host", a[1], self._describe(a[2], b[2], i), k))
+                if not isinstance(a[3], (type(None), bool, int, str)):
+                    self.hosted[0][id(a[3])], self.hosted[1][id(b[3])] = k, k
             else:
                 self.steps.append(self._launch(a, b, i))
         self.where = "the step's result"
@@ -129,6 +136,9 @@ class Program:
 
     def _describe(self, x, y, step, written=False):
         """The description of an argument x (first recording) and y (second)."""
+        k = self.hosted[0].get(id(x))
+        if k is not None and self.hosted[1].get(id(y)) == k:
+            return ("hosted", k)
         if isinstance(x, (list, tuple)) and not _is_array(x):
             if type(x) is type(y) and len(x) == len(y):
                 return ("seq", type(x), tuple(self._describe(a, b, step) for a, b in zip(x, y)))
@@ -154,50 +164,58 @@ class Program:
     def replay(self):
         """Run the step's kernels and host calls again -> its result, built of this run's
         buffers."""
+        base = len(self.buffers)  # the slots: the values, then the host calls' results
         if not hasattr(self, "_compiled"):
-            self._compiled = [_compile(step) for step in self.steps]
-        buffers = [None] * len(self.buffers)
+            self._compiled = [_compile(step, base) for step in self.steps]
+        slots = [None] * (base + len(self.hosted[0]) + 1)
         for host, fn, args, kwargs, makes, allocs in self._compiled:
             for v, shape, dtype, empty in allocs:
-                buffers[v] = empty(shape, dtype)
-            out = fn(*[a(buffers) if built else a for built, a in args], **kwargs(buffers))
-            if not host:
-                outs = out if isinstance(out, tuple) else (out,)
-                for v, o in zip(makes, outs):
-                    if v is not None:
-                        buffers[v] = root(o)
-        return _maker(self.result)[1](buffers)
+                slots[v] = empty(shape, dtype)
+            out = fn(*[a(slots) if built else a for built, a in args], **kwargs(slots))
+            if host:
+                slots[makes] = out
+                continue
+            outs = out if isinstance(out, tuple) else (out,)
+            for v, o in zip(makes, outs):
+                if v is not None:
+                    slots[v] = root(o)
+        return _maker(self.result, base)[1](slots)
 
 
-def _compile(step):
+def _compile(step, base):
     """A step as the replay runs it: (host, fn, per argument (built, a constant or a function
-    of the buffers), a function of the buffers giving the keyword arguments, makes, allocs)."""
+    of the slots), a function of the slots giving the keyword arguments, the slots its outputs
+    fill (a host call's: one), allocs). base: the first host result's slot."""
     if step[0] == "host":
-        return True, step[1], [_maker(d) for d in step[2][2]], lambda buffers: {}, (), ()
+        args = [_maker(d, base) for d in step[2][2]]
+        return True, step[1], args, lambda slots: {}, base + step[3], ()
     _, kernel, args, kwargs, makes, allocs = step
-    named = {k: _maker(d) for k, d in kwargs.items()}
+    named = {k: _maker(d, base) for k, d in kwargs.items()}
 
-    def keywords(buffers):
-        return {k: a(buffers) if built else a for k, (built, a) in named.items()}
+    def keywords(slots):
+        return {k: a(slots) if built else a for k, (built, a) in named.items()}
 
     allocs = tuple((v, shape, dtype, device.empty) for v, shape, dtype, device in allocs)
-    return False, kernel, [_maker(d) for d in args], keywords, makes, allocs
+    return False, kernel, [_maker(d, base) for d in args], keywords, makes, allocs
 
 
-def _maker(d):
-    """(False, the argument) for a constant, else (True, a function of this replay's buffers
-    that builds it)."""
+def _maker(d, base):
+    """(False, the argument) for a constant, else (True, a function of this replay's slots that
+    builds it)."""
     kind = d[0]
     if kind == "const":
         return False, d[1]
+    if kind == "hosted":
+        slot = base + d[1]
+        return True, lambda slots: slots[slot]
     if kind == "seq":
-        items = [_maker(x) for x in d[2]]
-        return True, lambda buffers: d[1](a(buffers) if built else a for built, a in items)
+        items = [_maker(x, base) for x in d[2]]
+        return True, lambda slots: d[1](a(slots) if built else a for built, a in items)
     v, view = d[1], d[2]
     if view is None:
-        return True, lambda buffers: buffers[v]
+        return True, lambda slots: slots[v]
     shape, strides, offset = view
-    return True, lambda buffers: _view_of(buffers[v], shape, strides, offset)
+    return True, lambda slots: _view_of(slots[v], shape, strides, offset)
 
 
 def _view_of(buffer, shape, strides, offset):

@@ -131,7 +131,7 @@ _recorders = []  # objects with .launched(...) and .hosted(...): the captures re
 
 class recording:
     """with recording(r): launches inside call r.launched(name, kernel, args, kwargs, out), and
-    kernels.on_host r.hosted(fn, args), after running (tinygrad_like/graph's capture)."""
+    kernels.on_host r.hosted(fn, args, result), after running (tinygrad_like/graph's capture)."""
 
     def __init__(self, target):
         self.target = target
@@ -145,11 +145,14 @@ class recording:
 
 
 def on_host(fn, *args):
-    """fn(*args) now: host state a step changes besides its arrays (a KV cache's length). A
-    captured step's replay runs it again, in its place among the launches."""
-    fn(*args)
+    """fn(*args) now -> its result: host work a step does besides its kernels (a KV cache's
+    length grown, AdamW's scalars for this step, a collective, a read of the gradient norm). A
+    captured step's replay runs it again, in its place among the launches, and passes its new
+    result wherever the step passed this one."""
+    result = fn(*args)
     if _recorders:
-        _recorders[-1].hosted(fn, args)
+        _recorders[-1].hosted(fn, args, result)
+    return result
 
 
 def launch(name, *args, **kwargs):
