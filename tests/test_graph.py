@@ -14,6 +14,8 @@ from test_llama import randomized as randomized_llama
 import tinygrad_like as tg
 from nn import KVCache
 from nn.quant import quantize_model
+from optim import AdamW, LossScaler
+from optim.step import device_step, train_on
 from tinygrad_like import backend, graph, kernels
 from tinygrad_like.graph.plan import Buffer, plan
 
@@ -141,3 +143,40 @@ def test_the_plan_never_shares_a_byte_between_two_live_buffers(seed):
                 lo = max(p.offsets[i], p.offsets[j])
                 assert lo >= min(p.offsets[i] + a.nbytes, p.offsets[j] + b.nbytes)
     assert p.live_peak <= p.size <= sum(-(-b.nbytes // 64) * 64 for b in buffers)
+
+
+# ---------------------------------------------------------------- the training step
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_replayed_training_step_is_the_eager_step_bit_for_bit(dtype, micro_batches):
+    """Five steps at a changing learning rate, the fp16 loss scaler's scale read at each: the
+    same losses, norms and weights, replayed from the third step on."""
+
+    rng = np.random.default_rng(0)
+    batches = [
+        [
+            (ids[:, :-1].copy(), ids[:, 1:].copy())
+            for ids in rng.integers(0, 53, (micro_batches, 2, 9))
+        ]
+        for _ in range(5)
+    ]
+    runs = []
+    for compiled in (False, True):
+        model = randomized(CFG, seed=0)
+        model.flatten_parameters(dtype)
+        optimizer = AdamW(model.named_parameters(), lr=1e-3)
+        scaler = LossScaler() if dtype == "fp16" else None
+        step = device_step
+        if compiled:
+            captured = graph.compile(
+                lambda xs, ys: device_step(model, optimizer, list(zip(xs, ys)), scaler)
+            )
+            step = lambda m, o, bs, s, w: captured(*(np.stack(p) for p in zip(*bs)))  # noqa: E731
+        results = [
+            train_on(model, optimizer, bs, scaler, 1e-3 * (i + 1), step=step)
+            for i, bs in enumerate(batches)
+        ]
+        runs.append((results, [p.data.tobytes() for p in model.parameters()]))
+    assert runs[0] == runs[1]  # every loss, norm, skip and weight

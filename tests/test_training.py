@@ -101,6 +101,21 @@ def test_short_run_lowers_val_loss(shakespeare, tmp_path):
 # ----------------------------------------------------------------------------- resume
 
 
+def test_a_compiled_run_is_the_eager_run_bit_for_bit(shakespeare, tmp_path):
+    """--compile: the training step captured on its first two steps and replayed after, grad
+    accumulation and evaluation included; every loss, lr and grad norm, and the weights."""
+    runs = []
+    for compiled in (False, True):
+        out = tmp_path / str(compiled)
+        Trainer(tiny(shakespeare, out, steps=6, grad_accum=2, eval_every=3, compile=compiled)).run()
+        rows = [
+            {k: v for k, v in r.items() if k not in ("ms", "tokens_per_s", "mfu")}
+            for r in read_metrics(out)
+        ]
+        runs.append((rows, (out / "checkpoint" / "model.safetensors").read_bytes()))
+    assert runs[0] == runs[1]
+
+
 def test_resume_is_bit_identical(shakespeare, tmp_path, monkeypatch):
     """20 straight steps vs. the same run killed right after its step-10 checkpoint and
     resumed with --resume: every loss, lr and grad norm, and the final weights, identical."""

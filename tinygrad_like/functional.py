@@ -10,7 +10,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import backend, dtypes, rng
+from . import backend, dtypes, kernels, rng
 from .attention import scaled_dot_product_attention  # noqa: F401 (F.scaled_dot_product_attention)
 from .autograd import is_grad_enabled
 from .functions import (
@@ -386,7 +386,13 @@ def dropout(x, p=0.0, training=True):
         return x
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    return Dropout.apply(x, p, rng.next_seed())
+    return Dropout.apply(x, p, kernels.on_host(_dropout_seed))
+
+
+def _dropout_seed():
+    """The next mask's seed, a NumPy integer (an object of its own: a captured step's replay
+    draws the next one and passes it where the recording passed this)."""
+    return np.uint64(rng.next_seed())
 
 
 # ---- unary ops, softmax over any dim, max (PyTorch's names and signatures)

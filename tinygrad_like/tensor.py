@@ -6,6 +6,8 @@ op that launches kernels and, with grad enabled, appends a record to the tape; t
 no op.
 """
 
+import functools
+
 import numpy as np
 
 from . import autograd, backend, dtypes
@@ -105,7 +107,7 @@ class Tensor:
                     "needs a gradient: call .backward(grad) with an array of "
                     "that shape, or reduce to a scalar first (e.g. .sum())"
                 )
-            grad = backend.of(self.data).asarray(np.ones(self.shape, dtype=self.dtype))
+            grad = _ones(backend.of(self.data), self.shape, self.dtype)
         else:
             grad = (
                 grad.data
@@ -118,6 +120,14 @@ class Tensor:
                     f"tensor has shape {self.shape}"
                 )
         autograd.backward(self, grad)
+
+
+@functools.lru_cache(maxsize=None)
+def _ones(be, shape, dtype):
+    """A one-element 1 of shape and dtype on be's device: backward()'s seed for a scalar, the
+    same array at every call (a captured training step's kernels read it as a constant; none
+    writes it)."""
+    return be.asarray(np.ones(shape, dtype=dtype))
 
 
 autograd.Tensor = Tensor  # Function.apply wraps results without importing this module

@@ -23,8 +23,8 @@ from nn.options import setting, with_options
 from nn.tokenizer import get_tokenizer
 from optim import AdamW, LossScaler, cosine_with_warmup
 from optim.scaler import MIN_SCALE
-from optim.step import train_on
-from tinygrad_like import backend, dtypes, no_grad, profiler, rng
+from optim.step import device_step, train_on
+from tinygrad_like import backend, dtypes, graph, no_grad, profiler, rng
 from tinygrad_like.distributed import (
     Communicator,
     gather_errors,
@@ -75,6 +75,9 @@ class RunConfig:
     overwrite: bool = setting(False, "start afresh in an --out that already holds a run")
     max_skipped: int = setting(50, "fp16: stop after this many skipped steps in a row (0 = off)")
     seed: int = setting(1337, "initial weights, batch order and dropout")
+    compile: bool = setting(
+        False, "capture the training step once and replay it without the op layer (the same bits)"
+    )
     quiet: bool = setting(False, "no progress bar, messages or report")
     # on by default: the help says what their flags, --no-save and --no-report, do
     save: bool = setting(True, "write no checkpoint (speed tests: 1.5 GB for gpt2)")
@@ -243,10 +246,22 @@ class Trainer:
         cfg = self.cfg
         lr = self._lr(self.step)
         batches = [self.train_data.next_batch() for _ in range(cfg.grad_accum)]
+        step = self._captured if cfg.compile else device_step
         with self.comm.recording() as collectives:
-            loss, norm, skipped = train_on(self.model, self.optimizer, batches, self.scaler, lr)
+            loss, norm, skipped = train_on(
+                self.model, self.optimizer, batches, self.scaler, lr, step=step
+            )
         self.step_collectives = collectives
         return loss, lr, norm, skipped
+
+    def _captured(self, model, optimizer, batches, scaler, watch=None):
+        """device_step captured (tinygrad_like.compile): its inputs the micro-batches stacked,
+        (grad_accum, B, T) token ids and targets."""
+        if not hasattr(self, "_step"):
+            self._step = graph.compile(
+                lambda xs, ys: device_step(model, optimizer, list(zip(xs, ys)), scaler)
+            )
+        return self._step(*(np.stack(part) for part in zip(*batches)))
 
     @no_grad()
     @profiler.phase("other")
