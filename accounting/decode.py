@@ -155,10 +155,19 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
     replayed = f" ({n - len(counted)} replayed, bytes counted on the other {len(counted)})"
     weights = streamed_weight_elements(config) * w
     bound = floor / peaks.read_bw
+    launches = f"launches: {len(meter.steps[counted[-1]][1])} per decode step"
+    if len(counted) < n:  # generate --compile: the first two decode steps recorded, eagerly
+        eager = sum(meter.steps[s][0] for s in counted) / len(counted)
+        again = sum(meter.steps[s][0] for s in steps if s not in counted) / (n - len(counted))
+        launches += (
+            f", the same on a replayed step (no op layer): replayed {again * 1e3:,.2f} ms/step, "
+            f"the {len(counted)} eager steps that recorded it {eager * 1e3:,.2f} ms/step"
+        )
     return lines + [
         f"decode: {n} steps of {batch} tokens{replayed if len(counted) < n else ''}, "
         f"{seconds * 1e3:,.2f} ms/step = {seconds * 1e3 / batch:,.2f} ms/token, "
         f"{batch / seconds:,.1f} tokens/s",
+        launches,
         f"bytes: {moved / batch / 1e6:,.2f} MB/token moved by the kernels (counted at each "
         f"launch, read + written); floor {floor / batch / 1e6:,.2f} MB/token = weights "
         f"{weights / batch / 1e6:,.2f} + KV cache {(floor - weights) / batch / 1e6:,.3f}",

@@ -27,7 +27,7 @@ from tinygrad_like.compiles import Compiles
 from tinygrad_like.memory import PERSISTENT, TRACKER
 from tinygrad_like.profiler import GEMMS, Profiler
 
-from . import mfu, predictions
+from . import captured, mfu, predictions
 
 
 def random_batch(vocab_size, batch_size, seq_len, seed=0, device="cpu"):
@@ -131,6 +131,8 @@ class Measurement:
     machine: peaks.Peaks = None  # the machine's peaks, read once (None on meta)
     peak_note: str = None  # what the run's own GEMMs raised (peaks.beaten), if anything
     compiles: Compiles = Compiles()  # compiled on first use while measuring, outside every time
+    captured_step: captured.Captured = None  # the training step captured and replayed
+    captured_decode: captured.Captured = None  # the decode step captured and replayed
 
 
 def check_measurable(device, dtype, world_size=1):
@@ -210,6 +212,8 @@ def measure(
         if compiles.so_far() == before:
             break
     decode, decode_seconds, cached_positions, kv_bytes = _decode_step(model, x)
+    captured_step = captured.training(model, optimizer, (x, y), scaler)
+    captured_decode = captured.decode(model, x)
     machine, note = _machine_peaks(device, dtype, prof)
     peak, peak_name = mfu.device_peak(device, dtype, machine)
     parameters = {name: p.unpadded_numel() for name, p in model.named_parameters()}
@@ -244,6 +248,8 @@ def measure(
         machine,
         note,
         compiles.so_far() - compiled,
+        captured_step,
+        captured_decode,
     )
 
 

@@ -205,11 +205,17 @@ def test_generate_py_stats(checkpoint, capsys, kv_dtype):
     assert f"weights fp32, KV cache {kv_dtype}, B = 1" in stats[0] and "GB/s" in stats[0]
     per_element = 2 if kv_dtype == "bf16" else 1 + 4 / CFG.head_dim
     kv = np.mean([CFG.kv_cache_bytes_per_token(per_element) * (2 + s) for s in range(1, 6)])
-    assert f"KV cache {kv / 1e6:,.3f}" in stats[3]
+    assert f"KV cache {kv / 1e6:,.3f}" in stats[4]
     assert stats[1].startswith("prompt: 2 tokens x 1") and "ms/token" in stats[1]
     assert stats[2].startswith("decode: 5 steps of 1 tokens") and "tokens/s" in stats[2]
-    assert stats[3].startswith("bytes: ") and "MB/token moved" in stats[3]
-    assert stats[4].startswith("bound: ") and "of the bound" in stats[4]
+    model = randomized(CFG)  # the checkpoint's architecture: its decode step's launches
+    step = model.decode_step(KVCache(CFG, 1, 3, model.get_input_embeddings().weight, kv_dtype))
+    step(np.zeros((1, 2), np.int64), np.arange(2))
+    with Profiler() as launched:
+        step(np.zeros((1, 1), np.int64), np.arange(2, 3))
+    assert stats[3] == f"launches: {len(launched.launches)} per decode step"
+    assert stats[4].startswith("bytes: ") and "MB/token moved" in stats[4]
+    assert stats[5].startswith("bound: ") and "of the bound" in stats[5]
 
 
 def test_generate_py_compile_prints_the_same_text_and_counts_the_eager_steps(checkpoint, capsys):
@@ -227,6 +233,8 @@ def test_generate_py_compile_prints_the_same_text_and_counts_the_eager_steps(che
     assert stats[2].startswith(
         "decode: 6 steps of 1 tokens (4 replayed, bytes counted on the other 2)"
     )
+    assert stats[3].startswith("launches: ") and "the same on a replayed step" in stats[3]
+    assert "the 2 eager steps that recorded it" in stats[3]
 
 
 def test_a_steps_seconds_hold_none_of_its_compiles(monkeypatch):

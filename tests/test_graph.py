@@ -180,3 +180,39 @@ def test_a_replayed_training_step_is_the_eager_step_bit_for_bit(dtype, micro_bat
         ]
         runs.append((results, [p.data.tobytes() for p in model.parameters()]))
     assert runs[0] == runs[1]  # every loss, norm, skip and weight
+
+
+# ---------------------------------------------------------------- the accounting
+
+
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_captured_steps_launch_what_the_eager_steps_do_in_an_arena_of_their_live_peak(
+    preset, dtype
+):
+    """Counted on the meta device: a captured step launches the kernels the profiled eager step
+    did; its arena is its buffers' live peak (greedy by size places these exactly, to the 64-byte
+    rounding) and no more than the tracker's peak above the persistent state."""
+    from accounting.measure import measure
+    from nn.config import PRESETS
+
+    m = measure(PRESETS[preset], dtype, "meta", batch_size=2, seq_len=16)
+    train, decode = m.captured_step, m.captured_decode
+    assert train.launches == len(m.step.launches)
+    assert decode.launches == len(m.decode.launches)
+    assert train.live_bytes <= train.arena_bytes <= m.peak_bytes - sum(m.persistent.values())
+    assert train.arena_bytes - train.live_bytes < 64 * train.launches
+    assert train.host_calls >= 3  # AdamW's scalars, its read of the norm, the loss's 1 / count
+
+
+def test_the_report_prints_the_captured_steps_with_their_host_time():
+    from accounting.measure import measure
+    from accounting.report import format_report
+    from nn.config import PRESETS
+
+    m = measure(PRESETS["gpt2-tiny"], "fp32", "cpu", batch_size=2, seq_len=16)
+    for c in (m.captured_step, m.captured_decode):
+        assert 0 < c.replay_kernel_seconds <= c.replay_seconds
+        assert 0 < c.eager_kernel_seconds and 0 < c.eager_seconds
+    section = format_report(m).split("-- captured steps")[1].split("\n\n")[0]
+    assert "replayed ms" in section and f"{m.captured_step.launches:,}" in section

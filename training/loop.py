@@ -256,12 +256,14 @@ class Trainer:
 
     def _captured(self, model, optimizer, batches, scaler, watch=None):
         """device_step captured (tinygrad_like.compile): its inputs the micro-batches stacked,
-        (grad_accum, B, T) token ids and targets."""
+        (grad_accum, B, T) token ids and targets, on the model's device (an array moved there
+        inside the step would be a new one each call, which a replay cannot pass)."""
         if not hasattr(self, "_step"):
             self._step = graph.compile(
                 lambda xs, ys: device_step(model, optimizer, list(zip(xs, ys)), scaler)
             )
-        return self._step(*(np.stack(part) for part in zip(*batches)))
+        be = backend.get(self.device)
+        return self._step(*(be.asarray(np.stack(part)) for part in zip(*batches)))
 
     @no_grad()
     @profiler.phase("other")

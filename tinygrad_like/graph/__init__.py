@@ -28,8 +28,15 @@ class Compiled:
         self.name = getattr(fn, "__name__", "step")
         self.captures = {}  # (shape, dtype, device) of each input -> its Capture
         self.told = False
+        self.last = None  # the Capture of the latest call
 
-    def __call__(self, *inputs):
+    @property
+    def program(self):
+        """The Program of the shape captured last (None until its second call)."""
+        return self.last.program if self.last else None
+
+    def __call__(self, *inputs, timers=None):
+        """fn(*inputs), eagerly or replayed. timers: Program.replay's (a replay's kernel times)."""
         key = tuple((tuple(a.shape), str(a.dtype), backend.of(a).name) for a in inputs)
         capture = self.captures.get(key)
         if capture is None:
@@ -41,7 +48,8 @@ class Compiled:
                 )
                 self.told = True
             capture = self.captures[key] = Capture(inputs)
-        return capture(self.fn, inputs)
+        self.last = capture
+        return capture(self.fn, inputs, timers)
 
 
 class Capture:
@@ -53,11 +61,12 @@ class Capture:
         self.recordings = []
         self.program = None
 
-    def __call__(self, fn, inputs):
+    def __call__(self, fn, inputs, timers=None):
         for buffer, a in zip(self.buffers, inputs):
-            buffer[...] = a  # a host write, not a launch
+            if backend.of(buffer).HOLDS_VALUES:  # the meta device's arrays hold none
+                buffer[...] = a  # a host write, not a launch
         if self.program is not None:
-            return self.program.replay()
+            return self.program.replay(timers)
         recording = Recording()
         with kernels.recording(recording):
             result = fn(*self.buffers)

@@ -80,6 +80,7 @@ class Program:
         self.values = ({}, {})  # per recording: id(buffer) -> v
         self.buffers, self.births, self.deaths = [], [], []  # per v, of the first recording
         self.hosted = ({}, {})  # per recording: id(a host call's result) -> k
+        self.device = None  # the backend module of the first launch's first array
         self.steps = []
         for i, (a, b) in enumerate(zip(rec1.steps, rec2.steps)):
             self.where = f"step {i} ({a[1] if a[0] == 'launch' else a[1].__name__})"
@@ -95,6 +96,7 @@ class Program:
         self.where = "the step's result"
         self.result = self._describe(result1, result2, len(rec1.steps))
         self.launches = sum(step[0] == "launch" for step in self.steps)
+        self.host_calls = len(self.steps) - self.launches
         self.plan = plan(
             [Buffer(x.nbytes, b, d) for x, b, d in zip(self.buffers, self.births, self.deaths)]
         )
@@ -112,6 +114,8 @@ class Program:
             (v, tuple(self.buffers[v].shape), self.buffers[v].dtype, backend.of(self.buffers[v]))
             for v in range(known, len(self.buffers))
         )
+        if self.device is None:  # the device the step runs on: its timers time a replay
+            self.device = backend.of(next(kernels.arrays(args1)))
         given = {id(root(x)) for x in (*args1, *kwargs1.values()) if _is_array(x)}
         outs1, outs2 = ((o if isinstance(o, tuple) else (o,)) for o in (out1, out2))
         makes = tuple(self._made(x, y, i, given) for x, y in zip(outs1, outs2))
@@ -161,42 +165,64 @@ class Program:
             "kernels read"
         )
 
-    def replay(self):
+    def replay(self, timers=None):
         """Run the step's kernels and host calls again -> its result, built of this run's
-        buffers."""
+        buffers. timers: a list each kernel's timer (the device's) is appended to (a replay's
+        host time is its seconds minus its kernels')."""
         base = len(self.buffers)  # the slots: the values, then the host calls' results
-        if not hasattr(self, "_compiled"):
-            self._compiled = [_compile(step, base) for step in self.steps]
+        if not hasattr(self, "_runners"):
+            timer = self.device.start_timer
+            self._runners = [_runner(step, base, timer) for step in self.steps]
         slots = [None] * (base + len(self.hosted[0]) + 1)
-        for host, fn, args, kwargs, makes, allocs in self._compiled:
-            for v, shape, dtype, empty in allocs:
-                slots[v] = empty(shape, dtype)
-            out = fn(*[a(slots) if built else a for built, a in args], **kwargs(slots))
-            if host:
-                slots[makes] = out
-                continue
-            outs = out if isinstance(out, tuple) else (out,)
-            for v, o in zip(makes, outs):
-                if v is not None:
-                    slots[v] = root(o)
+        for run in self._runners:
+            run(slots, timers)
         return _maker(self.result, base)[1](slots)
 
 
-def _compile(step, base):
-    """A step as the replay runs it: (host, fn, per argument (built, a constant or a function
-    of the slots), a function of the slots giving the keyword arguments, the slots its outputs
-    fill (a host call's: one), allocs). base: the first host result's slot."""
+def _runner(step, base, timer):
+    """A step as the replay runs it: a function of (the slots, timers or None) that builds its
+    arguments from the slots, runs it and fills the slots of what it makes (base: the first
+    host call's result's slot; timer: the device's start_timer)."""
     if step[0] == "host":
-        args = [_maker(d, base) for d in step[2][2]]
-        return True, step[1], args, lambda slots: {}, base + step[3], ()
+        fn, slot, arguments = step[1], base + step[3], _builder(step[2][2], base)
+
+        def run_host(slots, timers):
+            slots[slot] = fn(*arguments(slots))
+
+        return run_host
     _, kernel, args, kwargs, makes, allocs = step
+    arguments = _builder(args, base)
     named = {k: _maker(d, base) for k, d in kwargs.items()}
-
-    def keywords(slots):
-        return {k: a(slots) if built else a for k, (built, a) in named.items()}
-
     allocs = tuple((v, shape, dtype, device.empty) for v, shape, dtype, device in allocs)
-    return False, kernel, [_maker(d, base) for d in args], keywords, makes, allocs
+    fills = tuple((i, v) for i, v in enumerate(makes) if v is not None)
+
+    def run(slots, timers):
+        for v, shape, dtype, empty in allocs:  # what the step's Python allocated
+            slots[v] = empty(shape, dtype)
+        a = arguments(slots)
+        kw = {k: m(slots) if built else m for k, (built, m) in named.items()}
+        if timers is None:
+            out = kernel(*a, **kw)
+        else:
+            t = timer()
+            out = kernel(*a, **kw)
+            timers.append(t.stop())
+        if fills:
+            outs = out if isinstance(out, tuple) else (out,)
+            for i, v in fills:
+                slots[v] = root(outs[i])
+
+    return run
+
+
+def _builder(descriptions, base):
+    """A function of the slots giving the arguments described (the same tuple each time when
+    all are constants)."""
+    makers = [_maker(d, base) for d in descriptions]
+    if not any(built for built, _ in makers):
+        constants = tuple(a for _, a in makers)
+        return lambda slots: constants
+    return lambda slots: [a(slots) if built else a for built, a in makers]
 
 
 def _maker(d, base):
@@ -220,8 +246,12 @@ def _maker(d, base):
 
 def _view_of(buffer, shape, strides, offset):
     """The view (shape, strides) at a byte offset of buffer, a contiguous array: NumPy's own
-    constructor on the CPU (a tenth of as_strided's time), as_strided elsewhere."""
+    constructor on the CPU (a tenth of as_strided's time), as_strided on a GPU, and on the meta
+    device an array of that shape and strides whose base is buffer (it has no bytes to offset)."""
     if isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous:
         return np.ndarray(shape, buffer.dtype, buffer, offset, strides)
+    be = backend.of(buffer)
+    if not be.HOLDS_VALUES:
+        return type(buffer)(shape, buffer.dtype, strides, buffer)
     flat = buffer.reshape(-1)[offset // buffer.itemsize :]
-    return backend.of(buffer).xp.lib.stride_tricks.as_strided(flat, shape, strides)
+    return be.xp.lib.stride_tricks.as_strided(flat, shape, strides)

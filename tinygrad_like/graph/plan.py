@@ -1,8 +1,11 @@
 """The memory plan of a captured step: every buffer the step makes (a kernel's output, or one it
 fills in place first) placed in one arena by its lifetime, from the launch that makes it to the
 last that reads it (or the step's end, for what the step returns): two buffers share bytes when
-their lifetimes do not overlap. First fit, in order of birth, on 64-byte boundaries (a cache
-line, the alignment the vector loads want).
+their lifetimes do not overlap. Greedy by size: the largest buffer first, each at the lowest
+offset free of every placed buffer whose lifetime meets its own, on 64-byte boundaries (a cache
+line, the alignment the vector loads want). Placing in order of birth instead leaves the small
+early buffers under the large late ones (a third more than the live peak for gpt2-tiny's fp16
+training step; by size, the live peak to the 64-byte rounding: tests/test_graph.py).
 """
 
 from dataclasses import dataclass
@@ -26,19 +29,22 @@ class Plan:
 
 def plan(buffers):
     """Offsets for buffers (a list of Buffer) in one arena -> Plan."""
-    placed = []  # (offset, end, death) of the buffers placed so far
-    offsets = []
-    for b in buffers:
+    offsets = [0] * len(buffers)
+    placed = []  # (offset, end, birth, death) of the buffers placed so far
+    for i in sorted(range(len(buffers)), key=lambda i: -buffers[i].nbytes):
+        b = buffers[i]
         size = -(-b.nbytes // ALIGN) * ALIGN
-        busy = sorted((lo, hi) for lo, hi, death in placed if death >= b.birth)
+        busy = sorted(  # the placed buffers alive at some moment b is
+            (lo, hi) for lo, hi, birth, death in placed if birth <= b.death and b.birth <= death
+        )
         offset = 0
         for lo, hi in busy:  # the first gap wide enough
             if offset + size <= lo:
                 break
             offset = max(offset, hi)
-        placed.append((offset, offset + size, b.death))
-        offsets.append(offset)
-    size = max((hi for _, hi, _ in placed), default=0)
+        placed.append((offset, offset + size, b.birth, b.death))
+        offsets[i] = offset
+    size = max((hi for _, hi, _, _ in placed), default=0)
     steps = max((b.death for b in buffers), default=-1) + 1
     live = [0] * steps
     for b in buffers:

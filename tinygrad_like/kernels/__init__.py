@@ -84,7 +84,7 @@ def count(name, args, kwargs, out):
         nbytes = k.reads(outs, *args, **kwargs)
     else:
         reads = [a for i, a in enumerate(args) if i not in k.skips]
-        nbytes = sum(a.nbytes for a in _arrays(reads))
+        nbytes = sum(a.nbytes for a in arrays(reads))
         nbytes += sum(
             a.nbytes for key, a in kwargs.items() if key != "out" and hasattr(a, "nbytes")
         )
@@ -92,20 +92,21 @@ def count(name, args, kwargs, out):
     written += [kwargs["out"]] if kwargs.get("out") is not None else []
     ids = {id(a) for a in written}
     nbytes += k.written(outs, *args, **kwargs) if k.written else sum(a.nbytes for a in written)
-    nbytes += sum(a.nbytes for a in _arrays(outs) if id(a) not in ids)
+    nbytes += sum(a.nbytes for a in arrays(outs) if id(a) not in ids)
     return flops, exps, nbytes
 
 
-def _arrays(items):
+def arrays(items):
+    """The arrays among items, nested tuples and lists included, in order."""
     for x in items:
         if hasattr(x, "nbytes") and hasattr(x, "shape"):
             yield x
         elif isinstance(x, (tuple, list)):
-            yield from _arrays(x)
+            yield from arrays(x)
 
 
 def _first_array(args):
-    for a in _arrays(args):
+    for a in arrays(args):
         return a
     raise TypeError("a kernel launch needs at least one array argument")
 
@@ -158,8 +159,11 @@ def on_host(fn, *args):
 def launch(name, *args, **kwargs):
     be = backend.of(args[0] if hasattr(args[0], "shape") else _first_array(args))
     kernel = getattr(_gathered.get(be) or on(be), name)
-    if not (_sinks or _recorders or profiler.active() or TRACKER.track_temporaries):
-        return kernel(*args, **kwargs)  # nobody counts
+    if not (_sinks or profiler.active() or TRACKER.track_temporaries):  # nobody counts
+        out = kernel(*args, **kwargs)
+        if _recorders:
+            _recorders[-1].launched(name, kernel, args, kwargs, out)
+        return out
     timing = profiler.timing_wanted()
     timer = be.start_timer() if timing else None
     t_host = time.perf_counter()
@@ -179,7 +183,7 @@ def launch(name, *args, **kwargs):
         prof.add(name, be.name, timer, t_host, counts)
     if TRACKER.track_temporaries:  # what the tracker does not know yet: a new array, or an
         # empty() buffer this kernel filled in place (fill, copy, out=); never a retag
-        for a in _arrays(out if isinstance(out, tuple) else (out,)):
+        for a in arrays(out if isinstance(out, tuple) else (out,)):
             if TRACKER.tag_of(a) is None:
                 TRACKER.register(a, "temporaries")
     return out

@@ -1,0 +1,153 @@
+"""Graph second, measured: the decode step and the training step run eagerly beside the same
+step captured and replayed (tinygrad_like.compile, accounting/captured.py), on this machine.
+For each: ms per step and its host time (the step's seconds minus its kernels'), eager and
+replayed. Decode: gpt2-mini in fp32, GPT-2 124M in every weight format (random weights: the
+speed does not depend on the values), B = 1 after a 64-token prompt. Training: gpt2-mini at the
+default run's batch (B = 8, T = 128). With --cores, the decode part runs again pinned to each
+listed set of cores (taskset, one process each), and the two-core speedup per format is printed.
+A benchmark, not a test: its figures are the machine's (docs/performance.md names it).
+
+    python scripts/bench_graph.py
+    python scripts/bench_graph.py --cores 0 0,1 --part decode
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from accounting import captured
+from accounting.measure import _build, random_batch
+from accounting.tables import table
+from nn import build
+from nn.config import PRESETS
+from nn.quant import quantize_model
+from optim import step as optim_step
+from tinygrad_like import peaks
+from training.args import ArgumentParser, user_errors
+
+FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "fp4_e2m1")
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--part", choices=("decode", "training", "all"), default="all")
+    p.add_argument("--formats", default=",".join(FORMATS), help="GPT-2 124M's (default all)")
+    p.add_argument("--repeats", type=int, default=9, help="decode steps timed, each way (9)")
+    p.add_argument("--rounds", type=int, default=3, help="training steps timed, each way (3)")
+    p.add_argument("--cores", nargs="+", help="core lists to pin the decode part to (0 0,1)")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a pinned worker
+    args = p.parse_args(argv)
+    bad = [f for f in args.formats.split(",") if f not in FORMATS]
+    if bad:
+        p.error(f"unknown format {bad[0]!r}: choose from {', '.join(FORMATS)}")
+    if args.repeats < 1 or args.rounds < 1:
+        p.error("--repeats and --rounds must be >= 1")
+    return args
+
+
+def decode_rows(formats, repeats):
+    """[(model, format, Captured)]: gpt2-mini fp32, then GPT-2 124M in each format."""
+    rows = []
+    for name, fmts in (("gpt2-mini", ["fp32"]), ("gpt2", formats)):
+        config = PRESETS[name]
+        x, _ = random_batch(config.vocab_size, 1, 64)
+        for fmt in fmts:
+            model = build(config, device="cpu")
+            quantize_model(model, fmt)
+            rows.append((name, fmt, captured.decode(model, x, repeats)))
+    return rows
+
+
+def training_rows(repeats):
+    """Captured: gpt2-mini's training step at B = 8, T = 128, the medians of `repeats` steps
+    each way (on one model: the steps train it)."""
+    config = PRESETS["gpt2-mini"]
+    model, optimizer, _ = _build(config, "fp32", "cpu", None, 0, 1)
+    x, y = random_batch(config.vocab_size, 8, 128)
+    optim_step.train_on(model, optimizer, [(x, y)])  # its kernels' first calls (compiles)
+    return captured.training(model, optimizer, (x, y), None, repeats)
+
+
+def ms(seconds):
+    return f"{seconds * 1e3:,.2f}"
+
+
+def decode_table(rows):
+    out = []
+    for name, fmt, c in rows:
+        out.append(
+            (
+                name,
+                fmt,
+                c.launches,
+                ms(c.eager_seconds),
+                ms(c.eager_host),
+                ms(c.replay_seconds),
+                ms(c.replay_host),
+                f"{c.eager_seconds / c.replay_seconds:.2f}x",
+            )
+        )
+    columns = ("model", "weights", "launches", "eager ms", "host ms", "replayed ms", "host ms")
+    return table(columns + ("speedup",), out, "llrrrrrr")
+
+
+def training_table(c):
+    rows = [
+        (way, c.launches, c.host_calls, ms(seconds), ms(host), f"{host / seconds:.1%}")
+        for way, seconds, host in (
+            ("eager", c.eager_seconds, c.eager_host),
+            ("replayed", c.replay_seconds, c.replay_host),
+        )
+    ]
+    return table(("step", "launches", "host calls", "ms", "host ms", "host share"), rows, "lrrrrr")
+
+
+def pinned(cores, args):
+    """The decode part run in a process pinned to cores -> {format: Captured fields}."""
+    command = ["taskset", "-c", cores, sys.executable, __file__, "--part", "decode", "--json"]
+    command += ["--formats", args.formats, "--repeats", str(args.repeats)]
+    done = subprocess.run(command, capture_output=True, text=True, env=os.environ, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def cores_table(results, names):
+    """Per format, replayed ms on each core set and the speedup of the last over the first."""
+    rows = []
+    first, last = results[0], results[-1]
+    for key in first:
+        cells = [ms(r[key]["replay_seconds"]) for r in results]
+        eager = first[key]["eager_seconds"] / last[key]["eager_seconds"]
+        replay = first[key]["replay_seconds"] / last[key]["replay_seconds"]
+        rows.append((key, *cells, f"{eager:.2f}x", f"{replay:.2f}x"))
+    columns = ("model weights", *(f"replayed ms, cores {c}" for c in names))
+    columns += ("eager speedup", "replayed speedup")
+    return table(columns, rows, "l" + "r" * (len(names) + 2))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    formats = args.formats.split(",")
+    if args.json:  # a pinned worker's answer: one line of JSON
+        rows = decode_rows(formats, args.repeats)
+        print(json.dumps({f"{n} {f}": vars(c) for n, f, c in rows}))
+        return
+    print(f"== bench_graph: {peaks.cpu_name()}, {len(os.sched_getaffinity(0))} cores ==")
+    if args.part in ("decode", "all"):
+        print("\n-- decode, B = 1 after 64 tokens: the median of", args.repeats, "steps each way")
+        print(decode_table(decode_rows(formats, args.repeats)))
+    if args.part in ("training", "all"):
+        print(f"\n-- training, gpt2-mini fp32, B = 8, T = 128: the median of {args.rounds} steps")
+        print(training_table(training_rows(args.rounds)))
+    if args.cores:
+        print("\n-- decode pinned (taskset -c), one process per core set")
+        print(cores_table([pinned(c, args) for c in args.cores], args.cores))
+
+
+if __name__ == "__main__":
+    with user_errors():
+        np.seterr(all="ignore")
+        main()
