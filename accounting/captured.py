@@ -8,7 +8,6 @@ theirs (eager under a deferred Profiler, replayed with Program.replay's timers),
 time holds the other's bookkeeping.
 """
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -18,6 +17,9 @@ from nn import KVCache
 from optim.step import device_step
 from tinygrad_like import backend, graph
 from tinygrad_like.profiler import Profiler
+
+from .predictions import predicted_peak, step_moments
+from .tables import table, wrap
 
 
 @dataclass
@@ -68,22 +70,24 @@ def _replayed(be, run):
 
 
 def _found(program, eager, replayed):
-    """program's counts with the medians of eager and replayed [(seconds, kernel seconds)]."""
+    """program's counts with the best of eager and replayed [(seconds, kernel seconds)], each
+    column's least (the least disturbed: the two columns come from different runs, so a host
+    time, their difference, is only as good as their noise)."""
     found = _counts(program)
-    found.eager_seconds, found.eager_kernel_seconds = _medians(eager)
-    found.replay_seconds, found.replay_kernel_seconds = _medians(replayed)
+    found.eager_seconds, found.eager_kernel_seconds = _best(eager)
+    found.replay_seconds, found.replay_kernel_seconds = _best(replayed)
     return found
 
 
-def _medians(pairs):
-    return tuple(statistics.median(column) for column in zip(*pairs))
+def _best(pairs):
+    return tuple(min(column) for column in zip(*pairs))
 
 
 def training(model, optimizer, batch, scaler, repeats=1):
     """The training step device_step on one micro-batch (x, y) (B, T): `repeats` eager steps
     timed (twice each: see the module's docstring), two more that capture it (a recorded call
     keeps every buffer it made until the capture is read: slower than eager), then `repeats`
-    replays timed (the medians). It trains the model: run it on a twin."""
+    replays timed (the best of each). It trains the model: run it on a twin."""
     be = backend.get(model.get_input_embeddings().weight.device)
     batch = tuple(be.asarray(a) for a in batch)  # on the device (Trainer._captured says why)
 
@@ -106,7 +110,7 @@ def decode(model, x, repeats=5):
     """The decode step (CausalLM.decode_step, B = 1) after a prompt, the first row of token ids
     x (B, T), filled a KV cache: one untimed step (its first kernels' compiles), `repeats` eager
     steps timed (twice each: see the module's docstring), two more that capture it, then
-    `repeats` replays timed (the medians)."""
+    `repeats` replays timed (the best of each)."""
     like = model.get_input_embeddings().weight
     be, steps = backend.get(like.device), 4 * repeats + 3
     prompt = x[:1, : min(x.shape[1], model.config.n_positions - steps)]
@@ -132,3 +136,54 @@ def decode(model, x, repeats=5):
         _replayed(be, lambda t=None: captured(token, at_length(), timers=t)) for _ in range(repeats)
     ]
     return _found(captured.program, eagerly, replayed)
+
+
+def section(m, timed):
+    """The two steps captured and replayed (this module): launches and host calls
+    per step, host time eager and replayed, and the training step's buffers in their arena
+    beside the tracker's peak and the predicted one, each above the persistent state."""
+    train, decode = m.captured_step, m.captured_decode
+    rows = []
+    for name, c in (("training step", train), ("decode step (M = 1)", decode)):
+        row = [name, f"{c.launches:,}", c.host_calls, f"{c.arena_bytes:,}", f"{c.live_bytes:,}"]
+        if timed:
+            row += [
+                f"{c.eager_seconds * 1e3:,.2f}",
+                f"{c.eager_host * 1e3:,.2f} ({c.eager_host / c.eager_seconds:.0%})",
+                f"{c.replay_seconds * 1e3:,.2f}",
+                f"{c.replay_host * 1e3:,.2f} ({c.replay_host / c.replay_seconds:.0%})",
+            ]
+        rows.append(row)
+    columns = ["step", "launches", "host calls", "arena bytes", "live peak"]
+    if timed:
+        columns += ["eager ms", "host ms", "replayed ms", "host ms"]
+    persistent = sum(m.persistent.values())
+    tracked = m.peak_bytes - persistent
+    _, predicted = predicted_peak(
+        m.config, m.batch_size, m.seq_len, m.dtype, m.options, m.zero, m.world_size
+    )
+    moments = step_moments(
+        m.config, m.batch_size, m.seq_len, m.dtype, m.options, m.zero, m.world_size
+    )
+    state = sum(b for what, b in next(iter(moments.values())) if what.startswith("persistent"))
+    lines = [
+        "-- captured steps (tinygrad_like.compile, --compile): the same kernels replayed in order, "
+        "no op layer",
+        table(columns, rows, "lrrrr" + "rrrr" * timed),
+        wrap(
+            "arena: every buffer the step makes, placed by lifetime (graph/plan.py, greedy by "
+            "size); live peak: the most of them alive at once. Host time: a step's seconds minus "
+            "its kernels' (eager: a plain step's seconds, a profiled step's kernels; replayed: "
+            "one timer per kernel)."
+        ),
+        wrap(
+            "the training step's buffers, above the persistent state: planned "
+            f"{train.arena_bytes:,} bytes, live peak {train.live_bytes:,}; the tracker's peak "
+            f"{tracked:,} (measured), "
+            f"{tracked - train.live_bytes:+,}: the tracker counts besides what the tape saves that "
+            "no kernel of the step made (the token ids, the targets, GPT-2's positions: constants "
+            "of a replay) and what eager Python holds past its last read (a plan frees a buffer "
+            f"there); predicted {predicted - state:,.0f} (accounting/predictions.py)"
+        ),
+    ]
+    return "\n".join(lines)

@@ -21,7 +21,7 @@ from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
 
-from . import lecture, mfu, roofline
+from . import captured, lecture, mfu, roofline
 from .measure import Measurement, block_layers, group, layer_of, measure
 from .predictions import (
     OPTION_GRID,
@@ -37,7 +37,6 @@ from .predictions import (
     predicted_peak_bytes,
     predicted_saved_bytes,
     predicted_state_bytes,
-    step_moments,
 )
 from .tables import table, wrap
 
@@ -127,7 +126,7 @@ def format_report(m: Measurement, budget_bytes=None, counts_only=False) -> str:
         _activations(m),
         _memory_trades(m, budget_bytes),
         _launches(m, timed),
-        _captured(m, timed),
+        captured.section(m, timed),
     ]
     if isinstance(c, LlamaConfig):  # the course's reference 7B is of this family
         sections.append(lecture.format_lecture(m, budget_bytes))
@@ -598,54 +597,3 @@ def _launches(m, timed):
             f"{decode * LAUNCH_COST_S * 1e3:.1f} ms per decode step",
         ]
     )
-
-
-def _captured(m, timed):
-    """The two steps captured and replayed (accounting/captured.py): launches and host calls
-    per step, host time eager and replayed, and the training step's buffers in their arena
-    beside the tracker's peak and the predicted one, each above the persistent state."""
-    train, decode = m.captured_step, m.captured_decode
-    rows = []
-    for name, c in (("training step", train), ("decode step (M = 1)", decode)):
-        row = [name, f"{c.launches:,}", c.host_calls, f"{c.arena_bytes:,}", f"{c.live_bytes:,}"]
-        if timed:
-            row += [
-                f"{c.eager_seconds * 1e3:,.2f}",
-                f"{c.eager_host * 1e3:,.2f} ({c.eager_host / c.eager_seconds:.0%})",
-                f"{c.replay_seconds * 1e3:,.2f}",
-                f"{c.replay_host * 1e3:,.2f} ({c.replay_host / c.replay_seconds:.0%})",
-            ]
-        rows.append(row)
-    columns = ["step", "launches", "host calls", "arena bytes", "live peak"]
-    if timed:
-        columns += ["eager ms", "host ms", "replayed ms", "host ms"]
-    persistent = sum(m.persistent.values())
-    tracked = m.peak_bytes - persistent
-    _, predicted = predicted_peak(
-        m.config, m.batch_size, m.seq_len, m.dtype, m.options, m.zero, m.world_size
-    )
-    moments = step_moments(
-        m.config, m.batch_size, m.seq_len, m.dtype, m.options, m.zero, m.world_size
-    )
-    state = sum(b for what, b in next(iter(moments.values())) if what.startswith("persistent"))
-    lines = [
-        "-- captured steps (tinygrad_like.compile, --compile): the same kernels replayed in order, "
-        "no op layer",
-        table(columns, rows, "lrrrr" + "rrrr" * timed),
-        wrap(
-            "arena: every buffer the step makes, placed by lifetime (graph/plan.py, greedy by "
-            "size); live peak: the most of them alive at once. Host time: a step's seconds minus "
-            "its kernels' (eager: a plain step's seconds, a profiled step's kernels; replayed: "
-            "one timer per kernel)."
-        ),
-        wrap(
-            "the training step's buffers, above the persistent state: planned "
-            f"{train.arena_bytes:,} bytes, live peak {train.live_bytes:,}; the tracker's peak "
-            f"{tracked:,} (measured), "
-            f"{tracked - train.live_bytes:+,}: the tracker counts besides what the tape saves that "
-            "no kernel of the step made (the token ids, the targets, GPT-2's positions: constants "
-            "of a replay) and what eager Python holds past its last read (a plan frees a buffer "
-            f"there); predicted {predicted - state:,.0f} (accounting/predictions.py)"
-        ),
-    ]
-    return "\n".join(lines)

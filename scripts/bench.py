@@ -3,10 +3,8 @@
 For one preset, dtype, batch and sequence length it measures
   1. the training step (forward, backward, gradient clipping, AdamW step, zero_grad): median
      time of the timed steps (warm-up steps excluded) and tokens/s;
-  2. MFU: achieved model FLOP/s (6N + 12LCT per token) over accounting/mfu.py's peak, the one the
-     trainer divides by too: on a CPU the fp32 matmul peak NumPy's BLAS reaches here (measured
-     once per machine and cached, tinygrad_like/peaks.py), on a GPU the datasheet's for the
-     dtype (H200: dense bf16, 989 TFLOP/s);
+  2. MFU: model FLOP/s (6N + 12LCT per token) over accounting/mfu.py's peak, the trainer's: on a
+     CPU the fp32 matmul peak measured here (tinygrad_like/peaks.py), on a GPU the datasheet's;
   3. greedy generation with the KV cache: a prompt of --prompt-len tokens, then --new-tokens
      decode steps; prompt tokens/s and decode tokens/s reported separately.
 When PyTorch is importable the same model (our weights, copied) runs the same batch and the
@@ -15,8 +13,8 @@ attention and fused AdamW on a GPU; with --torch-compile also under torch.compil
 contestants take turns round by round, so that a load from elsewhere hits all alike, and ours
 and PyTorch eager must give the same initial loss before anything is timed. When transformers
 is importable, Hugging Face's GPT2LMHeadModel.generate (greedy, use_cache) runs on the same
-weights for the decode comparison (scripts/hf_generate.py). Neither torch nor transformers is
-a dependency of the project: without them only ours runs.
+weights for the decode comparison (scripts/hf_generate.py). Without torch and transformers (not
+dependencies of the project) only ours runs.
 
     python scripts/bench.py                              # gpt2-mini, B=8, T=128, fp32, CPU
     python scripts/bench.py --model gpt2 --batch-size 4 --seq-len 256
@@ -24,7 +22,6 @@ a dependency of the project: without them only ours runs.
         --seq-len 1024 --no-generate                     # GPT-2 124M on a GPU
     python scripts/bench.py --census --json bench.json   # plus where the time goes
     python scripts/bench.py --census --plot roofline.png # and the roofline picture of it
-
     python scripts/bench.py --decode-formats --checkpoint out --plot formats.png --no-train
     python scripts/bench.py --decode-sweep --no-train --no-generate
 
@@ -39,14 +36,12 @@ greedy decode of --model, B = 1 ... 64, along the roofline) with this run's --dt
 The census gives every kernel its roofline (accounting/roofline.py): the machine's peaks
 (tinygrad_like/peaks.py, the same cache), its bound (compute, memory, exp or launch), the time
 that bound allows, the fraction of it reached, and rows sorted by the time lost to the bound.
-
-The JSON file is written also when the run is interrupted (Ctrl-C, `timeout -s INT`), with
-what was measured by then.
+The JSON file is written also when the run is interrupted (Ctrl-C, `timeout -s INT`).
 
 NumPy's OpenBLAS picks its kernels for the CPU it detects when it loads; OPENBLAS_CORETYPE (and
 OPENBLAS_L2_SIZE) in the environment override that choice. The header names the kernel set in
-use; to measure what a current NumPy does on this CPU, unset both for that command alone:
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench.py
+use; to measure what a current NumPy does on this CPU, unset both for that command alone
+(`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench.py`).
 """
 
 import dataclasses

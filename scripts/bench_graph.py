@@ -63,7 +63,7 @@ def decode_rows(formats, repeats):
 
 
 def training_rows(repeats):
-    """Captured: gpt2-mini's training step at B = 8, T = 128, the medians of `repeats` steps
+    """Captured: gpt2-mini's training step at B = 8, T = 128, the best of `repeats` steps
     each way (on one model: the steps train it)."""
     config = PRESETS["gpt2-mini"]
     model, optimizer, _ = _build(config, "fp32", "cpu", None, 0, 1)
@@ -137,10 +137,10 @@ def main(argv=None):
         return
     print(f"== bench_graph: {peaks.cpu_name()}, {len(os.sched_getaffinity(0))} cores ==")
     if args.part in ("decode", "all"):
-        print("\n-- decode, B = 1 after 64 tokens: the median of", args.repeats, "steps each way")
+        print("\n-- decode, B = 1 after 64 tokens: the best of", args.repeats, "steps each way")
         print(decode_table(decode_rows(formats, args.repeats)))
     if args.part in ("training", "all"):
-        print(f"\n-- training, gpt2-mini fp32, B = 8, T = 128: the median of {args.rounds} steps")
+        print(f"\n-- training, gpt2-mini fp32, B = 8, T = 128: the best of {args.rounds} steps")
         print(training_table(training_rows(args.rounds)))
     if args.cores:
         print("\n-- decode pinned (taskset -c), one process per core set")
