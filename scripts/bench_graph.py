@@ -9,6 +9,7 @@ A benchmark, not a test: its figures are the machine's (docs/performance.md name
 
     python scripts/bench_graph.py
     python scripts/bench_graph.py --cores 0 0,1 --part decode
+    python scripts/bench_graph.py --device cuda --part decode --formats bf16   # gpu_check.sh
 """
 
 import argparse
@@ -39,6 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=9, help="decode steps timed, each way (9)")
     p.add_argument("--rounds", type=int, default=3, help="training steps timed, each way (3)")
     p.add_argument("--cores", nargs="+", help="core lists to pin the decode part to (0 0,1)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where it runs (cpu)")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a pinned worker
     args = p.parse_args(argv)
     bad = [f for f in args.formats.split(",") if f not in FORMATS]
@@ -46,27 +48,29 @@ def parse_args(argv=None):
         p.error(f"unknown format {bad[0]!r}: choose from {', '.join(FORMATS)}")
     if args.repeats < 1 or args.rounds < 1:
         p.error("--repeats and --rounds must be >= 1")
+    if args.cores and args.device != "cpu":
+        p.error("--cores pins CPU processes: leave it out with --device cuda")
     return args
 
 
-def decode_rows(formats, repeats):
+def decode_rows(formats, repeats, device):
     """[(model, format, Captured)]: gpt2-mini fp32, then GPT-2 124M in each format."""
     rows = []
     for name, fmts in (("gpt2-mini", ["fp32"]), ("gpt2", formats)):
         config = PRESETS[name]
         x, _ = random_batch(config.vocab_size, 1, 64)
         for fmt in fmts:
-            model = build(config, device="cpu")
+            model = build(config, device=device)
             quantize_model(model, fmt)
             rows.append((name, fmt, captured.decode(model, x, repeats)))
     return rows
 
 
-def training_rows(repeats):
+def training_rows(repeats, device):
     """Captured: gpt2-mini's training step at B = 8, T = 128, the best of `repeats` steps
     each way (on one model: the steps train it)."""
     config = PRESETS["gpt2-mini"]
-    model, optimizer, _ = _build(config, "fp32", "cpu", None, 0, 1)
+    model, optimizer, _ = _build(config, "fp32", device, None, 0, 1)
     x, y = random_batch(config.vocab_size, 8, 128)
     optim_step.train_on(model, optimizer, [(x, y)])  # its kernels' first calls (compiles)
     return captured.training(model, optimizer, (x, y), None, repeats)
@@ -132,16 +136,17 @@ def main(argv=None):
     args = parse_args(argv)
     formats = args.formats.split(",")
     if args.json:  # a pinned worker's answer: one line of JSON
-        rows = decode_rows(formats, args.repeats)
+        rows = decode_rows(formats, args.repeats, "cpu")
         print(json.dumps({f"{n} {f}": vars(c) for n, f, c in rows}))
         return
-    print(f"== bench_graph: {peaks.cpu_name()}, {len(os.sched_getaffinity(0))} cores ==")
+    machine = peaks.get(args.device).machine if args.device != "cpu" else peaks.cpu_name()
+    print(f"== bench_graph on {args.device}: {machine}, {len(os.sched_getaffinity(0))} cores ==")
     if args.part in ("decode", "all"):
         print("\n-- decode, B = 1 after 64 tokens: the best of", args.repeats, "steps each way")
-        print(decode_table(decode_rows(formats, args.repeats)))
+        print(decode_table(decode_rows(formats, args.repeats, args.device)))
     if args.part in ("training", "all"):
         print(f"\n-- training, gpt2-mini fp32, B = 8, T = 128: the best of {args.rounds} steps")
-        print(training_table(training_rows(args.rounds)))
+        print(training_table(training_rows(args.rounds, args.device)))
     if args.cores:
         print("\n-- decode pinned (taskset -c), one process per core set")
         print(cores_table([pinned(c, args) for c in args.cores], args.cores))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything a GPU session checks, in one command, in at most 7 minutes on one H200.
+# Everything a GPU session checks, in one command, in at most 7.6 minutes on one H200.
 #
 #   bash scripts/gpu_wheels.sh      # here, with network: the wheels the GPU machine lacks
 #   bash scripts/gpu_check.sh       # there, with .gpu-wheels/ carried along
@@ -34,7 +34,10 @@
 #                       all-reduce, reduce-scatter and all-gather through CuPy, R = 1 (one GPU)
 #   mlp-block       20  scripts/mlp_block.py --device cuda --dtype bf16: lab 5's table and its
 #                       six predictions on the GPU (the machine peaks measured first, ~5 s)
-# The caps sum to 400 s (380 s when the first headers try works): give the device 430 s.
+#   graph           25  scripts/bench_graph.py --device cuda: the decode step eager against its
+#                       captured replay (gpt2-mini fp32, GPT-2 124M bf16); a replay is still a
+#                       launch per kernel from Python (no CUDA graph yet)
+# The caps sum to 425 s (405 s when the first headers try works): give the device 455 s.
 #
 # PARTS=nccl,train bash scripts/gpu_check.sh reruns only some parts: a comma-separated list of
 # part names, where a name also selects the parts it begins (train: train-bf16; pytest: both
@@ -50,7 +53,7 @@ if [ $# -ne 0 ]; then
     exit 2
 fi
 ALL_PARTS=(setup versions gpu headers compile pytest-kernels pytest-rest bench-kernels bench-torch
-           train-bf16 nccl mlp-block)
+           train-bf16 nccl mlp-block graph)
 GATES=" setup versions gpu headers "  # always run
 
 selects() {  # selects ENTRY NAME: whether a PARTS entry names this part or a prefix of it
@@ -331,4 +334,6 @@ part bench-torch capped 45 "$PY" scripts/bench.py --device cuda --dtype bf16 --m
 part train-bf16 train
 part nccl nccl
 part mlp-block capped 18 "$PY" scripts/mlp_block.py --device cuda --dtype bf16
+part graph capped 23 "$PY" scripts/bench_graph.py --device cuda --part decode --formats bf16 \
+    --repeats 5
 summary

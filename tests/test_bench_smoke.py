@@ -226,6 +226,22 @@ def test_bench_kernels_bad_dtype_and_cells(capsys):
     assert len(kernels.cells(gemm)) == len(kernels.cells(copy)) == len(kernels.HEADERS)
 
 
+def test_bench_graph_bad_input_and_tables(capsys):
+    """scripts/bench_graph.py's refusals and tables (its runs build GPT-2 124M: not here)."""
+    from accounting.captured import Captured
+
+    graph = _load("bench_graph")
+    for argv, message in ((["--formats", "fp33"], "unknown format"), (["--repeats", "0"], ">= 1")):
+        with pytest.raises(SystemExit) as e:
+            graph.parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith("error: ") and message in err
+    c = Captured(53, 1, 128, 96, 2e-3, 1.5e-3, 1e-3, 0.9e-3)  # eager 2 ms, replayed 1 ms
+    assert "2.00x" in graph.decode_table([("gpt2-mini", "fp32", c)])
+    shares = graph.training_table(c)
+    assert "25.0%" in shares and "10.0%" in shares  # host 0.5 of 2 ms, 0.1 of 1 ms
+
+
 def test_gpu_session_scripts_parse_and_reject_bad_input():
     for name in ("gpu_check.sh", "gpu_wheels.sh"):
         subprocess.run(["bash", "-n", os.path.join(_SCRIPTS, name)], check=True)
