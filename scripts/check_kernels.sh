@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Compile-check every CUDA kernel file without a GPU.
 #
-# 1. nvcc: each family's tinygrad_like/kernels/<family>/<family>.cu for sm_80 and sm_90, with
-#    -DTG_CHECK_INSTANTIATE so the instance list at the bottom of each file makes nvcc compile
-#    every template variant the backend launches. Needs nvcc on PATH (or $NVCC).
+# 1. nvcc: each family's tinygrad_like/kernels/<family>/<family>.cu, and each source a family
+#    generates (kernels/<family>/cuda_source.py, written to a temporary folder: elementwise's
+#    expressions.cu), for sm_80 and sm_90, with -DTG_CHECK_INSTANTIATE so the instance list at
+#    the bottom of each file makes nvcc compile every template variant the backend launches.
+#    Needs nvcc on PATH (or $NVCC).
 # 2. NVRTC (the compiler the backend really uses, through CuPy): each file exactly as cuda/runtime.py
 #    builds it (common.cuh pasted in, the same name expressions), for sm_80 and sm_90. Runs when
 #    Python can load CuPy's NVRTC binding; skipped with a note otherwise.
@@ -23,7 +25,17 @@ if ! command -v "$NVCC" >/dev/null 2>&1; then
     exit 1
 fi
 
-for f in "$KDIR"/*/*.cu; do
+GENERATED=$(mktemp -d)
+trap 'rm -rf "$GENERATED"' EXIT
+for g in "$KDIR"/*/cuda_source.py; do
+    family=$(basename "$(dirname "$g")")
+    if ! "$PYTHON" -m "tinygrad_like.kernels.$family.cuda_source" "$GENERATED"; then
+        echo "FAIL generate $g"
+        status=1
+    fi
+done
+
+for f in "$KDIR"/*/*.cu "$GENERATED"/*.cu; do
     for arch in $ARCHS; do
         if log=$("$NVCC" -std=c++17 -arch=sm_$arch -DTG_CHECK_INSTANTIATE -I"$COMMON" \
                  -c -o /dev/null "$f" 2>&1); then

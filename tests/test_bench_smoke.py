@@ -242,6 +242,22 @@ def test_bench_graph_bad_input_and_tables(capsys):
     assert "25.0%" in shares and "10.0%" in shares  # host 0.5 of 2 ms, 0.1 of 1 ms
 
 
+def test_bench_elementwise_times_every_expression_kernel(capsys):
+    """scripts/bench_elementwise.py on a few elements: a row per expression-declared kernel and
+    dtype, and its refusals."""
+    from tinygrad_like.kernels.elementwise.spec import UNARY_OPS
+
+    bench = _load("bench_elementwise")
+    bench.main(["--rows", "2", "--cols", "8", "--repeats", "1", "--dtypes", "fp32,bf16"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("elementwise kernels at (2, 8) on ")
+    assert len(lines) == 2 + 2 * (4 + 2 * len(UNARY_OPS))  # the title, the header, the rows
+    for argv in (["--dtypes", "fp8"], ["--rows", "0"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        assert e.value.code == 2 and capsys.readouterr().err.startswith("error: ")
+
+
 def test_gpu_session_scripts_parse_and_reject_bad_input():
     for name in ("gpu_check.sh", "gpu_wheels.sh"):
         subprocess.run(["bash", "-n", os.path.join(_SCRIPTS, name)], check=True)

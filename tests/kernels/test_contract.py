@@ -21,6 +21,7 @@ import pytest
 from tinygrad_like import dtypes, kernels
 from tinygrad_like.backend import cpu, meta
 from tinygrad_like.backend.host import FACTS, HOST
+from tinygrad_like.kernels.elementwise import cuda_source
 from tinygrad_like.kernels.record import KERNELS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,10 +108,11 @@ def test_no_family_module_has_a_kernel_outside_its_spec(stand_in, family):
         assert extra == EXTRAS.get((device, family), set()), f"kernels/{family}/{device}.py"
 
 
-def test_each_family_has_its_cu_file(stand_in):
+def test_each_family_has_its_cu_file_and_the_runtime_serves_the_generated_ones(stand_in):
     for family in FAMILIES:
         assert (PACKAGE / "kernels" / family / f"{family}.cu").is_file(), family
-    assert stand_in.kernel_files() == sorted(f"{family}.cu" for family in FAMILIES)
+    generated = list(cuda_source.SOURCES)  # elementwise's expressions.cu
+    assert stand_in.kernel_files() == sorted([f"{family}.cu" for family in FAMILIES] + generated)
 
 
 def _imports(path):

@@ -173,6 +173,7 @@ def _compiled_rows(rng):
         ("log_softmax_bwd", lambda: cpu.log_softmax_bwd(np.log(y), dy)),
         ("swiglu_fwd", lambda: cpu.swiglu_fwd(gate, up)),
         ("swiglu_bwd", lambda: cpu.swiglu_bwd(gate, up, up[::-1])),
+        ("unary_bwd rsqrt", lambda: cpu.unary_bwd(np.abs(gate), up, "rsqrt")),
         ("rotary_fwd", lambda: cpu.rotary_fwd(heads, np.cos(angles), np.sin(angles))),
         ("rotary_bwd", lambda: cpu.rotary_bwd(heads, np.cos(angles), np.sin(angles))),
     ]

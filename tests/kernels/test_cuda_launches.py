@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from tinygrad_like import dtypes, formats, kernels, quant
+from tinygrad_like.kernels.elementwise import cuda_source
 from tinygrad_like.kernels.elementwise import spec as elementwise
 from tinygrad_like.kernels.record import KERNELS
 
@@ -138,17 +139,18 @@ def test_the_cupy_kernels_launch_nothing_of_ours(gpu, stand_in, launches):
     assert launches == []
 
 
-def test_unary_ops_are_numbered_as_in_the_contract(gpu, stand_in):
-    """elementwise.cu's UnaryOp enum names elementwise.UNARY_OPS in order: the index is the
-    template argument the backend passes."""
-    source = (KERNELS_DIR / "elementwise" / "elementwise.cu").read_text()
-    enum = re.search(r"enum UnaryOp \{([^}]*)\}", source).group(1)
-    numbered = dict(re.findall(r"(\w+) = (\d+)", enum))
-    assert {name.lower(): int(i) for name, i in numbered.items()} == {
-        op: elementwise.unary_op(op) for op in elementwise.UNARY_OPS
-    }
+def test_unary_ops_launch_their_generated_kernels(gpu, stand_in, launches):
+    """Each unary op runs its own two kernels of expressions.cu (spec.UNARY's expressions); an
+    unknown op is refused by name."""
+    x = stand_in.empty(3, F32)
+    for op in elementwise.UNARY_OPS:
+        gpu.unary_fwd(x, op)
+        gpu.unary_bwd(x, x, op)
+    assert [launch.name for launch in launches] == [
+        f"unary_{d}_{op}<float>" for op in elementwise.UNARY_OPS for d in ("fwd", "bwd")
+    ]
     with pytest.raises(ValueError, match="unknown unary op 'gelu'"):
-        gpu.unary_fwd(stand_in.empty(3, F32), "gelu")
+        gpu.unary_fwd(x, "gelu")
 
 
 def test_quant_formats_are_numbered_as_in_quant_cu(gpu):
@@ -374,7 +376,7 @@ def test_swapped_arguments_are_refused(gpu, stand_in, monkeypatch):
 
 
 def test_bad_pointers_and_scalars_are_refused(stand_in):
-    gelu = stand_in.runtime.compiled("elementwise.cu", "gelu_fwd", F16)
+    gelu = stand_in.runtime.compiled("expressions.cu", "gelu_fwd", F16)
     x16, y16 = stand_in.empty(300, F16), stand_in.empty(300, F16)
     n = np.int64(300)
     gelu((2,), (256,), (x16, y16, n))  # the right packing passes
@@ -432,7 +434,7 @@ def test_bad_pointers_and_scalars_are_refused(stand_in):
     ],
 )
 def test_launch_shapes_beyond_the_limits_are_refused(stand_in, grid, block):
-    gelu = stand_in.runtime.compiled("elementwise.cu", "gelu_fwd", F32)
+    gelu = stand_in.runtime.compiled("expressions.cu", "gelu_fwd", F32)
     with pytest.raises(fake_cupy.LaunchError, match="grid|block"):
         gelu(grid, block, (stand_in.empty(1, F32), stand_in.empty(1, F32), np.int64(1)))
 
@@ -442,14 +444,16 @@ def test_instances_outside_the_compile_list_are_refused(stand_in):
         stand_in.runtime.compiled(
             "gemm.cu", "gemm_tc", F64, False, False, True
         )  # no fp64 tensor cores
-    source = stand_in.kernel_source("elementwise.cu")
+    source = stand_in.kernel_source("expressions.cu")
     with pytest.raises(fake_cupy.LaunchError, match="does not fit"):
         fake_cupy.RawModule(code=source, name_expressions=["gelu_fwd<true>"])
     with pytest.raises(fake_cupy.LaunchError, match="names no kernel"):
         fake_cupy.RawModule(code=source, name_expressions=["gelu<float>"])
 
 
-@pytest.mark.parametrize("filename", sorted(p.name for p in KERNELS_DIR.glob("*/*.cu")))
+@pytest.mark.parametrize(
+    "filename", sorted([p.name for p in KERNELS_DIR.glob("*/*.cu")] + list(cuda_source.SOURCES))
+)
 def test_every_kernel_of_a_file_is_in_its_compile_list(stand_in, filename):
     source = stand_in.kernel_source(filename)
     module = fake_cupy.RawModule(code=source, name_expressions=stand_in.instances(source))

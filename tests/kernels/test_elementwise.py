@@ -1,7 +1,8 @@
 """Elementwise kernels and data movement (kernels/elementwise): binary arithmetic (broadcast, a
 Python scalar on either side, out=), div's gradient, the unary ops and their gradients, max and
-its gradients, GELU, SwiGLU, dropout, casts, copies, fills, concatenation, index gradients and
-sums, against float64 formulas; data movement, bit for bit.
+its gradients, GELU, SwiGLU, dropout, casts, copies, fills, concatenation,
+index gradients and sums, against float64 formulas; data movement, bit for bit. The kernels
+generated from expressions (expr.py) pass the same cases as the hand-written ones.
 
 2-byte formats: computed in fp32 and rounded once; sums accumulate in fp32.
 """

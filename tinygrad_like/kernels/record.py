@@ -12,7 +12,8 @@ docstring, decorated with:
 - how a launch is counted (kernels.count):
   flops(result, *args, **kwargs), from the shapes: a GEMM counts one multiply and one add per term
   (2 M K N, plus M N for a fused bias); elementwise and row kernels count arithmetic per element
-  (exp, tanh and sqrt count as 1); data movement (gathers, casts, copies) counts 0, only bytes.
+  (exp, tanh and sqrt count as 1; a kernel declared by its expression, elementwise/expr.py,
+  counts each operation of it); data movement (gathers, casts, copies) counts 0, only bytes.
   exps(result, *args, **kwargs): exp / tanh evaluations, which on a CPU can bound a kernel of their
   own (one per element or score exponentiated; a log or sqrt per row is left out).
   bytes: every array argument read once and every new output written once, corrected by `writes`

@@ -1,7 +1,7 @@
 """What the CUDA device needs that is not a kernel: the host functions (backend/host.py), loading
-the .cu files of the kernel families (kernels/<family>/<family>.cu, common.cuh pasted in; NVRTC
-through cupy.RawModule, the CUDA headers found), launch helpers, and the watcher of CuPy's memory
-pool.
+the .cu files of the kernel families (kernels/<family>/<family>.cu, and the sources a family
+generates, kernels/<family>/cuda_source.py; common.cuh pasted in; NVRTC through cupy.RawModule,
+the CUDA headers found), launch helpers, and the watcher of CuPy's memory pool.
 
 Names, signatures, dtype rules and results are the CPU backend's (the reference). What a caller
 can notice: launches are asynchronous (synchronize() or to_numpy() waits).
@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 from functools import lru_cache
+from importlib import import_module
 from pathlib import Path
 
 import cupy
@@ -147,17 +148,32 @@ class PoolWatcher(MemoryHook):
 # ---------------------------------------------------------------- loading the .cu files
 
 
+@lru_cache(maxsize=None)
+def generated_sources():
+    """filename -> text of the CUDA sources the families generate: each kernels/<family>/
+    cuda_source.py's SOURCES (elementwise's expressions.cu, from the kernels' expressions),
+    found by name as the .cu files are and imported on first use (they import no CuPy)."""
+    root = __name__.split(".")[0]
+    found = {}
+    for path in sorted(KERNELS_DIR.glob("*/cuda_source.py")):
+        found.update(import_module(f"{root}.kernels.{path.parent.name}.cuda_source").SOURCES)
+    return found
+
+
 def kernel_files():
-    """The name of every family's .cu file (kernel_source's argument), sorted."""
-    return sorted(p.name for p in KERNELS_DIR.glob("*/*.cu"))
+    """The name of every family's .cu file and generated source (kernel_source's argument),
+    sorted."""
+    return sorted([p.name for p in KERNELS_DIR.glob("*/*.cu")] + list(generated_sources()))
 
 
 def kernel_source(filename):
-    """A family's .cu file (gemm.cu: kernels/gemm/gemm.cu) with common.cuh pasted over its
-    #include line: one self-contained source, so CuPy's compile cache keys on everything the
-    kernels depend on."""
-    path = KERNELS_DIR / Path(filename).stem / filename
-    return path.read_text().replace('#include "common.cuh"', COMMON.read_text())
+    """A family's .cu file (gemm.cu: kernels/gemm/gemm.cu) or generated source with common.cuh
+    pasted over its #include line: one self-contained source, so CuPy's compile cache keys on
+    everything the kernels depend on."""
+    text = generated_sources().get(filename)
+    if text is None:
+        text = (KERNELS_DIR / Path(filename).stem / filename).read_text()
+    return text.replace('#include "common.cuh"', COMMON.read_text())
 
 
 def instances(source):

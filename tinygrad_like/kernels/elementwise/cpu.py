@@ -1,16 +1,17 @@
 """Elementwise kernels and data movement on the CPU (elementwise.cu's twin): binary arithmetic
-with NumPy's broadcasting, GELU, dropout, casts, copies, fills, concatenation, index gradients
-and sums. Large contiguous operands run in flat blocks, one per core (runtime.in_parallel).
+with NumPy's broadcasting, the unary ops, dropout, casts, copies, fills, concatenation, index
+gradients and sums; the kernels spec.py declares by their expressions (GELU, SwiGLU, ...) are
+compiled from them (numba_source.py). Large contiguous operands run in flat blocks, one per
+core (runtime.in_parallel).
 """
 
-import math
-
 import numpy as np
-from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import exp, kernel, tanh
 from ...backend.cpu.runtime import CHUNK, f32, in_parallel, rounded
+from ..record import KERNELS
+from . import numba_source
+from .expr import EXPRESSIONS, TRANSCENDENTAL, as_kernel, evaluate
 from .spec import unary_op
 
 
@@ -80,48 +81,34 @@ def div_bwd(a, b, dy):
     return rounded(np.asarray(db), dtype)
 
 
-def _sigmoid(x):
-    return 1 / (1 + np.exp(-x))
-
-
-# op -> (forward(x), backward(x, dy)) on x in fp32 (fp64 for fp64): elementwise.cu's
-# unary_value and unary_grad, term for term; the FLOPs per element are spec.UNARY_OPS'.
-UNARY = {
-    "exp": (np.exp, lambda x, dy: dy * np.exp(x)),
-    "log": (np.log, lambda x, dy: dy / x),
-    "sqrt": (np.sqrt, lambda x, dy: dy * 0.5 / np.sqrt(x)),
-    "rsqrt": (lambda x: 1 / np.sqrt(x), lambda x, dy: dy * -0.5 / np.sqrt(x) / x),
-    "tanh": (np.tanh, lambda x, dy: dy * (1 - np.tanh(x) * np.tanh(x))),
-    "sigmoid": (_sigmoid, lambda x, dy: dy * _sigmoid(x) * (1 - _sigmoid(x))),
-    "silu": (
-        lambda x: x * _sigmoid(x),
-        lambda x, dy: dy * _sigmoid(x) * (1 + x * (1 - _sigmoid(x))),
-    ),
-    "relu": (lambda x: np.where(x <= 0, 0, x), lambda x, dy: np.where(x > 0, dy, 0)),
-}
-
-
-def _unary_kernel(x, others, formula):
-    """formula(x, *others) over flat blocks in parallel, in fp32 for 2-byte x, rounded once.
-    log(0) = -inf, sqrt(-1) = nan and exp's overflow to inf are PyTorch's values, so NumPy's
-    warnings about them are silenced (np.errstate is per thread)."""
+def _unary(x, others, e):
+    """Expression e (spec.UNARY's) over x and others, in fp32 for 2-byte x, rounded once:
+    compiled (_compiled) for fp32 and fp64 x, or, where e has an exp, log or tanh or x is 2-byte,
+    by NumPy's ufuncs in flat blocks in parallel (expr.evaluate): NumPy's vectorized exp, log and
+    tanh give the bits these ops have always had (compiled.py's exp differs in the last bits;
+    Numba's logf is scalar, slower), and a block widens and rounds its own 2-byte elements, on
+    its own core (_compiled converts the whole array on one: measured 1.5-2x slower in bf16 on
+    2 cores, scripts/bench_elementwise.py). log(0) = -inf, sqrt(-1) = nan and exp's overflow to
+    inf are PyTorch's values, so NumPy's warnings about them are silenced (np.errstate is per
+    thread)."""
+    wide = x.dtype == dtypes.compute_dtype(x.dtype)
+    if wide and not any(n.op in TRANSCENDENTAL for n in e.ops):
+        return _compiled(e, (x, *others))
 
     def body(out, x, *others):
         with np.errstate(all="ignore"):
-            out[...] = formula(f32(x), *[f32(o) for o in others])
+            (out[...],) = evaluate(e, [f32(x), *[f32(o) for o in others]], np)
 
     return _elementwise(x, *others, body=body)
 
 
 def unary_fwd(x, op):
-    """UNARY's formula over flat blocks, one per core (_unary_kernel)."""
-    unary_op(op)
-    return _unary_kernel(x, (), UNARY[op][0])
+    """spec.UNARY_OPS' formula (_unary)."""
+    return _unary(x, (), unary_op(op)[0])
 
 
 def unary_bwd(x, dy, op):
-    unary_op(op)
-    return _unary_kernel(x, (dy.astype(x.dtype, copy=False),), UNARY[op][1])
+    return _unary(x, (dy.astype(x.dtype, copy=False),), unary_op(op)[1])
 
 
 def amax(a, axis=None, keepdims=False):
@@ -195,49 +182,31 @@ def _elementwise(x, *others, body):
     return out
 
 
-_GELU_C = math.sqrt(2.0 / math.pi)
+def _compiled(e, args):
+    """Expression e's compiled kernel (numba_source.py) over args: the inputs contiguous in the
+    compute dtype (2-byte ones widened exactly), flat or (rows, C) beside a row vector, each
+    output rounded once to the first input's dtype and shape."""
+    first = e.check(*args)
+    compute = dtypes.compute_dtype(first.dtype)
+    shape = (-1, first.shape[-1]) if e.rows else (-1,)  # (rows, C) beside a row vector (C,)
+    ins = [
+        np.ascontiguousarray(a, dtype=compute).reshape((-1,) if i.row else shape)
+        for a, i in zip(args, e.inputs)
+    ]
+    outs = [np.empty(first.size, compute).reshape(shape) for _ in e.outputs]
+    if first.size:
+        numba_source.compiled(e.name)(*ins, *outs)
+    outs = tuple(rounded(o, first.dtype).reshape(first.shape) for o in outs)
+    return outs if len(outs) > 1 else outs[0]
 
 
-@kernel
-def _gelu(x, dy, out, backward):
-    # one element per iteration, as elementwise.cu's thread per element, in its order:
-    # t = tanh(((x x 0.044715 + 1) x) c); forward (t + 1) x 0.5, backward
-    # ((t + 1) 0.5 + inner (1 - t^2)) dy with inner = ((x x 3 0.044715 + 1) x) 0.5 c
-    A = x.dtype.type
-    for i in prange(x.shape[0]):
-        v = x[i]
-        t = tanh((v * v * A(0.044715) + A(1)) * v * A(_GELU_C))
-        if backward:
-            inner = (v * v * A(3 * 0.044715) + A(1)) * v * A(0.5 * _GELU_C)
-            out[i] = ((t + A(1)) * A(0.5) + inner * (A(1) - t * t)) * dy[i]
-        else:
-            out[i] = (t + A(1)) * v * A(0.5)
+def _generated(name):
+    """Kernel `name`'s CPU function, made from its expression (spec.py's @elementwise)."""
+    return as_kernel(lambda *args: _compiled(EXPRESSIONS[name], args), name, __name__)
 
 
-def _flat(a):
-    """a (any shape and strides) as a contiguous (a.size,) array in the compute dtype (no copy
-    when it is one already)."""
-    return np.ascontiguousarray(f32(a)).reshape(-1)
-
-
-def _run_gelu(x, dy):
-    """_gelu over x (and dy) flattened, in the compute dtype -> out in x's dtype, rounded once."""
-    xf = _flat(x)
-    dyf = xf if dy is None else _flat(dy)
-    out = np.empty(xf.shape, dtype=xf.dtype)
-    _gelu(xf, dyf, out, dy is not None)
-    return rounded(out, x.dtype).reshape(x.shape)
-
-
-def gelu_fwd(x):
-    """_gelu, one element per iteration as elementwise.cu's gelu_fwd."""
-    return _run_gelu(x, None)
-
-
-def gelu_bwd(x, dy):
-    """dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)), t the
-    forward's tanh, in _gelu."""
-    return _run_gelu(x, dy)
+# gelu_fwd, gelu_bwd, swiglu_fwd, ...: every kernel spec.py declares by its expression
+globals().update({name: _generated(name) for name in KERNELS if name in EXPRESSIONS})
 
 
 def dropout_fwd(x, p, seed):
@@ -246,41 +215,3 @@ def dropout_fwd(x, p, seed):
     keep = np.random.default_rng(seed).random(x.shape, dtype=np.float32) >= p
     mask = (keep / np.float32(1.0 - p)).astype(x.dtype)
     return mul(x, mask), mask
-
-
-@kernel
-def _swiglu(gate, up, dy, out, dup, backward):
-    # one element per iteration, as elementwise.cu's swiglu_fwd / swiglu_bwd, in their order:
-    # s = 1 / (exp(-gate) + 1) (exp of a large -gate is inf: s = 0); forward (s gate) up,
-    # backward dup = (gate s) dy, dgate = ((1 - s) gate + 1) s up dy
-    A = gate.dtype.type
-    for i in prange(gate.shape[0]):
-        g = gate[i]
-        s = A(1) / (exp(-g) + A(1))
-        if backward:
-            d = dy[i]
-            dup[i] = g * s * d
-            out[i] = ((A(1) - s) * g + A(1)) * s * up[i] * d
-        else:
-            out[i] = s * g * up[i]
-
-
-def _run_swiglu(gate, up, dy):
-    """_swiglu over gate, up (and dy) flattened, in the compute dtype -> (out, dup) in gate's
-    dtype, rounded once (dup None in the forward)."""
-    backward = dy is not None
-    g, u = _flat(gate), _flat(up)
-    d = _flat(dy) if backward else g
-    out, dup = np.empty(g.shape, g.dtype), np.empty(g.shape if backward else 0, g.dtype)
-    _swiglu(g, u, d, out, dup, backward)
-    out = rounded(out, gate.dtype).reshape(gate.shape)
-    return out, rounded(dup, gate.dtype).reshape(gate.shape) if backward else None
-
-
-def swiglu_fwd(gate, up):
-    """_swiglu in the compute dtype, rounded once."""
-    return _run_swiglu(gate, up, None)[0]
-
-
-def swiglu_bwd(gate, up, dy):
-    return _run_swiglu(gate, up, dy)

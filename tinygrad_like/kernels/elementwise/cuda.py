@@ -1,6 +1,8 @@
-"""Elementwise kernels and data movement on CUDA (elementwise.cu), with CuPy itself where a custom
-kernel would add nothing: binary ops that broadcast, sums over arbitrary axes, copies, fills,
-concatenation and index gradients. Dropout draws from its own random stream (not the CPU's).
+"""Elementwise kernels and data movement on CUDA (elementwise.cu, and expressions.cu for the
+kernels spec.py declares by their expressions: the unary ops, GELU, SwiGLU, ...), with CuPy
+itself where a custom kernel would add nothing: binary ops that broadcast, sums over arbitrary
+axes, copies, fills, concatenation and index gradients. Dropout draws from its own random
+stream (not the CPU's).
 """
 
 import cupy
@@ -8,6 +10,9 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cuda.runtime import CTYPES, HALF, NULL, TRAINING, acc_type, f32, launch_flat
+from ..record import KERNELS
+from .cuda_source import FILENAME
+from .expr import EXPRESSIONS, as_kernel
 from .spec import unary_op
 
 
@@ -92,24 +97,13 @@ def div_bwd(a, b, dy):
     return db.astype(dtype, copy=False)
 
 
-def _unary(kernel, op, x, *others):
-    """elementwise.cu's kernel<T, op> over x and others (same shape, made contiguous) -> out,
-    of x's shape (cupy.ascontiguousarray makes a 0-d array 1-d, as NumPy's does)."""
-    shape, x = x.shape, cupy.ascontiguousarray(x)
-    others = [cupy.ascontiguousarray(o, dtype=x.dtype) for o in others]
-    out = cupy.empty_like(x)
-    launch_flat(
-        "elementwise.cu", kernel, (x.dtype, unary_op(op)), x.size, x, *others, out, np.int64(x.size)
-    )
-    return out.reshape(shape)
-
-
 def unary_fwd(x, op):
-    return _unary("unary_fwd", op, x)
+    """spec.UNARY_OPS' formula, its kernel in expressions.cu (_run)."""
+    return _run(unary_op(op)[0], (x,))
 
 
 def unary_bwd(x, dy, op):
-    return _unary("unary_bwd", op, x, dy)
+    return _run(unary_op(op)[1], (x, dy))
 
 
 def amax(a, axis=None, keepdims=False):
@@ -173,20 +167,6 @@ def sum(a, axis=None, keepdims=False):
     return s.astype(a.dtype, copy=False)
 
 
-def gelu_fwd(x):
-    x = cupy.ascontiguousarray(x)
-    y = cupy.empty_like(x)
-    launch_flat("elementwise.cu", "gelu_fwd", (x.dtype,), x.size, x, y, np.int64(x.size))
-    return y
-
-
-def gelu_bwd(x, dy):
-    x, dy = cupy.ascontiguousarray(x), cupy.ascontiguousarray(dy, dtype=x.dtype)
-    dx = cupy.empty_like(x)
-    launch_flat("elementwise.cu", "gelu_bwd", (x.dtype,), x.size, x, dy, dx, np.int64(x.size))
-    return dx
-
-
 def dropout_fwd(x, p, seed):
     """The stream is a hash of (seed, element index): the same seed gives the same mask, but not
     NumPy's."""
@@ -210,29 +190,22 @@ def dropout_fwd(x, p, seed):
     return y, mask
 
 
-def swiglu_fwd(gate, up):
-    gate, up = cupy.ascontiguousarray(gate), cupy.ascontiguousarray(up, dtype=gate.dtype)
-    y = cupy.empty_like(gate)
-    launch_flat(
-        "elementwise.cu", "swiglu_fwd", (gate.dtype,), y.size, gate, up, y, np.int64(y.size)
-    )
-    return y
+def _run(e, args):
+    """Expression e's kernel in expressions.cu (cuda_source.py) over args made contiguous in
+    the first input's dtype -> an output per formula output, of its shape and dtype."""
+    first = e.check(*args)
+    ins = [cupy.ascontiguousarray(a, dtype=first.dtype) for a in args]
+    outs = [cupy.empty(first.shape, dtype=first.dtype) for _ in e.outputs]
+    cols = [np.int64(first.shape[-1])] if e.rows else []  # a row vector's length
+    n = first.size
+    launch_flat(FILENAME, e.name, (first.dtype,), n, *ins, *outs, np.int64(n), *cols)
+    return tuple(outs) if len(outs) > 1 else outs[0]
 
 
-def swiglu_bwd(gate, up, dy):
-    gate = cupy.ascontiguousarray(gate)
-    up, dy = (cupy.ascontiguousarray(a, dtype=gate.dtype) for a in (up, dy))
-    dgate, dup = cupy.empty_like(gate), cupy.empty_like(gate)
-    launch_flat(
-        "elementwise.cu",
-        "swiglu_bwd",
-        (gate.dtype,),
-        gate.size,
-        gate,
-        up,
-        dy,
-        dgate,
-        dup,
-        np.int64(gate.size),
-    )
-    return dgate, dup
+def _generated(name):
+    """Kernel `name`'s CUDA function, made from its expression (spec.py's @elementwise)."""
+    return as_kernel(lambda *args: _run(EXPRESSIONS[name], args), name, __name__)
+
+
+# gelu_fwd, gelu_bwd, swiglu_fwd, ...: every kernel spec.py declares by its expression
+globals().update({name: _generated(name) for name in KERNELS if name in EXPRESSIONS})

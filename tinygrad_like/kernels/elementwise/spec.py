@@ -4,17 +4,25 @@ PyTorch names, max and its gradients, GELU, SwiGLU, dropout, casts, copies, fill
 concatenation, index gradients and sums. Data movement counts bytes only. 2-byte floats are
 computed in fp32 and rounded once.
 
-cpu.py: NumPy, or a flat loop compiled by Numba where NumPy would make one pass per operator,
-large contiguous operands in flat blocks, one per core; cuda.py + elementwise.cu: one thread per
+The unary ops, GELU and SwiGLU are declared by their scalar expressions
+(expr.py: @elementwise(formula) on the stub, or declare), which count their FLOPs and exps and
+from which both devices' kernels are generated: an elementwise op a model needs is one formula
+here, its gradient's another.
+
+cpu.py: NumPy, or a flat loop compiled by Numba (numba_source.py, for the expressions) where
+NumPy would make one pass per operator, large contiguous operands in flat blocks, one per core;
+cuda.py + elementwise.cu and the generated expressions.cu (cuda_source.py): one thread per
 element, with CuPy itself where a custom kernel would add nothing (broadcasting binary ops,
 sums over any axes, copies, concatenation).
 """
 
 import builtins  # `sum` below is a kernel's stub
+import math
 
 import numpy as np
 
 from ..record import Out, kernel, like, like_arg, per_element, per_output
+from .expr import declare, elementwise, exp, log, sqrt, tanh, where
 
 
 def _arrays(*operands):
@@ -115,31 +123,54 @@ def div_bwd(a, b, dy):
     for |b| >= 256). a may be a Python scalar. 4 FLOPs per output."""
 
 
-# The unary ops: one kernel pair, the op named by its PyTorch name. op -> (forward FLOPs,
-# forward exps, backward FLOPs, backward exps) per element; the backward recomputes op(x) from
-# x where its derivative needs it (exp, tanh, sigmoid, silu), so it counts that again. A log
-# per element counts as an exp (one transcendental each); sqrt as a FLOP, as above.
+# The unary ops: one kernel pair, the op named by its PyTorch name. op -> (its formula, its
+# gradient's: dx from x and dy), each an expression (expr.py) that counts itself; the backward
+# recomputes op(x) from x where its derivative needs it (exp, tanh, sigmoid, silu).
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + exp(-x))
+
+
 UNARY_OPS = {
-    "exp": (1, 1, 2, 1),  # exp(x); dy exp(x)
-    "log": (1, 1, 1, 0),  # log(x); dy / x
-    "sqrt": (1, 0, 3, 0),  # sqrt(x); dy 0.5 / sqrt(x)
-    "rsqrt": (2, 0, 5, 0),  # 1 / sqrt(x); dy -0.5 / sqrt(x) / x
-    "tanh": (1, 1, 4, 1),  # tanh(x); dy (1 - t^2)
-    "sigmoid": (4, 1, 7, 1),  # s = 1 / (1 + exp(-x)); dy s (1 - s)
-    "silu": (5, 1, 9, 1),  # x s; dy s (1 + x (1 - s))
-    "relu": (1, 0, 1, 0),  # x > 0 ? x : 0 (NaN stays NaN); x > 0 ? dy : 0
+    "exp": (lambda x: exp(x), lambda x, dy: dy * exp(x)),
+    "log": (lambda x: log(x), lambda x, dy: dy / x),
+    "sqrt": (lambda x: sqrt(x), lambda x, dy: dy * 0.5 / sqrt(x)),
+    "rsqrt": (lambda x: 1.0 / sqrt(x), lambda x, dy: dy * -0.5 / sqrt(x) / x),
+    "tanh": (lambda x: tanh(x), lambda x, dy: dy * (1.0 - tanh(x) * tanh(x))),
+    "sigmoid": (_sigmoid, lambda x, dy: dy * _sigmoid(x) * (1.0 - _sigmoid(x))),
+    "silu": (
+        lambda x: x * _sigmoid(x),
+        lambda x, dy: dy * _sigmoid(x) * (1.0 + x * (1.0 - _sigmoid(x))),
+    ),
+    # x <= 0 ? 0 : x keeps a NaN; the gradient x > 0 ? dy : 0
+    "relu": (lambda x: where(x <= 0.0, 0.0, x), lambda x, dy: where(x > 0.0, dy, 0.0)),
+}
+# op -> the Expressions of its forward and backward kernels (unary_fwd_<op>, unary_bwd_<op>)
+UNARY = {
+    op: (
+        declare(f"unary_fwd_{op}", ("x",), fwd),
+        declare(f"unary_bwd_{op}", ("x", "dy"), bwd),
+    )
+    for op, (fwd, bwd) in UNARY_OPS.items()
 }
 
 
 def unary_op(op):
-    """The index of op in UNARY_OPS (elementwise.cu's UnaryOp), or a ValueError naming them."""
+    """op's (forward, backward) Expressions, or a ValueError naming the ops."""
     if op not in UNARY_OPS:
         raise ValueError(f"unknown unary op {op!r}: use one of {', '.join(UNARY_OPS)}")
-    return list(UNARY_OPS).index(op)
+    return UNARY[op]
 
 
-def _unary(column):
-    return lambda r, x, *a, op=None: UNARY_OPS[a[-1] if op is None else op][column] * x.size
+def _unary_counts(direction, column):
+    """A counting rule: op's forward (direction 0) or backward (1) FLOPs (column 0) or exps
+    (column 1) per element of x, from its expression."""
+
+    def rule(result, x, *args, op=None):
+        return unary_op(args[-1] if op is None else op)[direction].counts()[column] * x.size
+
+    return rule
 
 
 def _unary_shape(x, *args):
@@ -147,12 +178,12 @@ def _unary_shape(x, *args):
     return like(x)
 
 
-@kernel(shape=_unary_shape, flops=_unary(0), exps=_unary(1))
+@kernel(shape=_unary_shape, flops=_unary_counts(0, 0), exps=_unary_counts(0, 1))
 def unary_fwd(x, op):
     """op(x) elementwise for op in UNARY_OPS, in fp32 for 2-byte x and rounded once."""
 
 
-@kernel(shape=_unary_shape, flops=_unary(2), exps=_unary(3))
+@kernel(shape=_unary_shape, flops=_unary_counts(1, 0), exps=_unary_counts(1, 1))
 def unary_bwd(x, dy, op):
     """dx = dy op'(x), op'(x) from the forward's input x."""
 
@@ -180,13 +211,37 @@ def max_bwd(dy, idx, shape, axis):
     keep the axis, size 1)."""
 
 
-@kernel(shape=like_arg(0), flops=per_element(8), exps=per_element(1))
+# ---- GELU and SwiGLU, from their expressions (expr.py)
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh_t(v):
+    """tanh(((v v 0.044715 + 1) v) c), c = sqrt(2/pi): the tanh GELU's forward and backward
+    share."""
+    return tanh((v * v * 0.044715 + 1.0) * v * GELU_C)
+
+
+def gelu_tanh(v):
+    """GPT-2's GELU, tanh form: 0.5 v (1 + t), evaluated (t + 1) v 0.5."""
+    return (_gelu_tanh_t(v) + 1.0) * v * 0.5
+
+
+def gelu_tanh_grad(v, dy):
+    """dy GELU'(v) = dy (0.5 (1 + t) + (1 - t^2) 0.5 c v (1 + 3 * 0.044715 v^2)), evaluated
+    ((t + 1) 0.5 + inner (1 - t t)) dy with inner = ((v v 3 * 0.044715 + 1) v) 0.5 c."""
+    t = _gelu_tanh_t(v)
+    inner = (v * v * (3 * 0.044715) + 1.0) * v * (0.5 * GELU_C)
+    return ((t + 1.0) * 0.5 + inner * (1.0 - t * t)) * dy
+
+
+@elementwise(gelu_tanh)
 def gelu_fwd(x):
     """GPT-2's GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). One tanh per
     element."""
 
 
-@kernel(shape=like_arg(0), flops=per_element(16), exps=per_element(1))
+@elementwise(gelu_tanh_grad)
 def gelu_bwd(x, dy):
     """dx = dy GELU'(x), the forward's tanh recomputed."""
 
@@ -233,15 +288,23 @@ def sum(a, axis=None, keepdims=False):
     """Sum over axes, accumulated in fp32 (fp64 for fp64), result in a's dtype."""
 
 
-@kernel(shape=like_arg(0), flops=per_element(5), exps=per_element(1))
+def _swiglu_s(gate):
+    """sigmoid(gate) = 1 / (exp(-gate) + 1) (exp of a large -gate is inf: s = 0)."""
+    return 1.0 / (exp(-gate) + 1.0)
+
+
+@elementwise(lambda gate, up: _swiglu_s(gate) * gate * up)
 def swiglu_fwd(gate, up):
     """Llama's SwiGLU: silu(gate) * up = gate sigmoid(gate) up, gate and up of one shape. One
     exp per element."""
 
 
-@kernel(
-    shape=lambda gate, up, dy: (like(gate), like(up)), flops=per_element(11), exps=per_element(1)
-)
+def _swiglu_grads(gate, up, dy):
+    s = _swiglu_s(gate)
+    return ((1.0 - s) * gate + 1.0) * s * up * dy, gate * s * dy
+
+
+@elementwise(_swiglu_grads)
 def swiglu_bwd(gate, up, dy):
     """-> (dgate, dup): dgate = dy up s (1 + gate (1 - s)), dup = dy gate s, s = sigmoid(gate)
     recomputed."""
