@@ -13,24 +13,26 @@ GPT-2 small's MLP sublayer, x [M, 768] -> x + proj(gelu(fc(layernorm(x)))), W st
   matmul proj  matmul          [M, 3072] x [3072, 768]
   bias proj    add             [M, 768] + [768]
   residual     add             [M, 768] + [M, 768]
-These seven are the block; their sum is its total and each one's share is of it. Two more rows
-show the fusion, outside the total. The project has no bias_gelu kernel: it fuses the bias into
-the matmul instead (matmul(x, W, bias), the GEMM's epilogue: on a GPU the bias is added in
-registers before the store, gemm.cu; the CPU backend adds it in place to the fresh product,
-saving the separate add's third tensor). After that epilogue the only elementwise kernel left
-is GELU on the already-biased tensor, which moves what a fused bias_gelu would (read 4 + write
-4 bytes per element; the 12 KB bias aside). So
-  matmul fc+b  matmul(h, W1, b1), the bias in the epilogue
-  bias+gelu    gelu_fwd on that output: the fused path's elementwise kernel
-and prediction (c) compares bias+gelu with bias fc + gelu.
+These seven are the block; their sum is its total and each one's share is of it. Three more
+rows show the fusion, outside the total:
+  matmul fc+b    matmul(h, W1, b1): the bias in the GEMM's epilogue (on a GPU added in registers
+                 before the store, gemm.cu; the CPU adds it in place to the fresh product)
+  bias+gelu      bias_gelu(fc, b1): GELU(fc + b1) in one pass, the lab's fused kernel
+  bias+residual  bias_residual(x, proj, b2): x + (proj + b2) in one pass, the exercise's
+                 bias_gelu_residual (out = x + v + b)
+The fused kernels are one formula each (kernels/elementwise/spec.py, generated: expr.py) and
+keep the unfused order, so their fp32 results are the unfused ones bit for bit. Prediction (c)
+compares bias+gelu with bias fc + gelu; (g), the exercise, bias+residual with bias proj +
+residual: by the chapter's arithmetic 12 bytes per element against 20 (each unfused kernel
+reads its inputs and writes its output), so 0.6 of the time where bytes set it.
 
 Every output is checked against a float64 NumPy reference computed from the same inputs (the
 error is max |out - ref| / max |ref|). Each kernel is then timed R times on the backend's clock
 (the census's: perf_counter on a CPU, CUDA events on a GPU) and the fastest call is kept: load
 from other processes only ever slows a call. Its roofline (accounting/roofline.py, over the
 machine's peaks: tinygrad_like/peaks.py, measured once per machine and cached) gives the bound,
-the roofline time and the fraction of it reached. Last, the lab's six predictions beside what
-was measured, and which held.
+the roofline time and the fraction of it reached. Last, the lab's six predictions and the
+exercise's beside what was measured, and which held.
 """
 
 import math
@@ -48,7 +50,7 @@ from training.args import ArgumentParser, user_errors
 C, HIDDEN = 768, 3072  # GPT-2 small's width and MLP width
 SIZES = (1, 64, 512)
 BLOCK = ("layernorm", "matmul fc", "bias fc", "gelu", "matmul proj", "bias proj", "residual")
-FUSED = ("matmul fc+b", "bias+gelu")
+FUSED = ("matmul fc+b", "bias+gelu", "bias+residual")
 ELEMENTWISE = ("bias fc", "gelu", "bias proj", "residual")
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}  # scaled max error allowed
 NEAR = 0.7  # "near the bandwidth ceiling": at least 70% of it
@@ -135,7 +137,13 @@ def plan(x, p):
             ("layernorm", w1, b1),
             lambda h, w, b: h @ w + b,
         ),
-        ("bias+gelu", lambda *a: launch("gelu_fwd", *a), ("matmul fc+b",), _gelu),
+        ("bias+gelu", lambda *a: launch("bias_gelu", *a), ("matmul fc", b1), _bias_gelu),
+        (
+            "bias+residual",
+            lambda *a: launch("bias_residual", *a),
+            (x, "matmul proj", b2),
+            lambda x, v, b: x + v + b,
+        ),
     ]
 
 
@@ -147,6 +155,10 @@ def _layernorm(x, w, b, eps=1e-5):
 
 def _gelu(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _bias_gelu(v, b):
+    return _gelu(v + b)
 
 
 def measure_block(m, p, peaks, dtype="fp32", device="cpu", repeats=20, seed=1):
@@ -262,7 +274,8 @@ def format_rows(m, rows, dtype):
 
 def predictions(results, peaks, dtype="fp32", device="cpu"):
     """results: {M: measure_block rows} -> [(the lab's prediction, what was measured, whether
-    it held)]; (a), (b), (c) and (f) need M = 512 and (d), (e) M = 1: without them, left out."""
+    it held)]; (a), (b), (c), (f) and (g) need M = 512 and (d), (e) M = 1: without them, left
+    out."""
     by = {m: {r["row"]: r for r in rows} for m, rows in results.items()}
     big, one = by.get(512), by.get(1)
     gpu = backend.get(device).GPU
@@ -317,6 +330,21 @@ def predictions(results, peaks, dtype="fp32", device="cpu"):
                     f"{row} {big[row]['GFLOP/s']:,.0f} GFLOP/s ({f:.0%})" for row, f in frac.items()
                 ),
                 max(frac.values()) < 0.10,
+            )
+        )
+        fused, apart = (
+            big["bias+residual"],
+            big["bias proj"]["seconds"] + big["residual"]["seconds"],
+        )
+        ratio = fused["seconds"] / apart
+        moved = fused["bytes"] / (big["bias proj"]["bytes"] + big["residual"]["bytes"])
+        out.append(
+            (
+                "(g) M = 512, the exercise: bias_residual (x + v + b in one pass) about 0.6 of "
+                "bias then residual, its bytes' share (12 bytes per element of 20)",
+                f"{ratio:.2f}x ({fused['seconds'] * 1e6:,.0f} vs {apart * 1e6:,.0f} us; "
+                f"bytes {moved:.2f}x)",
+                0.45 <= ratio <= 0.75,
             )
         )
     if one:

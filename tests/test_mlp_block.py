@@ -53,7 +53,8 @@ def test_every_row_counts_the_lab_bytes_and_flops(mlp, rows):
         "bias proj": (f * (2 * M * C + C), M * C, 0),
         "residual": (f * 3 * M * C, M * C, 0),
         "matmul fc+b": (f * (M * C + C * H + H + M * H), 2 * M * C * H + M * H, 0),
-        "bias+gelu": (f * 2 * M * H, 9 * M * H, M * H),
+        "bias+gelu": (f * (2 * M * H + H), 10 * M * H, M * H),  # the add, then GELU's 9
+        "bias+residual": (f * (3 * M * C + C), 2 * M * C, 0),
     }
     for name, (nbytes, flops, exps) in expected.items():
         r = rows[name]
@@ -75,7 +76,7 @@ def test_every_row_gets_its_roofline_and_rates(mlp, rows):
     assert rows["residual"]["bound"] == "launch"
     block = [rows[name]["share"] for name in mlp.BLOCK]
     assert sum(block) == pytest.approx(1.0)
-    assert rows["bias+gelu"]["share"] is None and rows["matmul fc+b"]["share"] is None
+    assert all(rows[name]["share"] is None for name in mlp.FUSED)
     assert "M = 3 tokens" in mlp.format_rows(M, list(rows.values()), "fp32")
 
 
@@ -97,7 +98,8 @@ def _results(mlp, seconds):
             "bias proj": (4 * (2 * m * c + c), m * c, 0),
             "residual": (12 * m * c, m * c, 0),
             "matmul fc+b": (4 * (m * c + c * h + h + m * h), 2 * m * c * h + m * h, 0),
-            "bias+gelu": (8 * m * h, 9 * m * h, m * h),
+            "bias+gelu": (4 * (2 * m * h + h), 10 * m * h, m * h),
+            "bias+residual": (4 * (3 * m * c + c), 2 * m * c, 0),
         }
         rows = [
             mlp.row_of(name, "k", (m,), flops, nbytes, exps, times[name], FAST, "fp32", 0.0)
@@ -124,6 +126,7 @@ def test_the_predictions_verdicts_follow_the_numbers(mlp):
         "residual": 4.7e6 / 9e10,
     }
     big["bias+gelu"] = (big["bias fc"] + big["gelu"]) / 2
+    big["bias+residual"] = 0.6 * (big["bias proj"] + big["residual"])
     # M = 1: every elementwise op 3 µs (8x or more its bytes' time), proj 4x fc
     one = {name: 3e-6 for name in big} | {
         "matmul fc": 1e-3,
@@ -131,17 +134,18 @@ def test_the_predictions_verdicts_follow_the_numbers(mlp):
         "matmul proj": 4e-3,
     }
     preds = mlp.predictions(_results(mlp, {512: big, 1: one}), FAST)
-    assert [p[0][:3] for p in preds] == ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)"]
+    assert [p[0][:3] for p in preds] == ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)"]
     assert all(held for _, _, held in preds), preds
     assert "(4%)" in preds[5][1] and "4.00x" in preds[4][1] and "0.50x" in preds[2][1]
     # the other way: BLAS-fast matmuls under 95%, slow elementwise, no gain from fusing,
     # proj as fast as fc, elementwise at M = 1 at their bytes' time (not a fixed cost)
     big |= {"matmul fc": 0.03, "matmul proj": 0.03, "gelu": 0.01, "bias+gelu": 0.02}
+    big["bias+residual"] = big["bias proj"] + big["residual"]
     one |= {"matmul proj": 1e-3, "bias fc": 0.4e-6, "gelu": 25e-6}
     preds = mlp.predictions(_results(mlp, {512: big, 1: one}), FAST)
     assert not any(held for _, _, held in preds), preds
     text = mlp.format_predictions(preds)
-    assert text.count("DID NOT HOLD") == 6 and "measured:" in text
+    assert text.count("DID NOT HOLD") == 7 and "measured:" in text
 
 
 def test_predictions_need_their_sizes(mlp):

@@ -205,6 +205,31 @@ def swiglu(put, dtype, shape, call):
     return (put(g), put(u)) if call == "fwd" else (put(g), put(u), put(dy))
 
 
+ROW_SHAPES = [(7, 129), (2, 3, 64), (1, 1)]  # (..., C) beside a bias (C,)
+
+
+def bias_gelu(put, dtype, shape):
+    v, b = rand(shape, dtype, scale=3.0, seed=1), rand(shape[-1:], dtype, seed=2)
+    return put(v), put(b)
+
+
+def bias_gelu_ref(v, b):
+    return gelu_fwd_ref(f64(v) + f64(b))
+
+
+def bias_residual(put, dtype, shape):
+    x, v, b = (
+        rand(shape, dtype, seed=1),
+        rand(shape, dtype, seed=2),
+        rand(shape[-1:], dtype, seed=3),
+    )
+    return put(x), put(v), put(b)
+
+
+def bias_residual_ref(x, v, b):
+    return f64(x) + f64(v) + f64(b)
+
+
 # ---------------------------------------------------------------- dropout
 
 
@@ -367,6 +392,13 @@ CASES = [
         swiglu,
         [(d, s, "bwd") for d in FLOATS for s in [(7, 1001), (1, 1)]],
         ref=swiglu_bwd_ref,
+    ),
+    *cases("bias_gelu", bias_gelu, [(d, s) for d in FLOATS for s in ROW_SHAPES], ref=bias_gelu_ref),
+    *cases(
+        "bias_residual",
+        bias_residual,
+        [(d, s) for d in FLOATS for s in ROW_SHAPES],
+        ref=bias_residual_ref,
     ),
     *cases(
         "dropout_fwd",

@@ -80,3 +80,17 @@ def test_a_new_formula_is_a_cpu_and_a_cuda_kernel(softplus):
     assert "to_acc(b[i % cols])" in text and "tg_log(" in text
     listing = cuda_source.source().split("#ifdef TG_CHECK_INSTANTIATE")[1]
     assert all(f"&{name}<__nv_bfloat16>" in listing for name in expr.EXPRESSIONS)
+
+
+def test_the_fused_kernels_keep_the_unfused_bits_in_fp32():
+    """bias_gelu and bias_residual keep the order of the kernels they replace (add, then GELU;
+    add, then add): their fp32 results are those kernels' bit for bit, on the CPU."""
+    from tinygrad_like import kernels
+    from tinygrad_like.backend import cpu
+
+    k = kernels.on(cpu)
+    rng = np.random.default_rng(0)
+    x, v = (rng.standard_normal((33, 96), dtype=np.float32) * 3 for _ in range(2))
+    b = rng.standard_normal(96, dtype=np.float32)
+    assert np.array_equal(k.bias_gelu(v, b), k.gelu_fwd(k.add(v, b)))
+    assert np.array_equal(k.bias_residual(x, v, b), k.add(x, k.add(v, b)))

@@ -288,6 +288,23 @@ def sum(a, axis=None, keepdims=False):
     """Sum over axes, accumulated in fp32 (fp64 for fp64), result in a's dtype."""
 
 
+# ---- Lab 5's fused kernels: the MLP's bias and GELU, and the block's bias and residual, each
+# one pass where the unfused ops make two (and write, then read back, the tensor between)
+
+
+@elementwise(lambda v, b: gelu_tanh(v + b), rows=("b",))
+def bias_gelu(v, b):
+    """GELU(v + b), b (C,) broadcast over the rows of v (..., C): the fc bias and GPT-2's GELU
+    in the unfused order (add, then gelu_fwd's formula), so the same bits in fp32."""
+
+
+@elementwise(lambda x, v, b: x + (v + b), rows=("b",))
+def bias_residual(x, v, b):
+    """x + (v + b), b (C,) broadcast over the rows: the proj bias and the residual add (the
+    lab's bias_gelu_residual, out = x + v + b; it has no GELU, so it is named for what it
+    does), in the unfused order: the same bits in fp32."""
+
+
 def _swiglu_s(gate):
     """sigmoid(gate) = 1 / (exp(-gate) + 1) (exp of a large -gate is inf: s = 0)."""
     return 1.0 / (exp(-gate) + 1.0)
