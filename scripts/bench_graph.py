@@ -27,7 +27,7 @@ from nn import build
 from nn.config import PRESETS
 from nn.quant import quantize_model
 from optim import step as optim_step
-from tinygrad_like import peaks
+from tinygrad_like import backend, peaks
 from training.args import ArgumentParser, user_errors
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "fp4_e2m1")
@@ -39,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--formats", default=",".join(FORMATS), help="GPT-2 124M's (default all)")
     p.add_argument("--repeats", type=int, default=9, help="decode steps timed, each way (9)")
     p.add_argument("--rounds", type=int, default=3, help="training steps timed, each way (3)")
-    p.add_argument("--cores", nargs="+", help="core lists to pin the decode part to (0 0,1)")
+    p.add_argument("--cores", nargs="+", help="core lists to pin the CPU decode part to (0 0,1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where it runs (cpu)")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a pinned worker
     args = p.parse_args(argv)
@@ -48,8 +48,6 @@ def parse_args(argv=None):
         p.error(f"unknown format {bad[0]!r}: choose from {', '.join(FORMATS)}")
     if args.repeats < 1 or args.rounds < 1:
         p.error("--repeats and --rounds must be >= 1")
-    if args.cores and args.device != "cpu":
-        p.error("--cores pins CPU processes: leave it out with --device cuda")
     return args
 
 
@@ -139,7 +137,8 @@ def main(argv=None):
         rows = decode_rows(formats, args.repeats, "cpu")
         print(json.dumps({f"{n} {f}": vars(c) for n, f, c in rows}))
         return
-    machine = peaks.get(args.device).machine if args.device != "cpu" else peaks.cpu_name()
+    gpu = backend.get(args.device).GPU
+    machine = peaks.get(args.device).machine if gpu else peaks.cpu_name()
     print(f"== bench_graph on {args.device}: {machine}, {len(os.sched_getaffinity(0))} cores ==")
     if args.part in ("decode", "all"):
         print("\n-- decode, B = 1 after 64 tokens: the best of", args.repeats, "steps each way")

@@ -52,9 +52,11 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def trace_steps(trainer, steps):
+def trace_steps(trainer, steps, before):
     """Run training steps with every launch timed and every buffer (temporaries too) tracked
-    on one clock. -> (profiler, memory events, the pool watcher's report or None)."""
+    on one clock. before: the bytes per tag the process held before the run was built (in a
+    program that imports this, other work's buffers), left out of the events' starting point.
+    -> (profiler, memory events, the pool watcher's report or None)."""
     # a device with a memory pool of its own (CUDA: CuPy's) watches it, to cross-check
     pool = getattr(backend.get(trainer.device), "PoolWatcher", None)
     watcher = pool() if pool else None
@@ -67,7 +69,8 @@ def trace_steps(trainer, steps):
                 trainer.step += 1
         finally:
             events = TRACKER.stop_recording()
-    return prof, events, watcher.report() if watcher else None
+    starts = [(t, tag, nbytes - before[tag]) for t, tag, nbytes in events[: len(TAGS)]]
+    return prof, starts + events[len(TAGS) :], watcher.report() if watcher else None
 
 
 def chrome_trace(prof, events, title):
@@ -116,11 +119,13 @@ def plot_memory(events, spans, path, title):
     plt.close(fig)
 
 
-def format_peaks(pool):
-    rows = [(tag, f"{TRACKER.peak[tag]:,}", f"{TRACKER.peak[tag] / 1e6:,.1f}") for tag in TAGS]
-    rows.append(
-        ("total (peak of the sum)", f"{TRACKER.peak_total:,}", f"{TRACKER.peak_total / 1e6:,.1f}")
-    )
+def format_peaks(pool, before):
+    """The tracker's peaks per tag and of their sum, less what the process held before the run
+    (before: bytes per tag; those buffers lived through the trace, so the peaks hold them)."""
+    peaks = {tag: TRACKER.peak[tag] - before[tag] for tag in TAGS}
+    total = TRACKER.peak_total - sum(before.values())
+    rows = [(tag, f"{peaks[tag]:,}", f"{peaks[tag] / 1e6:,.1f}") for tag in TAGS]
+    rows.append(("total (peak of the sum)", f"{total:,}", f"{total / 1e6:,.1f}"))
     if pool is not None:
         rows.append(
             (
@@ -152,8 +157,10 @@ def main(argv=None):
             quiet=True,
         )
         ensure_data(cfg)
+        gc.collect()  # what died before the run is not held against it
+        before = dict(TRACKER.current)
         trainer = Trainer(cfg)
-    prof, events, pool = trace_steps(trainer, args.steps)
+    prof, events, pool = trace_steps(trainer, args.steps, before)
     title = (
         f"{args.model}, {args.dtype}, B={args.batch_size}, T={args.seq_len}: "
         f"{args.steps} training steps on {device}"
@@ -165,7 +172,7 @@ def main(argv=None):
     png_path = os.path.join(args.out_dir, "memory.png")
     plot_memory(events, prof.phase_spans(), png_path, title)
     print(f"traced {title}: {len(prof.launches):,} launches, {len(events):,} memory events")
-    print(f"peak live bytes per tag while tracing:\n{format_peaks(pool)}")
+    print(f"peak live bytes per tag while tracing:\n{format_peaks(pool, before)}")
     print(f"wrote {trace_path} (open in https://ui.perfetto.dev) and {png_path}")
 
 

@@ -10,17 +10,14 @@ MFU, machine peaks and census are never compared: the docs quote them with their
 
 import contextlib
 import io
-import os
 import re
 import shlex
-import subprocess
-import sys
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-from scripts import inspect_tape
+from scripts import inspect_tape, memory_trace
 from scripts import report as report_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,24 +116,15 @@ def test_the_tape_excerpt_is_its_commands_output():
     assert (DOCS / "inspect_tape_excerpt.txt").read_text().splitlines() == tape_excerpt()
 
 
-def test_the_memory_trace_is_its_commands_output(shakespeare, tmp_path):
-    """Run as the doc says, a process of its own (the trace counts every buffer its process
-    holds, and a test process holds other tests' weights), from a folder whose data/shakespeare
-    is the session's corpus."""
+def test_the_memory_trace_is_its_commands_output(shakespeare, tmp_path, monkeypatch):
+    """Run as the doc says, from a folder whose data/shakespeare is the session's corpus. The
+    trace counts the run's own buffers: a test process also holds other tests' (a quantized
+    weight's codes that its test module keeps), which the script leaves out."""
     assert "`python scripts/memory_trace.py > docs/memory_trace.txt" in doc("docs/memory.md")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "shakespeare").symlink_to(shakespeare)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "memory_trace.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr
-    assert (DOCS / "memory_trace.txt").read_text() == run.stdout
+    monkeypatch.chdir(tmp_path)
+    assert (DOCS / "memory_trace.txt").read_text() == printed(memory_trace.main, [])
 
 
 def test_the_excerpts_in_the_pages_are_of_the_files():
