@@ -138,6 +138,18 @@ def decode(model, x, repeats=5):
     return _found(captured.program, eagerly, replayed)
 
 
+def host_ms(host):
+    """A host time in ms; under 0 it is "~0": a step's seconds and its kernels' come from two
+    runs, so their difference carries both runs' noise, and a host time below it reads as less
+    than nothing."""
+    return "~0" if host < 0 else f"{host * 1e3:,.2f}"
+
+
+def host_cell(host, seconds):
+    """host_ms with its share of the step's seconds."""
+    return host_ms(host) + ("" if host < 0 else f" ({host / seconds:.0%})")
+
+
 def section(m, timed):
     """The two steps captured and replayed (this module): launches and host calls
     per step, host time eager and replayed, and the training step's buffers in their arena
@@ -149,9 +161,9 @@ def section(m, timed):
         if timed:
             row += [
                 f"{c.eager_seconds * 1e3:,.2f}",
-                f"{c.eager_host * 1e3:,.2f} ({c.eager_host / c.eager_seconds:.0%})",
+                host_cell(c.eager_host, c.eager_seconds),
                 f"{c.replay_seconds * 1e3:,.2f}",
-                f"{c.replay_host * 1e3:,.2f} ({c.replay_host / c.replay_seconds:.0%})",
+                host_cell(c.replay_host, c.replay_seconds),
             ]
         rows.append(row)
     columns = ["step", "launches", "host calls", "arena bytes", "live peak"]
@@ -174,7 +186,7 @@ def section(m, timed):
             "arena: every buffer the step makes, placed by lifetime (graph/plan.py, greedy by "
             "size); live peak: the most of them alive at once. Host time: a step's seconds minus "
             "its kernels' (eager: a plain step's seconds, a profiled step's kernels; replayed: "
-            "one timer per kernel)."
+            "one timer per kernel; ~0: below the two runs' noise)."
         ),
         wrap(
             "the training step's buffers, above the persistent state: planned "

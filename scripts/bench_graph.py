@@ -87,9 +87,9 @@ def decode_table(rows):
                 fmt,
                 c.launches,
                 ms(c.eager_seconds),
-                ms(c.eager_host),
+                captured.host_ms(c.eager_host),
                 ms(c.replay_seconds),
-                ms(c.replay_host),
+                captured.host_ms(c.replay_host),
                 f"{c.eager_seconds / c.replay_seconds:.2f}x",
             )
         )
@@ -99,7 +99,14 @@ def decode_table(rows):
 
 def training_table(c):
     rows = [
-        (way, c.launches, c.host_calls, ms(seconds), ms(host), f"{host / seconds:.1%}")
+        (
+            way,
+            c.launches,
+            c.host_calls,
+            ms(seconds),
+            captured.host_ms(host),
+            "-" if host < 0 else f"{host / seconds:.1%}",
+        )
         for way, seconds, host in (
             ("eager", c.eager_seconds, c.eager_host),
             ("replayed", c.replay_seconds, c.replay_host),

@@ -240,6 +240,10 @@ def test_bench_graph_bad_input_and_tables(capsys):
     assert "2.00x" in graph.decode_table([("gpt2-mini", "fp32", c)])
     shares = graph.training_table(c)
     assert "25.0%" in shares and "10.0%" in shares  # host 0.5 of 2 ms, 0.1 of 1 ms
+    noisy = Captured(53, 1, 128, 96, 2e-3, 1.5e-3, 1e-3, 1.1e-3)  # kernels 0.1 ms over the step
+    assert "~0" in graph.training_table(noisy) and "-0.10" not in graph.decode_table(
+        [("gpt2-mini", "fp32", noisy)]
+    )
 
 
 def test_bench_elementwise_times_every_expression_kernel(capsys):
