@@ -132,6 +132,25 @@ def test_two_ranks_train_what_one_process_trains(one_process, shakespeare, tmp_p
     check_communication_table(run.stdout, dtype, zero)
 
 
+def test_two_compiled_ranks_are_the_eager_ranks_bit_for_bit(shakespeare, tmp_path):
+    """--compile under mpirun with ZeRO-2: each rank captures its training step on the first two
+    steps and replays it after, its collectives replayed as the host calls they are; every
+    metric (timing aside) and the saved weights equal the eager ranks' bit for bit."""
+    runs = []
+    for flag in ([], ["--compile"]):
+        out = tmp_path / ("compiled" if flag else "eager")
+        ok(mpirun(2, ["--batch-size", "4", "--zero", "2", "--quiet", *flag], out, shakespeare))
+        rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+        timing = ("ms", "tokens_per_s", "mfu")
+        runs.append(
+            (
+                [{k: v for k, v in r.items() if k not in timing} for r in rows],
+                (out / "checkpoint" / "model.safetensors").read_bytes(),
+            )
+        )
+    assert len(runs[0][0]) == STEPS and runs[0] == runs[1]
+
+
 def assert_same_weights(mine, theirs, dtype):
     """fp32: every tensor to 1e-5 in norm, but the key third of each c_attn.bias: adding a
     constant to every key of a row shifts all its scores equally, which softmax ignores, so
