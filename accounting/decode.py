@@ -10,7 +10,6 @@ examples/generate.py --stats, scripts/decode_sweep.py and, on the meta device, k
 reference 7B's cache beside its weights in 80 GB).
 """
 
-import gc
 import time
 
 import numpy as np
@@ -188,13 +187,11 @@ def kv_budget(config, dtype="bf16", kv_dtype=None, budget_bytes=80e9, tokens=16,
     {weights, kv_per_token, kv_per_token_per_layer, tokens_that_fit}: how many positions of
     cache fit beside the weights in budget_bytes (0 when the weights alone do not)."""
     kv_dtype = kv_dtype or dtype
-    gc.collect()  # so the tracker's deltas below are this model's buffers only
-    before = dict(TRACKER.current)
+    before = TRACKER.settled()
     model = build(config, device="meta").to(dtype=dtype)
     if weights not in (None, "fp32"):
         quantize_model(model, weights)
-    gc.collect()  # the weights the cast and the quantized ones replaced
-    weights = TRACKER.current["weights"] - before["weights"]
+    weights = TRACKER.settled()["weights"] - before["weights"]  # not those the casts replaced
     with no_grad():
         cache = KVCache(config, 1, tokens, model.get_input_embeddings().weight, kv_dtype)
         per_token = (TRACKER.current["kv_cache"] - before["kv_cache"]) // tokens

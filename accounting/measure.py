@@ -271,20 +271,18 @@ def _build(config, dtype, device, options, zero, world_size):
     """-> (model, its AdamW as rank 0 of world_size, the persistent bytes per tracker tag the
     two allocated)."""
     comm = distributed.MetaWorld(0, world_size) if world_size > 1 else None
-    gc.collect()  # so the tracker's deltas below are this model's buffers only
-    before = dict(TRACKER.current)
+    before = TRACKER.settled()
     model = build(config, device=device, options=options)
     model.flatten_parameters(dtype, shards=world_size if zero else 1)  # the working dtype
     optimizer = AdamW(model.named_parameters(), comm=comm, zero=zero)
-    gc.collect()  # the per-parameter tensors the flat buffers replaced
-    return model, optimizer, {tag: TRACKER.current[tag] - before[tag] for tag in PERSISTENT}
+    after = TRACKER.settled()  # not the per-parameter tensors the flat buffers replaced
+    return model, optimizer, {tag: after[tag] - before[tag] for tag in PERSISTENT}
 
 
 def _step_peak(train_step, persistent_bytes):
     """The tracker's peak over one more training step, temporaries included: this model's
     persistent state plus the most its step held at once (other models alive are left out)."""
-    gc.collect()
-    others = TRACKER.total() - persistent_bytes
+    others = sum(TRACKER.settled().values()) - persistent_bytes
     TRACKER.start_recording(temporaries=True)
     try:
         train_step()

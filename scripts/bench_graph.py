@@ -21,11 +21,12 @@ import sys
 import numpy as np
 
 from accounting import captured
-from accounting.measure import _build, random_batch
+from accounting.measure import random_batch
 from accounting.tables import table
 from nn import build
 from nn.config import PRESETS
 from nn.quant import quantize_model
+from optim import AdamW
 from optim import step as optim_step
 from tinygrad_like import backend, peaks
 from training.args import ArgumentParser, user_errors
@@ -68,7 +69,8 @@ def training_rows(repeats, device):
     """Captured: gpt2-mini's training step at B = 8, T = 128, the best of `repeats` steps
     each way (on one model: the steps train it)."""
     config = PRESETS["gpt2-mini"]
-    model, optimizer, _ = _build(config, "fp32", device, None, 0, 1)
+    model = build(config, device=device, dtype="fp32")
+    optimizer = AdamW(model.named_parameters())
     x, y = random_batch(config.vocab_size, 8, 128)
     optim_step.train_on(model, optimizer, [(x, y)])  # its kernels' first calls (compiles)
     return captured.training(model, optimizer, (x, y), None, repeats)

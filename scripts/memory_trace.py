@@ -157,8 +157,7 @@ def main(argv=None):
             quiet=True,
         )
         ensure_data(cfg)
-        gc.collect()  # what died before the run is not held against it
-        before = dict(TRACKER.current)
+        before = TRACKER.settled()  # what died before the run is not held against it
         trainer = Trainer(cfg)
     prof, events, pool = trace_steps(trainer, args.steps, before)
     title = (

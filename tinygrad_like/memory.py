@@ -12,6 +12,7 @@ QKV output saved three times counts once). A buffer's death is seen through a we
 finalizer, so the numbers follow the real lifetimes Python gives the arrays.
 """
 
+import gc
 import time
 import weakref
 
@@ -67,6 +68,13 @@ class MemoryTracker:
 
     def total(self):
         return sum(self.current.values())
+
+    def settled(self):
+        """The live bytes per tag once the garbage is collected: a buffer that died in a
+        reference cycle is gone from it, so the difference of two readings is what was made
+        between them and still lives, whatever earlier work left for the collector."""
+        gc.collect()
+        return dict(self.current)
 
     def register(self, array, tag):
         """Start tracking an array's buffer under tag (or move it to tag if tracked)."""

@@ -9,9 +9,8 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cpu.runtime import CHUNK, f32, in_parallel, rounded
-from ..record import KERNELS
 from . import numba_source
-from .expr import EXPRESSIONS, TRANSCENDENTAL, as_kernel, evaluate
+from .expr import TRANSCENDENTAL, device_kernels, evaluate
 from .spec import unary_op
 
 
@@ -200,13 +199,8 @@ def _compiled(e, args):
     return outs if len(outs) > 1 else outs[0]
 
 
-def _generated(name):
-    """Kernel `name`'s CPU function, made from its expression (spec.py's @elementwise)."""
-    return as_kernel(lambda *args: _compiled(EXPRESSIONS[name], args), name, __name__)
-
-
 # gelu_fwd, gelu_bwd, swiglu_fwd, ...: every kernel spec.py declares by its expression
-globals().update({name: _generated(name) for name in KERNELS if name in EXPRESSIONS})
+globals().update(device_kernels(_compiled, __name__))
 
 
 def dropout_fwd(x, p, seed):

@@ -10,9 +10,8 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cuda.runtime import CTYPES, HALF, NULL, TRAINING, acc_type, f32, launch_flat
-from ..record import KERNELS
 from .cuda_source import FILENAME
-from .expr import EXPRESSIONS, as_kernel
+from .expr import device_kernels
 from .spec import unary_op
 
 
@@ -202,10 +201,5 @@ def _run(e, args):
     return tuple(outs) if len(outs) > 1 else outs[0]
 
 
-def _generated(name):
-    """Kernel `name`'s CUDA function, made from its expression (spec.py's @elementwise)."""
-    return as_kernel(lambda *args: _run(EXPRESSIONS[name], args), name, __name__)
-
-
 # gelu_fwd, gelu_bwd, swiglu_fwd, ...: every kernel spec.py declares by its expression
-globals().update({name: _generated(name) for name in KERNELS if name in EXPRESSIONS})
+globals().update(device_kernels(_run, __name__))

@@ -242,13 +242,22 @@ def elementwise(formula, rows=()):
     return declare_stub
 
 
-def as_kernel(run, name, module):
-    """run made kernel `name`'s function in module (a device's cpu.py or cuda.py): its stub's
-    name, docstring and signature (tests/kernels/test_contract.py holds them)."""
-    stub = KERNELS[name].signature
-    run.__name__ = run.__qualname__ = name
-    run.__doc__, run.__module__, run.__signature__ = stub.__doc__, module, inspect.signature(stub)
-    return run
+def device_kernels(run, module):
+    """name -> function, for every kernel declared by its expression, as module (a device's
+    cpu.py or cuda.py) provides it: run(expression, args), under its stub's name, docstring and
+    signature (tests/kernels/test_contract.py holds them)."""
+
+    def made(e):
+        def kernel(*args):
+            return run(e, args)
+
+        stub = KERNELS[e.name].signature
+        kernel.__name__ = kernel.__qualname__ = e.name
+        kernel.__doc__, kernel.__module__ = stub.__doc__, module
+        kernel.__signature__ = inspect.signature(stub)
+        return kernel
+
+    return {name: made(e) for name, e in EXPRESSIONS.items() if name in KERNELS}
 
 
 # ---------------------------------------------------------------- the generators' shared part
