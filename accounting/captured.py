@@ -24,10 +24,14 @@ from .tables import table, wrap
 
 @dataclass
 class Captured:
-    launches: int  # kernel launches per step, the same eager and replayed
+    eager_launches: int  # kernel launches per step, eagerly (and recorded)
+    launches: int  # replayed: fewer by the adds fused into their GEMMs and norms (graph/fuse.py)
     host_calls: int  # kernels.on_host calls per step (AdamW's scalars, a KV cache's length)
     arena_bytes: int  # the plan's arena: every buffer the step makes, placed by lifetime
     live_bytes: int  # the most bytes those buffers hold at once (no plan does with less)
+    eager_bytes: int  # bytes the step's kernels move eagerly, counted as the launch point does
+    replay_bytes: int  # the same count over the fused step's launches
+    fused_saved: int  # predicted bytes the fusions remove: each intermediate written, read back
     eager_seconds: float = None  # a step run eagerly (None on meta)
     eager_kernel_seconds: float = None  # its kernels' share
     replay_seconds: float = None  # the step replayed
@@ -42,8 +46,20 @@ class Captured:
         return self.replay_seconds - self.replay_kernel_seconds
 
 
-def _counts(program):
-    return Captured(program.launches, program.host_calls, program.plan.size, program.plan.live_peak)
+def _counts(program, counted=True):
+    """program's counts; counted=False leaves its bytes out (None): a decode step's KV reads
+    depend on its length, which the meta device's captured positions do not hold (the counts
+    must read the same on meta as on the CPU: tests/test_docs.py)."""
+    return Captured(
+        program.eager_launches,
+        program.launches,
+        program.host_calls,
+        program.plan.size,
+        program.plan.live_peak,
+        program.eager_bytes if counted else None,
+        program.bytes if counted else None,
+        sum(f.saved for f in program.fusions),
+    )
 
 
 def _timed(be, run):
@@ -69,11 +85,11 @@ def _replayed(be, run):
     return seconds, sum(t.seconds() for t in timers)
 
 
-def _found(program, eager, replayed):
+def _found(program, eager, replayed, counted=True):
     """program's counts with the best of eager and replayed [(seconds, kernel seconds)], each
     column's least (the least disturbed: the two columns come from different runs, so a host
     time, their difference, is only as good as their noise)."""
-    found = _counts(program)
+    found = _counts(program, counted)
     found.eager_seconds, found.eager_kernel_seconds = _best(eager)
     found.replay_seconds, found.replay_kernel_seconds = _best(replayed)
     return found
@@ -83,18 +99,19 @@ def _best(pairs):
     return tuple(min(column) for column in zip(*pairs))
 
 
-def training(model, optimizer, batch, scaler, repeats=1):
+def training(model, optimizer, batch, scaler, repeats=1, fuse=True):
     """The training step device_step on one micro-batch (x, y) (B, T): `repeats` eager steps
     timed (twice each: see the module's docstring), two more that capture it (a recorded call
     keeps every buffer it made until the capture is read: slower than eager), then `repeats`
-    replays timed (the best of each). It trains the model: run it on a twin."""
+    replays timed (the best of each), its adds fused (graph/fuse.py) unless fuse is False. It
+    trains the model: run it on a twin."""
     be = backend.get(model.get_input_embeddings().weight.device)
     batch = tuple(be.asarray(a) for a in batch)  # on the device (Trainer._captured says why)
 
     def eager(x, y):
         return device_step(model, optimizer, [(x, y)], scaler)
 
-    step = graph.compile(eager)
+    step = graph.compile(eager, fuse=fuse)
     if not be.HOLDS_VALUES:
         step(*batch)
         step(*batch)
@@ -128,14 +145,14 @@ def decode(model, x, repeats=5):
     if not be.HOLDS_VALUES:
         captured(token, at_length())
         captured(token, at_length())
-        return _counts(captured.program)
+        return _counts(captured.program, counted=False)
     eagerly = [_eagerly(be, lambda: step(token, at_length())) for _ in range(repeats)]
     captured(token, at_length())
     captured(token, at_length())
     replayed = [
         _replayed(be, lambda t=None: captured(token, at_length(), timers=t)) for _ in range(repeats)
     ]
-    return _found(captured.program, eagerly, replayed)
+    return _found(captured.program, eagerly, replayed, counted=False)
 
 
 def host_ms(host):
@@ -150,6 +167,22 @@ def host_cell(host, seconds):
     return host_ms(host) + ("" if host < 0 else f" ({host / seconds:.0%})")
 
 
+def fused_line(name, c):
+    """The bytes a step's fusions removed (graph/fuse.py): counted by the launch point over the
+    eager and the fused launches, beside the course's arithmetic (2 |C| per add fused)."""
+    line = (
+        f"fused {name} step: {c.eager_launches - c.launches} adds and scalings folded into the "
+        f"kernels that made their operands (graph/fuse.py), predicted {c.fused_saved:,} bytes "
+        "fewer (2 |C| each)"
+    )
+    if c.eager_bytes is not None:
+        line += (
+            f"; counted at the launches {c.eager_bytes:,} -> {c.replay_bytes:,} bytes, "
+            f"{c.eager_bytes - c.replay_bytes:,} fewer"
+        )
+    return wrap(line)
+
+
 def section(m, timed):
     """The two steps captured and replayed (this module): launches and host calls
     per step, host time eager and replayed, and the training step's buffers in their arena
@@ -157,7 +190,8 @@ def section(m, timed):
     train, decode = m.captured_step, m.captured_decode
     rows = []
     for name, c in (("training step", train), ("decode step (M = 1)", decode)):
-        row = [name, f"{c.launches:,}", c.host_calls, f"{c.arena_bytes:,}", f"{c.live_bytes:,}"]
+        launches = f"{c.eager_launches:,} -> {c.launches:,}"
+        row = [name, launches, c.host_calls, f"{c.arena_bytes:,}", f"{c.live_bytes:,}"]
         if timed:
             row += [
                 f"{c.eager_seconds * 1e3:,.2f}",
@@ -166,7 +200,7 @@ def section(m, timed):
                 host_cell(c.replay_host, c.replay_seconds),
             ]
         rows.append(row)
-    columns = ["step", "launches", "host calls", "arena bytes", "live peak"]
+    columns = ["step", "launches (fused)", "host calls", "arena bytes", "live peak"]
     if timed:
         columns += ["eager ms", "host ms", "replayed ms", "host ms"]
     persistent = sum(m.persistent.values())
@@ -179,8 +213,8 @@ def section(m, timed):
     )
     state = sum(b for what, b in next(iter(moments.values())) if what.startswith("persistent"))
     lines = [
-        "-- captured steps (tinygrad_like.compile, --compile): the same kernels replayed in order, "
-        "no op layer",
+        "-- captured steps (tinygrad_like.compile, --compile): the kernels replayed in order, "
+        "no op layer, adds fused",
         table(columns, rows, "lrrrr" + "rrrr" * timed),
         wrap(
             "arena: every buffer the step makes, placed by lifetime (graph/plan.py, greedy by "
@@ -188,14 +222,16 @@ def section(m, timed):
             "its kernels' (eager: a plain step's seconds, a profiled step's kernels; replayed: "
             "one timer per kernel; ~0: below the two runs' noise)."
         ),
+        *(fused_line(name, c) for name, c in (("training", train), ("decode", decode))),
         wrap(
             "the training step's buffers, above the persistent state: planned "
             f"{train.arena_bytes:,} bytes, live peak {train.live_bytes:,}; the tracker's peak "
             f"{tracked:,} (measured), "
             f"{tracked - train.live_bytes:+,}: the tracker counts besides what the tape saves that "
             "no kernel of the step made (the token ids, the targets, GPT-2's positions: constants "
-            "of a replay) and what eager Python holds past its last read (a plan frees a buffer "
-            f"there); predicted {predicted - state:,.0f} (accounting/predictions.py)"
+            "of a replay), what eager Python holds past its last read (a plan frees a buffer "
+            "there) and the C of each add fused, which the eager step makes and the fused one "
+            f"never does; predicted {predicted - state:,.0f} (accounting/predictions.py)"
         ),
     ]
     return "\n".join(lines)

@@ -93,12 +93,14 @@ class StepMeter:
     def __init__(self, tokens, timing=False):
         self.tokens, self.timing = tokens, timing
         self.steps = []  # (seconds, [Launch])
+        self.replayed = []  # per step, the launches of the captured steps it replayed
         self.compiled = Compiles()  # during the steps, outside their seconds
 
     def __iter__(self):
         with Profiler(timing=self.timing, deferred=True) as prof:
             while True:
                 start, t0 = len(prof.launches), time.perf_counter()  # the last step counted
+                replays = len(prof.replays)
                 before = compiles.so_far()
                 try:
                     token = next(self.tokens)  # its logits reached the host: the step is done
@@ -107,6 +109,7 @@ class StepMeter:
                 seconds, compiled = time.perf_counter() - t0, compiles.so_far() - before
                 self.compiled += compiled
                 self.steps.append((seconds - compiled.seconds, prof.launches[start:]))
+                self.replayed.append(sum(p.launches for p in prof.replays[replays:]))
                 yield token
 
     def step_bytes(self, step):
@@ -159,9 +162,11 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
     if len(counted) < n:  # generate --compile: the first two decode steps recorded, eagerly
         eager = sum(meter.steps[s][0] for s in counted) / len(counted)
         again = sum(meter.steps[s][0] for s in steps if s not in counted) / (n - len(counted))
+        fused = max(meter.replayed)
         launches += (
-            f", the same on a replayed step (no op layer): replayed {again * 1e3:,.2f} ms/step, "
-            f"the {len(counted)} eager steps that recorded it {eager * 1e3:,.2f} ms/step"
+            f", {fused} on a replayed step (no op layer, adds fused into their GEMMs): replayed "
+            f"{again * 1e3:,.2f} ms/step, the {len(counted)} eager steps that recorded it "
+            f"{eager * 1e3:,.2f} ms/step"
         )
     return lines + [
         f"decode: {n} steps of {batch} tokens{replayed if len(counted) < n else ''}, "

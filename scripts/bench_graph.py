@@ -3,12 +3,15 @@ step captured and replayed (tinygrad_like.compile, accounting/captured.py), on t
 For each: ms per step and its host time (the step's seconds minus its kernels'), eager and
 replayed. Decode: gpt2-mini in fp32, GPT-2 124M in every weight format (random weights: the
 speed does not depend on the values), B = 1 after a 64-token prompt. Training: gpt2-mini at the
-default run's batch (B = 8, T = 128). With --cores, the decode part runs again pinned to each
-listed set of cores (taskset, one process each), and the two-core speedup per format is printed.
+default run's batch (B = 8, T = 128), eager beside replayed as recorded and replayed with its adds
+fused (graph/fuse.py), with the bytes its launches move each way. With --cores, the part runs
+again pinned to each listed set of cores (taskset, one process each): the decode part's two-core
+speedup per format, the training part's three ways per core set.
 A benchmark, not a test: its figures are the machine's (docs/performance.md names it).
 
     python scripts/bench_graph.py
     python scripts/bench_graph.py --cores 0 0,1 --part decode
+    python scripts/bench_graph.py --cores 0 0,1 --part training --rounds 5
     python scripts/bench_graph.py --device cuda --part decode --formats bf16   # gpu_check.sh
 """
 
@@ -66,14 +69,18 @@ def decode_rows(formats, repeats, device):
 
 
 def training_rows(repeats, device):
-    """Captured: gpt2-mini's training step at B = 8, T = 128, the best of `repeats` steps
-    each way (on one model: the steps train it)."""
+    """(unfused, fused): Captured of gpt2-mini's training step at B = 8, T = 128, replayed as
+    recorded and with its adds fused, the best of `repeats` steps each way (on one model: the
+    steps train it; each Captured's eager figures are its own run's)."""
     config = PRESETS["gpt2-mini"]
     model = build(config, device=device, dtype="fp32")
     optimizer = AdamW(model.named_parameters())
     x, y = random_batch(config.vocab_size, 8, 128)
     optim_step.train_on(model, optimizer, [(x, y)])  # its kernels' first calls (compiles)
-    return captured.training(model, optimizer, (x, y), None, repeats)
+    return tuple(
+        captured.training(model, optimizer, (x, y), None, repeats, fuse=fuse)
+        for fuse in (False, True)
+    )
 
 
 def ms(seconds):
@@ -99,28 +106,38 @@ def decode_table(rows):
     return table(columns + ("speedup",), out, "llrrrrrr")
 
 
-def training_table(c):
+def training_table(unfused, fused):
+    """Eager (the best of both runs'), replayed as recorded, replayed fused: launches, bytes the
+    launches move, ms, host time and speed against eager."""
+    eager = min(unfused.eager_seconds, fused.eager_seconds)
+    host = min(unfused.eager_host, fused.eager_host)
+    ways = [("eager", unfused.eager_launches, unfused.eager_bytes, eager, host)]
+    ways += [
+        (way, c.launches, c.replay_bytes, c.replay_seconds, c.replay_host)
+        for way, c in (("replayed", unfused), ("replayed, fused", fused))
+    ]
     rows = [
         (
             way,
-            c.launches,
-            c.host_calls,
+            launches,
+            f"{nbytes / 1e6:,.1f}",
             ms(seconds),
             captured.host_ms(host),
             "-" if host < 0 else f"{host / seconds:.1%}",
+            f"{eager / seconds:.2f}x",
         )
-        for way, seconds, host in (
-            ("eager", c.eager_seconds, c.eager_host),
-            ("replayed", c.replay_seconds, c.replay_host),
-        )
+        for way, launches, nbytes, seconds, host in ways
     ]
-    return table(("step", "launches", "host calls", "ms", "host ms", "host share"), rows, "lrrrrr")
+    columns = ("step", "launches", "MB moved", "ms", "host ms", "host share", "speed")
+    return table(columns, rows, "lrrrrrr")
 
 
-def pinned(cores, args):
-    """The decode part run in a process pinned to cores -> {format: Captured fields}."""
-    command = ["taskset", "-c", cores, sys.executable, __file__, "--part", "decode", "--json"]
+def pinned(cores, args, part):
+    """The part run in a process pinned to cores -> {format: Captured fields} for decode, or
+    {"unfused": ..., "fused": ...} for training."""
+    command = ["taskset", "-c", cores, sys.executable, __file__, "--part", part, "--json"]
     command += ["--formats", args.formats, "--repeats", str(args.repeats)]
+    command += ["--rounds", str(args.rounds)]
     done = subprocess.run(command, capture_output=True, text=True, env=os.environ, check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -143,8 +160,12 @@ def main(argv=None):
     args = parse_args(argv)
     formats = args.formats.split(",")
     if args.json:  # a pinned worker's answer: one line of JSON
-        rows = decode_rows(formats, args.repeats, "cpu")
-        print(json.dumps({f"{n} {f}": vars(c) for n, f, c in rows}))
+        if args.part == "training":
+            unfused, fused = training_rows(args.rounds, "cpu")
+            print(json.dumps({"unfused": vars(unfused), "fused": vars(fused)}))
+        else:
+            rows = decode_rows(formats, args.repeats, "cpu")
+            print(json.dumps({f"{n} {f}": vars(c) for n, f, c in rows}))
         return
     gpu = backend.get(args.device).GPU
     machine = peaks.get(args.device).machine if gpu else peaks.cpu_name()
@@ -152,12 +173,17 @@ def main(argv=None):
     if args.part in ("decode", "all"):
         print("\n-- decode, B = 1 after 64 tokens: the best of", args.repeats, "steps each way")
         print(decode_table(decode_rows(formats, args.repeats, args.device)))
-    if args.part in ("training", "all"):
-        print(f"\n-- training, gpt2-mini fp32, B = 8, T = 128: the best of {args.rounds} steps")
-        print(training_table(training_rows(args.rounds, args.device)))
-    if args.cores:
+    title = f"training, gpt2-mini fp32, B = 8, T = 128: the best of {args.rounds} steps each way"
+    if args.part in ("training", "all") and not args.cores:
+        print(f"\n-- {title}")
+        print(training_table(*training_rows(args.rounds, args.device)))
+    if args.cores and args.part in ("decode", "all"):
         print("\n-- decode pinned (taskset -c), one process per core set")
-        print(cores_table([pinned(c, args) for c in args.cores], args.cores))
+        print(cores_table([pinned(c, args, "decode") for c in args.cores], args.cores))
+    for cores in (args.cores or []) if args.part in ("training", "all") else []:
+        print(f"\n-- {title}, pinned to cores {cores} (taskset -c)")
+        found = pinned(cores, args, "training")
+        print(training_table(*(captured.Captured(**found[k]) for k in ("unfused", "fused"))))
 
 
 if __name__ == "__main__":

@@ -236,12 +236,15 @@ def test_bench_graph_bad_input_and_tables(capsys):
             graph.parse_args(argv)
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith("error: ") and message in err
-    c = Captured(53, 1, 128, 96, 2e-3, 1.5e-3, 1e-3, 0.9e-3)  # eager 2 ms, replayed 1 ms
+    counts = (53, 53, 1, 128, 96, 4_000_000, 4_000_000, 0)  # launches, arena, bytes, none fused
+    c = Captured(*counts, 2e-3, 1.5e-3, 1e-3, 0.9e-3)  # eager 2 ms, replayed 1 ms
     assert "2.00x" in graph.decode_table([("gpt2-mini", "fp32", c)])
-    shares = graph.training_table(c)
+    fused = Captured(53, 50, 1, 128, 96, 4_000_000, 3_000_000, 1_000_000, 2e-3, 1.5e-3, 8e-4, 7e-4)
+    shares = graph.training_table(c, fused)
     assert "25.0%" in shares and "10.0%" in shares  # host 0.5 of 2 ms, 0.1 of 1 ms
-    noisy = Captured(53, 1, 128, 96, 2e-3, 1.5e-3, 1e-3, 1.1e-3)  # kernels 0.1 ms over the step
-    assert "~0" in graph.training_table(noisy) and "-0.10" not in graph.decode_table(
+    assert "2.50x" in shares and "3.0" in shares  # fused: 0.8 ms, 3.0 MB moved
+    noisy = Captured(*counts, 2e-3, 1.5e-3, 1e-3, 1.1e-3)  # kernels 0.1 ms over the step
+    assert "~0" in graph.training_table(noisy, noisy) and "-0.10" not in graph.decode_table(
         [("gpt2-mini", "fp32", noisy)]
     )
 

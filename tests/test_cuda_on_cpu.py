@@ -348,7 +348,8 @@ def test_a_misaligned_cp_async_is_refused(cuda):
     kernel = cuda.runtime.compiled("gemm.cu", "gemm_tc", np.float16, False, False, True)
     buf = dev(rand(64 * 64 + 1, np.float16))
     a, c = buf[1:].reshape(64, 64), dev(np.zeros((64, 64), np.float16))
-    args = (a, a, np.uint64(0), c, *map(np.int32, (64, 64, 64)), *map(np.int64, (0, 0, 4096)))
+    null = np.uint64(0)  # no bias, scale or add
+    args = (a, a, null, null, null, c, *map(np.int32, (64, 64, 64)), *map(np.int64, (0, 0, 4096)))
     with pytest.raises(cuda_on_cpu.KernelError, match="must be 16-byte aligned"):
         kernel((1, 1, 1), (256,), args)
 

@@ -80,7 +80,9 @@ def test_a_replay_runs_the_kernels_and_host_calls_without_the_op_layer():
         step(np.array([[3]]), np.array([cache.length]))
     assert prof.launches == [] and cache.length == 3
     (capture,) = step.captures.values()
-    assert capture.program.launches == 12 * CFG.n_layer + 5  # GPT-2's decode step
+    # GPT-2's decode step: 12 launches a layer and 5 more, its 2 residual adds fused away
+    assert capture.program.eager_launches == 12 * CFG.n_layer + 5
+    assert capture.program.launches == 10 * CFG.n_layer + 5
 
 
 def test_a_value_that_changes_between_calls_is_refused_naming_the_launch():
@@ -198,8 +200,13 @@ def test_the_captured_steps_launch_what_the_eager_steps_do_in_an_arena_of_their_
 
     m = measure(PRESETS[preset], dtype, "meta", batch_size=2, seq_len=16)
     train, decode = m.captured_step, m.captured_decode
-    assert train.launches == len(m.step.launches)
-    assert decode.launches == len(m.decode.launches)
+    assert train.eager_launches == len(m.step.launches)
+    assert decode.eager_launches == len(m.decode.launches)
+    # every layer's two residual adds fused into their GEMMs, forward; more in the backward
+    L = m.config.n_layer
+    assert decode.eager_launches - decode.launches == 2 * L
+    assert train.eager_launches - train.launches > 4 * L
+    assert train.eager_bytes - train.replay_bytes == train.fused_saved  # predicted = counted
     assert train.live_bytes <= train.arena_bytes <= m.peak_bytes - sum(m.persistent.values())
     assert train.arena_bytes - train.live_bytes < 64 * train.launches
     assert train.host_calls >= 3  # AdamW's scalars, its read of the norm, the loss's 1 / count
@@ -215,4 +222,83 @@ def test_the_report_prints_the_captured_steps_with_their_host_time():
         assert 0 < c.replay_kernel_seconds and 0 < c.replay_seconds  # no timing asserted
         assert 0 < c.eager_kernel_seconds and 0 < c.eager_seconds
     section = format_report(m).split("-- captured steps")[1].split("\n\n")[0]
-    assert "replayed ms" in section and f"{m.captured_step.launches:,}" in section
+    train = m.captured_step
+    assert "replayed ms" in section and f"{train.eager_launches:,} -> {train.launches:,}" in section
+    assert f"predicted {train.fused_saved:,} bytes fewer" in " ".join(section.split())
+
+
+# ---------------------------------------------------------------- fusion
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_fusion_removes_the_adds_and_the_bytes_it_predicts_with_the_same_bits(family, dtype):
+    """A training step captured with and without fusion (graph/fuse.py): the same losses, norms
+    and weights; the fused one launches fewer kernels, each fused add's intermediate C neither
+    written nor read back: the launch point's bytes fall by 2 |C| a fusion, as predicted."""
+    rng = np.random.default_rng(1)
+    batches = [(ids[:, :-1].copy(), ids[:, 1:].copy()) for ids in rng.integers(0, 53, (4, 2, 9))]
+    runs, programs = [], []
+    for fuse in (False, True):
+        model = model_of(family)
+        model.flatten_parameters(dtype)
+        optimizer = AdamW(model.named_parameters(), lr=1e-3)
+        captured = graph.compile(
+            lambda x, y: device_step(model, optimizer, [(x, y)], None), fuse=fuse
+        )
+        step = lambda m, o, bs, s, w: captured(*bs[0])  # noqa: E731
+        losses = [train_on(model, optimizer, [b], None, 1e-3, step=step) for b in batches]
+        runs.append((losses, [p.data.tobytes() for p in model.parameters()]))
+        programs.append(captured.program)
+    assert runs[0] == runs[1]
+    plain, fused = programs
+    assert plain.fusions == [] and plain.launches == plain.eager_launches == fused.eager_launches
+    assert {f.kernel for f in fused.fusions} >= {"matmul", "matmul_tn"}
+    assert fused.launches == plain.launches - len(fused.fusions)
+    assert plain.bytes - fused.bytes == sum(f.saved for f in fused.fusions) > 0
+    assert fused.plan.live_peak <= plain.plan.live_peak
+
+
+def test_an_add_whose_operand_is_read_again_is_not_fused():
+    """C = a @ b read by the add and by a later kernel: the add stays (C must exist)."""
+    a, b, w = (np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32) for _ in "abw")
+
+    def reuse(x):
+        c = kernels.launch("matmul", x, b)
+        return kernels.launch("add", w, c), kernels.launch("neg", c)
+
+    step = graph.compile(reuse)
+    for _ in range(3):
+        out = step(a)
+    assert step.program.fusions == [] and step.program.launches == 3
+    assert np.array_equal(out[0], w + a @ b)
+
+
+def test_an_in_place_accumulation_folds_into_the_gemm_and_keeps_its_order():
+    """g += x^T dy (a gradient accumulated in place) becomes matmul_tn(x, dy, add=g, out=g);
+    a kernel that reads g between the GEMM and the add keeps the add where it was."""
+    rng = np.random.default_rng(0)
+    x, dy = (rng.standard_normal((6, 4)).astype(np.float32) for _ in "xd")
+    g, seen = np.ones((4, 4), np.float32), np.zeros((4, 4), np.float32)
+
+    def accumulate(x, dy):
+        c = kernels.launch("matmul_tn", x, dy)
+        kernels.launch("add", g, c, out=g)
+
+    def read_between(x, dy):
+        c = kernels.launch("matmul_tn", x, dy)
+        kernels.launch("copy", seen, g)  # reads g before the add writes it
+        kernels.launch("add", g, c, out=g)
+
+    for fn, fused in ((accumulate, 1), (read_between, 0)):
+        g[...] = 1
+        step = graph.compile(fn)
+        for _ in range(4):
+            step(x, dy)
+        assert len(step.program.fusions) == fused
+        expected = np.ones((4, 4), np.float32)
+        for _ in range(4):
+            expected = expected + x.T @ dy
+        np.testing.assert_allclose(g, expected, rtol=1e-6)
+        if not fused:
+            np.testing.assert_allclose(seen, expected - x.T @ dy, rtol=1e-6)

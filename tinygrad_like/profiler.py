@@ -98,6 +98,9 @@ class Profiler:
     def __init__(self, timing=False, deferred=False):
         self.timing, self.deferred = timing, deferred
         self._launches, self._pending = [], []
+        # the captured steps (graph/capture.py Program) replayed meanwhile: their kernels pass
+        # no launch point, so a replay is heard of here, whole
+        self.replays = []
 
     @property
     def launches(self):

@@ -1,7 +1,9 @@
 """GEMMs (kernels/gemm): a linear layer's three, Y = X W (matmul, with the bias epilogue),
 dX = dY W^T (matmul_nt) and dW = X^T dY (matmul_tn), and attention's batched ones, against
 float64 products: ragged shapes (not multiples of any tile or warp), aligned ones (the cp.async
-path), one tile or less, K = 0, GPT-2's c_attn shape, a transposed operand.
+path), one tile or less, K = 0, GPT-2's c_attn shape, a transposed operand. The epilogue (C
+times a 0-d scale, plus add, into a new C or into add itself) on each, its bits those of the
+unfused mul and add.
 
 2-byte formats: the CPU multiplies in fp32 and rounds once, as a tensor core does: bit for bit
 the fp32 product of the rounded inputs, rounded. The CPU's splits over its cores:
@@ -35,16 +37,21 @@ from .check import (
 HALF = [F16, BF16]
 
 
-def matmul_ref(a, b, bias=None):
-    return f64(a) @ f64(b) + (0 if bias is None else f64(bias))
+def epilogued(c, scale, add):
+    """A reference's epilogue: c times scale (a 0-d array) plus add (C's shape), each optional."""
+    return c * (1 if scale is None else f64(scale)) + (0 if add is None else f64(add))
 
 
-def matmul_nt_ref(a, b):
-    return f64(a) @ f64(b).swapaxes(-1, -2)
+def matmul_ref(a, b, bias=None, scale=None, add=None, out=None):
+    return epilogued(f64(a) @ f64(b) + (0 if bias is None else f64(bias)), scale, add)
 
 
-def matmul_tn_ref(a, b):
-    return f64(a).swapaxes(-1, -2) @ f64(b)
+def matmul_nt_ref(a, b, scale=None, add=None, out=None):
+    return epilogued(f64(a) @ f64(b).swapaxes(-1, -2), scale, add)
+
+
+def matmul_tn_ref(a, b, scale=None, add=None, out=None):
+    return epilogued(f64(a).swapaxes(-1, -2) @ f64(b), scale, add)
 
 
 # ---------------------------------------------------------------- a linear layer's GEMMs
@@ -119,9 +126,73 @@ ATTENTION_CALLS = [
 ]
 
 
-def k_zero(put, dtype, a, b, bias):
-    """Operands with K = 0: C = the bias, or 0 (cuda.py fills it without a launch)."""
+# ---------------------------------------------------------------- the add epilogue
+
+
+def epilogue(put, dtype, B, M, K, N, call, mode):
+    """call's operands as layer's, x and dy with a leading batch of B (B = 0: none; w stays
+    2-D), and the epilogue's add (C's shape): mode "add" C + add into a new C, "out=add" into
+    add itself (a gradient accumulated in place), "out=add^T" into add a transposed view (not
+    C-contiguous: C computed apart, then copied), "scale, out=add" C times a 0-d scale, then
+    into add."""
+    lead = (B,) if B else ()
+    x, w, dy, bias = (
+        put(rand(s, dtype, seed=i)) for i, s in enumerate([lead + (M, K), (K, N), lead + (M, N), N])
+    )
+    operands, c = {
+        "x w": ((x, w), (M, N)),
+        "x w + bias": ((x, w, {"bias": bias}), (M, N)),
+        "dy w^T": ((dy, w), (M, K)),
+        "x^T dy": ((x, dy), (K, N)),
+    }[call]
+    if mode == "out=add^T":
+        add = put(rand(lead + c[::-1], dtype, seed=4)).swapaxes(-1, -2)
+    else:
+        add = put(rand(lead + c, dtype, seed=4))
+    kw = {"add": add} | ({} if mode == "add" else {"out": add})
+    if mode.startswith("scale"):
+        kw["scale"] = put(np.asarray(0.37, dtype))
+    if isinstance(operands[-1], dict):
+        return *operands[:-1], operands[-1] | kw
+    return *operands, kw
+
+
+# (B, M, K, N): ragged, 2-D operands; aligned (the cp.async path) with x and dy (2, M, *): x w
+# and dy w^T fold the batch into M (one GEMM over all rows), x^T dy is a batch of 2 GEMMs
+EPILOGUE = [(0, 77, 45, 131), (2, 40, 64, 72)]
+EPILOGUE_CASES = [
+    *[
+        case
+        for kernel, call, ref in LAYER_CALLS
+        for case in cases(
+            kernel,
+            epilogue,
+            [
+                (d, *s, call, mode)
+                for d in TRAINING
+                for s in EPILOGUE
+                for mode in ("add", "out=add", "scale, out=add")
+            ],
+            ref=ref,
+        )
+    ],
+    *[
+        case
+        for kernel, call, ref in LAYER_CALLS
+        for case in cases(
+            kernel, epilogue, [(d, *EPILOGUE[1], call, "out=add^T") for d in TRAINING], ref=ref
+        )
+    ],
+]
+
+
+def k_zero(put, dtype, a, b, bias, mode=None):
+    """Operands with K = 0: C = the bias, or 0 (cuda.py fills it without a launch); mode as
+    epilogue's, C + add (matmul's C: a (..., M, 0) @ b (0, N))."""
     kw = {"bias": put(rand(b[-1], dtype))} if bias else {}
+    if mode:
+        add = put(rand(a[:-2] + (a[-2], b[-1]), dtype, seed=4))
+        kw |= {"add": add} | ({} if mode == "add" else {"out": add})
     return put(np.zeros(a, dtype)), put(np.zeros(b, dtype)), kw
 
 
@@ -150,11 +221,32 @@ CASES = [
     *cases("matmul", k_zero, [(d, (37, 0), (0, 133), True) for d in FLOATS], ref=matmul_ref),
     *cases("matmul_nt", k_zero, [(d, (2, 5, 0), (7, 0), False) for d in FLOATS], ref=matmul_nt_ref),
     *cases("matmul_tn", k_zero, [(d, (0, 37), (0, 133), False) for d in FLOATS], ref=matmul_tn_ref),
+    *EPILOGUE_CASES,
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_kernel(case, check):
+    check(case)
+
+
+# K = 0 with the epilogue: C = bias (or 0) + add, the add elementwise's (cuda.py launches no
+# GEMM). Apart from CASES, whose GEMM cases launch GEMMs only (test_cuda_launches.py).
+K_ZERO_ADD = cases(
+    "matmul",
+    k_zero,
+    [
+        (d, (2, 37, 0), (0, 133), bias, mode)
+        for d in TRAINING
+        for bias in (False, True)
+        for mode in ("add", "out=add")
+    ],
+    ref=matmul_ref,
+)
+
+
+@pytest.mark.parametrize("case", K_ZERO_ADD, ids=str)
+def test_kernel_with_k_zero_and_add(case, check):
     check(case)
 
 
@@ -184,6 +276,27 @@ def test_cpu_half_rounds_once(kernel, dtype):
     assert np.all(np.abs(out.astype(F32) - product(a, b)) <= bound)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtypes.name)
+@pytest.mark.parametrize("kernel", sorted(FP32_GEMMS))
+def test_cpu_epilogue_is_the_unfused_add(kernel, dtype):
+    """C + add has the bits of the GEMM (with its bias for matmul) then elementwise's
+    add(add, C); out=add writes add itself and returns it; C * scale + add those of mul, then
+    add."""
+    sa, sb, _ = FP32_GEMMS[kernel]
+    a, b = rand(sa, dtype, seed=1), rand(sb, dtype, seed=2)
+    kw = {"bias": rand(5, dtype, seed=3)} if kernel == "matmul" else {}
+    gemm = getattr(cpu, kernel)
+    c = gemm(a, b, **kw)
+    add, scale = rand(c.shape, dtype, seed=4), np.asarray(0.37, dtype)
+    want = cpu.add(add, c).tobytes()
+    assert gemm(a, b, add=add, **kw).tobytes() == want
+    out = add.copy()
+    assert gemm(a, b, add=out, out=out, **kw) is out
+    assert out.tobytes() == want
+    scaled = cpu.add(add, cpu.mul(c, scale)).tobytes()
+    assert gemm(a, b, scale=scale, add=add, **kw).tobytes() == scaled
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)
 def test_cpu_matmul_bias_added_before_rounding(dtype):
     a, b, bias = rand((4, 32), dtype, seed=1), rand((32, 6), dtype, seed=2), rand(6, dtype, seed=3)
@@ -208,10 +321,10 @@ def test_cpu_fp32_and_fp64_keep_their_dtype():
 def test_cuda_kernels_with_k_zero(cuda, dtype):
     """K = 0: cuda.py fills C without a launch (the cases above); the kernels themselves,
     launched directly, must give the same: bias or 0 (no k-tile runs, and no cp.async is left
-    in flight)."""
+    in flight), plus add when given (here out=add, C accumulated in place)."""
     runtime, cupy = cuda.runtime, cuda.xp
-    bias = rand(133, dtype)
-    for aligned in (False, True):
+    bias, add = rand(133, dtype), rand((37, 133), dtype, seed=1)
+    for aligned, plus in [(False, False), (True, False), (False, True), (True, True)]:
         kernel = (
             runtime.compiled("gemm.cu", "gemm_f32", False, False, aligned)
             if dtype == F32
@@ -219,11 +332,33 @@ def test_cuda_kernels_with_k_zero(cuda, dtype):
         )
         tile = 64 if dtype == F32 else 128
         operand = cupy.zeros(64, dtype)  # a valid address for A and B; with K = 0 none is read
-        c = cupy.full((37, 133), 7, dtype)
+        c = cuda.asarray(add) if plus else cupy.full((37, 133), 7, dtype)
         sizes = (np.int32(37), np.int32(133), np.int32(0), np.int64(0), np.int64(0))
         grid = (runtime.blocks_for(133, tile), runtime.blocks_for(37, tile), 1)
-        kernel(grid, (256,), (operand, operand, cuda.asarray(bias), c, *sizes, np.int64(37 * 133)))
-        close(cuda.to_numpy(c), np.broadcast_to(bias, (37, 133)))
+        epilogue = (cuda.asarray(bias), runtime.NULL, c if plus else runtime.NULL, c)
+        kernel(grid, (256,), (operand, operand, *epilogue, *sizes, np.int64(37 * 133)))
+        want = cpu.add(add, np.broadcast_to(bias, (37, 133))) if plus else bias
+        close(cuda.to_numpy(c), np.broadcast_to(want, (37, 133)))
+
+
+@pytest.mark.parametrize("dtype", TRAINING, ids=dtypes.name)
+@pytest.mark.parametrize("call", range(len(LAYER_CALLS)), ids=lambda i: LAYER_CALLS[i][1])
+def test_cuda_epilogue_is_the_unfused_add(cuda_device, dtype, call):
+    """The fused add has the bits of the GEMM then elementwise's add(add, C) on the device too
+    (ragged and aligned, 2-D and batched): C rounded in the store, then added as add rounds."""
+    gpu = cuda_device
+    kernel, name, _ = LAYER_CALLS[call]
+    for s in EPILOGUE:
+        *operands, kw = epilogue(gpu.asarray, dtype, *s, name, "add")
+        add, gemm = kw.pop("add"), getattr(gpu, kernel)
+        c = gemm(*operands, **kw)
+        want = gpu.to_numpy(gpu.add(add, c)).tobytes()
+        assert gpu.to_numpy(gemm(*operands, add=add, **kw)).tobytes() == want
+        scale = gpu.asarray(np.asarray(0.37, dtype))
+        scaled = gpu.to_numpy(gpu.add(add, gpu.mul(c, scale))).tobytes()
+        assert gpu.to_numpy(gemm(*operands, scale=scale, add=add, **kw)).tobytes() == scaled
+        assert gemm(*operands, add=add, out=add, **kw) is add
+        assert gpu.to_numpy(add).tobytes() == want
 
 
 @pytest.mark.parametrize("dtype", TRAINING, ids=dtypes.name)
@@ -232,6 +367,8 @@ def test_cuda_cublas_switch(cuda, monkeypatch, dtype):
     monkeypatch.setenv("TG_MATMUL", "cublas")
     for kernel, call, _ in LAYER_CALLS:
         check.on_cuda(Case(kernel, layer, (dtype, *LAYER[0], call)), cuda)
+        for mode in ("add", "out=add", "out=add^T", "scale, out=add"):
+            check.on_cuda(Case(kernel, epilogue, (dtype, *EPILOGUE[1], call, mode)), cuda)
 
 
 @gpu_only

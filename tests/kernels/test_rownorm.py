@@ -1,7 +1,8 @@
 """Row normalizations (kernels/rownorm): GPT-2's layernorm and Llama's RMSNorm, forward and
 backward, against float64 formulas; rows ragged against a warp, one row, a vocabulary-wide row,
 no rows. The statistics are fp32 (fp64 for fp64) whatever x's dtype; the weight gradients are
-summed in a fixed order (the same bits run after run).
+summed in a fixed order (the same bits run after run). The backward's add epilogue (dx + add)
+has the bits of the unfused add.
 """
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from tinygrad_like import dtypes
 
-from .check import BF16, EPS, F16, F32, FLOATS, cases, cpu, f64, rand
+from .check import BF16, EPS, F16, F32, FLOATS, TRAINING, cases, cpu, f64, rand
 
 HALF = [F16, BF16]
 # rows of 100 (ragged against a warp) with an offset mean, one row of 5, two of 1500, none
@@ -23,12 +24,13 @@ def layernorm_fwd_ref(x, w, b, eps=1e-5):
     return (x - mean[..., None]) * rstd[..., None] * f64(w) + f64(b), mean, rstd
 
 
-def layernorm_bwd_ref(dy, x, w, mean, rstd):
+def layernorm_bwd_ref(dy, x, w, mean, rstd, add=None):
     dy, rstd = f64(dy), f64(rstd)[..., None]
     xhat = (f64(x) - f64(mean)[..., None]) * rstd
     g = dy * f64(w)
     dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
     rows = (-1, x.shape[-1])
+    dx = dx if add is None else dx + f64(add)
     return dx, (dy * xhat).reshape(rows).sum(0), dy.reshape(rows).sum(0)
 
 
@@ -38,10 +40,11 @@ def rmsnorm_fwd_ref(x, w, eps=1e-6):
     return x * rstd[..., None] * f64(w), rstd
 
 
-def rmsnorm_bwd_ref(dy, x, w, rstd):
+def rmsnorm_bwd_ref(dy, x, w, rstd, add=None):
     dy, rstd = f64(dy), f64(rstd)[..., None]
     xhat, g = f64(x) * rstd, dy * f64(w)
     dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))
+    dx = dx if add is None else dx + f64(add)
     return dx, (dy * xhat).reshape(-1, x.shape[-1]).sum(0)
 
 
@@ -52,24 +55,31 @@ def rows(dtype, shape):
     return x, rand(C, dtype, seed=2), rand(C, dtype, seed=3), rand(shape, dtype, seed=4)
 
 
-def layernorm(put, dtype, shape, direction):
+def plus(put, dtype, shape, epilogue):
+    """The backward's keyword arguments: epilogue "add", dx + add (x's shape); None, none."""
+    return {"add": put(rand(shape, dtype, seed=5))} if epilogue == "add" else {}
+
+
+def layernorm(put, dtype, shape, direction, epilogue=None):
     """The forward's x, weight, bias; or the backward's dy, x, weight and the CPU forward's
-    mean and rstd."""
+    mean and rstd, and the epilogue's add (plus)."""
     x, w, b, dy = rows(dtype, shape)
     if direction == "fwd":
         return put(x), put(w), put(b)
     _, mean, rstd = cpu.layernorm_fwd(x, w, b)
-    return put(dy), put(x), put(w), put(mean), put(rstd)
+    return put(dy), put(x), put(w), put(mean), put(rstd), plus(put, dtype, shape, epilogue)
 
 
-def rmsnorm(put, dtype, shape, direction):
+def rmsnorm(put, dtype, shape, direction, epilogue=None):
     x, w, _, dy = rows(dtype, shape)
     if direction == "fwd":
         return put(x), put(w)
-    return put(dy), put(x), put(w), put(cpu.rmsnorm_fwd(x, w)[1])
+    rstd = cpu.rmsnorm_fwd(x, w)[1]
+    return put(dy), put(x), put(w), put(rstd), plus(put, dtype, shape, epilogue)
 
 
 GRID = [(d, s) for d in FLOATS for s in SHAPES]
+ADD = [(d, s, "bwd", "add") for d in TRAINING for s in SHAPES]  # the backward's dx + add
 CASES = [
     *cases("layernorm_fwd", layernorm, [(*g, "fwd") for g in GRID], ref=layernorm_fwd_ref),
     *cases(
@@ -83,6 +93,8 @@ CASES = [
     *cases(
         "rmsnorm_bwd", rmsnorm, [(*g, "bwd") for g in GRID], ref=rmsnorm_bwd_ref, repeatable=True
     ),
+    *cases("layernorm_bwd", layernorm, ADD, ref=layernorm_bwd_ref, repeatable=True),
+    *cases("rmsnorm_bwd", rmsnorm, ADD, ref=rmsnorm_bwd_ref, repeatable=True),
 ]
 
 
@@ -101,6 +113,34 @@ def test_cuda_layernorm_bwd_without_columns(cuda_device, dtype):
     x, stats = gpu.asarray(np.zeros((4, 0), dtype)), gpu.asarray(np.zeros(4, stat))
     dx, dweight, dbias = gpu.layernorm_bwd(x, x, gpu.asarray(np.zeros(0, dtype)), stats, stats)
     assert dx.shape == (4, 0) and dweight.shape == dbias.shape == (0,)
+
+
+def unfused_and_fused(device, dtype, kernel):
+    """kernel's results on device without the epilogue, then dx + add by elementwise's add, and
+    its results with add=: each as bytes."""
+    make = layernorm if kernel == "layernorm_bwd" else rmsnorm
+    *args, kw = make(device.asarray, dtype, SHAPES[0], "bwd", "add")
+    plain = list(getattr(device, kernel)(*args))
+    plain[0] = device.add(kw["add"], plain[0])
+    fused = getattr(device, kernel)(*args, **kw)
+    return [[device.to_numpy(r).tobytes() for r in rs] for rs in (plain, fused)]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtypes.name)
+@pytest.mark.parametrize("kernel", ["layernorm_bwd", "rmsnorm_bwd"])
+def test_cpu_bwd_add_is_the_unfused_add(kernel, dtype):
+    """dx + add has the bits of the backward's dx then elementwise's add(add, dx) (a 2-byte dx
+    rounded first); the weight gradients are the plain backward's."""
+    plain, fused = unfused_and_fused(cpu, dtype, kernel)
+    assert fused == plain
+
+
+@pytest.mark.parametrize("dtype", TRAINING, ids=dtypes.name)
+@pytest.mark.parametrize("kernel", ["layernorm_bwd", "rmsnorm_bwd"])
+def test_cuda_bwd_add_is_the_unfused_add(cuda_device, kernel, dtype):
+    """The same on the device: the add in the dx kernel's store, the bits of the add after it."""
+    plain, fused = unfused_and_fused(cuda_device, dtype, kernel)
+    assert fused == plain
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)

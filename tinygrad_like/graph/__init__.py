@@ -15,16 +15,19 @@ import sys
 
 from .. import backend, kernels
 from .capture import Mismatch, Program, Recording
+from .fuse import fuse
 
 
-def compile(fn):
-    """fn as a captured step (see the module's docstring)."""
-    return Compiled(fn)
+def compile(fn, fuse=True):
+    """fn as a captured step (see the module's docstring); fuse: fold its adds into the kernels
+    that made their operands (fuse.py), False to replay the launches as recorded."""
+    return Compiled(fn, fuse)
 
 
 class Compiled:
-    def __init__(self, fn):
+    def __init__(self, fn, fuse=True):
         self.fn = fn
+        self.fuse = fuse
         self.name = getattr(fn, "__name__", "step")
         self.captures = {}  # (shape, dtype, device) of each input -> its Capture
         self.told = False
@@ -47,7 +50,7 @@ class Compiled:
                     file=sys.stderr,
                 )
                 self.told = True
-            capture = self.captures[key] = Capture(inputs)
+            capture = self.captures[key] = Capture(inputs, self.fuse)
         self.last = capture
         return capture(self.fn, inputs, timers)
 
@@ -56,8 +59,9 @@ class Capture:
     """One shape of a step: the buffers its inputs are copied into, its two recordings, then
     its Program."""
 
-    def __init__(self, inputs):
+    def __init__(self, inputs, fuse):
         self.buffers = [backend.of(a).empty(a.shape, a.dtype) for a in inputs]
+        self.fuse = fuse
         self.recordings = []
         self.program = None
 
@@ -76,6 +80,8 @@ class Capture:
                 self.program = Program(*self.recordings)
             except Mismatch as e:
                 raise RuntimeError(f"compile: cannot replay the step: {e}") from None
+            if self.fuse:
+                fuse(self.program)
             self.recordings = None
         return result
 

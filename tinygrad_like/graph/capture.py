@@ -17,9 +17,11 @@ Shapes: v a value (a buffer the step makes, numbered as it appears), view (shape
 offset) within its buffer; k the number of a host call.
 """
 
+from typing import Callable, NamedTuple
+
 import numpy as np
 
-from .. import backend, kernels
+from .. import backend, kernels, profiler
 from ..memory import root
 from .plan import Buffer, plan
 
@@ -38,6 +40,20 @@ class Recording:
         self.steps.append(("host", fn, args, result))
 
 
+class Launch(NamedTuple):
+    """A launch of a Program's steps (a host call is ("host", fn, its arguments' "seq", k))."""
+
+    kind: str  # "launch"
+    kernel: Callable  # the device's kernel
+    args: tuple  # each argument's description
+    kwargs: dict
+    makes: tuple  # per output: the value it starts, or None (no array, or an argument returned)
+    allocs: tuple  # (v, shape, dtype, device): buffers the step's Python allocated for it
+    name: str  # the kernel's name (kernels.KERNELS)
+    shapes: tuple  # per output: the shape its value is held in (a fusion's reshape), or None
+    recorded: tuple  # (args, kwargs, out) of the first recording, the arrays themselves
+
+
 class Mismatch(RuntimeError):
     """Two calls of a step launched what a replay cannot reproduce."""
 
@@ -46,7 +62,7 @@ def _is_array(x):
     return hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "nbytes")
 
 
-def _address(a):
+def address(a):
     """a's first byte in memory (0 on the meta device, which has none)."""
     if hasattr(a, "__array_interface__"):
         return a.__array_interface__["data"][0]
@@ -57,7 +73,7 @@ def _view(a, buffer):
     """None when a is buffer itself, else (shape, strides, byte offset) of a within it."""
     if a is buffer:
         return None
-    return tuple(a.shape), tuple(a.strides), _address(a) - _address(buffer)
+    return tuple(a.shape), tuple(a.strides), address(a) - address(buffer)
 
 
 def _said(x):
@@ -78,7 +94,7 @@ class Program:
                 "kernels and host calls: what it launches depends on something that changes"
             )
         self.values = ({}, {})  # per recording: id(buffer) -> v
-        self.buffers, self.births, self.deaths = [], [], []  # per v, of the first recording
+        self.buffers = []  # per v, its buffer in the first recording
         self.hosted = ({}, {})  # per recording: id(a host call's result) -> k
         self.device = None  # the backend module of the first launch's first array
         self.steps = []
@@ -88,28 +104,65 @@ class Program:
                 raise Mismatch(f"{self.where}: the second call ran {b[1]} there")
             if a[0] == "host":
                 k = len(self.hosted[0])
-                self.steps.append(("host", a[1], self._describe(a[2], b[2], i), k))
+                self.steps.append(("host", a[1], self._describe(a[2], b[2]), k))
                 if not isinstance(a[3], (type(None), bool, int, str)):
                     self.hosted[0][id(a[3])], self.hosted[1][id(b[3])] = k, k
             else:
-                self.steps.append(self._launch(a, b, i))
+                self.steps.append(self._launch(a, b))
         self.where = "the step's result"
-        self.result = self._describe(result1, result2, len(rec1.steps))
-        self.launches = sum(step[0] == "launch" for step in self.steps)
-        self.host_calls = len(self.steps) - self.launches
-        self.plan = plan(
-            [Buffer(x.nbytes, b, d) for x, b, d in zip(self.buffers, self.births, self.deaths)]
-        )
+        self.result = self._describe(result1, result2)
+        self.recorded = list(self.steps)  # the launches as recorded, before any fusion
+        self.eager_launches = self.launches
+        self.fusions = []  # fuse.Fusion of each pair fuse.fuse merged
+        self.planned()
 
-    def _launch(self, a, b, i):
+    @property
+    def launches(self):
+        return sum(step[0] == "launch" for step in self.steps)
+
+    @property
+    def host_calls(self):
+        return len(self.steps) - self.launches
+
+    @property
+    def bytes(self):
+        """The bytes the step's launches move, as the launch point counts them (kernels.count)
+        over the first recording's arrays (a decode step's KV reads at its length then)."""
+        return _counted(self.steps)
+
+    @property
+    def eager_bytes(self):
+        """The same count over the launches as recorded (before fuse.py)."""
+        return _counted(self.recorded)
+
+    def planned(self):
+        """Each value's lifetime read from the steps as they are now (a fusion moves and removes
+        some), and the memory plan of those alive (graph/plan.py)."""
+        births, deaths = [None] * len(self.buffers), [None] * len(self.buffers)
+        for i, step in enumerate(self.steps):
+            for v in made(step):
+                births[v] = i if births[v] is None else births[v]
+            for v in read(step):
+                deaths[v] = i
+        for v in values(self.result):
+            deaths[v] = len(self.steps)
+        self.births, self.deaths = births, deaths
+        alive = [
+            Buffer(x.nbytes, b, d if d is not None else b)
+            for x, b, d in zip(self.buffers, births, deaths)
+            if b is not None
+        ]
+        self.plan = plan(alive)
+
+    def _launch(self, a, b):
         """One launch, its arguments described and the buffers it makes numbered."""
         _, name, kernel, args1, kwargs1, out1 = a
         args2, kwargs2, out2 = b[3:]
         writes, known = set(kernels.KERNELS[name].writes), len(self.buffers)
         args = tuple(
-            self._describe(x, y, i, j in writes) for j, (x, y) in enumerate(zip(args1, args2))
+            self._describe(x, y, j in writes) for j, (x, y) in enumerate(zip(args1, args2))
         )
-        kwargs = {k: self._describe(x, kwargs2[k], i, k == "out") for k, x in kwargs1.items()}
+        kwargs = {k: self._describe(x, kwargs2[k], k == "out") for k, x in kwargs1.items()}
         allocs = tuple(  # the buffers the step's Python allocated for this launch to write
             (v, tuple(self.buffers[v].shape), self.buffers[v].dtype, backend.of(self.buffers[v]))
             for v in range(known, len(self.buffers))
@@ -118,34 +171,33 @@ class Program:
             self.device = backend.of(next(kernels.arrays(args1)))
         given = {id(root(x)) for x in (*args1, *kwargs1.values()) if _is_array(x)}
         outs1, outs2 = ((o if isinstance(o, tuple) else (o,)) for o in (out1, out2))
-        makes = tuple(self._made(x, y, i, given) for x, y in zip(outs1, outs2))
-        return ("launch", kernel, args, kwargs, makes, allocs)
+        makes = tuple(self._made(x, y, given) for x, y in zip(outs1, outs2))
+        shapes = (None,) * len(makes)
+        return Launch("launch", kernel, args, kwargs, makes, allocs, name, shapes, a[3:])
 
-    def _new(self, buffer1, buffer2, step):
+    def _new(self, buffer1, buffer2):
         v = len(self.buffers)
         self.values[0][id(buffer1)], self.values[1][id(buffer2)] = v, v
         self.buffers.append(buffer1)
-        self.births.append(step)
-        self.deaths.append(step)
         return v
 
-    def _made(self, x, y, step, given):
+    def _made(self, x, y, given):
         """The value an output starts, or None: no array, or a launch's argument returned."""
         if not _is_array(x):
             return None
         buffer = root(x)
         if id(buffer) in given or id(buffer) in self.values[0]:
             return None
-        return self._new(buffer, root(y), step)
+        return self._new(buffer, root(y))
 
-    def _describe(self, x, y, step, written=False):
+    def _describe(self, x, y, written=False):
         """The description of an argument x (first recording) and y (second)."""
         k = self.hosted[0].get(id(x))
         if k is not None and self.hosted[1].get(id(y)) == k:
             return ("hosted", k)
         if isinstance(x, (list, tuple)) and not _is_array(x):
             if type(x) is type(y) and len(x) == len(y):
-                return ("seq", type(x), tuple(self._describe(a, b, step) for a, b in zip(x, y)))
+                return ("seq", type(x), tuple(self._describe(a, b) for a, b in zip(x, y)))
         elif not _is_array(x):
             if x is y or (type(x) is type(y) and not _is_array(y) and x == y):
                 return ("const", x)
@@ -155,9 +207,8 @@ class Program:
             if v is None and (x is y or (r1 is r2 and view == _view(y, r2))):
                 return ("const", x)
             if v is None and written and r1 is not r2 and id(r2) not in self.values[1]:
-                v = self._new(r1, r2, step)  # allocated by the step's Python, written here
+                v = self._new(r1, r2)  # allocated by the step's Python, written here
             if v is not None and self.values[1].get(id(r2)) == v and view == _view(y, r2):
-                self.deaths[v] = step
                 return ("value", v, view)
         raise Mismatch(
             f"{self.where} takes a value that changes between calls of the step ({_said(x)}, "
@@ -174,9 +225,39 @@ class Program:
             timer = self.device.start_timer
             self._runners = [_runner(step, base, timer) for step in self.steps]
         slots = [None] * (base + len(self.hosted[0]) + 1)
+        for prof in profiler.active():
+            prof.replays.append(self)
         for run in self._runners:
             run(slots, timers)
-        return _maker(self.result, base)[1](slots)
+        built, result = _maker(self.result, base)
+        return result(slots) if built else result  # a constant: a step returning None
+
+
+def _counted(steps):
+    return sum(kernels.count(s.name, *s.recorded)[2] for s in steps if s[0] == "launch")
+
+
+def values(d):
+    """The values an argument's description refers to."""
+    if d[0] == "value":
+        yield d[1]
+    elif d[0] == "seq":
+        for x in d[2]:
+            yield from values(x)
+
+
+def read(step):
+    """The values a step passes to its kernel or host function (read, or written in place)."""
+    descriptions = step[2][2] if step[0] == "host" else (*step.args, *step.kwargs.values())
+    for d in descriptions:
+        yield from values(d)
+
+
+def made(step):
+    """The values a launch makes: its new outputs and what the step's Python allocated for it."""
+    if step[0] == "launch":
+        yield from (v for v in step.makes if v is not None)
+        yield from (v for v, *_ in step.allocs)
 
 
 def _runner(step, base, timer):
@@ -190,11 +271,10 @@ def _runner(step, base, timer):
             slots[slot] = fn(*arguments(slots))
 
         return run_host
-    _, kernel, args, kwargs, makes, allocs = step
-    arguments = _builder(args, base)
-    named = {k: _maker(d, base) for k, d in kwargs.items()}
-    allocs = tuple((v, shape, dtype, device.empty) for v, shape, dtype, device in allocs)
-    fills = tuple((i, v) for i, v in enumerate(makes) if v is not None)
+    kernel, arguments = step.kernel, _builder(step.args, base)
+    named = {k: _maker(d, base) for k, d in step.kwargs.items()}
+    allocs = tuple((v, shape, dtype, device.empty) for v, shape, dtype, device in step.allocs)
+    fills = tuple((i, v, step.shapes[i]) for i, v in enumerate(step.makes) if v is not None)
 
     def run(slots, timers):
         for v, shape, dtype, empty in allocs:  # what the step's Python allocated
@@ -209,8 +289,8 @@ def _runner(step, base, timer):
             timers.append(t.stop())
         if fills:
             outs = out if isinstance(out, tuple) else (out,)
-            for i, v in fills:
-                slots[v] = root(outs[i])
+            for i, v, shape in fills:
+                slots[v] = root(outs[i]) if shape is None else outs[i].reshape(shape)
 
     return run
 

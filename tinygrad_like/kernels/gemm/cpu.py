@@ -27,6 +27,8 @@ import math
 import numpy as np
 
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, f32, in_parallel, one_blas_thread, rounded
+from ..elementwise.cpu import add as elementwise_add
+from ..elementwise.cpu import mul as elementwise_mul
 
 _GEMM_SPLIT = 1 << 22  # multiply-adds (batch*M*K*N) from which a GEMM uses all the cores
 _LONG_K = 2  # K >= _LONG_K * max(M, N): a long K, cut in two halves
@@ -85,13 +87,30 @@ def _gemm_split(a, b, big):
     return c
 
 
-def matmul(a, b, bias=None):
-    return rounded(_gemm(a, b, bias), a.dtype)
+def _epilogue(c, dtype, scale, add, out):
+    """C (fp32) rounded once to dtype, then [* scale] [+ add] by elementwise's mul and add (the
+    bits of the launches a step made after the GEMM), written into C itself, or into out (add's
+    own bytes when a gradient accumulates). A pass over C after BLAS wrote it: C of a layer's
+    step size is still in the cache, where the unfused add would read it back and write a third
+    array."""
+    c = rounded(c, dtype)
+    if scale is not None:
+        c = elementwise_mul(c, scale, out=c)
+    if add is not None:
+        return elementwise_add(add, c, out=c if out is None else out)
+    if out is not None:
+        out[...] = c
+        return out
+    return c
 
 
-def matmul_nt(a, b):
-    return rounded(_gemm(a, b.swapaxes(-1, -2)), a.dtype)
+def matmul(a, b, bias=None, scale=None, add=None, out=None):
+    return _epilogue(_gemm(a, b, bias), a.dtype, scale, add, out)
 
 
-def matmul_tn(a, b):
-    return rounded(_gemm(a.swapaxes(-1, -2), b), a.dtype)
+def matmul_nt(a, b, scale=None, add=None, out=None):
+    return _epilogue(_gemm(a, b.swapaxes(-1, -2)), a.dtype, scale, add, out)
+
+
+def matmul_tn(a, b, scale=None, add=None, out=None):
+    return _epilogue(_gemm(a.swapaxes(-1, -2), b), a.dtype, scale, add, out)

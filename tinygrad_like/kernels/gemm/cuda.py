@@ -1,7 +1,9 @@
 """GEMMs on CUDA (gemm.cu): C (..., M, N) = op(A) (..., M, K) op(B) (..., K, N). fp32 runs gemm_f32
 (tiled shared memory), fp16/bf16 gemm_tc (mma.sync tensor cores, fp32 accumulation); fp64,
 mixed dtypes and TG_MATMUL=cublas go to cupy.matmul (cuBLAS, fp32 compute): the yardstick for
-the custom GEMMs, and the fallback should they misbehave.
+the custom GEMMs, and the fallback should they misbehave. The epilogue's scale (one element)
+and add (C's shape and dtype) are read in the custom kernels' store; out (C's shape and dtype)
+may be add itself.
 """
 
 import math
@@ -12,16 +14,25 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cuda.runtime import NULL, TRAINING, blocks_for, compiled
-from ..elementwise.cuda import add
+from ..elementwise.cuda import add as elementwise_add
+from ..elementwise.cuda import mul as elementwise_mul
 
 
-def _gemm_cupy(a, b, bias, ta, tb):
+def _gemm_cupy(a, b, bias, ta, tb, scale, add, out):
     """cuBLAS through cupy.matmul (fp32 compute for fp32/fp16/bf16): fp64, mixed dtypes, and
-    everything when TG_MATMUL=cublas."""
+    everything when TG_MATMUL=cublas. The epilogue as the unfused launches: C rounded to a's
+    dtype, then elementwise's mul(C, scale) and add(add, C), into out when given."""
     y = cupy.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
     if bias is not None:
-        y = add(y, bias)
-    return y if y.dtype == a.dtype else y.astype(a.dtype)
+        y = elementwise_add(y, bias)
+    y = y if y.dtype == a.dtype else y.astype(a.dtype)
+    if scale is not None:
+        y = elementwise_mul(y, scale)
+    if add is not None:
+        y = elementwise_add(add, y, out=out)  # written into out when given
+    elif out is not None:
+        out[...] = y
+    return y if out is None else out
 
 
 def _batched(x, batch):
@@ -35,9 +46,11 @@ def _batched(x, batch):
     return cupy.ascontiguousarray(cupy.broadcast_to(x, batch + x.shape[-2:])), matrix
 
 
-def _gemm(a, b, bias, ta, tb):
-    """op(a) @ op(b) (+ bias) over broadcast leading (batch) dims; op transposes the last two
-    axes when ta / tb. fp32 runs gemm_f32, fp16/bf16 gemm_tc (tensor cores), see gemm.cu."""
+def _gemm(a, b, bias, ta, tb, scale=None, add=None, out=None):
+    """(op(a) @ op(b) (+ bias)) (* scale) (+ add) over broadcast leading (batch) dims, into out
+    when given; op transposes the last two axes when ta / tb. fp32 runs gemm_f32, fp16/bf16
+    gemm_tc (tensor cores), see gemm.cu; scale (one element) and add (C's shape) are read in
+    their store, where out may be add itself."""
     M, K = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
     N, Kb = (b.shape[-2], b.shape[-1]) if tb else (b.shape[-1], b.shape[-2])
     if K != Kb:
@@ -47,22 +60,42 @@ def _gemm(a, b, bias, ta, tb):
         or a.dtype != b.dtype
         or a.dtype not in TRAINING
     ):
-        return _gemm_cupy(a, b, bias, ta, tb)
+        return _gemm_cupy(a, b, bias, ta, tb, scale, add, out)
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    shape = batch + (M, N)
+    if out is not None and (out.shape != shape or not out.flags.c_contiguous):
+        # the kernels write a C-contiguous C: a new one, then copied (add read before out written)
+        out[...] = _gemm(a, b, bias, ta, tb, scale, add)
+        return out
     if not ta and b.ndim == 2 and a.ndim > 2:  # X (..., K) @ W: one GEMM over all rows
         rows = math.prod(a.shape[:-1])  # not -1: that cannot be solved when K = 0
-        return _gemm(a.reshape(rows, K), b, bias, False, tb).reshape(a.shape[:-1] + (N,))
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        add, flat = [None if x is None else x.reshape(rows, N) for x in (add, out)]
+        c = _gemm(a.reshape(rows, K), b, bias, False, tb, scale, add, flat)
+        return c.reshape(shape) if out is None else out
     nbatch, tile = math.prod(batch), (64 if a.dtype == dtypes.float32 else 128)
     if nbatch > 65535 or blocks_for(M, tile) > 65535:  # beyond the grid's y/z limits
-        return _gemm_cupy(a, b, bias, ta, tb)
+        return _gemm_cupy(a, b, bias, ta, tb, scale, add, out)
     (a, stride_a), (b, stride_b) = _batched(a, batch), _batched(b, batch)
-    c = cupy.empty(batch + (M, N), dtype=a.dtype)
+    c = cupy.empty(shape, dtype=a.dtype) if out is None else out
     if c.size == 0:
         return c
     if bias is not None:
         bias = cupy.ascontiguousarray(bias, dtype=a.dtype)
-    if K == 0:  # an empty sum: C = bias (or 0), as np.matmul gives; no kernel to launch
-        c[...] = 0 if bias is None else bias
+    if scale is not None:
+        scale = cupy.ascontiguousarray(scale, dtype=a.dtype)
+    if add is not None:
+        add = cupy.ascontiguousarray(add)  # out itself when out is add: no copy
+    if K == 0:  # an empty sum: C = bias (or 0), as np.matmul gives, then the epilogue; no GEMM
+        if add is None and scale is None:
+            c[...] = 0 if bias is None else bias
+            return c
+        # C made apart from c: c may be add itself, read by the add
+        c0 = cupy.zeros(shape, a.dtype) if bias is None else cupy.broadcast_to(bias, shape)
+        c0 = c0 if scale is None else elementwise_mul(c0, scale)
+        if add is None:
+            c[...] = c0
+        else:
+            elementwise_add(add, c0, out=c)
         return c
     vec = 16 // a.itemsize  # cp.async moves 16 bytes: contiguous dims and pointers must allow it
     aligned = (
@@ -82,6 +115,8 @@ def _gemm(a, b, bias, ta, tb):
             a,
             b,
             NULL if bias is None else bias,
+            NULL if scale is None else scale,
+            NULL if add is None else add,
             c,
             np.int32(M),
             np.int32(N),
@@ -94,13 +129,13 @@ def _gemm(a, b, bias, ta, tb):
     return c
 
 
-def matmul(a, b, bias=None):
-    return _gemm(a, b, bias, False, False)
+def matmul(a, b, bias=None, scale=None, add=None, out=None):
+    return _gemm(a, b, bias, False, False, scale, add, out)
 
 
-def matmul_nt(a, b):
-    return _gemm(a, b, None, False, True)
+def matmul_nt(a, b, scale=None, add=None, out=None):
+    return _gemm(a, b, None, False, True, scale, add, out)
 
 
-def matmul_tn(a, b):
-    return _gemm(a, b, None, True, False)
+def matmul_tn(a, b, scale=None, add=None, out=None):
+    return _gemm(a, b, None, True, False, scale, add, out)

@@ -1,4 +1,5 @@
-// GEMMs: C[M, N] = op(A)[M, K] @ op(B)[K, N] (+ bias[N]), batched over blockIdx.z.
+// GEMMs: C[M, N] = (op(A)[M, K] @ op(B)[K, N] (+ bias[N])) (* scale) (+ add[M, N]), batched
+// over blockIdx.z.
 //
 // The three layouts a linear layer needs are template flags, read as "the operand is stored
 // transposed":
@@ -9,8 +10,16 @@
 // broadcasts one matrix over the batch). Ragged sizes: tiles that run past M, N or K are
 // zero-filled when loaded and bounds-checked when stored. Accumulation is always fp32, and the
 // bias is added in fp32 before the one rounding to T, as cpu.matmul does. K = 0 is correct
-// (C = bias, or 0: no k-tile runs and the loads in flight are drained before exit), though
-// cuda.py never launches it: it fills C on the host side without a kernel.
+// (C = bias, or 0, then + add: no k-tile runs and the loads in flight are drained before
+// exit), though cuda.py never launches it: it fills C on the host side without a kernel.
+//
+// The epilogue's scale (NULL: none; one element) and add (NULL: none; C's shape and batch
+// stride) are read in the store and give the bits of elementwise's mul(C, scale), then
+// add(add, C), launched after the GEMM: fp32 C = ((acc + bias) * scale) + add, each rounded
+// (__fmul_rn / __fadd_rn: no FMA contracts them); fp16/bf16 C rounded to T first, then each
+// step widened to fp32 and rounded back to T, as the elementwise kernels do.
+// add may be C itself (a gradient accumulated in place): each element is read, then written,
+// by the one thread that owns it, so neither pointer is __restrict__.
 //
 // Shared memory tiles mirror the global layout (a tile of [K][M] stays k-major), so the global
 // -> shared copy is a plain 2-D copy: 16 bytes per cp.async when ASYNC (the contiguous dims are
@@ -114,8 +123,9 @@ constexpr int S_BM = 64, S_BN = 64, S_BK = 16, S_THREADS = 256;
 
 template <bool TA, bool TB, bool ASYNC>
 __global__ void __launch_bounds__(S_THREADS)
-gemm_f32(const float* A, const float* B, const float* bias, float* C, int M, int N, int K,
-         long long stride_a, long long stride_b, long long stride_c) {
+gemm_f32(const float* A, const float* B, const float* bias, const float* scale,
+         const float* add, float* C, int M, int N, int K, long long stride_a, long long stride_b,
+         long long stride_c) {
     // pitch: row length + 4 floats (keeps 16-byte alignment for cp.async, staggers banks)
     constexpr int PA = (TA ? S_BM : S_BK) + 4, PB = (TB ? S_BK : S_BN) + 4;
     __shared__ __align__(16) float As[2][(TA ? S_BK : S_BM) * PA];
@@ -123,6 +133,7 @@ gemm_f32(const float* A, const float* B, const float* bias, float* C, int M, int
     A += blockIdx.z * stride_a;
     B += blockIdx.z * stride_b;
     C += blockIdx.z * stride_c;
+    if (add) add += blockIdx.z * stride_c;
     const int m0 = blockIdx.y * S_BM, n0 = blockIdx.x * S_BN;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 
@@ -160,7 +171,12 @@ gemm_f32(const float* A, const float* B, const float* bias, float* C, int M, int
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int col = n0 + tx + 16 * j;
-            if (row < M && col < N) C[(long long)row * N + col] = acc[i][j] + (bias ? bias[col] : 0.0f);
+            if (row < M && col < N) {
+                const long long idx = (long long)row * N + col;
+                float r = acc[i][j] + (bias ? bias[col] : 0.0f);
+                if (scale) r = __fmul_rn(r, *scale);
+                C[idx] = add ? __fadd_rn(r, add[idx]) : r;
+            }
         }
     }
 }
@@ -175,8 +191,8 @@ constexpr int T_BM = 128, T_BN = 128, T_BK = 32, T_THREADS = 256;
 
 template <typename T, bool TA, bool TB, bool ASYNC>
 __global__ void __launch_bounds__(T_THREADS)
-gemm_tc(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, long long stride_a,
-        long long stride_b, long long stride_c) {
+gemm_tc(const T* A, const T* B, const T* bias, const T* scale, const T* add, T* C, int M, int N,
+        int K, long long stride_a, long long stride_b, long long stride_c) {
     // pitch: row length + 8 elements (16 bytes): rows stay 16-byte aligned for cp.async and
     // ldmatrix, and the 8 rows one ldmatrix reads fall in different banks
     constexpr int PA = (TA ? T_BM : T_BK) + 8, PB = (TB ? T_BK : T_BN) + 8;
@@ -185,6 +201,7 @@ gemm_tc(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, long l
     A += blockIdx.z * stride_a;
     B += blockIdx.z * stride_b;
     C += blockIdx.z * stride_c;
+    if (add) add += blockIdx.z * stride_c;
     const int m0 = blockIdx.y * T_BM, n0 = blockIdx.x * T_BN;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;  // the warp's piece of the tile
@@ -243,8 +260,13 @@ gemm_tc(const T* A, const T* B, const T* bias, T* C, int M, int N, int K, long l
             for (int e = 0; e < 4; ++e) {
                 const int row = m0 + wm + i * 16 + lane / 4 + (e / 2) * 8;
                 const int col = n0 + wn + j * 8 + (lane % 4) * 2 + e % 2;
-                if (row < M && col < N)
-                    C[(long long)row * N + col] = from_acc<T>(acc[i][j][e] + (bias ? to_acc(bias[col]) : 0.0f));
+                if (row < M && col < N) {
+                    const long long idx = (long long)row * N + col;
+                    T r = from_acc<T>(acc[i][j][e] + (bias ? to_acc(bias[col]) : 0.0f));
+                    if (scale) r = from_acc<T>(to_acc(r) * to_acc(*scale));
+                    if (add) r = from_acc<T>(to_acc(r) + to_acc(add[idx]));
+                    C[idx] = r;
+                }
             }
 }
 

@@ -8,6 +8,7 @@ from numba import prange
 from ... import dtypes
 from ...backend.cpu.compiled import LANES, kernel, row_dot, row_sum
 from ...backend.cpu.runtime import f32, rounded
+from ..elementwise.cpu import add as elementwise_add
 
 # Rows go a block of _BLOCK_ROWS per prange iteration (scratch allocated once per block);
 # dweight and dbias are summed per block of _BLOCK_ROWS rows (one prange iteration each), then
@@ -52,9 +53,10 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
 
 
 @kernel
-def _norm_bwd(dy, x, weight, mean, rstd, centred, dx, partial):
+def _norm_bwd(dy, x, weight, mean, rstd, centred, plus, dx, partial):
     # layernorm (centred) or RMSNorm (mean unused) backward in one pass over dy and x: a block
-    # of _BLOCK_ROWS rows per iteration, each row's dx (rownorm.cu's _bwd_dx, a warp per row)
+    # of _BLOCK_ROWS rows per iteration, each row's dx (rownorm.cu's _bwd_dx, a warp per row),
+    # plus[row] added to it where plus has rows (the epilogue, in fp32 as elementwise's add),
     # and the block's partial[b] = (sum(dy xhat), sum(dy)) over its rows in order (_partials);
     # xhat, g, acc: the block's scratch
     A = x.dtype.type
@@ -71,13 +73,17 @@ def _norm_bwd(dy, x, weight, mean, rstd, centred, dx, partial):
             mean_gx = row_dot(g, xhat, acc) / A(C)
             for c in range(C):
                 dx[row, c] = (g[c] - mean_g - xhat[c] * mean_gx) * rs
+                if plus.shape[0]:
+                    dx[row, c] += plus[row, c]
                 partial[b, 0, c] += dy[row, c] * xhat[c]
                 partial[b, 1, c] += dy[row, c]
 
 
-def _norm_backward(dy, x, weight, mean, rstd):
-    """dx and the (blocks, 2, C) partial sums of dweight and dbias of layernorm's backward, or
-    RMSNorm's when mean is None (_norm_bwd); the callers add them in block order."""
+def _norm_backward(dy, x, weight, mean, rstd, add):
+    """dx [+ add] and the (blocks, 2, C) partial sums of dweight and dbias of layernorm's
+    backward, or RMSNorm's when mean is None (_norm_bwd); the callers add them in block order.
+    add joins dx inside the pass for fp32 and fp64 x; a 2-byte dx is rounded first, as the add
+    launched after it would have read it, so there the add is elementwise's, after the pass."""
     C = x.shape[-1]
     stat = dtypes.compute_dtype(x.dtype)
     dys = np.ascontiguousarray(f32(dy.reshape(-1, C)))
@@ -87,13 +93,18 @@ def _norm_backward(dy, x, weight, mean, rstd):
     partial = np.zeros((-(-rows // _BLOCK_ROWS), 2, C), dtype=stat)
     means = rstd.reshape(-1) if mean is None else mean.reshape(-1)
     w = np.asarray(f32(weight), stat)
-    _norm_bwd(dys, xs, w, means, rstd.reshape(-1), mean is not None, dx, partial)
-    return rounded(dx, x.dtype).reshape(x.shape), partial
+    inside = add is not None and x.dtype == stat
+    plus = np.ascontiguousarray(add.reshape(-1, C)) if inside else np.empty((0, C), stat)
+    _norm_bwd(dys, xs, w, means, rstd.reshape(-1), mean is not None, plus, dx, partial)
+    dx = rounded(dx, x.dtype).reshape(x.shape)
+    if add is not None and not inside:
+        dx = elementwise_add(add, dx, out=dx)
+    return dx, partial
 
 
-def layernorm_bwd(dy, x, weight, mean, rstd):
+def layernorm_bwd(dy, x, weight, mean, rstd, add=None):
     """dweight and dbias summed per row block (_norm_bwd), then over the blocks in order."""
-    dx, partial = _norm_backward(dy, x, weight, mean, rstd)
+    dx, partial = _norm_backward(dy, x, weight, mean, rstd, add)
     dweight, dbias = partial[:, 0].sum(axis=0), partial[:, 1].sum(axis=0)  # (C,) each, no views
     return dx, rounded(dweight, weight.dtype), rounded(dbias, weight.dtype)
 
@@ -123,8 +134,8 @@ def rmsnorm_fwd(x, weight, eps=1e-6):
     return rounded(y, x.dtype).reshape(x.shape), rstd.reshape(x.shape[:-1])
 
 
-def rmsnorm_bwd(dy, x, weight, rstd):
+def rmsnorm_bwd(dy, x, weight, rstd, add=None):
     """layernorm_bwd's pass without the mean; dweight summed per row block, then over the blocks
     in order."""
-    dx, partial = _norm_backward(dy, x, weight, None, rstd)
+    dx, partial = _norm_backward(dy, x, weight, None, rstd, add)
     return dx, rounded(partial[:, 0].sum(axis=0), weight.dtype)

@@ -9,6 +9,7 @@ import numpy as np
 from ... import dtypes
 from ...backend.cuda.runtime import (
     BLOCK,
+    NULL,
     as_rows,
     blocks_for,
     check_same_dtype,
@@ -41,9 +42,9 @@ def layernorm_fwd(x, weight, bias, eps=1e-5):
     return y, mean, rstd
 
 
-def layernorm_bwd(dy, x, weight, mean, rstd):
+def layernorm_bwd(dy, x, weight, mean, rstd, add=None):
     """dweight/dbias summed deterministically: partial sums per chunk of rows, then one ordered
-    pass over the chunks (see rownorm.cu)."""
+    pass over the chunks (see rownorm.cu); add (x's shape) joins dx in its store."""
     check_same_dtype(dy, x, weight)
     x, rows, C = as_rows(x)
     dy, weight = cupy.ascontiguousarray(dy), cupy.ascontiguousarray(weight)
@@ -62,12 +63,18 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
         weight,
         mean,
         rstd,
+        _summand(add),
         dx,
         np.int32(rows),
         np.int32(C),
     )
     dweight, dbias = _weight_grads(dy, x, mean, rstd, rows, C)
     return dx, dweight, dbias
+
+
+def _summand(add):
+    """The dx kernels' add argument: add (x's shape) contiguous, or NULL for none."""
+    return NULL if add is None else cupy.ascontiguousarray(add)
 
 
 def _weight_grads(dy, x, mean, rstd, rows, C):
@@ -111,8 +118,9 @@ def rmsnorm_fwd(x, weight, eps=1e-6):
     return y, rstd
 
 
-def rmsnorm_bwd(dy, x, weight, rstd):
-    """dweight is layernorm's with a mean of 0, by the same two kernels (their dbias unused)."""
+def rmsnorm_bwd(dy, x, weight, rstd, add=None):
+    """dweight is layernorm's with a mean of 0, by the same two kernels (their dbias unused);
+    add (x's shape) joins dx in its store."""
     check_same_dtype(dy, x, weight)
     x, rows, C = as_rows(x)
     dy, weight = cupy.ascontiguousarray(dy), cupy.ascontiguousarray(weight)
@@ -130,6 +138,7 @@ def rmsnorm_bwd(dy, x, weight, rstd):
         x,
         weight,
         rstd,
+        _summand(add),
         dx,
         np.int32(rows),
         np.int32(C),

@@ -31,12 +31,26 @@ __global__ void layernorm_fwd(const T* x, const T* weight, const T* bias, T* y, 
     }
 }
 
-// Backward, dx part. Launch: one warp per row, 8 rows per 256-thread block. dy, x, dx:
+// a + b rounded on its own: for fp32 and fp64 nothing rounds v before the add, and the compiler
+// would otherwise contract v's last product and the add into an FMA (other bits than the add
+// launched after the unfused kernel).
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
+// dx's store with the epilogue: dx = v rounded to T, plus a (add's element) with the bits of
+// elementwise's add(add, dx) launched after the backward: the rounded dx widened, added in
+// acc_t to the widened a, rounded once more (for fp32 and fp64 just v + a).
+template <typename T> __device__ __forceinline__ T plus(acc_t<T> v, T a) {
+    return from_acc<T>(add_rn(to_acc(from_acc<T>(v)), to_acc(a)));
+}
+
+// Backward, dx part. Launch: one warp per row, 8 rows per 256-thread block. dy, x, dx, add:
 // (rows, C); weight: (C,); mean, rstd: (rows,). With xhat = (x - mean) rstd and g = dy weight,
-// as cpu.layernorm_bwd: dx = rstd (g - mean(g) - xhat mean(g xhat)).
+// as cpu.layernorm_bwd: dx = rstd (g - mean(g) - xhat mean(g xhat)) [+ add] (plus; add NULL:
+// none).
 template <typename T>
 __global__ void layernorm_bwd_dx(const T* dy, const T* x, const T* weight, const acc_t<T>* mean,
-                                 const acc_t<T>* rstd, T* dx, int rows, int C) {
+                                 const acc_t<T>* rstd, const T* add, T* dx, int rows, int C) {
     typedef acc_t<T> A;
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -53,7 +67,8 @@ __global__ void layernorm_bwd_dx(const T* dy, const T* x, const T* weight, const
     for (int c = lane; c < C; c += 32) {
         const A g = to_acc(dy[off + c]) * to_acc(weight[c]);
         const A xhat = (to_acc(x[off + c]) - mu) * rs;
-        dx[off + c] = from_acc<T>((g - mean_g - xhat * mean_gx) * rs);
+        const A v = (g - mean_g - xhat * mean_gx) * rs;
+        dx[off + c] = add ? plus<T>(v, add[off + c]) : from_acc<T>(v);
     }
 }
 
@@ -120,13 +135,13 @@ __global__ void rmsnorm_fwd(const T* x, const T* weight, T* y, acc_t<T>* rstd, i
     if (lane == 0) rstd[row] = rs;
 }
 
-// RMSNorm backward, dx part. Launch: one warp per row, 8 rows per 256-thread block. dy, x, dx:
-// (rows, C); weight: (C,); rstd: (rows,). With xhat = x rstd and g = dy weight, as
-// rownorm/cpu.py: dx = rstd (g - xhat mean(g xhat)). dweight is layernorm_bwd_partials' with a
-// zero mean (cuda.py).
+// RMSNorm backward, dx part. Launch: one warp per row, 8 rows per 256-thread block. dy, x, dx,
+// add: (rows, C); weight: (C,); rstd: (rows,). With xhat = x rstd and g = dy weight, as
+// rownorm/cpu.py: dx = rstd (g - xhat mean(g xhat)) [+ add] (plus; add NULL: none). dweight is
+// layernorm_bwd_partials' with a zero mean (cuda.py).
 template <typename T>
 __global__ void rmsnorm_bwd_dx(const T* dy, const T* x, const T* weight, const acc_t<T>* rstd,
-                               T* dx, int rows, int C) {
+                               const T* add, T* dx, int rows, int C) {
     typedef acc_t<T> A;
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -139,7 +154,8 @@ __global__ void rmsnorm_bwd_dx(const T* dy, const T* x, const T* weight, const a
     const A mean_gx = warp_sum(sum_gx) / A(C);
     for (int c = lane; c < C; c += 32) {
         const A g = to_acc(dy[off + c]) * to_acc(weight[c]);
-        dx[off + c] = from_acc<T>((g - to_acc(x[off + c]) * rs * mean_gx) * rs);
+        const A v = (g - to_acc(x[off + c]) * rs * mean_gx) * rs;
+        dx[off + c] = add ? plus<T>(v, add[off + c]) : from_acc<T>(v);
     }
 }
 
