@@ -32,6 +32,7 @@ class Captured:
     eager_bytes: int  # bytes the step's kernels move eagerly, counted as the launch point does
     replay_bytes: int  # the same count over the fused step's launches
     fused_saved: int  # predicted bytes the fusions remove: each intermediate written, read back
+    fused: list = None  # Program.fused_census(): per kind of fused launch (counted steps only)
     eager_seconds: float = None  # a step run eagerly (None on meta)
     eager_kernel_seconds: float = None  # its kernels' share
     replay_seconds: float = None  # the step replayed
@@ -59,6 +60,7 @@ def _counts(program, counted=True):
         program.eager_bytes if counted else None,
         program.bytes if counted else None,
         sum(f.saved for f in program.fusions),
+        program.fused_census() if counted else None,
     )
 
 
@@ -183,6 +185,17 @@ def fused_line(name, c):
     return wrap(line)
 
 
+def fused_table(census):
+    """The training step's fused launches by kind (Program.fused_census): how many, the bytes
+    they move, the bytes their fusions removed."""
+    rows = [
+        (name, n, f"{moved:,}", f"{saved:,}", f"{saved / (moved + saved):.0%}")
+        for name, n, moved, saved in census
+    ]
+    columns = ("fused launch (training step)", "launches", "bytes", "bytes removed", "of unfused")
+    return table(columns, rows, "lrrrr")
+
+
 def section(m, timed):
     """The two steps captured and replayed (this module): launches and host calls
     per step, host time eager and replayed, and the training step's buffers in their arena
@@ -223,6 +236,7 @@ def section(m, timed):
             "one timer per kernel; ~0: below the two runs' noise)."
         ),
         *(fused_line(name, c) for name, c in (("training", train), ("decode", decode))),
+        fused_table(train.fused),
         wrap(
             "the training step's buffers, above the persistent state: planned "
             f"{train.arena_bytes:,} bytes, live peak {train.live_bytes:,}; the tracker's peak "

@@ -94,7 +94,7 @@ def decode_table(rows):
             (
                 name,
                 fmt,
-                c.launches,
+                f"{c.eager_launches} -> {c.launches}",
                 ms(c.eager_seconds),
                 captured.host_ms(c.eager_host),
                 ms(c.replay_seconds),
@@ -102,7 +102,8 @@ def decode_table(rows):
                 f"{c.eager_seconds / c.replay_seconds:.2f}x",
             )
         )
-    columns = ("model", "weights", "launches", "eager ms", "host ms", "replayed ms", "host ms")
+    columns = ("model", "weights", "launches (fused)", "eager ms", "host ms", "replayed ms")
+    columns += ("host ms",)
     return table(columns + ("speedup",), out, "llrrrrrr")
 
 

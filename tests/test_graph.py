@@ -81,8 +81,10 @@ def test_a_replay_runs_the_kernels_and_host_calls_without_the_op_layer():
     assert prof.launches == [] and cache.length == 3
     (capture,) = step.captures.values()
     # GPT-2's decode step: 12 launches a layer and 5 more, its 2 residual adds fused away
-    assert capture.program.eager_launches == 12 * CFG.n_layer + 5
-    assert capture.program.launches == 10 * CFG.n_layer + 5
+    program = capture.program
+    assert program.eager_launches == 12 * CFG.n_layer + 5
+    assert program.launches == 10 * CFG.n_layer + 5
+    assert program.eager_bytes - program.bytes == sum(f.saved for f in program.fusions) > 0
 
 
 def test_a_value_that_changes_between_calls_is_refused_naming_the_launch():
@@ -256,6 +258,12 @@ def test_fusion_removes_the_adds_and_the_bytes_it_predicts_with_the_same_bits(fa
     assert {f.kernel for f in fused.fusions} >= {"matmul", "matmul_tn"}
     assert fused.launches == plain.launches - len(fused.fusions)
     assert plain.bytes - fused.bytes == sum(f.saved for f in fused.fusions) > 0
+    census = fused.fused_census()  # the report's table: per kind of fused launch
+    assert sum(n for _, n, _, _ in census) == sum(
+        bool(s.folded) for s in fused.steps if s[0] == "launch"
+    )
+    assert sum(saved for *_, saved in census) == plain.bytes - fused.bytes
+    assert {name for name, *_ in census} >= {"matmul+add", "matmul_tn+add"}
     assert fused.plan.live_peak <= plain.plan.live_peak
 
 

@@ -52,6 +52,7 @@ class Launch(NamedTuple):
     name: str  # the kernel's name (kernels.KERNELS)
     shapes: tuple  # per output: the shape its value is held in (a fusion's reshape), or None
     recorded: tuple  # (args, kwargs, out) of the first recording, the arrays themselves
+    folded: tuple = ()  # fuse.Fusion of each launch folded into it as its epilogue
 
 
 class Mismatch(RuntimeError):
@@ -113,12 +114,29 @@ class Program:
         self.result = self._describe(result1, result2)
         self.recorded = list(self.steps)  # the launches as recorded, before any fusion
         self.eager_launches = self.launches
-        self.fusions = []  # fuse.Fusion of each pair fuse.fuse merged
         self.planned()
 
     @property
     def launches(self):
         return sum(step[0] == "launch" for step in self.steps)
+
+    @property
+    def fusions(self):
+        """fuse.Fusion of every launch folded into another (graph/fuse.py), in step order."""
+        return [f for s in self.steps if s[0] == "launch" for f in s.folded]
+
+    def fused_census(self):
+        """[(kernel and what it took, e.g. "matmul_tn+mul+add", launches, bytes they move as
+        the launch point counts them, bytes the fusions removed, predicted)] per kind of fused
+        launch, the most bytes removed first."""
+        rows = {}
+        for s in self.steps:
+            if s[0] == "launch" and s.folded:
+                name = "+".join([s.name, *(f.folded for f in s.folded)])
+                n, moved, saved = rows.get(name, (0, 0, 0))
+                counted = kernels.count(s.name, *s.recorded)[2]
+                rows[name] = (n + 1, moved + counted, saved + sum(f.saved for f in s.folded))
+        return sorted(((k, *v) for k, v in rows.items()), key=lambda row: -row[3])
 
     @property
     def host_calls(self):

@@ -37,14 +37,14 @@ FOLDED = {"mul": "scale", "add": "add"}  # the elementwise kernels an epilogue t
 @dataclass(frozen=True)
 class Fusion:
     kernel: str  # the kernel that took the elementwise launch as its epilogue
-    folded: str  # "add" or "mul"
+    folded: str  # the elementwise launch: "add" or "mul"
     saved: int  # bytes predicted removed: C written, then read back by the add or mul (2 |C|)
 
 
 def fuse(program):
     """Fold every mul by a 0-d array and every add that can be (the module's docstring) into
-    the kernel that made their operand, in program.steps; program.fusions lists them and
-    program.plan is made again."""
+    the kernel that made their operand, in program.steps (each fused launch's .folded lists
+    what it took: program.fusions), and make program.plan again."""
     steps = program.steps
     readers = defaultdict(set)  # v -> the steps reading it
     for i, step in enumerate(steps):
@@ -73,14 +73,15 @@ def fuse(program):
                 continue
             fused = _fused(program, i, j, side)
             if fused is not None:
-                steps[i] = fused
+                c = _outputs(fused.recorded[2])[0]
+                steps[i] = fused._replace(
+                    folded=fused.folded + (Fusion(fused.name, op.name, 2 * c.nbytes),)
+                )
                 removed.add(j)
                 for u in read(op):
                     readers[u].discard(j)
                 if fused.makes[0] is not None:
                     first_output[fused.makes[0]] = i
-                c = _outputs(fused.recorded[2])[0]
-                program.fusions.append(Fusion(fused.name, op.name, 2 * c.nbytes))
                 break
     program.steps = [s for j, s in enumerate(steps) if j not in removed]
     program.planned()
