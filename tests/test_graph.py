@@ -2,7 +2,9 @@
 without the op layer. A captured decode step gives the eager step's logits bit for bit (GPT-2 and
 Llama; fp32, bf16, quantized weights, an fp8 cache), a step whose kernels take a value that
 changes between calls is refused naming the launch, a new shape is captured again and said
-once, and the memory plan never lets two live buffers share a byte.
+once, and the memory plan never lets two live buffers share a byte. Fused (graph/fuse.py), a
+step keeps the unfused bits, on the CPU and on the CUDA backend (its .cu kernels executed on the
+CPU where there is no GPU), and moves the bytes fewer that its fusions predict.
 """
 
 import numpy as np
@@ -310,3 +312,76 @@ def test_an_in_place_accumulation_folds_into_the_gemm_and_keeps_its_order():
         np.testing.assert_allclose(g, expected, rtol=1e-6)
         if not fused:
             np.testing.assert_allclose(seen, expected - x.T @ dy, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- on the CUDA backend
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """The CUDA backend: a GPU's, or where there is none the CuPy stand-in with every .cu kernel
+    run on the CPU (tests/cuda_on_cpu), as the kernel tests run them."""
+    if backend.cuda_available():
+        yield backend.get("cuda")
+        return
+    import cuda_on_cpu
+    import fake_cupy
+
+    if not cuda_on_cpu.available():
+        pytest.skip("no CUDA device and no C++ compiler")
+    with fake_cupy.installed(execute=True) as module:
+        cuda_on_cpu.build(
+            [
+                (s, tuple(module.instances(s)))
+                for s in map(module.kernel_source, module.kernel_files())
+            ]
+        )
+        monkeypatch.setattr(backend, "cuda_available", lambda: True)
+        yield module
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_fused_training_step_on_cuda_is_the_eager_step_bit_for_bit(cuda, family, dtype):
+    """On the CUDA backend (the .cu kernels, here executed on the CPU): the captured step with
+    its adds and scalings folded into gemm.cu's and rownorm.cu's epilogues gives the eager
+    step's losses, norms and weights."""
+    rng = np.random.default_rng(2)
+    batches = [
+        tuple(cuda.asarray(a) for a in (ids[:, :-1].copy(), ids[:, 1:].copy()))
+        for ids in rng.integers(0, 53, (3, 2, 9))
+    ]
+    runs = []
+    for compiled in (False, True):
+        model = model_of(family)
+        model.to(device="cuda")
+        model.flatten_parameters(dtype)
+        optimizer = AdamW(model.named_parameters(), lr=1e-3)
+        step = device_step
+        if compiled:
+            captured = graph.compile(lambda x, y: device_step(model, optimizer, [(x, y)], None))
+            step = lambda m, o, bs, s, w: captured(*bs[0])  # noqa: E731
+        losses = [train_on(model, optimizer, [b], None, 1e-3, step=step) for b in batches]
+        runs.append((losses, [cuda.to_numpy(p.data).tobytes() for p in model.parameters()]))
+    assert runs[0] == runs[1]
+    assert {f.kernel for f in captured.program.fusions} >= {"matmul", "matmul_tn"}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_fused_decode_step_on_cuda_is_the_eager_step_bit_for_bit(cuda, family):
+    """The decode step on the CUDA backend, captured (its residual adds folded into gemm.cu's
+    epilogue) and eager: the same logits."""
+    logits = []
+    for compiled in (False, True):
+        model = model_of(family)
+        model.to(device="cuda")
+        cache = KVCache(model.config, 1, 9, model.get_input_embeddings().weight)
+        step = model.decode_step(cache)
+        token = step(cuda.asarray(np.array([[1, 2, 3]])), cuda.asarray(np.arange(3)))
+        run = graph.compile(step) if compiled else step
+        for _ in range(5):
+            feed = cuda.asarray(cuda.to_numpy(token[:, -1]).argmax(-1)[:, None])
+            token = run(feed, cuda.asarray(np.array([cache.length])))
+            logits.append(cuda.to_numpy(token).tobytes())
+    assert logits[:5] == logits[5:]
+    assert run.program.launches < run.program.eager_launches
