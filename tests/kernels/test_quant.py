@@ -1,8 +1,9 @@
 """Quantized weights' kernels (kernels/quant): qmatmul, x @ W^T with W decoded from its codes
 and scales inside the kernel, against float64 x @ dequantize(W)^T; qembedding, the gather of
 decoded rows, bit for bit dequantize(W)[idx], every code of every format included (subnormals,
-infinities, NaNs: ml_dtypes' values). The quantizer itself (tinygrad_like/quant.py) and the
-quantized models: tests/test_quant.py.
+infinities, NaNs: ml_dtypes' values). qmatmul's add epilogue (y + add) has the bits of the
+unfused add. The quantizer itself (tinygrad_like/quant.py) and the quantized models:
+tests/test_quant.py.
 """
 
 import os
@@ -13,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygrad_like import formats, quant
+from tinygrad_like import dtypes, formats, kernels, quant
 
-from .check import BF16, F16, F32, F64, cases, cpu, f64, rand
+from .check import BF16, F16, F32, F64, FLOATS, cases, cpu, f64, rand
 
 FORMATS = list(formats.FORMATS)
 FOUR_BIT = [f for f, spec in formats.FORMATS.items() if spec.bits == 4]
@@ -28,9 +29,10 @@ def weight(codes, scales, fmt, group_size):
     return quant.dequantize(qw)
 
 
-def qmatmul_ref(x, codes, scales, fmt, group_size, bias=None):
+def qmatmul_ref(x, codes, scales, fmt, group_size, bias=None, add=None):
     y = f64(x) @ f64(weight(codes, scales, fmt, group_size)).T
-    return y if bias is None else y + f64(bias)
+    y = y if bias is None else y + f64(bias)
+    return y if add is None else y + f64(add)
 
 
 def qembedding_ref(codes, scales, idx, fmt, group_size):
@@ -47,11 +49,14 @@ def put_weight(put, codes, scales):
     return put(codes), None if scales is None else put(scales)
 
 
-def matmul(put, dtype, fmt, N, K, group_size, M, bias):
-    """x (M, K) @ W^T for a random W (N, K) of fmt, with a bias (N,) if asked."""
+def matmul(put, dtype, fmt, N, K, group_size, M, bias, epilogue=None):
+    """x (M, K) @ W^T for a random W (N, K) of fmt, with a bias (N,) if asked; epilogue "add":
+    plus add (M, N) in x's dtype."""
     codes, scales, g = quantized(fmt, N, K, group_size)
     x = put(rand((M, K), dtype, seed=M))
     kw = {"bias": put(rand(N, dtype, seed=5))} if bias else {}
+    if epilogue == "add":
+        kw["add"] = put(rand((M, N), dtype, seed=7))
     return (x, *put_weight(put, codes, scales), fmt, g, kw)
 
 
@@ -94,10 +99,24 @@ MATMUL = [
 OTHER_X = [
     (d, fmt, 11, 64, None, 3, True) for d in (F16, F64) for fmt in ("int4", "fp8_e4m3", "bf16")
 ]
+# y + add over an int8, fp8, int4 and bf16 weight, M = 1 (a decode step: int4's and bf16's
+# decode-step dot) and 17 (a prompt: W decoded once a row), with and without the bias
+ADD_FORMATS = ("int8", "int4", "fp8_e4m3", "bf16")
+ADD = [
+    (d, fmt, 37, 96, groups(fmt)[0], M, bias, "add")
+    for d in (F32, BF16)
+    for fmt in ADD_FORMATS
+    for M in (1, 17)
+    for bias in (False, True)
+]
+# the add in fp16 and fp64 too (fp64: y, an fp32 value, plus add in fp64)
+OTHER_ADD = [(d, fmt, 11, 64, None, 3, True, "add") for d in (F16, F64) for fmt in ("int4", "bf16")]
 CASES = [
     *cases("qmatmul", matmul, MATMUL, ref=qmatmul_ref),
     *cases("qmatmul", matmul, [c for c in OTHER_X if c[0] == F16], ref=qmatmul_ref),
     *cases("qmatmul", matmul, [c for c in OTHER_X if c[0] == F64], ref=qmatmul_ref, tol=F32),
+    *cases("qmatmul", matmul, ADD + [c for c in OTHER_ADD if c[0] == F16], ref=qmatmul_ref),
+    *cases("qmatmul", matmul, [c for c in OTHER_ADD if c[0] == F64], ref=qmatmul_ref, tol=F32),
     *cases(
         "qembedding",
         gather,
@@ -212,6 +231,53 @@ def test_cpu_qmatmul_is_dequantize_then_matmul(fmt, M):
     want = (xb.astype(F32) @ weight(codes, scales, fmt, g).T).astype(BF16)
     assert got.dtype == BF16
     np.testing.assert_allclose(got.astype(F32), want.astype(F32), rtol=1e-2)
+
+
+def unfused_and_fused(device, dtype, fmt, M, bias):
+    """Per group size of fmt (groups), qmatmul's y on device then elementwise's add(add, y), and
+    qmatmul with add=: each as bytes, of x's dtype both."""
+    plain, fused = [], []
+    for g in groups(fmt):
+        *args, kw = matmul(device.asarray, dtype, fmt, 37, 96, g, M, bias, "add")
+        add = kw.pop("add")
+        y, y_add = device.qmatmul(*args, **kw), device.qmatmul(*args, add=add, **kw)
+        assert y_add.dtype == dtype
+        plain.append(device.to_numpy(device.add(add, y)).tobytes())
+        fused.append(device.to_numpy(y_add).tobytes())
+    return plain, fused
+
+
+# M = 1 and 3: the decode-step dot where the format and group have one (each code decoded as
+# read), else decode_row; 17: decode_row (W decoded once a row)
+ADD_BITS = [(fmt, M, bias) for fmt in ADD_FORMATS for M in (1, 3, 17) for bias in (False, True)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtypes.name)
+@pytest.mark.parametrize("fmt, M, bias", ADD_BITS)
+def test_cpu_qmatmul_add_is_the_unfused_add(fmt, M, bias, dtype):
+    """y + add has the bits of qmatmul then elementwise's add(add, y): a 2-byte y rounded
+    first, then widened and added in fp32, rounded once more."""
+    plain, fused = unfused_and_fused(cpu, dtype, fmt, M, bias)
+    assert fused == plain
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtypes.name)
+@pytest.mark.parametrize("fmt, M, bias", ADD_BITS)
+def test_cuda_qmatmul_add_is_the_unfused_add(cuda_device, fmt, M, bias, dtype):
+    """The same on the device: the add in the kernel's store, the bits of the add after it."""
+    plain, fused = unfused_and_fused(cuda_device, dtype, fmt, M, bias)
+    assert fused == plain
+
+
+def test_qmatmul_add_must_be_the_outputs_shape_and_dtype(cuda_device):
+    """The shape rule (the meta device's qmatmul) and CUDA's qmatmul, which reads add in its
+    store, refuse an add that is not y's (M, N) in x's dtype, naming what they got."""
+    codes, scales, g = quantized("int8", 6, 32)
+    x, meta = rand((2, 32), F32), kernels.on("meta")
+    for device, put in [(meta, meta.asarray), (cuda_device, cuda_device.asarray)]:
+        for bad in (rand(6, F32), rand((2, 6), BF16)):
+            with pytest.raises(ValueError, match=rf"add \({bad.shape[0]},"):
+                device.qmatmul(*map(put, (x, codes, scales)), "int8", g, add=put(bad))
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8_e4m3", "bf16"])

@@ -1,10 +1,11 @@
 """Fusion: a captured step's adds and scalings folded into the kernels that made their operands.
 
 An add or a mul whose operand C is read by nothing else, C made by a kernel with an epilogue (a
-GEMM, kernels/gemm/spec.py; a norm's backward, kernels/rownorm/spec.py), becomes that kernel's
-epilogue: kernel(..., add=other) instead of kernel(...) then add(other, C); kernel(..., add=g,
-out=g) where the add accumulated into g in place (a parameter's gradient); kernel(...,
-scale=s) where C was multiplied by a 0-d array s (a mean's 1 / count), before any add. These
+GEMM, kernels/gemm/spec.py, or a quantized one, kernels/quant/spec.py; a norm's backward,
+kernels/rownorm/spec.py), becomes that kernel's epilogue: kernel(..., add=other) instead of
+kernel(...) then add(other, C); kernel(..., add=g, out=g) where the add accumulated into g in
+place (a parameter's gradient); kernel(..., scale=s) where C was multiplied by a 0-d array s (a
+mean's 1 / count), before any add. These
 are the residual stream's adds in the forward (x + attn_proj(h), x + mlp_proj(h)), the
 gradients summed in the backward (a layer's dW into its gradient, the residual's dx into the
 other branch's) and the LM head's dW scaled, then summed: in gpt2-mini's training step every add
@@ -30,7 +31,7 @@ from .capture import address, read, values
 # the kernels with an epilogue, and the parts of it each takes: scale= (C times a 0-d array),
 # add= (C plus an array of its shape), out= (an add into its own operand: the gradients)
 EPILOGUES = dict.fromkeys(("matmul", "matmul_nt", "matmul_tn"), ("scale", "add", "out"))
-EPILOGUES.update(dict.fromkeys(("layernorm_bwd", "rmsnorm_bwd"), ("add",)))
+EPILOGUES.update(dict.fromkeys(("layernorm_bwd", "rmsnorm_bwd", "qmatmul"), ("add",)))
 FOLDED = {"mul": "scale", "add": "add"}  # the elementwise kernels an epilogue takes, its part
 
 

@@ -27,6 +27,7 @@ from ...backend.cpu.compiled import (
 )
 from ...backend.cpu.runtime import f32, rounded
 from ...formats import FINITE, FORMATS, NAN_ONLY
+from ..elementwise.cpu import add as elementwise_add
 from ..embedding.spec import check_ids
 
 _BLOCK_ROWS = 8  # rows of W per prange iteration
@@ -261,9 +262,10 @@ def _kernel_args(codes, scales, fmt, group_size):
     return (codes, scales, group_size) + FORMATS[fmt].fields
 
 
-def qmatmul(x, codes, scales, fmt, group_size, bias=None):
+def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
     """W decoded row by row inside the kernel, accumulated in fp32 and rounded once (2-byte x:
-    computed in fp32)."""
+    computed in fp32); then + add (M, N) by elementwise's add, written into y itself: a pass
+    over y while it is in the cache (a decode step's M is 1), the bits of the unfused add."""
     codes, scales, group_size, *fields = _kernel_args(codes, scales, fmt, group_size)
     xs = np.ascontiguousarray(f32(x), dtype=np.float32)
     b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
@@ -278,7 +280,8 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None):
     if key not in _QMATMUL:
         _QMATMUL[key] = _qmatmul_kernel(*key)
     _QMATMUL[key](codes, scales, group_size, xs, x0, x1, b, y)
-    return rounded(y, x.dtype)
+    y = rounded(y, x.dtype)
+    return y if add is None else elementwise_add(add, y, out=y)
 
 
 def qembedding(codes, scales, idx, fmt, group_size):

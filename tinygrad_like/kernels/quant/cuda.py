@@ -1,7 +1,7 @@
 """Quantized weights on CUDA (quant.cu): qmatmul, one warp per output row decoding W's codes in
-registers as it streams them; qembedding, one block per gathered row. The stored layout is
-formats.py's: W (N, K) as codes (N, K / elements per code) and scales (N, K / group_size)
-fp32, None for bf16 / fp16.
+registers as it streams them, its epilogue's add (M, N) read in the store; qembedding, one
+block per gathered row. The stored layout is formats.py's: W (N, K) as codes (N, K / elements
+per code) and scales (N, K / group_size) fp32, None for bf16 / fp16.
 """
 
 import cupy
@@ -57,8 +57,9 @@ def _weight(codes, scales, fmt, group_size):
     return cupy.ascontiguousarray(codes), scales, K, np.int32(group_size)
 
 
-def qmatmul(x, codes, scales, fmt, group_size, bias=None):
-    """x and bias read as fp32, one warp per row of W, fp32 accumulation, rounded once."""
+def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
+    """x and bias read as fp32, one warp per row of W, fp32 accumulation, rounded once; add
+    (M, N, x's dtype) added in the kernel's store with the bits of elementwise's add(add, y)."""
     codes, scales, K, group = _weight(codes, scales, fmt, group_size)
     if x.dtype not in CTYPES:
         raise TypeError(f"qmatmul takes a floating-point x, got {x.dtype}")
@@ -69,6 +70,10 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None):
         if bias.shape != (N,):
             raise ValueError(f"bias {bias.shape} must be ({N},)")
         bias = cupy.ascontiguousarray(bias, dtype=x.dtype)
+    if add is not None:
+        if add.shape != (M, N) or add.dtype != x.dtype:
+            raise ValueError(f"add {add.shape} {add.dtype} must be ({M}, {N}) {x.dtype}")
+        add = cupy.ascontiguousarray(add)
     x = cupy.ascontiguousarray(x)
     y = cupy.empty((M, N), dtype=x.dtype)
     if y.size:
@@ -80,6 +85,7 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None):
                 codes,
                 scales,
                 NULL if bias is None else bias,
+                NULL if add is None else add,
                 y,
                 np.int32(M),
                 np.int32(N),

@@ -90,19 +90,33 @@ __device__ __forceinline__ float dequantize(unsigned c, int p, const float* row_
     return row_scales ? w * row_scales[k / group_size] : w;
 }
 
-// y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]), w = dequantize(codes[n, ...]) as above.
-// x: (M, K), y: (M, N), both T; codes, scales: the layout above; bias: (N,) T or null; x and
-// bias read as fp32 (fp64 rounded to it, as the CPU twin's f32). Launch: one warp per output
-// row n (8 per 256-thread block): its lanes stride over the row's codes (coalesced), decode
-// each in registers and accumulate w x[m, k] in fp32 for QMATMUL_ROWS rows of x at a time (M is
-// small when decoding: one pass over the codes per QMATMUL_ROWS rows); warp_sum, then the bias
-// in fp32 and one rounding to T. As quant/cpu.py's qmatmul: one output row per program, the
-// same decode and fp32 products, the sum over k in another order (lanes, then the warp's tree).
+// a + b rounded on its own (__fadd_rn / __dadd_rn are never contracted into an FMA with a
+// product before them): the bits of the add launched after an unfused qmatmul.
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
+// y's store with the epilogue: v (fp32) rounded to T, plus a (add's element, T) with the bits of
+// elementwise's add(add, y) launched after the unfused qmatmul: the rounded y widened, added in
+// acc_t<T> to the widened a, rounded once more (for fp32 just v + a; fp64: y, an fp32 value,
+// plus a in fp64).
+template <typename T> __device__ __forceinline__ T plus(float v, T a) {
+    return from_acc<T>(add_rn(to_acc(from_acc<T>(v)), to_acc(a)));
+}
+
+// y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) (+ add[m, n]), w = dequantize(codes[n, ...]) as
+// above. x: (M, K), y and add: (M, N), all T; codes, scales: the layout above; bias: (N,) T or
+// null; add: null for none, else added in the store (plus); x and bias read as fp32 (fp64
+// rounded to it, as the CPU twin's f32). Launch: one warp per output row n (8 per 256-thread
+// block): its lanes stride over the row's codes (coalesced), decode each in registers and
+// accumulate w x[m, k] in fp32 for QMATMUL_ROWS rows of x at a time (M is small when decoding:
+// one pass over the codes per QMATMUL_ROWS rows); warp_sum, then the bias in fp32, one rounding
+// to T and the add. As quant/cpu.py's qmatmul: one output row per program, the same decode and
+// fp32 products, the sum over k in another order (lanes, then the warp's tree).
 constexpr int QMATMUL_ROWS = 8;
 
 template <typename T, typename C, int FMT>
-__global__ void qmatmul(const T* x, const C* codes, const float* scales, const T* bias, T* y, int M,
-                        int N, int K, int group_size) {
+__global__ void qmatmul(const T* x, const C* codes, const float* scales, const T* bias,
+                        const T* add, T* y, int M, int N, int K, int group_size) {
     static_assert(sizeof(C) == CODE_BYTES<FMT>, "the code type of the format");
     const int lane = threadIdx.x % 32;
     const long long n = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -127,7 +141,11 @@ __global__ void qmatmul(const T* x, const C* codes, const float* scales, const T
         for (int r = 0; r < QMATMUL_ROWS; ++r) {
             if (m0 + r >= M) break;  // uniform over the warp
             const float sum = warp_sum(acc[r]);
-            if (lane == 0) y[(long long)(m0 + r) * N + n] = from_acc<T>(sum + (bias ? (float)to_acc(bias[n]) : 0.0f));
+            if (lane == 0) {
+                const long long idx = (long long)(m0 + r) * N + n;
+                const float v = sum + (bias ? (float)to_acc(bias[n]) : 0.0f);
+                y[idx] = add ? plus<T>(v, add[idx]) : from_acc<T>(v);
+            }
         }
     }
 }

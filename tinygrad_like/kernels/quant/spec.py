@@ -8,7 +8,8 @@ decode each code in registers as they read it: there is never a dequantized copy
 cpu.py: one output channel per program, its codes decoded into an L1 row (or, for a decode step's
 few rows of x, each code as it is read) and dotted with x's rows; cuda.py + quant.cu: one warp per
 output row. Both decode with the same bit operations (quant.cu's device functions of the same
-names), exactly.
+names), exactly. qmatmul's epilogue adds add (its output's shape and dtype) to the rounded
+output, with the bits of elementwise's add launched after it: on CUDA in the kernel's store.
 """
 
 import numpy as np
@@ -22,17 +23,33 @@ def _quantized_row_bytes(codes, scales):
     return codes[0].nbytes + (scales[0].nbytes if scales is not None else 0)
 
 
+def _qmatmul_out(x, codes, add):
+    """y's Out (M, N) in x's dtype; the epilogue's summand add must be y's shape and dtype (it
+    acts as elementwise's add on the y this kernel would return)."""
+    y = Out((x.shape[0], codes.shape[0]), x.dtype)
+    if add is not None and (tuple(add.shape) != y.shape or add.dtype != y.dtype):
+        raise ValueError(f"qmatmul: add {tuple(add.shape)} {add.dtype}, need {y.shape} {y.dtype}")
+    return y
+
+
+# add= is an epilogue that folds the add of y (a residual's: h + x W^T) into the GEMM: one
+# launch instead of qmatmul, then elementwise's add, which reads y back and writes a third
+# (M, N) array; None launches the plain qmatmul.
+
+
 @kernel(
-    shape=lambda x, codes, scales, fmt, group_size, bias=None: Out(
-        (x.shape[0], codes.shape[0]), x.dtype
+    shape=lambda x, codes, scales, fmt, group_size, bias=None, add=None: _qmatmul_out(
+        x, codes, add
     ),
-    flops=lambda r, x, codes, scales, fmt, group_size, bias=None: (
-        2 * r.size * x.shape[-1] + (bias is not None) * r.size
+    flops=lambda r, x, codes, scales, fmt, group_size, bias=None, add=None: (
+        (2 * x.shape[-1] + (bias is not None) + (add is not None)) * r.size
     ),
 )
-def qmatmul(x, codes, scales, fmt, group_size, bias=None):
+def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
     """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype, W (N, K) decoded from codes and
-    scales inside the kernel (w = code value x its group's scale), fp32 accumulation."""
+    scales inside the kernel (w = code value x its group's scale), fp32 accumulation; then
+    [+ add (M, N), x's dtype] with the bits of elementwise's add(add, y) on that rounded y. FLOPs:
+    2 K per element of y, one more each for the bias and the add."""
 
 
 @kernel(
