@@ -32,11 +32,11 @@ class Captured:
     eager_bytes: int  # bytes the step's kernels move eagerly, counted as the launch point does
     replay_bytes: int  # the same count over the fused step's launches
     fused_saved: int  # predicted bytes the fusions remove: each intermediate written, read back
-    fused: list = None  # Program.fused_census(): per kind of fused launch (counted steps only)
     eager_seconds: float = None  # a step run eagerly (None on meta)
     eager_kernel_seconds: float = None  # its kernels' share
     replay_seconds: float = None  # the step replayed
     replay_kernel_seconds: float = None
+    fused: list = None  # Program.fused_census(): per kind of fused launch (counted steps only)
 
     @property
     def eager_host(self):
@@ -60,7 +60,7 @@ def _counts(program, counted=True):
         program.eager_bytes if counted else None,
         program.bytes if counted else None,
         sum(f.saved for f in program.fusions),
-        program.fused_census() if counted else None,
+        fused=program.fused_census() if counted else None,
     )
 
 
