@@ -167,7 +167,7 @@ def _contiguous(a):
 
 def _whole(a, c):
     """Whether a is all of c, in c's order (c itself, or a contiguous reshape of it)."""
-    return a.size == c.size and _contiguous(a)
+    return a.size == c.size and _contiguous(a) and address(a) == address(c)
 
 
 def _as_shape(program, d, shape):
