@@ -28,6 +28,7 @@ from nn.quant import quantize_model
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
 from tinygrad_like import backend, formats, peaks
+from tinygrad_like.backend.cpu.compiled import use_pool
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
 
@@ -81,7 +82,9 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
+def main(argv=None, choose_pool=False):
+    """choose_pool: pick the CPU's thread pool for this decode (the command line's run; a test
+    calling main leaves its process's pool as it is)."""
     args = parse_args(argv)
     if not args.checkpoint:
         print(NO_CHECKPOINT, file=sys.stderr)
@@ -99,6 +102,10 @@ def main(argv=None):
             raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(KV_DTYPES)}")
         quantized = read_quantization(ckpt)  # None for an fp32 checkpoint
         check_weights(args, quantized, ckpt)
+        if choose_pool and (quantized or args.weights) != "fp32":
+            # the GEMVs are qmatmul's compiled loops: OpenMP's hand-off lets them use every
+            # core; fp32's are OpenBLAS's, whose threads OpenMP's spinning ones would slow
+            use_pool("omp")  # backend/cpu/compiled.py
         tok = get_tokenizer()
         prompt = batch([tok.encode(text, allow_special=True) for text in args.prompt])
         # all checked before the model is loaded and the prompt printed: an error never
@@ -236,4 +243,4 @@ def stream(model, tok, prompt, args, seed, title):
 
 
 if __name__ == "__main__":
-    main()
+    main(choose_pool=True)

@@ -32,6 +32,7 @@ from nn.quant import quantize_model
 from optim import AdamW
 from optim import step as optim_step
 from tinygrad_like import backend, peaks
+from tinygrad_like.backend.cpu.compiled import use_pool
 from training.args import ArgumentParser, user_errors
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "fp4_e2m1")
@@ -45,6 +46,12 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="training steps timed, each way (3)")
     p.add_argument("--cores", nargs="+", help="core lists to pin the CPU decode part to (0 0,1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where it runs (cpu)")
+    p.add_argument(
+        "--pool",
+        action="store_true",
+        help="decode: OpenMP's thread pool for the compiled kernels, as generate.py uses for "
+        "quantized and 2-byte weights (tinygrad_like/backend/cpu/compiled.py use_pool)",
+    )
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a pinned worker
     args = p.parse_args(argv)
     bad = [f for f in args.formats.split(",") if f not in FORMATS]
@@ -138,7 +145,7 @@ def pinned(cores, args, part):
     {"unfused": ..., "fused": ...} for training."""
     command = ["taskset", "-c", cores, sys.executable, __file__, "--part", part, "--json"]
     command += ["--formats", args.formats, "--repeats", str(args.repeats)]
-    command += ["--rounds", str(args.rounds)]
+    command += ["--rounds", str(args.rounds)] + ["--pool"] * args.pool
     done = subprocess.run(command, capture_output=True, text=True, env=os.environ, check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -160,6 +167,8 @@ def cores_table(results, names):
 def main(argv=None):
     args = parse_args(argv)
     formats = args.formats.split(",")
+    if args.part == "decode" and args.pool:  # as generate.py runs quantized weights
+        use_pool("omp")
     if args.json:  # a pinned worker's answer: one line of JSON
         if args.part == "training":
             unfused, fused = training_rows(args.rounds, "cpu")

@@ -205,3 +205,46 @@ def test_flash_attention_split_over_heads_matches_one_block(rng, monkeypatch):
     )
     for got, want in zip((out, lse, *grads), one_core, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+POOL_SCRIPT = """
+import sys
+import numpy as np
+from tinygrad_like.backend.cpu import compiled
+layer = compiled.use_pool(sys.argv[1])
+from tinygrad_like import kernels
+from tinygrad_like.quant import quantize
+cpu, rng = kernels.on("cpu"), np.random.default_rng(0)
+x = rng.standard_normal((4096, 256), dtype=np.float32)
+w = rng.standard_normal((3072, 768), dtype=np.float32)
+qw = quantize(w, "int8")
+y = cpu.layernorm_fwd(x, np.ones(256, np.float32), np.zeros(256, np.float32))[0]
+x1 = rng.standard_normal((1, 768), dtype=np.float32)
+q = cpu.qmatmul(x1, qw.codes, qw.scales, "int8", qw.group_size)
+import numba
+sys.stdout.write(layer + " " + numba.threading_layer() + " " + (y.tobytes() + q.tobytes()).hex())
+"""
+
+
+@pytest.mark.skipif(runtime.THREADS < 2, reason="one core: no kernel is handed to a pool")
+def test_the_pool_changes_the_speed_never_the_bits():
+    """compiled.use_pool picks the threads a parallel kernel is handed to, once per process:
+    OpenMP's (a decode's cheap hand-off, where libgomp loads) or Numba's workqueue (the
+    default); the kernels give the same bits on either."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    found = {}
+    for pool in ("workqueue", "omp"):
+        done = subprocess.run(
+            [sys.executable, "-c", POOL_SCRIPT, pool],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        asked, used, bits = done.stdout.split()
+        assert asked == used  # the pool asked for runs the kernels (or omp fell back, said so)
+        found[used] = bits
+    assert len(set(found.values())) == 1

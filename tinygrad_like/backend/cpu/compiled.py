@@ -42,12 +42,53 @@ def _cache_dir():
 
 if "NUMBA_CACHE_DIR" not in os.environ:
     numba.config.CACHE_DIR = _cache_dir()
-# Numba's own thread pool rather than OpenMP's, whose idle threads spin after each kernel and
-# slow the OpenBLAS GEMM that follows (a GPT-2 step 20% slower on 2 cores). It runs kernels
-# launched from one thread at a time, as the training loop does. NUMBA_THREADING_LAYER wins.
+# The pool Numba hands a parallel kernel's iterations to (its threading layer), one per
+# process, fixed at the first parallel launch. Numba's own (workqueue) by default: OpenMP's idle
+# threads spin after each kernel and slow the OpenBLAS GEMM that follows (a GPT-2 step 20%
+# slower on 2 cores; gpt2-mini's 13-18%, AMD EPYC, 2026-12-06); it runs kernels launched from one
+# thread at a time, as the training loop does. A program of many small kernels, a decode, asks
+# for OpenMP instead (use_pool): its spinning threads take a kernel in about 4 us where the
+# workqueue's wake-up costs about 110, so a decode step's GEMVs and row kernels can use every
+# core (each kernel's one-core threshold scaled by HANDOFF). NUMBA_THREADING_LAYER wins.
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
-numba.set_num_threads(max(1, min(THREADS, numba.config.NUMBA_NUM_THREADS)))
+HANDOFF = {"workqueue": 1.0, "omp": 1 / 32}  # a parallel launch's cost, relative
+_handoff = [HANDOFF.get(numba.config.THREADING_LAYER, 1.0)]
+
+
+def use_pool(name):
+    """Hand parallel kernels to `name`'s threads ("omp" or "workqueue") -> the layer in use.
+    Call it before the first parallel kernel runs (the layer is fixed then; a later call changes
+    nothing), and where NUMBA_THREADING_LAYER is not set; OpenMP where libgomp loads, else the
+    workqueue stays. Its threads spin GOMP_SPINCOUNT turns after a kernel (10,000 unless set),
+    then sleep: a decode's next kernel finds them awake, and an OpenBLAS call soon after does not
+    wait long for its cores (GPT-2 124M fp32 decode on 2 cores, OpenBLAS's GEMVs: 20.8 ms a
+    token with the workqueue, 24.2 at 10,000 turns, 46.1 at 100,000; int8, qmatmul's compiled
+    GEMVs: 11.1, 7.0 and 9.2 ms; AMD EPYC Zen 4, 2026-12-06)."""
+    from numba.np.ufunc import parallel
+
+    if parallel._is_initialized or "NUMBA_THREADING_LAYER" in os.environ:
+        return numba.config.THREADING_LAYER
+    if name == "omp":
+        os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # read by libgomp as it loads
+        try:
+            from numba.np.ufunc import omppool  # noqa: F401 (loads libgomp)
+        except ImportError:
+            return numba.config.THREADING_LAYER
+    numba.config.THREADING_LAYER = name
+    _handoff[0] = HANDOFF[name]
+    return name
+
+
+_started = [False]
+
+
+def _start_pool():
+    """The pool started (its layer fixed) with a thread for each core this process may use
+    (runtime.THREADS: taskset, an MPI rank's binding), at the first parallel kernel."""
+    numba.set_num_threads(max(1, min(THREADS, numba.config.NUMBA_NUM_THREADS)))
+    _started[0] = True
+
 
 LANES = 16  # the accumulators of a row sum: one AVX-512 register of fp32, two of AVX2
 
@@ -116,8 +157,10 @@ def kernel(fn=None, *, serial_below=None, work=None, fastmath=False):
     def call(*args):
         # one usable core (taskset, an MPI rank bound to a core): the serial twin always, since
         # a parallel launch costs its thread hand-off with no core to gain. Read at each call,
-        # so that a test can move SERIAL_BELOW.
-        parallel = THREADS > 1 and size(*args) >= (serial_below or SERIAL_BELOW)
+        # so that a test can move SERIAL_BELOW; scaled by the pool's hand-off (use_pool).
+        parallel = THREADS > 1 and size(*args) >= (serial_below or SERIAL_BELOW) * _handoff[0]
+        if parallel and not _started[0]:
+            _start_pool()
         return _announced(variants[parallel], fn.__name__, args)
 
     call.__name__, call.__doc__ = fn.__name__, fn.__doc__
