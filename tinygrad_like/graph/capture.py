@@ -113,12 +113,16 @@ class Program:
         self.where = "the step's result"
         self.result = self._describe(result1, result2)
         self.recorded = list(self.steps)  # the launches as recorded, before any fusion
-        self.eager_launches = self.launches
         self.planned()
 
     @property
     def launches(self):
         return sum(step[0] == "launch" for step in self.steps)
+
+    @property
+    def eager_launches(self):
+        """The launches as recorded: an eager step's."""
+        return sum(step[0] == "launch" for step in self.recorded)
 
     @property
     def fusions(self):
@@ -264,10 +268,14 @@ def values(d):
             yield from values(x)
 
 
+def arguments(step):
+    """The descriptions of what a step passes to its kernel or host function."""
+    return step[2][2] if step[0] == "host" else (*step.args, *step.kwargs.values())
+
+
 def read(step):
     """The values a step passes to its kernel or host function (read, or written in place)."""
-    descriptions = step[2][2] if step[0] == "host" else (*step.args, *step.kwargs.values())
-    for d in descriptions:
+    for d in arguments(step):
         yield from values(d)
 
 

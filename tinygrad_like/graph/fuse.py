@@ -24,14 +24,13 @@ earlier, unread in between.
 from collections import defaultdict
 from dataclasses import dataclass
 
+from ..backend.meta.array import c_strides
 from ..kernels import KERNELS
 from ..memory import root
-from .capture import address, read, values
+from .capture import address, arguments, read, values
 
-# the kernels with an epilogue, and the parts of it each takes: scale= (C times a 0-d array),
-# add= (C plus an array of its shape), out= (an add into its own operand: the gradients)
-EPILOGUES = dict.fromkeys(("matmul", "matmul_nt", "matmul_tn"), ("scale", "add", "out"))
-EPILOGUES.update(dict.fromkeys(("layernorm_bwd", "rmsnorm_bwd", "qmatmul"), ("add",)))
+# what a kernel's epilogue takes is its record's (kernels/record.py): scale= (C times a 0-d
+# array), add= (C plus an array of its shape), out= (an add into its own operand: the gradients)
 FOLDED = {"mul": "scale", "add": "add"}  # the elementwise kernels an epilogue takes, its part
 
 
@@ -93,7 +92,7 @@ def _fused(program, i, j, side):
     its epilogue, or None where it cannot."""
     kernel, op = program.steps[i], program.steps[j]
     part = FOLDED[op.name]
-    takes = EPILOGUES.get(kernel.name, ())
+    takes = KERNELS[kernel.name].epilogue
     if part not in takes or "add" in kernel.kwargs or part in kernel.kwargs:
         return None  # an epilogue is bias, then scale, then add: one each
     (args1, kwargs1, out1) = op.recorded
@@ -153,16 +152,8 @@ def _outputs(out):
     return out if isinstance(out, tuple) else (out,)
 
 
-def _c_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
 def _contiguous(a):
-    return tuple(a.strides) == _c_strides(tuple(a.shape), a.itemsize) or a.size <= 1
+    return tuple(a.strides) == c_strides(tuple(a.shape), a.itemsize) or a.size <= 1
 
 
 def _whole(a, c):
@@ -179,16 +170,14 @@ def _as_shape(program, d, shape):
     itemsize = program.buffers[v].itemsize
     if view is None and tuple(program.buffers[v].shape) == tuple(shape):
         return d
-    return ("value", v, (tuple(shape), _c_strides(tuple(shape), itemsize), offset))
+    return ("value", v, (tuple(shape), c_strides(tuple(shape), itemsize), offset))
 
 
 def _touches(step, d, reads):
     """Whether step writes (or, with reads, reads or writes) what description d (an array
     argument) refers to. A host call is taken to write what it is given."""
-    if step[0] == "host":
-        given = step[2][2]
-    elif reads:
-        given = (*step.args, *step.kwargs.values())
+    if step[0] == "host" or reads:
+        given = arguments(step)
     else:  # the arguments the kernel writes in place
         writes = KERNELS[step.name].writes
         given = (

@@ -20,6 +20,9 @@ docstring, decorated with:
   (argument positions written in place), `skips` (argument positions not read), `reads` (bytes
   read, for a kernel that reads only part of an argument) and `written` (bytes written in place,
   for one that writes only part of one).
+- epilogue: the keyword parameters by which a captured step folds an elementwise launch into its
+  first output (tinygrad_like/graph/fuse.py): scale= (times a 0-d array), add= (plus an array of
+  its shape), out= (written into add itself). Each must give the unfused launches' bits.
 
 Adding a kernel: its record in its family's spec.py, its function in cpu.py and cuda.py (and the
 .cu code), its cases in tests/kernels/test_<family>.py, and the op that launches it (functions.py).
@@ -52,6 +55,7 @@ class Kernel:
     skips: tuple = ()  # argument positions not read
     reads: Callable = None  # (outs, *args, **kwargs) -> bytes read; None: from skips
     written: Callable = None  # (outs, *args, **kwargs) -> bytes written in place; None: writes
+    epilogue: tuple = ()  # what it folds into its first output: "scale", "add", "out" (fuse.py)
 
 
 KERNELS = {}  # name -> Kernel, in declaration order (family by family, as kernels/ imports them)

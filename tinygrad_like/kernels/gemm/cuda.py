@@ -25,14 +25,19 @@ def _gemm_cupy(a, b, bias, ta, tb, scale, add, out):
     y = cupy.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
     if bias is not None:
         y = elementwise_add(y, bias)
-    y = y if y.dtype == a.dtype else y.astype(a.dtype)
+    return _epilogue(y if y.dtype == a.dtype else y.astype(a.dtype), scale, add, out)
+
+
+def _epilogue(c, scale, add, out):
+    """The epilogue as the unfused launches do it, on C in a's dtype: elementwise's mul(C,
+    scale), then add(add, C), into out when given (out may be add itself) -> out, or C."""
     if scale is not None:
-        y = elementwise_mul(y, scale)
+        c = elementwise_mul(c, scale)
     if add is not None:
-        y = elementwise_add(add, y, out=out)  # written into out when given
+        c = elementwise_add(add, c, out=out)
     elif out is not None:
-        out[...] = y
-    return y if out is None else out
+        out[...] = c
+    return c if out is None else out
 
 
 def _batched(x, batch):
@@ -86,17 +91,9 @@ def _gemm(a, b, bias, ta, tb, scale=None, add=None, out=None):
     if add is not None:
         add = cupy.ascontiguousarray(add)  # out itself when out is add: no copy
     if K == 0:  # an empty sum: C = bias (or 0), as np.matmul gives, then the epilogue; no GEMM
-        if add is None and scale is None:
-            c[...] = 0 if bias is None else bias
-            return c
         # C made apart from c: c may be add itself, read by the add
         c0 = cupy.zeros(shape, a.dtype) if bias is None else cupy.broadcast_to(bias, shape)
-        c0 = c0 if scale is None else elementwise_mul(c0, scale)
-        if add is None:
-            c[...] = c0
-        else:
-            elementwise_add(add, c0, out=c)
-        return c
+        return _epilogue(c0, scale, add, c)
     vec = 16 // a.itemsize  # cp.async moves 16 bytes: contiguous dims and pointers must allow it
     aligned = (
         (M if ta else K) % vec == 0

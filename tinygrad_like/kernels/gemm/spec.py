@@ -61,6 +61,7 @@ def _gemm_counts(k_of):
         _product(a, tuple(a.shape), tuple(b.shape)), scale, add, out
     ),
     flops=_gemm_counts(lambda a: a.shape[-1]),
+    epilogue=("scale", "add", "out"),
 )
 def matmul(a, b, bias=None, scale=None, add=None, out=None):
     """(..., M, K) @ (..., K, N) [+ bias (N,)] [* scale ()] [+ add (..., M, N)] -> (..., M, N)
@@ -72,6 +73,7 @@ def matmul(a, b, bias=None, scale=None, add=None, out=None):
         _product(a, tuple(a.shape), _t(b.shape)), scale, add, out
     ),
     flops=_gemm_counts(lambda a: a.shape[-1]),
+    epilogue=("scale", "add", "out"),
 )
 def matmul_nt(a, b, scale=None, add=None, out=None):
     """(..., M, K) @ (..., N, K)^T [* scale ()] [+ add (..., M, N)] -> (..., M, N) [into out]."""
@@ -82,6 +84,7 @@ def matmul_nt(a, b, scale=None, add=None, out=None):
         _product(a, _t(a.shape), tuple(b.shape)), scale, add, out
     ),
     flops=_gemm_counts(lambda a: a.shape[-2]),
+    epilogue=("scale", "add", "out"),
 )
 def matmul_tn(a, b, scale=None, add=None, out=None):
     """(..., K, M)^T @ (..., K, N) [* scale ()] [+ add (..., M, N)] -> (..., M, N) [into out]."""

@@ -44,6 +44,7 @@ def _qmatmul_out(x, codes, add):
     flops=lambda r, x, codes, scales, fmt, group_size, bias=None, add=None: (
         (2 * x.shape[-1] + (bias is not None) + (add is not None)) * r.size
     ),
+    epilogue=("add",),
 )
 def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
     """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype, W (N, K) decoded from codes and

@@ -40,6 +40,7 @@ def _plus(n):
         like(weight),
     ),
     flops=_plus(12),
+    epilogue=("add",),
 )
 def layernorm_bwd(dy, x, weight, mean, rstd, add=None):
     """-> dx (..., C), dweight (C,), dbias (C,). With xhat = (x - mean) rstd and g = dy weight:
@@ -53,7 +54,9 @@ def rmsnorm_fwd(x, weight, eps=1e-6):
 
 
 @kernel(
-    shape=lambda dy, x, weight, rstd, add=None: (_dx_plus(x, add), like(weight)), flops=_plus(9)
+    shape=lambda dy, x, weight, rstd, add=None: (_dx_plus(x, add), like(weight)),
+    flops=_plus(9),
+    epilogue=("add",),
 )
 def rmsnorm_bwd(dy, x, weight, rstd, add=None):
     """-> dx (..., C), dweight (C,). With xhat = x rstd and g = dy weight:
