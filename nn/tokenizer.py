@@ -77,12 +77,20 @@ class Tokenizer:
         return self._enc.decode([int(i) for i in ids])  # int(): tiktoken refuses NumPy ints
 
 
+def bpe_files():
+    """(vocab.bpe, encoder.json): the local paths of GPT-2's two BPE files, checked to be the
+    published ones (what the tokenizer reads; scripts/export_gguf.py writes them into GGUF)."""
+    data = _data_dir()
+    return (
+        _checked_path(data / "vocab.bpe", VOCAB_BPE_SHA256),
+        _checked_path(data / "encoder.json", ENCODER_JSON_SHA256),
+    )
+
+
 @functools.cache
 def get_tokenizer():
     """The GPT-2 tokenizer, built once per process and then shared."""
-    data = _data_dir()
-    vocab_bpe = _checked_path(data / "vocab.bpe", VOCAB_BPE_SHA256)
-    encoder_json = _checked_path(data / "encoder.json", ENCODER_JSON_SHA256)
+    vocab_bpe, encoder_json = bpe_files()
     # the paths are local (no "://"), so tiktoken reads them from disk; the hashes make it
     # re-verify whatever it reads, including any copy kept in its own cache directory
     ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
