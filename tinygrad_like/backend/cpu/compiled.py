@@ -183,67 +183,136 @@ def serial_kernel(fn):
 device = numba.njit(cache=True, inline="always", error_model="numpy")  # a __device__ function
 
 
-@device
-def _lanes_sum(acc):
-    """The LANES partial sums added pairwise (lane l + lane l + width, width halving), as
-    warp_sum adds a warp's."""
-    width = LANES // 2
-    while width:
-        for lane in range(width):
-            acc[lane] += acc[lane + width]
-        width //= 2
-    return acc[0]
+# The fixed-lane row reductions, emitted as LLVM IR: the LANES accumulators are one <LANES x T>
+# value, which LLVM keeps in registers (one zmm of fp32 on AVX-512, two ymm on AVX2) and adds
+# each next LANES elements to with one vector add. The same loop in Numba over a scratch array
+# of LANES compiled to scalar code, each lane's add through memory: LLVM could not prove the
+# scratch apart from the row. The instructions carry no fast-math flags, so each add is rounded
+# where it stands, in the order written, and no multiply is fused into an add.
 
 
-@device
-def row_sum(x, acc):
-    """sum(x) of a 1-D row in its dtype: LANES strided partial sums in acc (LANES,) scratch (lane
-    l adds x[l], x[l + LANES], ...), then the lanes pairwise, as warp_sum adds a warp's."""
-    acc[:] = 0
-    n = x.shape[0] - x.shape[0] % LANES
-    for c0 in range(0, n, LANES):
-        for lane in range(LANES):
-            acc[lane] += x[c0 + lane]
-    for c in range(n, x.shape[0]):
-        acc[c - n] += x[c]
-    return _lanes_sum(acc)
+def _pointer(context, builder, row, index):
+    """The address of element index of row, a (1-D array type, array) pair (any layout)."""
+    return cgutils.get_item_pointer(context, builder, row[0], row[1], [index])
 
 
-@device
-def row_dot(x, y, acc):
-    """sum(x * y) of two 1-D rows, over the lanes of row_sum (no temporary for the products)."""
-    acc[:] = 0
-    n = x.shape[0] - x.shape[0] % LANES
-    for c0 in range(0, n, LANES):
-        for lane in range(LANES):
-            acc[lane] += x[c0 + lane] * y[c0 + lane]
-    for c in range(n, x.shape[0]):
-        acc[c - n] += x[c] * y[c]
-    return _lanes_sum(acc)
+def _lanes_codegen(kind):
+    """The codegen of row_<kind> (sum, dot or max) over its 1-D rows, all as long as the first:
+    lane l takes the rows' elements l, l + LANES, ... in order into its accumulator, the tail
+    (length % LANES elements) into lanes 0, 1, ..., then the lanes are combined in a tree."""
+
+    def codegen(context, builder, signature, args):
+        rows = [
+            (t, context.make_array(t)(context, builder, a)) for t, a in zip(signature.args, args)
+        ]
+        vector = ir.VectorType(context.get_value_type(signature.return_type), LANES)
+        length = builder.extract_value(rows[0][1].shape, 0)
+        zero, one, lanes = (ir.Constant(length.type, k) for k in (0, 1, LANES))
+        n = builder.sub(length, builder.srem(length, lanes))  # the elements before the tail
+
+        def load(row, c0):  # elements c0 ... c0 + LANES - 1 of a row, as a vector
+            if row[0].layout in "CF":
+                address = builder.bitcast(_pointer(context, builder, row, c0), vector.as_pointer())
+                return builder.load(address, align=row[0].dtype.bitwidth // 8)
+            v = ir.Constant(vector, ir.Undefined)  # a strided view: element by element
+            for lane in range(LANES):
+                c = builder.add(c0, ir.Constant(c0.type, lane))
+                x = builder.load(_pointer(context, builder, row, c))
+                v = builder.insert_element(v, x, _lane(lane))
+            return v
+
+        def step(acc, values):  # a lane's (or every lane's) accumulator after its next element
+            if kind == "max":  # Python's max(acc, x) as Numba lowers it: x only if x > acc
+                return builder.select(builder.fcmp_ordered(">", values[0], acc), values[0], acc)
+            return builder.fadd(acc, values[0] if kind == "sum" else builder.fmul(*values))
+
+        acc = cgutils.alloca_once(builder, vector)  # a register once LLVM promotes it
+        start = ir.Constant(vector, None)  # +0 in every lane
+        if kind == "max":  # every lane starts from the row's first element
+            first = builder.load(_pointer(context, builder, rows[0], zero))
+            for lane in range(LANES):
+                start = builder.insert_element(start, first, _lane(lane))
+        builder.store(start, acc)
+        with cgutils.for_range_slice(builder, zero, n, lanes) as (c0, _):
+            values = [load(row, c0) for row in rows]
+            builder.store(step(builder.load(acc), values), acc)
+        with cgutils.for_range_slice(builder, n, length, one) as (c, _):
+            lane, v = builder.sub(c, n), builder.load(acc)
+            values = [builder.load(_pointer(context, builder, row, c)) for row in rows]
+            last = step(builder.extract_element(v, lane), values)
+            builder.store(builder.insert_element(v, last, lane), acc)
+        v, width = builder.load(acc), LANES
+        while width > 1:
+            width //= 2
+            if kind == "max":
+                # adjacent lanes, the lower kept on a tie (0 and -0): the lowest lane holding the
+                # maximum wins, as in a scan of the lanes in order
+                low = builder.shuffle_vector(v, v, _lanes(range(0, 2 * width, 2)))
+                v = step(low, [builder.shuffle_vector(v, v, _lanes(range(1, 2 * width, 2)))])
+            else:  # lane l + lane l + width, as warp_sum adds a warp's
+                low = builder.shuffle_vector(v, v, _lanes(range(width)))
+                v = builder.fadd(low, builder.shuffle_vector(v, v, _lanes(range(width, 2 * width))))
+        return builder.extract_element(v, _lane(0))
+
+    return codegen
 
 
-@device
-def row_max(x, acc):
-    """max(x) of a 1-D row, over LANES lanes as row_sum (max is exact: any order, the same)."""
-    acc[:] = x[0]
-    n = x.shape[0] - x.shape[0] % LANES
-    for c0 in range(0, n, LANES):
-        for lane in range(LANES):
-            acc[lane] = max(acc[lane], x[c0 + lane])
-    for c in range(n, x.shape[0]):
-        acc[c - n] = max(acc[c - n], x[c])
-    return acc.max()
+def _lane(lane):
+    """A vector's index: lane number lane as an LLVM i32."""
+    return ir.Constant(ir.IntType(32), lane)
+
+
+def _lanes(lanes):
+    """A shufflevector mask: the vector of these lane numbers."""
+    lanes = list(lanes)
+    return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
+
+
+def _reduction(kind, rows):
+    """row_<kind>'s (signature, codegen) for rows of 1-D float arrays of one dtype; None (no
+    match) for any other arguments."""
+    dtype = rows[0].dtype if isinstance(rows[0], types.Array) else None
+    for row in rows:
+        if not (isinstance(row, types.Array) and row.ndim == 1 and row.dtype == dtype):
+            return None
+    if not isinstance(dtype, types.Float):
+        return None
+    return dtype(*rows), _lanes_codegen(kind)
+
+
+@intrinsic
+def row_sum(typingctx, x):
+    """sum(x) of a 1-D float row in its dtype: LANES strided partial sums (lane l adds x[l],
+    x[l + LANES], ... in order, the last length % LANES elements into lanes 0, 1, ...), then
+    the lanes pairwise (lane l + lane l + width, width halving), as warp_sum adds a warp's: the
+    CUDA twins' bits, the same for any core count."""
+    return _reduction("sum", [x])
+
+
+@intrinsic
+def row_dot(typingctx, x, y):
+    """sum(x * y) of two 1-D rows of one dtype, over the lanes of row_sum, each product rounded
+    before it is added (no temporary for the products)."""
+    return _reduction("dot", [x, y])
+
+
+@intrinsic
+def row_max(typingctx, x):
+    """max(x) of a 1-D float row over the lanes of row_sum: each lane's maximum of its elements
+    in order, a later one taken only if greater (a NaN never is: one at x[0], every lane's
+    start, is the result), then the lanes', the lower lane kept on a tie. Exact: the order
+    decides only which of 0 and -0 a tie returns."""
+    return _reduction("max", [x])
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def vector_dot(x, y):
     """sum(x * y) of two fp32 rows, reassociated: LLVM's vectorized loop keeps its own partial
     sums (its vector width times its unroll) and adds them in a tree at the end, fused
-    multiply-adds included. Not row_dot's fixed LANES tree, which LLVM leaves scalar, a
-    multiply-add a cycle: a GEMV with it is compute-bound where it should stream its weights.
-    The bits depend on the CPU's vector width (AVX2 or AVX-512), never on the run or the core
-    count (a dot is one core's). For the GEMVs (quant.py), whose tests hold them to a
-    tolerance, as BLAS's sgemv is."""
+    multiply-adds included. Not row_dot's fixed LANES tree, one chain of vector adds, each
+    waiting for the last, and no fused multiply-add. The bits depend on the CPU's vector width
+    (AVX2 or AVX-512), never on the run or the core count (a dot is one core's). For the GEMVs
+    (quant.py), whose tests hold them to a tolerance, as BLAS's sgemv is."""
     s = np.float32(0)
     for k in range(x.shape[0]):
         s += x[k] * y[k]

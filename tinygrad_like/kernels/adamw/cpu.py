@@ -5,7 +5,7 @@ fused AdamW update over the flat fp32 buffers, in cache-sized chunks, one block 
 import numpy as np
 from numba import prange
 
-from ...backend.cpu.compiled import LANES, kernel, row_dot
+from ...backend.cpu.compiled import kernel, row_dot
 from ...backend.cpu.runtime import f32
 
 _NORM_PART = 1 << 18  # elements per partial sum of grad_norm_sq (1 MB of fp32)
@@ -17,7 +17,7 @@ def _sum_squares(g, partials):
     # each), its squares summed over the lanes of compiled.row_dot
     for p in prange(partials.shape[0]):
         part = g[p * _NORM_PART : (p + 1) * _NORM_PART]
-        partials[p] = row_dot(part, part, np.empty(LANES, g.dtype))
+        partials[p] = row_dot(part, part)
 
 
 def grad_norm_sq(grad):

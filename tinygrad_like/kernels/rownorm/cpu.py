@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import LANES, kernel, row_dot, row_sum
+from ...backend.cpu.compiled import kernel, row_dot, row_sum
 from ...backend.cpu.runtime import f32, rounded
 from ..elementwise.cpu import add as elementwise_add
 
@@ -20,16 +20,16 @@ _BLOCK_ROWS = 32
 @kernel
 def _layernorm_fwd(x, weight, bias, eps, y, mean, rstd):
     # a block of rows per iteration, each row as rownorm.cu's warp per row: x, y (rows, C) in
-    # A (fp32 or fp64); d, acc: the block's scratch (a row, the lanes of a sum)
+    # A (fp32 or fp64); d: the block's scratch row
     A = x.dtype.type
     rows, C = x.shape
     for b in prange(-(-rows // _BLOCK_ROWS)):
-        d, acc = np.empty(C, A), np.empty(LANES, A)
+        d = np.empty(C, A)
         for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
-            mu = row_sum(x[row], acc) / A(C)
+            mu = row_sum(x[row]) / A(C)
             for c in range(C):
                 d[c] = x[row, c] - mu
-            rs = A(1) / np.sqrt(row_dot(d, d, acc) / A(C) + A(eps))
+            rs = A(1) / np.sqrt(row_dot(d, d) / A(C) + A(eps))
             for c in range(C):
                 y[row, c] = d[c] * rs * weight[c] + bias[c]
             mean[row], rstd[row] = mu, rs
@@ -58,19 +58,19 @@ def _norm_bwd(dy, x, weight, mean, rstd, centred, plus, dx, partial):
     # of _BLOCK_ROWS rows per iteration, each row's dx (rownorm.cu's _bwd_dx, a warp per row),
     # plus[row] added to it where plus has rows (the epilogue, in fp32 as elementwise's add),
     # and the block's partial[b] = (sum(dy xhat), sum(dy)) over its rows in order (_partials);
-    # xhat, g, acc: the block's scratch
+    # xhat, g: the block's scratch
     A = x.dtype.type
     rows, C = x.shape
     for b in prange(partial.shape[0]):
-        xhat, g, acc = np.empty(C, A), np.empty(C, A), np.empty(LANES, A)
+        xhat, g = np.empty(C, A), np.empty(C, A)
         for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
             mu = mean[row] if centred else A(0)
             rs = rstd[row]
             for c in range(C):
                 xhat[c] = (x[row, c] - mu) * rs
                 g[c] = dy[row, c] * weight[c]
-            mean_g = row_sum(g, acc) / A(C) if centred else A(0)
-            mean_gx = row_dot(g, xhat, acc) / A(C)
+            mean_g = row_sum(g) / A(C) if centred else A(0)
+            mean_gx = row_dot(g, xhat) / A(C)
             for c in range(C):
                 dx[row, c] = (g[c] - mean_g - xhat[c] * mean_gx) * rs
                 if plus.shape[0]:
@@ -115,9 +115,8 @@ def _rmsnorm_fwd(x, weight, eps, y, rstd):
     A = x.dtype.type
     rows, C = x.shape
     for b in prange(-(-rows // _BLOCK_ROWS)):
-        acc = np.empty(LANES, A)
         for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
-            rs = A(1) / np.sqrt(row_dot(x[row], x[row], acc) / A(C) + A(eps))
+            rs = A(1) / np.sqrt(row_dot(x[row], x[row]) / A(C) + A(eps))
             for c in range(C):
                 y[row, c] = x[row, c] * rs * weight[c]
             rstd[row] = rs

@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import LANES, device, exp, kernel, row_dot, row_max, row_sum
+from ...backend.cpu.compiled import device, exp, kernel, row_dot, row_max, row_sum
 from ...backend.cpu.runtime import f32
 from .spec import check_targets
 
@@ -36,13 +36,13 @@ def softmax_causal_bwd(probs, dprobs, scale):
 
 
 @device
-def _exp_sum(x, shift, e, acc):
+def _exp_sum(x, shift, e):
     """e[c] = exp(x[c] - shift) over the row -> sum(e). Called with e = x for the in-place
     kernel, so that LLVM sees one array and vectorizes (two views of one row would make it
     fall back to its scalar loop)."""
     for c in range(x.shape[0]):
         e[c] = exp(x[c] - shift)
-    return row_sum(e, acc)
+    return row_sum(e)
 
 
 @kernel
@@ -52,19 +52,19 @@ def _ce(logits, targets, V, dloss, lse_in, losses, lse_out, dlogits, forward, ba
     # in_place: dlogits is logits.
     A = logits.dtype.type
     for row in prange(logits.shape[0]):
-        x, t, acc = logits[row, :V], targets[row], np.empty(LANES, A)
+        x, t = logits[row, :V], targets[row]
         d = dloss if t >= 0 else A(0)
         m, picked, shift = A(0), A(0), lse_in[row]  # backward only: softmax from the lse
         if forward:
-            m = row_max(x, acc)
+            m = row_max(x)
             picked = x[max(t, 0)]  # both read before the exps overwrite x (in place)
             shift = m
         if in_place:
-            s = _exp_sum(x, shift, x, acc)
+            s = _exp_sum(x, shift, x)
         elif backward:
-            s = _exp_sum(x, shift, dlogits[row, :V], acc)
+            s = _exp_sum(x, shift, dlogits[row, :V])
         else:
-            s = _exp_sum(x, shift, np.empty(V, A), acc)
+            s = _exp_sum(x, shift, np.empty(V, A))
         coef = d
         if forward:
             lse = np.log(s) + m
@@ -158,19 +158,19 @@ def _softmax_rows(x, scale, Tq, causal, log, y):
     # x, y (rows, C) in the compute dtype, m the row's max of scale x. Softmax: y = exp(scale x -
     # m) / sum(...), with causal (the naive attention's scores, row r being query r % Tq at
     # position C - Tq + r % Tq) the keys after the query 0 and out of the max and sum; log:
-    # y = (x - m) - log(sum(exp(x - m))) (scale 1, no mask). e, acc: the block's scratch (a row
-    # of exps, the lanes of a sum)
+    # y = (x - m) - log(sum(exp(x - m))) (scale 1, no mask). e: the block's scratch, a row of
+    # exps
     A = x.dtype.type
     rows, C = x.shape
     for b in prange(-(-rows // _BLOCK_ROWS)):
-        e, acc = np.empty(C, A), np.empty(LANES, A)
+        e = np.empty(C, A)
         for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
             seen = C - Tq + row % Tq + 1 if causal else C  # keys 0 .. seen - 1
             xr, yr, p = x[row], y[row], e[:seen]  # p: one view, worked in place (_exp_sum)
             for c in range(seen):
                 p[c] = xr[c] * scale
-            m = row_max(p, acc)
-            s = _exp_sum(p, m, p, acc)
+            m = row_max(p)
+            s = _exp_sum(p, m, p)
             if log:
                 lse = np.log(s)
                 for c in range(C):
@@ -185,19 +185,17 @@ def _softmax_rows(x, scale, Tq, causal, log, y):
 def _softmax_rows_bwd(y, dy, scale, log, dx):
     # y, dy, dx (rows, C) in the compute dtype, y the forward's output. Softmax:
     # dx = (dy - sum(dy y)) y scale (scale 1 but for the causal softmax); log:
-    # dx = dy - exp(y) sum(dy). acc: the block's scratch
-    A = y.dtype.type
+    # dx = dy - exp(y) sum(dy)
     rows, C = y.shape
     for b in prange(-(-rows // _BLOCK_ROWS)):
-        acc = np.empty(LANES, A)
         for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
             yr, gr, dr = y[row], dy[row], dx[row]
             if log:
-                total = row_sum(gr, acc)
+                total = row_sum(gr)
                 for c in range(C):
                     dr[c] = gr[c] - exp(yr[c]) * total
             else:
-                total = row_dot(gr, yr, acc)
+                total = row_dot(gr, yr)
                 for c in range(C):
                     dr[c] = (gr[c] - total) * yr[c] * scale
 
