@@ -36,13 +36,14 @@ def softmax_causal_bwd(probs, dprobs, scale):
 
 
 @device
-def _exp_sum(x, shift, e):
-    """e[c] = exp(x[c] - shift) over the row -> sum(e). Called with e = x for the in-place
-    kernel, so that LLVM sees one array and vectorizes (two views of one row would make it
-    fall back to its scalar loop)."""
+def _exp_sum(x, shift, e, total):
+    """e[c] = exp(x[c] - shift) over the row -> sum(e) if total (the forward's), else 0 (the
+    backward alone, from a saved lse, needs no sum: a pass over the row saved). Called with
+    e = x for the in-place kernel, so that LLVM sees one array and vectorizes (two views of one
+    row would make it fall back to its scalar loop)."""
     for c in range(x.shape[0]):
         e[c] = exp(x[c] - shift)
-    return row_sum(e)
+    return row_sum(e) if total else e.dtype.type(0)
 
 
 @kernel
@@ -60,11 +61,11 @@ def _ce(logits, targets, V, dloss, lse_in, losses, lse_out, dlogits, forward, ba
             picked = x[max(t, 0)]  # both read before the exps overwrite x (in place)
             shift = m
         if in_place:
-            s = _exp_sum(x, shift, x)
+            s = _exp_sum(x, shift, x, forward)
         elif backward:
-            s = _exp_sum(x, shift, dlogits[row, :V])
+            s = _exp_sum(x, shift, dlogits[row, :V], forward)
         else:
-            s = _exp_sum(x, shift, np.empty(V, A))
+            s = _exp_sum(x, shift, np.empty(V, A), forward)
         coef = d
         if forward:
             lse = np.log(s) + m
@@ -170,7 +171,7 @@ def _softmax_rows(x, scale, Tq, causal, log, y):
             for c in range(seen):
                 p[c] = xr[c] * scale
             m = row_max(p)
-            s = _exp_sum(p, m, p)
+            s = _exp_sum(p, m, p, True)
             if log:
                 lse = np.log(s)
                 for c in range(C):
