@@ -8,11 +8,14 @@ counted by the kernels beside the weights-plus-cache floor, and the fraction of 
 --weights quantizes the model's GEMM weights on load (nn/quant.py: int8, int4, fp8, fp4, bf16 or
 fp16 codes that the kernels decode as they read them), after loading it in fp32. A quantized
 checkpoint (scripts/quantize.py's --out) loads as it is stored, its weights never in fp32; its
-format is the model's (--weights may name it, never another). --kv-dtype sets the KV cache's
-format: fp32, fp16 or bf16, or fp8_e4m3 / fp8_e5m2 (a byte a key or value and an fp32 scale per
-position of a head, quantized as each position is appended; the attention kernel decodes the
-codes as it reads them). --compile captures the decode step on its first two tokens and replays
-it for the rest (tinygrad_like.compile: the kernels in order, no op layer), the same tokens."""
+format is the model's (--weights may name it, never another). --activations int8 quantizes
+the activations too, per block of 32, for int8 and int4 weights: their GEMMs then run on
+integer dot products (llama.cpp's Q8_0 activations; nn/quant.py use_activations). --kv-dtype
+sets the KV cache's format: fp32, fp16 or bf16, or fp8_e4m3 / fp8_e5m2 (a byte a key or value
+and an fp32 scale per position of a head, quantized as each position is appended; the
+attention kernel decodes the codes as it reads them). --compile captures the decode step on
+its first two tokens and replays it for the rest (tinygrad_like.compile: the kernels in order,
+no op layer), the same tokens."""
 
 import os
 import sys
@@ -24,11 +27,13 @@ from accounting.decode import StepMeter, stats
 from nn import from_pretrained
 from nn.hf import WEIGHTS, read_config, read_quantization
 from nn.lm import KV_DTYPES
-from nn.quant import quantize_model
+from nn.quant import quantize_model, use_activations
 from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
 from tinygrad_like import backend, formats, peaks
 from tinygrad_like.backend.cpu.compiled import use_pool
+from tinygrad_like.kernels.quant.spec import INTEGER_FORMATS, check_int8_activations
+from tinygrad_like.quant import ACTIVATIONS
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint, verify
 
@@ -69,6 +74,13 @@ def parse_args(argv=None):
         type=int,
         help="elements per scale for --weights int4 / fp4_e2m1 (default 32), or any scaled format",
     )
+    p.add_argument(
+        "--activations",
+        default="fp32",
+        help="fp32 (default): x as it is against the decoded weights; int8: with --weights "
+        "int8 or int4, x quantized per block of 32 elements and the GEMMs integer dot products "
+        "(faster on a CPU, logits slightly off the fp32 path's)",
+    )
     p.add_argument("--stats", action="store_true", help="print the decode accounting")
     p.add_argument(
         "--compile",
@@ -102,6 +114,7 @@ def main(argv=None, choose_pool=False):
             raise ValueError(f"--kv-dtype {args.kv_dtype}: use one of {', '.join(KV_DTYPES)}")
         quantized = read_quantization(ckpt)  # None for an fp32 checkpoint
         check_weights(args, quantized, ckpt)
+        check_activations(args)
         if choose_pool and (quantized or args.weights) != "fp32":
             # the GEMVs are qmatmul's compiled loops: OpenMP's hand-off lets them use every
             # core; fp32's are OpenBLAS's, whose threads OpenMP's spinning ones would slow
@@ -125,8 +138,10 @@ def main(argv=None, choose_pool=False):
             "use a smaller checkpoint or fewer --max-new-tokens",
         )
         model = from_pretrained(ckpt, dtype=args.dtype, device=device)  # either family
-        if quantized is None:
-            quantize_model(model, args.weights, args.group_size)  # --weights fp32: as it is
+        if quantized is None:  # --weights fp32: as it is
+            quantize_model(model, args.weights, args.group_size, args.activations)
+        else:
+            use_activations(model, args.activations)
     for i in range(args.num_samples):
         title = f"--- sample {i + 1}" if args.num_samples > 1 else "---"
         with user_errors():  # the dtype's overflow (inf logits) found while sampling
@@ -169,6 +184,21 @@ def check_weights(args, quantized=None, ckpt=None):
             f"{what} with --dtype {args.dtype}: a quantized model computes in fp32; leave "
             "--dtype at fp32"
         )
+
+
+def check_activations(args):
+    """A ValueError for --activations other than fp32 and int8, or int8 with weights that have
+    no integer dot (fp32, a float format, a --group-size that is not whole blocks of 32)."""
+    if args.activations not in ACTIVATIONS:
+        raise ValueError(f"--activations {args.activations}: use one of {', '.join(ACTIVATIONS)}")
+    if args.activations == "int8":
+        if args.weights not in INTEGER_FORMATS:
+            raise ValueError(
+                f"--activations int8 needs --weights int8 or int4 (an integer dot product); "
+                f"{args.weights} weights have none: leave --activations at fp32"
+            )
+        if args.group_size is not None:
+            check_int8_activations(args.weights, args.group_size)
 
 
 def batch(prompts):

@@ -5,27 +5,29 @@ What is quantized: every Linear weight (GPT-2's Conv1D layout (in, out): out_axi
 TransposedLinear weight ((out, in): Llama's projections and its LM head) and the token
 embedding (rows: out_axis 0), which for GPT-2 is also the tied LM head (logits = x wte^T: one
 QuantizedWeight serves both). Norms, biases and GPT-2's position embedding stay as they are:
-they are small, and the position table is only gathered from.
+they are small, and the position table is only gathered from. use_activations chooses, at run
+time, whether the quantized GEMMs meet x in fp32 or quantized to int8 (int8 and int4 weights).
 """
 
 import numpy as np
 
 from tinygrad_like import backend, no_grad
 from tinygrad_like.formats import get_format
-from tinygrad_like.quant import QuantizedWeight, quantize
+from tinygrad_like.quant import QuantizedWeight, check_activations, quantize
 
 from .layers import Linear, TransposedLinear
 
 
-def quantize_model(model, fmt, group_size=None):
+def quantize_model(model, fmt, group_size=None, activations="fp32"):
     """Quantize model's weights to fmt (a FORMATS name; "fp32" leaves the model as it is), with
-    group_size elements per scale (the format's default when None) -> model. A weight shared
-    by two modules stays one. Every weight is quantized before any is replaced, so a group size
-    that does not fit one, or a weight holding nan or inf (which the codes would turn into
-    finite numbers), leaves the model as it was. Inference only: the model can no longer be
-    trained."""
+    group_size elements per scale (the format's default when None) -> model; their GEMMs then
+    meet x as `activations` says (use_activations). A weight shared by two modules stays one.
+    Every weight is quantized and checked before any is replaced, so a group size that does not
+    fit one, activations it cannot meet, or a weight holding nan or inf (which the codes would
+    turn into finite numbers), leaves the model as it was. Inference only: the model can no
+    longer be trained."""
     if fmt == "fp32":
-        return model
+        return use_activations(model, activations)  # refuses int8: nothing is quantized
     get_format(fmt)
     targets = list(quantized_modules(model))
     if any(isinstance(module.weight, QuantizedWeight) for _, module, _ in targets):
@@ -37,9 +39,35 @@ def quantize_model(model, fmt, group_size=None):
             if id(p) not in done:
                 _check_finite(f"{name}.weight", p.data)
                 done[id(p)] = quantize(p.data, fmt, group_size, out_axis, rows=p.rows)
+    _set_activations(done.values(), activations)
     for _, module, _ in targets:
         module.weight = done[id(module.weight)]
     return model
+
+
+def use_activations(model, activations):
+    """How every quantized weight of model meets x (tinygrad_like.quant.ACTIVATIONS), a run-time
+    choice never stored in a checkpoint -> model: "fp32", x as it is against the decoded
+    weights; "int8", x quantized per block of 32 to int8 codes and dotted with int8 or int4
+    weights in integers (llama.cpp's Q8_0 activations: faster on a CPU; the logits of the
+    tests' small GPT-2s within 1% of the fp32 path's). All are checked before any changes: a
+    ValueError for weights that have no integer path (a float format, groups that are not
+    whole blocks of 32)."""
+    weights = {id(m.weight): m.weight for _, m, _ in quantized_modules(model)}
+    quantized = [w for w in weights.values() if isinstance(w, QuantizedWeight)]
+    if not quantized and activations != "fp32":
+        raise ValueError(f"{activations} activations need quantized weights: the model is fp32")
+    _set_activations(quantized, activations)
+    return model
+
+
+def _set_activations(weights, activations):
+    """Every QuantizedWeight of weights checked for activations, then switched to it."""
+    weights = list(weights)
+    for w in weights:
+        check_activations(w, activations)
+    for w in weights:
+        w.activations = activations
 
 
 def _check_finite(name, array):

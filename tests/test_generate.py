@@ -1,15 +1,19 @@
 """Generation: the KV cache against recomputing the whole sequence, generate / generate_stream
 (shapes, seeds, the context limit, the train/eval mode and grad mode it leaves behind, the
-tape), and nn.sampling.sample (temperature, top-k and top-p never leave their sets).
+tape), nn.sampling.sample (temperature, top-k and top-p never leave their sets), and int8
+activations (nn/quant.py use_activations, generate.py --activations): their logits beside the
+fp32 path's, the same tokens captured and replayed, the refusals.
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
 
 import tinygrad_like as tg
 from nn import GPT2, GPT2Config, KVCache, lm
+from nn.quant import quantize_model, use_activations
 from nn.sampling import sample
 from tinygrad_like import TAPE, dtypes
 
@@ -462,3 +466,93 @@ def test_generate_stream_refuses_bad_sampling_arguments_eagerly(model, kwargs, w
     """Before the first next(), so a caller never prints half an output before the error."""
     with pytest.raises(ValueError, match=word):
         model.generate_stream(np.array([[1, 2]]), 3, **{"temperature": 1.0, **kwargs})
+
+
+# ---------------------------------------------------------------- int8 activations
+
+# K = 256 and 1024: whole chunks of 8 blocks of 32 in the CPU's integer dot (CFG's 32: one block)
+WIDE = GPT2Config(n_layer=2, n_head=4, n_embd=256, n_positions=24, vocab_size=53)
+
+
+@pytest.mark.parametrize("fmt, group_size", [("int8", None), ("int4", None), ("int4", 64)])
+def test_int8_activations_keep_the_logits_within_2_percent_of_the_fp32_paths(fmt, group_size):
+    """The same quantized weights, x quantized per block of 32 or not: every logit within 2% of
+    the largest logit's magnitude (measured 0.3%), the argmax the same; the model's weights
+    untouched by the switch (use_activations back to fp32 gives the fp32 path's bits)."""
+    model = quantize_model(randomized(WIDE), fmt, group_size).eval()
+    ids = np.random.default_rng(0).integers(0, WIDE.vocab_size, (2, 12))
+    with tg.no_grad():
+        fp32 = model(ids)[0].numpy()
+        int8 = use_activations(model, "int8")(ids)[0].numpy()
+        again = use_activations(model, "fp32")(ids)[0].numpy()
+    assert np.abs(int8 - fp32).max() <= 0.02 * np.abs(fp32).max()
+    assert np.array_equal(int8.argmax(-1), fp32.argmax(-1))
+    assert again.tobytes() == fp32.tobytes()
+
+
+def test_int8_activations_are_refused_before_anything_changes():
+    """A float format has no integer path: quantize_model refuses before it replaces a weight,
+    use_activations before it switches one; an fp32 model has none either."""
+    model = randomized(CFG)
+    with pytest.raises(ValueError, match="fp8_e4m3 has no integer path"):
+        quantize_model(model, "fp8_e4m3", activations="int8")
+    assert not any(type(p).__name__ == "QuantizedWeight" for p in model.parameters())
+    with pytest.raises(ValueError, match="the model is fp32"):
+        use_activations(model, "int8")
+    quantize_model(model, "fp8_e4m3")
+    with pytest.raises(ValueError, match="no integer path"):
+        use_activations(model, "int8")
+    assert {p.activations for p in model.parameters() if hasattr(p, "activations")} == {"fp32"}
+
+
+def generate_py(argv, capsys):
+    """-> (exit code, stdout, stderr) of examples/generate.py."""
+    from test_faults import script_main
+
+    try:
+        script_main("examples/generate.py")(argv)
+    except SystemExit as e:
+        return e.code, *capsys.readouterr()
+    return 0, *capsys.readouterr()
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    randomized(CFG, seed=0).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_generate_py_int8_activations_compiled_give_the_same_tokens(tiny_checkpoint, capsys, fmt):
+    """--activations int8 --compile: the step captured (quantize_rows and qmatmul_int8x launched
+    through kernels.launch) and replayed gives the eager step's greedy tokens, the residual adds
+    fused into qmatmul_int8x (fewer launches on a replay)."""
+    argv = ["--checkpoint", tiny_checkpoint, "--prompt", "!#", "--max-new-tokens", "7"]
+    argv += ["--temperature", "0", "--weights", fmt, "--activations", "int8", "--stats"]
+    texts = []
+    for flags in ([], ["--compile"]):
+        code, out, err = generate_py(argv + flags, capsys)
+        assert code == 0, err
+        texts.append(out[: out.index("\n--- prompt")])
+    assert texts[0] == texts[1]
+    launches = next(line for line in out.splitlines() if line.startswith("launches: "))
+    eager, replayed = map(
+        int, re.match(r"launches: (\d+) per decode step, (\d+) on a", launches).groups()
+    )
+    assert replayed < eager
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--weights", "fp8_e4m3", "--activations", "int8"], "fp8_e4m3 weights have none"),
+        (["--activations", "int8"], "fp32 weights have none"),
+        (["--weights", "int4", "--group-size", "16", "--activations", "int8"], "multiple of 32"),
+        (["--weights", "int8", "--activations", "int4"], "use one of fp32, int8"),
+    ],
+)
+def test_generate_py_activations_refuses_in_one_line(tiny_checkpoint, capsys, argv, words):
+    code, out, err = generate_py(["--checkpoint", tiny_checkpoint, *argv], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and words in err and len(err.strip().splitlines()) == 1

@@ -299,8 +299,9 @@ def _inference_only(what, *tensors):
 
 
 def _quantized_linear(x, weight, bias, transposed):
-    """y (..., N) = x (..., K) W^T + bias, W (N, K) the quantized weight's rows: one qmatmul
-    over x flattened to (M, K)."""
+    """y (..., N) = x (..., K) W^T + bias, W (N, K) the quantized weight's rows, over x
+    flattened to (M, K): one qmatmul, or with weight.activations "int8" quantize_rows then
+    qmatmul_int8x (y in x's dtype)."""
     if weight.out_axis != (0 if transposed else 1):
         raise ValueError(
             f"linear: a quantized weight stored with out_axis {weight.out_axis} used as "
@@ -308,16 +309,12 @@ def _quantized_linear(x, weight, bias, transposed):
             f"{0 if transposed else 1}"
         )
     _inference_only("linear", x, bias)
-    x2 = _matrix(x.data)
-    y = launch(
-        "qmatmul",
-        x2,
-        weight.codes,
-        weight.scales,
-        weight.fmt,
-        weight.group_size,
-        bias=None if bias is None else bias.data,
-    )
+    x2, b = _matrix(x.data), None if bias is None else bias.data
+    w = (weight.codes, weight.scales, weight.fmt, weight.group_size)
+    if weight.activations == "int8":
+        y = launch("qmatmul_int8x", *launch("quantize_rows", x2), *w, x2.dtype, bias=b)
+    else:
+        y = launch("qmatmul", x2, *w, bias=b)
     return Tensor(y.reshape(*x.shape[:-1], y.shape[-1]))
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import backend, dtypes
 from .formats import check_group_size, get_format, stored_layout
+from .kernels.quant.spec import check_int8_activations
 from .memory import TRACKER
 from .padded_rows import PaddedRows
 
@@ -19,7 +20,11 @@ class QuantizedWeight(PaddedRows):
     embedding; 1: it is (in, out), GPT-2's Conv1D, so W is its transpose) and rows (the rows of
     the weight that are parameters when the rest are padding, Parameter.rows; None: all).
     It computes into fp32 activations (dtype), holds no gradient, and its codes and scales are
-    the memory tracker's "weights"."""
+    the memory tracker's "weights". activations (ACTIVATIONS): how its GEMM meets x, a run-time
+    choice (never stored with the codes): "fp32", x as it is against the decoded weights
+    (qmatmul); "int8", int8 and int4 weights only, x quantized per block of 32 and dotted in
+    integers (quantize_rows, then qmatmul_int8x: kernels/quant/spec.py); check_activations
+    says which weights can."""
 
     requires_grad = False
     grad = None
@@ -28,6 +33,7 @@ class QuantizedWeight(PaddedRows):
     def __init__(self, fmt, codes, scales, group_size, shape, out_axis=0, rows=None):
         self.fmt, self.codes, self.scales, self.group_size = fmt, codes, scales, group_size
         self.shape, self.out_axis, self.rows = tuple(shape), out_axis, rows
+        self.activations = "fp32"
         self._register()
 
     def _register(self):
@@ -67,6 +73,18 @@ class QuantizedWeight(PaddedRows):
             self.scales = None if self.scales is None else be.asarray(here.to_numpy(self.scales))
             self._register()
         return self
+
+
+ACTIVATIONS = ("fp32", "int8")  # how a quantized GEMM meets x (QuantizedWeight.activations)
+
+
+def check_activations(qw, activations):
+    """A ValueError unless the QuantizedWeight qw can compute with activations (ACTIVATIONS):
+    int8 needs an int8 or int4 weight whose group size is a multiple of 32."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations {activations!r}: use one of {', '.join(ACTIVATIONS)}")
+    if activations == "int8":
+        check_int8_activations(qw.fmt, qw.group_size)
 
 
 def _groups(W, g, qmax):

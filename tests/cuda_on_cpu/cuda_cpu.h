@@ -157,6 +157,11 @@ inline float __fdividef(float a, float b) { return a / b; }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+// The four signed bytes of a times those of b, summed, plus c (sm_61's dp4a.s32.s32).
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 32; i += 8) c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i);
+    return c;
+}
 
 #define TG_MINMAX(T)                                  \
     inline T min(T a, T b) { return b < a ? b : a; } \

@@ -2,8 +2,10 @@
 and scales inside the kernel, against float64 x @ dequantize(W)^T; qembedding, the gather of
 decoded rows, bit for bit dequantize(W)[idx], every code of every format included (subnormals,
 infinities, NaNs: ml_dtypes' values). qmatmul's add epilogue (y + add) has the bits of the
-unfused add. The quantizer itself (tinygrad_like/quant.py) and the quantized models:
-tests/test_quant.py.
+unfused add. int8 activations: quantize_rows and qmatmul_int8x bit for bit against NumPy
+references that compute spec.py's definitions (the same integer sums, the same fp32 operations
+in the same order), on every device (CUDA's twins then bit for bit the CPU's). The quantizer
+itself (tinygrad_like/quant.py) and the quantized models: tests/test_quant.py.
 """
 
 import os
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 from tinygrad_like import dtypes, formats, kernels, quant
+from tinygrad_like.kernels.quant.spec import TINY_BLOCK
 
 from .check import BF16, F16, F32, F64, FLOATS, cases, cpu, f64, rand
 
@@ -84,6 +87,99 @@ def groups(fmt):
     return (32, None) if formats.FORMATS[fmt].scaled else (None,)
 
 
+# ---------------------------------------------------------------- int8 activations: references
+
+
+def quantize_rows_ref(x):
+    """spec.py's quantize_rows in NumPy: x as fp32; per block of 32 its max |x| (NaN if any is
+    NaN), the scale max / 127 (1 below TINY_BLOCK), codes rint(x / scale) (ties to even), 0
+    where the quotient is NaN."""
+    x = np.asarray(x).astype(F32)
+    blocks = x.reshape(x.shape[0], -1, 32)
+    top = np.abs(blocks).max(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scales = np.where(top < TINY_BLOCK, np.float32(1), top / np.float32(127)).astype(F32)
+        q = np.rint(blocks / scales[..., None])
+    return np.where(np.isnan(q), 0, q).astype(np.int8).reshape(x.shape), scales
+
+
+def weight_values(codes, fmt):
+    """(N, K) int32 code values of int8 or int4 codes: the byte's two's complement, or each
+    nibble (element 2j low, 2j + 1 high) less 8."""
+    codes = np.asarray(codes)
+    if fmt == "int8":
+        return codes.view(np.int8).astype(np.int32)
+    return np.stack([codes & 15, codes >> 4], axis=2).reshape(codes.shape[0], -1) - np.int32(8)
+
+
+def qmatmul_int8x_ref(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None):
+    """spec.py's qmatmul_int8x in NumPy: each block's exact int32 sum, t_b = (x scale * w scale)
+    * sum in fp32, block b added into lane b % 8 in increasing b, the lanes added as ((l0 + l4)
+    + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), + bias, rounded to dtype, + add as elementwise's."""
+    x = np.asarray(xcodes).astype(np.int32)
+    (M, K), w = x.shape, weight_values(codes, fmt)
+    sums = (x.reshape(M, 1, K // 32, 32) * w.reshape(1, w.shape[0], K // 32, 32)).sum(3)
+    w_scales = np.repeat(np.asarray(scales), group_size // 32, axis=1)  # (N, K / 32)
+    t = (np.asarray(xscales)[:, None, :] * w_scales[None]) * sums.astype(F32)
+    lanes = np.zeros(t.shape[:2] + (8,), F32)
+    for b in range(t.shape[2]):
+        lanes[..., b % 8] += t[..., b]
+    a = [lanes[..., i] for i in range(8)]
+    y = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+    y = (y if bias is None else y + np.asarray(bias).astype(F32)).astype(dtype)
+    if add is None:
+        return y
+    wide = F64 if dtype == F64 else F32  # elementwise's add: 2-byte floats in fp32
+    return (y.astype(wide) + np.asarray(add).astype(wide)).astype(dtype)
+
+
+def activations(put, dtype, M, K):
+    """x (M, K) of dtype: random, with (K >= 320) blocks to mind: all zero, below TINY_BLOCK,
+    ties (scale 1: 127 leads, then halves: 2.5 -> 2, -3.5 -> -4, 0.5 -> 0), a NaN, an inf."""
+    x = rand((M, K), F32, seed=M)
+    if K >= 320:
+        x[0, :32] = 0
+        x[0, 32:64] *= 1e-22
+        x[0, 64:96] = np.resize([127, 2.5, -3.5, 0.5, -0.5, 1.5], 32)
+        if dtype != F16:  # fp16's largest finite is 65504: keep its other blocks finite
+            x[-1, 256:288] *= 1e30
+        x[-1, 96], x[-1, 130] = np.nan, np.inf
+    return put(x.astype(dtype))
+
+
+def int8x(put, dtype, fmt, group_size, K, M, bias, epilogue=None):
+    """quantize_rows' codes of a random x (M, K) (one code -128, which it never makes) against a
+    random (37, K) weight of fmt (a row of the most negative codes), bias and add in dtype."""
+    xcodes, xscales = quantize_rows_ref(rand((M, K), F32, seed=M))
+    xcodes[0, 0] = -128
+    codes, scales, g = quantized(fmt, 37, K, group_size)
+    codes[1] = 0x80 if fmt == "int8" else 0  # -128, or int4's -8
+    kw = {"bias": put(rand(37, dtype, seed=5))} if bias else {}
+    if epilogue == "add":
+        kw["add"] = put(rand((M, 37), dtype, seed=7))
+    return put(xcodes), put(xscales), put(codes), put(scales), fmt, g, np.dtype(dtype), kw
+
+
+QUANTIZE = [(d, M, K) for d in FLOATS for M, K in [(1, 32), (3, 320)]]
+# the weights: int8 per output channel (K = 96: three blocks, no whole chunk of 8; 320: a chunk
+# and two; 1024: chunks whose 8 blocks share the channel's scale), groups of 32 (each block its
+# own scale), 64 (two blocks a scale) and 256 (eight); M = 1, 2 and 5 (past 4 rows a pass)
+INT8X_WEIGHTS = [
+    ("int8", None, 96),
+    ("int8", None, 320),
+    ("int8", None, 1024),
+    ("int8", 32, 320),
+    ("int8", 64, 320),
+    ("int4", 32, 320),
+    ("int4", 64, 320),
+    ("int4", 256, 1024),
+]
+INT8X = [(F32, fmt, g, K, M, M != 2) for fmt, g, K in INT8X_WEIGHTS for M in (1, 2, 5)]
+INT8X += [
+    (d, fmt, g, 320, 2, True, "add") for d in FLOATS for fmt, g in [("int8", None), ("int4", 32)]
+]
+
+
 # N ragged against a block's 8 rows, K several groups; M = 1 (decode), 3 and 17 (past the
 # kernel's 8 rows of x a pass); and one row of one output channel
 MATMUL = [
@@ -132,6 +228,8 @@ CASES = [
         exact=True,
         name="every-code",
     ),
+    *cases("quantize_rows", activations, QUANTIZE, ref=quantize_rows_ref, exact=True),
+    *cases("qmatmul_int8x", int8x, INT8X, ref=qmatmul_int8x_ref, exact=True),
 ]
 
 
@@ -288,3 +386,74 @@ def test_cpu_qembedding_is_dequantize_then_gather(fmt):
     assert got.shape == (2, 3, 48) and np.array_equal(got, weight(codes, scales, fmt, g)[idx])
     with pytest.raises(ValueError, match="token id 50 out of range"):
         cpu.qembedding(codes, scales, np.array([50]), fmt, g)
+
+
+# ---------------------------------------------------------------- int8 activations
+
+
+def test_cpu_quantize_rows_rounds_as_spec_says():
+    """The rule itself, not a reference: a block led by 127 has scale 1 and its halves go to
+    the even neighbour; an all-zero block and one below TINY_BLOCK have scale 1 and codes 0;
+    a block with a NaN has a NaN scale, one with an inf an infinite one, their codes 0 where
+    x / scale is NaN (inf / inf), 0 for finite / inf."""
+    x = np.zeros((1, 160), F32)
+    x[0, :6] = [127, 2.5, -3.5, 0.5, -0.5, -126.5]
+    x[0, 64:96] = 1e-20
+    x[0, 96], x[0, 97] = np.nan, 1
+    x[0, 128], x[0, 129] = np.inf, 1
+    codes, scales = cpu.quantize_rows(x)
+    assert codes[0, :6].tolist() == [127, 2, -4, 0, 0, -126] and scales[0, 0] == 1
+    assert scales[0, 1:3].tolist() == [1, 1] and not codes[0, 32:96].any()
+    assert np.isnan(scales[0, 3]) and not codes[0, 96:128].any()
+    assert scales[0, 4] == np.inf and not codes[0, 128:].any()
+
+
+def test_cpu_int8x_without_vnni_gives_the_same_bits(tmp_path):
+    """The integer dot where the CPU has no AVX-512 VNNI (NUMBA_CPU_NAME=generic: one block's
+    llvm.vector.reduce.add at a time) against this CPU's (vpdpbusd on whole chunks, if it has
+    it): the same integers, the same fp32 operations, the same bits, every weight kind."""
+    code = (
+        "import sys, numpy as np; from tinygrad_like import kernels; "
+        "from tests.kernels.test_quant import INT8X_WEIGHTS, int8x; cpu = kernels.on('cpu'); "
+        "ys = [cpu.qmatmul_int8x(*a[:-1], **a[-1]) for w in INT8X_WEIGHTS "
+        "for a in [int8x(np.asarray, np.float32, *w, 5, True)]]; "
+        "sys.stdout.buffer.write(b''.join(y.tobytes() for y in ys))"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
+    env.update(PYTHONPATH=path, TG_QUIET="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, check=True
+    )
+    here = [
+        cpu.qmatmul_int8x(*a[:-1], **a[-1])
+        for w in INT8X_WEIGHTS
+        for a in [int8x(np.asarray, F32, *w, 5, True)]
+    ]
+    assert out.stdout == b"".join(y.tobytes() for y in here)
+
+
+@pytest.mark.parametrize(
+    "fmt, group_size, words",
+    [
+        ("fp8_e4m3", None, "fp8_e4m3 has no integer path"),
+        ("bf16", None, "bf16 has no integer path"),
+        ("int4", 16, "must be a multiple of 32, got 16"),
+    ],
+)
+def test_int8x_refuses_weights_without_an_integer_path(device, fmt, group_size, words):
+    """Each device (and the meta device's shape rule) refuses alike, naming the reason."""
+    codes, scales, g = quantized(fmt, 6, 64, group_size)
+    xcodes, xscales = quantize_rows_ref(rand((2, 64), F32))
+    meta = kernels.on("meta")
+    for d in (device, meta):
+        args = [d.asarray(a) if a is not None else None for a in (xcodes, xscales, codes, scales)]
+        with pytest.raises(ValueError, match=words):
+            d.qmatmul_int8x(*args, fmt, g, np.dtype(F32))
+
+
+def test_quantize_rows_needs_whole_blocks(device):
+    for d in (device, kernels.on("meta")):
+        with pytest.raises(ValueError, match="K a multiple of 32"):
+            d.quantize_rows(d.asarray(rand((2, 48), F32)))

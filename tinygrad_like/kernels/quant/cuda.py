@@ -1,7 +1,8 @@
 """Quantized weights on CUDA (quant.cu): qmatmul, one warp per output row decoding W's codes in
 registers as it streams them, its epilogue's add (M, N) read in the store; qembedding, one
 block per gathered row. The stored layout is formats.py's: W (N, K) as codes (N, K / elements
-per code) and scales (N, K / group_size) fp32, None for bf16 / fp16.
+per code) and scales (N, K / group_size) fp32, None for bf16 / fp16. int8 activations:
+quantize_rows, a warp per block of x; qmatmul_int8x, a warp per output row of __dp4a sums.
 """
 
 import cupy
@@ -10,6 +11,7 @@ import numpy as np
 from ... import dtypes
 from ...backend.cuda.runtime import BLOCK, CTYPES, NULL, blocks_for, compiled
 from ..embedding.spec import check_ids
+from .spec import int8x_out, x_blocks
 
 # fmt -> (quant.cu's QuantFormat, the codes' dtype, elements per code, scaled), in the order of
 # QuantFormat (formats.FORMATS' formats)
@@ -107,3 +109,58 @@ def qembedding(codes, scales, idx, fmt, group_size):
             (idx.size,), (BLOCK,), (codes, scales, idx, out, np.int32(K), group)
         )
     return out
+
+
+def quantize_rows(x):
+    """One warp per block of 32 elements of x (M, K); int8 codes written as their bytes."""
+    if x.dtype not in CTYPES:
+        raise TypeError(f"quantize_rows takes a floating-point x, got {x.dtype}")
+    blocks = x_blocks(x)
+    x = cupy.ascontiguousarray(x)
+    codes = cupy.empty(x.shape, dtype=np.int8)
+    scales = cupy.empty((x.shape[0], blocks), dtype=dtypes.float32)
+    if codes.size:
+        count = x.shape[0] * blocks
+        compiled("quant.cu", "quantize_rows", x.dtype)(
+            (blocks_for(count, ROWS_PER_BLOCK),),
+            (BLOCK,),
+            (x, codes.view(np.uint8), scales, np.int64(count)),
+        )
+    return codes, scales
+
+
+def _words(a):
+    """a contiguous with its first byte on an 8-byte boundary (the kernel reads words of it):
+    a copy when a view starts elsewhere."""
+    a = cupy.ascontiguousarray(a)
+    return a if a.data.ptr % 8 == 0 else a.copy()
+
+
+def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None):
+    """One warp per row of W, bias read as fp32; add (M, N, dtype) added in the kernel's store
+    with the bits of elementwise's add(add, y)."""
+    int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add)
+    dtype = np.dtype(dtype)
+    if dtype not in CTYPES:
+        raise TypeError(f"qmatmul_int8x returns a floating-point y, not {dtype}")
+    (M, K), N = xcodes.shape, codes.shape[0]
+    y = cupy.empty((M, N), dtype=dtype)
+    if y.size:
+        compiled("quant.cu", "qmatmul_int8x", dtype, FORMATS[fmt][0])(
+            (blocks_for(N, ROWS_PER_BLOCK),),
+            (BLOCK,),
+            (
+                _words(xcodes).view(np.uint8),
+                cupy.ascontiguousarray(xscales, dtype=dtypes.float32),
+                _words(codes),
+                cupy.ascontiguousarray(scales, dtype=dtypes.float32),
+                NULL if bias is None else cupy.ascontiguousarray(bias, dtype=dtypes.float32),
+                NULL if add is None else cupy.ascontiguousarray(add),
+                y,
+                np.int32(M),
+                np.int32(N),
+                np.int32(K),
+                np.int32(group_size),
+            ),
+        )
+    return y

@@ -173,9 +173,130 @@ __global__ void qembedding(const C* codes, const float* scales, const long long*
     }
 }
 
+// ---------------------------------------------------------------- int8 activations
+// quant/spec.py's quantize_rows and qmatmul_int8x (llama.cpp's Q8_0 activations): x quantized per
+// block of X_BLOCK along K to int8 codes and an fp32 scale, each block's dot with a weight row
+// an exact integer sum (__dp4a), scaled once in fp32; the bits of quant/cpu.py's twins.
+constexpr int X_BLOCK = 32;  // spec.X_BLOCK: activations per scale
+constexpr int LANES = 8;     // spec.py's fp32 sums: block b is added into sum b % 8
+constexpr int INT8X_ROWS = 4;  // rows of x a pass over a row of W
+
+// The larger of a and b, NaN when either is NaN: one value whatever the order (cpu.py's
+// running max of a block).
+__device__ __forceinline__ float nan_max(float a, float b) {
+    if (a != a) return a;
+    return b > a || b != b ? b : a;
+}
+
+// codes (M, K) int8 as bytes (two's complement) and scales (M, K / X_BLOCK) of x (M, K), as
+// spec.py's quantize_rows says. Launch: one warp per block of X_BLOCK elements (block w of the
+// flat (M * K / X_BLOCK,) list is elements X_BLOCK w .. of flat x, K being a multiple), a lane
+// an element; the block's max by nan_max over the warp. As cpu.py's _quantize_rows: x read as
+// fp32 (fp64 rounded to it), the scale and the quotient by __fdiv_rn, rintf (ties to even).
+// TINY: spec.TINY_BLOCK, below which a block is all zero codes (and scale 1).
+template <typename T>
+__global__ void quantize_rows(const T* x, unsigned char* codes, float* scales, long long blocks) {
+    constexpr float TINY = 0x1p-64f;
+    const long long w = global_index() / 32;
+    if (w >= blocks) return;  // the whole warp
+    const int lane = threadIdx.x % 32;
+    const long long at = w * X_BLOCK + lane;
+    const float v = (float)to_acc(x[at]);
+    float top = fabsf(v);
+    for (int offset = 16; offset > 0; offset >>= 1)
+        top = nan_max(top, __shfl_xor_sync(0xffffffffu, top, offset));
+    const float scale = top < TINY ? 1.0f : __fdiv_rn(top, 127.0f);
+    const float q = rintf(__fdiv_rn(v, scale));
+    codes[at] = (unsigned char)(q == q ? (int)q : 0);
+    if (lane == 0) scales[w] = scale;
+}
+
+// The four nibbles of v's low 16 bits in storage order (byte 0's low nibble first), one a byte:
+// elements 2j, 2j + 1 of a 4-bit row (their values q + 8 in 0 .. 15) lined up with x's bytes.
+__device__ __forceinline__ int nibble_bytes(unsigned v) {
+    v = (v | (v << 8)) & 0x00FF00FFu;  // byte 1 to byte 2
+    return (int)((v | (v << 4)) & 0x0F0F0F0Fu);  // each byte's high nibble to the byte above
+}
+
+// y[m, n] (M, N) in T = spec.py's qmatmul_int8x of xq (M, K) int8 codes as bytes, xs (M, K /
+// X_BLOCK), the int8 or int4 W (codes, scales as qmatmul's) (+ bias (N,) fp32, or null) (+ add
+// (M, N) T, or null, in the store as qmatmul's). Launch: one warp per output row n, as qmatmul.
+// The warp takes LANES blocks a pass, 4 lanes a block: lane l reads 8 elements of block
+// b = pass + l / 4 (elements 8 (l % 4) ..) as two words of bytes (int8: 8 codes; int4: 4 bytes
+// of nibbles, spread by nibble_bytes) and x's 8 codes of them; two __dp4a (int4: less two by
+// 0x08080808, 8 times the x codes' sum: a nibble is q + 8), the 4 lanes' sums added by
+// shuffles (integers: exact); then t = (xs * w scale) * sum added into the lane's fp32 sum
+// (the lanes of block b hold sum b % 8; blocks in increasing order; __fmul_rn / __fadd_rn, no
+// FMA). The eight sums (lanes 0, 4, .., 28) are added as spec.py says by three shuffles: lane
+// ^ 16 (sum l + 4), ^ 8 (+ 2), ^ 4 (+ 1). As quant/cpu.py's qmatmul_int8x, bit for bit: the
+// same integers (cpu.py's dot multiplies unsigned codes and subtracts 128 or 8 times the x
+// codes' sum), the same fp32 operations in the same order.
+template <typename T, int FMT>
+__global__ void qmatmul_int8x(const unsigned char* xq, const float* xs, const unsigned char* codes,
+                              const float* scales, const float* bias, const T* add, T* y, int M,
+                              int N, int K, int group_size) {
+    static_assert(FMT == INT8 || FMT == INT4, "an integer format");
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x % 32, quarter = lane % 4, nb = K / X_BLOCK;
+    const long long n = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (n >= N) return;  // the whole warp: n is the warp's
+    const unsigned char* row = codes + n * (K / PER_CODE<FMT>);
+    const float* row_scales = scales + n * (K / group_size);
+    for (int m0 = 0; m0 < M; m0 += INT8X_ROWS) {
+        float acc[INT8X_ROWS] = {};
+        for (int pass = 0; pass < nb; pass += LANES) {
+            const int b = pass + lane / 4;
+            const bool here = b < nb;  // the last pass may have fewer blocks
+            int w0 = 0, w1 = 0;
+            float w_scale = 0.0f;
+            if (here) {
+                if constexpr (FMT == INT4) {
+                    const unsigned v = *(const unsigned*)(row + b * (X_BLOCK / 2) + 4 * quarter);
+                    w0 = nibble_bytes(v & 0xFFFFu), w1 = nibble_bytes(v >> 16);
+                } else {
+                    const unsigned* v = (const unsigned*)(row + b * X_BLOCK + 8 * quarter);
+                    w0 = (int)v[0], w1 = (int)v[1];
+                }
+                w_scale = row_scales[b * X_BLOCK / group_size];
+            }
+#pragma unroll
+            for (int r = 0; r < INT8X_ROWS; ++r) {
+                const int m = m0 + r;
+                if (m >= M) break;  // uniform over the warp
+                int s = 0;
+                if (here) {
+                    const int* x = (const int*)(xq + (long long)m * K + b * X_BLOCK + 8 * quarter);
+                    s = __dp4a(w0, x[0], __dp4a(w1, x[1], 0));
+                    if constexpr (FMT == INT4)
+                        s -= __dp4a(0x08080808, x[0], __dp4a(0x08080808, x[1], 0));
+                }
+                s += __shfl_xor_sync(all, s, 1);
+                s += __shfl_xor_sync(all, s, 2);
+                if (here) {
+                    const float scale = __fmul_rn(xs[(long long)m * nb + b], w_scale);
+                    acc[r] = __fadd_rn(acc[r], __fmul_rn(scale, (float)s));
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < INT8X_ROWS; ++r) {
+            if (m0 + r >= M) break;  // uniform over the warp
+            float v = acc[r];
+            for (int offset = 16; offset >= 4; offset >>= 1)
+                v = __fadd_rn(v, __shfl_xor_sync(all, v, offset));
+            if (lane == 0) {
+                const long long idx = (long long)(m0 + r) * N + n;
+                if (bias) v = __fadd_rn(v, bias[n]);
+                y[idx] = add ? plus<T>(v, add[idx]) : from_acc<T>(v);
+            }
+        }
+    }
+}
+
 #ifdef TG_CHECK_INSTANTIATE
 // Every variant cuda.py launches (see elementwise.cu): qmatmul for x in each float dtype, both
-// kernels for each format with its code type.
+// kernels for each format with its code type; quantize_rows for x in each float dtype and
+// qmatmul_int8x for y in each, int8 and int4.
 void* tg_instances_quant[] = {
     (void*)&qmatmul<float, unsigned char, 0>, (void*)&qmatmul<float, unsigned char, 1>,
     (void*)&qmatmul<float, unsigned char, 2>, (void*)&qmatmul<float, unsigned char, 3>,
@@ -197,5 +318,11 @@ void* tg_instances_quant[] = {
     (void*)&qembedding<unsigned char, 2>, (void*)&qembedding<unsigned char, 3>,
     (void*)&qembedding<unsigned char, 4>, (void*)&qembedding<unsigned short, 5>,
     (void*)&qembedding<unsigned short, 6>,
+    (void*)&quantize_rows<float>, (void*)&quantize_rows<__half>,
+    (void*)&quantize_rows<__nv_bfloat16>, (void*)&quantize_rows<double>,
+    (void*)&qmatmul_int8x<float, 0>, (void*)&qmatmul_int8x<float, 1>,
+    (void*)&qmatmul_int8x<__half, 0>, (void*)&qmatmul_int8x<__half, 1>,
+    (void*)&qmatmul_int8x<__nv_bfloat16, 0>, (void*)&qmatmul_int8x<__nv_bfloat16, 1>,
+    (void*)&qmatmul_int8x<double, 0>, (void*)&qmatmul_int8x<double, 1>,
 };
 #endif

@@ -10,6 +10,13 @@ few rows of x, each code as it is read) and dotted with x's rows; cuda.py + quan
 output row. Both decode with the same bit operations (quant.cu's device functions of the same
 names), exactly. qmatmul's epilogue adds add (its output's shape and dtype) to the rounded
 output, with the bits of elementwise's add launched after it: on CUDA in the kernel's store.
+
+int8 activations (quantize_rows, then qmatmul_int8x): llama.cpp's Q8_0 activations times its
+Q8_0 / Q4_0 weights, for the int8 and int4 formats. x is quantized per block of X_BLOCK
+elements along K to int8 codes and one fp32 scale a block; each block's dot with a row of W is
+an exact int32 sum of code products, scaled once in fp32. cpu.py's integer dot runs on vector
+integer instructions (VNNI's vpdpbusd where the CPU has it), quant.cu's on __dp4a; both give
+the same bits (the order of the fp32 sums is part of the definition, below).
 """
 
 import numpy as np
@@ -66,3 +73,106 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
 def qembedding(codes, scales, idx, fmt, group_size):
     """Rows idx (...) int in [0, N) of a quantized table W (N, K) -> (..., K) fp32, decoded:
     a gather that reads only the rows it decodes."""
+
+
+# ---------------------------------------------------------------- int8 activations
+
+X_BLOCK = 32  # activations per scale along K (quant.cu's X_BLOCK)
+# A block whose largest magnitude is below this gets scale 1 and zero codes (an all-zero block
+# among them). Smaller scales, and their products, would near fp32's subnormals, which CUDA
+# (CuPy compiles with -ftz) flushes to zero and the CPU keeps: with it both devices quantize
+# every x alike, and x scale * weight scale stays normal for weight scales of 2^-55 and up.
+TINY_BLOCK = np.float32(2.0**-64)
+INTEGER_FORMATS = ("int8", "int4")  # the weight formats with an integer dot
+
+
+def check_int8_activations(fmt, group_size):
+    """A ValueError unless weights of fmt with group_size (formats.check_group_size's: None
+    not allowed) can meet int8 activations: an integer format whose groups are whole blocks."""
+    if fmt not in INTEGER_FORMATS:
+        raise ValueError(
+            f"int8 activations need int8 or int4 weights (an integer dot product); {fmt} has "
+            "no integer path: use fp32 activations"
+        )
+    if group_size % X_BLOCK:
+        raise ValueError(
+            f"int8 activations are quantized in blocks of {X_BLOCK} along K: the weights' group "
+            f"size must be a multiple of {X_BLOCK}, got {group_size}"
+        )
+
+
+def x_blocks(x):
+    """x (M, K)'s blocks along K, K / X_BLOCK; a ValueError unless they are whole."""
+    if len(x.shape) != 2 or x.shape[1] % X_BLOCK:
+        raise ValueError(
+            f"quantize_rows: x {tuple(x.shape)} must be (M, K) with K a multiple of {X_BLOCK}"
+        )
+    return x.shape[1] // X_BLOCK
+
+
+@kernel(
+    shape=lambda x: (
+        Out(tuple(x.shape), np.dtype(np.int8)),
+        Out((x.shape[0], x_blocks(x)), np.dtype(np.float32)),
+    ),
+    flops=lambda r, x: 3 * x.size,
+)
+def quantize_rows(x):
+    """x (M, K) float (read as fp32: fp64 rounded to it) -> codes (M, K) int8, scales (M, K /
+    X_BLOCK) fp32, per block of X_BLOCK elements along K: a = max |x| over the block (NaN if
+    any is NaN); scale = a / 127 rounded to fp32, or 1 where a < TINY_BLOCK (an all-zero block
+    among them); code = x / scale rounded to fp32, then to the nearest integer, ties to even
+    (within +-127 by construction), 0 where that quotient is NaN. A NaN or infinite x makes
+    its block's scale NaN or infinite, so every y it reaches is too. FLOPs: 3 an element (the
+    max, the division, the rounding)."""
+
+
+def int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add):
+    """y's Out (M, N) in dtype, the operands checked against each other."""
+    check_int8_activations(fmt, group_size)
+    M, K = xcodes.shape
+    N = codes.shape[0]
+    stored = (N, K // 2 if fmt == "int4" else K)
+    if (
+        tuple(xscales.shape) != (M, K // X_BLOCK)
+        or tuple(codes.shape) != stored
+        or K % group_size
+        or tuple(scales.shape) != (N, K // group_size)
+    ):
+        raise ValueError(
+            f"qmatmul_int8x: x codes {tuple(xcodes.shape)}, scales {tuple(xscales.shape)} "
+            f"against {fmt} codes {tuple(codes.shape)}, scales {tuple(scales.shape)} of group "
+            f"size {group_size}: need {stored} codes and ({M}, {K // X_BLOCK}), "
+            f"({N}, K / group) scales"
+        )
+    if bias is not None and tuple(bias.shape) != (N,):
+        raise ValueError(f"qmatmul_int8x: bias {tuple(bias.shape)} must be ({N},)")
+    y = Out((M, N), np.dtype(dtype))
+    if add is not None and (tuple(add.shape) != y.shape or add.dtype != y.dtype):
+        raise ValueError(
+            f"qmatmul_int8x: add {tuple(add.shape)} {add.dtype}, need {y.shape} {y.dtype}"
+        )
+    return y
+
+
+@kernel(
+    shape=lambda xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None: (
+        int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add)
+    ),
+    flops=lambda r, xcodes, xscales, *w, bias=None, add=None: (
+        (2 * xcodes.shape[1] + 3 * xscales.shape[1] + (bias is not None) + (add is not None))
+        * r.size
+    ),
+    epilogue=("add",),
+)
+def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None):
+    """quantize_rows' x (codes (M, K) int8, scales (M, K / X_BLOCK)) @ W^T (+ bias (N,)) ->
+    (M, N) in dtype, W (N, K) an int8 or int4 weight of group_size a multiple of X_BLOCK:
+    y[m, n] = sum over blocks b of t_b = (xscales[m, b] * w_scale[n, b]) * isum_b, isum_b the
+    exact int32 sum of x codes times weight code values (int8 -128..127, int4 nibble - 8) over
+    the block, converted to fp32 (exactly). The fp32 order, the same on every device: each
+    product rounded on its own (no FMA); block b added into lane b % 8 of eight fp32 sums,
+    blocks in increasing order; the lanes then added as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) +
+    (l3 + l7)); + bias (read as fp32); rounded to dtype once; then [+ add (M, N), dtype] with
+    the bits of elementwise's add(add, y). FLOPs: 2 K an element of y (integer multiply-adds),
+    3 a block, one more each for the bias and the add."""
