@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tinygrad_like import dtypes, formats, kernels, quant
+from tinygrad_like.kernels.quant import cpu as quant_cpu
 from tinygrad_like.kernels.quant.spec import TINY_BLOCK
 
 from .check import BF16, F16, F32, F64, FLOATS, cases, cpu, f64, rand
@@ -312,10 +313,14 @@ def test_cpu_4bit_decode_dot_is_dequantize_then_matmul(fmt, group_size, M):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("M", [1, 3, 17])
-def test_cpu_qmatmul_is_dequantize_then_matmul(fmt, M):
+@pytest.mark.parametrize("M,tile_rows", [(1, None), (3, None), (15, None), (17, None), (17, 8)])
+def test_cpu_qmatmul_is_dequantize_then_matmul(fmt, M, tile_rows, monkeypatch):
     """fp32 x within fp32 rounding of float64 (N ragged against the row blocks, K against the
-    lanes, groups of 8); bf16 x widened in the kernel, the result rounded once."""
+    lanes, groups of 8); bf16 x widened in the kernel, the result rounded once. From 16 rows of
+    x (a prompt) W is decoded a tile at a time for BLAS: tile_rows 8 makes 37 rows five tiles,
+    the last ragged."""
+    if tile_rows:
+        monkeypatch.setattr(quant_cpu, "_TILE", tile_rows * 88)
     codes, scales, g = quantized(fmt, 37, 88, group_for(fmt))
     x, bias = rand((M, 88), F32, seed=1), rand(37, F32, seed=2)
     for b in (None, bias):

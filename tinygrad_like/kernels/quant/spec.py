@@ -3,13 +3,16 @@ tinygrad_like/quant.py: the quantizer and the NumPy reference). A quantized weig
 stored with one row per output channel (the row a GEMV streams): codes (N, K) uint8 for the 8-bit
 formats, (N, K/2) uint8 for the 4-bit ones, (N, K) uint16 bit patterns for bf16 / fp16; scales
 (N, K / group_size) fp32, None for bf16 / fp16. fmt is one of formats.FORMATS' names. The kernels
-decode each code in registers as they read it: there is never a dequantized copy of W.
+decode each code in registers as they read it: there is never a dequantized copy of W (a
+prompt's qmatmul on the CPU decodes 8 MB of W's rows at a time for BLAS, cpu.py).
 
 cpu.py: one output channel per program, its codes decoded into an L1 row (or, for a decode step's
-few rows of x, each code as it is read) and dotted with x's rows; cuda.py + quant.cu: one warp per
-output row. Both decode with the same bit operations (quant.cu's device functions of the same
-names), exactly. qmatmul's epilogue adds add (its output's shape and dtype) to the rounded
-output, with the bits of elementwise's add launched after it: on CUDA in the kernel's store.
+few rows of x, each code as it is read) and dotted with x's rows (from 16 rows, a prompt: a tile
+of decoded rows multiplied by BLAS, the same values to fp32's rounding, not the same bits);
+cuda.py + quant.cu: one warp per output row. Both decode with the same bit operations
+(quant.cu's device functions of the same names), exactly. qmatmul's epilogue adds add (its
+output's shape and dtype) to the rounded output, with the bits of elementwise's add launched
+after it: on CUDA in the kernel's store.
 
 int8 activations (quantize_rows, then qmatmul_int8x): llama.cpp's Q8_0 activations times its
 Q8_0 / Q4_0 weights, for the int8 and int4 formats. x is quantized per block of X_BLOCK

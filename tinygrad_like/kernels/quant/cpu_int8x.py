@@ -1,0 +1,309 @@
+"""The int8-activation kernels on the CPU (spec.py: quantize_rows, qmatmul_int8x; cpu.py
+re-exports them), quant.cu's twins. A row of W against a row of x is written in LLVM IR
+(_row_dot), not as Numba loops: Numba runs LLVM's loop vectorizer but not its SLP vectorizer
+(NUMBA_SLP_VECTORIZE=0), and a block's loop of 32 is unrolled whole before the loop vectorizer
+sees it, so it compiles to 32 scalar multiply-adds. The IR multiplies unsigned by signed bytes,
+a weight's int8 code plus 128 (its byte with the sign bit flipped) or an int4 nibble (q + 8) by
+x's int8 codes, and subtracts 128 or 8 times the block's sum of x codes: on AVX-512 VNNI
+vpdpbusd over 64 bytes, else one block's llvm.vector.reduce.add at a time (vpmaddwd on AVX2),
+the same integers. quant.cu's twins multiply signed bytes by __dp4a, the same integers again,
+then do spec.py's fp32 operations in spec.py's order as these do: the same bits.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ...backend.cpu.compiled import kernel
+from ...backend.cpu.runtime import f32, rounded
+from ..elementwise.cpu import add as elementwise_add
+from .cpu import _BLOCK_ROWS, _QMATMUL_SERIAL_BELOW, _qmatmul_work
+from .spec import TINY_BLOCK, X_BLOCK, int8x_out, x_blocks
+
+_I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+_LANES = 8  # spec.py's fp32 lanes: block b is added into lane b % 8
+
+
+@kernel
+def _quantize_rows(x, codes, scales):
+    # x (M, K) fp32, codes (M, K) int8, scales (M, K / X_BLOCK) fp32: a row of x per
+    # iteration (quant.cu's quantize_rows: a warp per block), each block's largest magnitude
+    # (NaN if any is NaN: the same max in any order, as the warp's tree takes it), its scale,
+    # then each code: fp32's division and np.rint (round half to even), as quant.cu's
+    # __fdiv_rn and rintf. No fast-math: each operation rounded on its own.
+    for m in prange(x.shape[0]):
+        for b in range(scales.shape[1]):
+            block = x[m, b * X_BLOCK : (b + 1) * X_BLOCK]
+            top = np.float32(0)
+            for v in block:
+                a = abs(v)
+                top = a if a > top or a != a else top
+            scale = np.float32(1) if top < TINY_BLOCK else top / np.float32(127)
+            scales[m, b] = scale
+            for j in range(X_BLOCK):
+                q = np.rint(block[j] / scale)
+                codes[m, b * X_BLOCK + j] = np.int8(q) if q == q else np.int8(0)
+
+
+def quantize_rows(x):
+    M = x.shape[0]
+    codes = np.empty(x.shape, np.int8)
+    scales = np.empty((M, x_blocks(x)), np.float32)
+    _quantize_rows(np.ascontiguousarray(f32(x), dtype=np.float32), codes, scales)
+    return codes, scales
+
+
+class _Emit:
+    """LLVM IR over one builder: loads at byte offsets of an i8* (a row of a C-contiguous
+    Numba array), constants; ints are i64 offsets, i32 lanes."""
+
+    def __init__(self, context, builder, kinds, args):
+        self.context, self.b, self.kinds, self.args = context, builder, kinds, args
+
+    def row(self, i, row=None):
+        """An i8* to row `row` of argument i (2-D), or to its start (1-D)."""
+        kind = self.kinds[i]
+        array = self.context.make_array(kind)(self.context, self.b, self.args[i])
+        index = [row, ir.Constant(_I64, 0)][-kind.ndim :]
+        at = cgutils.get_item_pointer(self.context, self.b, kind, array, index, wraparound=False)
+        return self.b.bitcast(at, _I8.as_pointer())
+
+    def dim(self, i, axis):
+        shape = self.context.make_array(self.kinds[i])(self.context, self.b, self.args[i]).shape
+        return self.b.extract_value(shape, axis)
+
+    def at(self, j, step, plus=0):
+        """The offset j * step + plus."""
+        return self.b.add(self.b.mul(j, ir.Constant(_I64, step)), ir.Constant(_I64, plus))
+
+    def load(self, base, offset, kind, n=None):
+        """<n x kind> (or one kind when n is None) at base + offset bytes, unaligned."""
+        pointee = kind if n is None else ir.VectorType(kind, n)
+        load = self.b.load(self.b.bitcast(self.b.gep(base, [offset]), pointee.as_pointer()))
+        load.align = 1
+        return load
+
+    def lane(self, i):
+        return ir.Constant(_I32, i)
+
+
+def _splat(kind, n, v):
+    return ir.Constant(ir.VectorType(kind, n), [v] * n)
+
+
+def _unsigned_codes(e, w, nibbles, lane):
+    """A weight's bytes w <n x i8> as unsigned code values: an int8 code + 128 (w ^ 0x80) or,
+    4-bit, each byte's low (lane 0) or high (lane 1) nibble."""
+    n = w.type.count
+    if not nibbles:
+        return e.b.xor(w, _splat(_I8, n, 0x80))
+    return e.b.and_(e.b.lshr(w, _splat(_I8, n, 4 * lane)), _splat(_I8, n, 15))
+
+
+def _block_sum(e, w, x0, x1, b, nibbles):
+    """Block b's sum of unsigned code values times x codes, an i32: int8 w (K,) bytes times x0
+    (K,), or int4 w (K / 2,) bytes, their low nibbles times x0 (x's even elements, K / 2) and
+    high nibbles times x1 (odd), as one <32 x i32> product summed (llvm.vector.reduce.add,
+    which LLVM lowers to vpdpbusd on AVX-512 VNNI, vpmaddwd on AVX2)."""
+    size = X_BLOCK // 2 if nibbles else X_BLOCK  # bytes of the block in w, x0 and x1
+    w = e.load(w, e.at(b, size), _I8, size)
+    u, x = _unsigned_codes(e, w, nibbles, 0), e.load(x0, e.at(b, size), _I8, size)
+    if nibbles:  # the two halves side by side
+        both = ir.Constant(ir.VectorType(_I32, X_BLOCK), list(range(X_BLOCK)))
+        u = e.b.shuffle_vector(u, _unsigned_codes(e, w, True, 1), both)
+        x = e.b.shuffle_vector(x, e.load(x1, e.at(b, size), _I8, size), both)
+    wide = ir.VectorType(_I32, X_BLOCK)
+    products = e.b.mul(e.b.zext(u, wide), e.b.sext(x, wide))
+    reduce = cgutils.get_or_insert_function(
+        e.b.module, ir.FunctionType(_I32, [wide]), f"llvm.vector.reduce.add.v{X_BLOCK}i32"
+    )
+    return e.b.call(reduce, [products])
+
+
+def _pairs(e, a, b):
+    """Neighbouring lanes of a then b added: <n x i32> twice -> <n x i32> of pair sums."""
+    n = a.type.count
+    pick = [ir.Constant(ir.VectorType(_I32, n), list(range(k, 2 * n, 2))) for k in (0, 1)]
+    return e.b.add(*(e.b.shuffle_vector(a, b, p) for p in pick))
+
+
+def _vnni(e, acc, u, x):
+    """acc <16 x i32> + the sums of each 4 neighbouring products of u (unsigned bytes) and x
+    (signed), <64 x i8> each: AVX-512 VNNI's vpdpbusd, which LLVM's reduction of one block
+    (_block_sum) also compiles to, but here four blocks of int4 (two of int8) a register."""
+    v16 = ir.VectorType(_I32, 16)
+    fn = cgutils.get_or_insert_function(
+        e.b.module, ir.FunctionType(v16, [v16] * 3), "llvm.x86.avx512.vpdpbusd.512"
+    )
+    return e.b.call(fn, [acc, e.b.bitcast(u, v16), e.b.bitcast(x, v16)])
+
+
+def _chunk_sums(e, w, x0, x1, j, nibbles):
+    """<8 x i32>: _block_sum of blocks 8 j .. 8 j + 7. On AVX-512 VNNI the products of 64
+    bytes at a time summed four by four (each i32 lane within one block), then each block's
+    lanes added: neighbouring pairs three times (int8) or twice, blocks kept in order."""
+    if "+avx512vnni" not in e.context.codegen().magic_tuple()[2].split(","):
+        sums = ir.Constant(ir.VectorType(_I32, _LANES), None)
+        for i in range(_LANES):
+            block = _block_sum(e, w, x0, x1, e.at(j, _LANES, i), nibbles)
+            sums = e.b.insert_element(sums, block, e.lane(i))
+        return sums
+    zero, parts = ir.Constant(ir.VectorType(_I32, 16), None), []
+    for h in range(2 if nibbles else 4):  # int4: 4 blocks a register, 4 lanes each
+        at = e.at(j, _LANES * X_BLOCK // (2 if nibbles else 1), 64 * h)
+        w64 = e.load(w, at, _I8, 64)
+        acc = _vnni(e, zero, _unsigned_codes(e, w64, nibbles, 0), e.load(x0, at, _I8, 64))
+        if nibbles:
+            acc = _vnni(e, acc, _unsigned_codes(e, w64, True, 1), e.load(x1, at, _I8, 64))
+        parts.append(acc)
+    while len(parts) > 1:
+        parts = [_pairs(e, a, b) for a, b in zip(parts[::2], parts[1::2])]
+    (t,) = parts  # <16 x i32>: two lanes a block, in order; its halves' neighbours added
+    half = [ir.Constant(ir.VectorType(_I32, 8), list(range(k, k + 8))) for k in (0, 8)]
+    return _pairs(e, *(e.b.shuffle_vector(t, t, h) for h in half))
+
+
+def _chunk_scales(e, ws, group_of, groups, nb, j):
+    """<8 x float>: the weight scales of blocks 8 j .. 8 j + 7, ws[group_of[b]]: loaded as
+    stored when each block is a group, one splat when the 8 share one, else one by one."""
+    lanes = ir.VectorType(_F32, _LANES)
+    slot = cgutils.alloca_once(e.b, lanes)
+
+    def scale(b):
+        g = e.b.sext(e.load(group_of, e.at(b, 4), _I32), _I64)
+        return e.load(ws, e.at(g, 4), _F32)
+
+    per_group = e.b.udiv(nb, groups)
+    with e.b.if_else(e.b.icmp_unsigned("==", per_group, ir.Constant(_I64, 1))) as (each, shared):
+        with each:
+            e.b.store(e.load(ws, e.at(j, 4 * _LANES), _F32, _LANES), slot)
+        with shared:
+            v = ir.Constant(lanes, None)
+            whole = e.b.icmp_unsigned(
+                "==", e.b.urem(per_group, ir.Constant(_I64, _LANES)), ir.Constant(_I64, 0)
+            )
+            with e.b.if_else(whole) as (one, several):
+                with one:
+                    first = e.b.insert_element(v, scale(e.at(j, _LANES)), e.lane(0))
+                    e.b.store(e.b.shuffle_vector(first, v, _splat(_I32, _LANES, 0)), slot)
+                with several:
+                    for i in range(_LANES):
+                        v = e.b.insert_element(v, scale(e.at(j, _LANES, i)), e.lane(i))
+                    e.b.store(v, slot)
+    return e.b.load(slot)
+
+
+def _row_dot(nibbles):
+    """The intrinsic row_dot(codes, n, x0, x1, m, xoff, xs, scales, group_of) -> fp32 of a
+    weight format (int4: nibbles): row n of W (codes (N, *) uint8, scales (N, G)) against row
+    m of x (x0, x1: _block_sum's), y[m, n] before the bias in spec.py's fp32 order: blocks a
+    chunk of 8 at a time (_chunk_sums), then the blocks past the last whole chunk one by one,
+    t_b = (xs[m, b] * scales[n, group_of[b]]) * (sum_b - xoff[m, b]) added into lane b % 8;
+    the lanes added last. Each fp32 operation rounded on its own (no fast-math flags: no FMA,
+    no reordering). xoff (M, nb) int32: 128 or 8 times each block's sum of x codes (what the
+    unsigned code values add); group_of (nb,) int32: each block's group."""
+
+    def codegen(context, builder, signature, args):
+        e = _Emit(context, builder, signature.args, args)
+        w, ws, group_of = e.row(0, args[1]), e.row(7, args[1]), e.row(8)
+        x0, x1, xoff, xs = (e.row(i, args[4]) for i in (2, 3, 5, 6))
+        nb, groups = e.dim(6, 1), e.dim(7, 1)
+        whole = builder.udiv(nb, ir.Constant(_I64, _LANES))
+        lanes = ir.VectorType(_F32, _LANES)
+        total = cgutils.alloca_once_value(builder, ir.Constant(lanes, None))
+        with cgutils.for_range(builder, whole) as loop:
+            j, at = loop.index, e.at(loop.index, 4 * _LANES)  # 8 int32s or fp32s
+            isum = builder.sub(_chunk_sums(e, w, x0, x1, j, nibbles), e.load(xoff, at, _I32, 8))
+            scale = builder.fmul(
+                e.load(xs, at, _F32, 8), _chunk_scales(e, ws, group_of, groups, nb, j)
+            )
+            t = builder.fmul(scale, builder.sitofp(isum, lanes))
+            builder.store(builder.fadd(builder.load(total), t), total)
+        start = builder.mul(whole, ir.Constant(_I64, _LANES))
+        with cgutils.for_range_slice(builder, start, nb, ir.Constant(_I64, 1)) as (b, _):
+            s = builder.sub(_block_sum(e, w, x0, x1, b, nibbles), e.load(xoff, e.at(b, 4), _I32))
+            g = builder.sext(e.load(group_of, e.at(b, 4), _I32), _I64)
+            scale = builder.fmul(e.load(xs, e.at(b, 4), _F32), e.load(ws, e.at(g, 4), _F32))
+            lane, v = builder.trunc(builder.sub(b, start), _I32), builder.load(total)
+            t = builder.fadd(
+                builder.extract_element(v, lane), builder.fmul(scale, builder.sitofp(s, _F32))
+            )
+            builder.store(builder.insert_element(v, t, lane), total)
+        v = builder.load(total)
+        pair = [
+            builder.fadd(*(builder.extract_element(v, e.lane(i + d)) for d in (0, 4)))
+            for i in range(4)
+        ]
+        return builder.fadd(builder.fadd(pair[0], pair[2]), builder.fadd(pair[1], pair[3]))
+
+    @intrinsic
+    def row_dot(typingctx, codes, n, x0, x1, m, xoff, xs, scales, group_of):
+        return types.float32(codes, n, x0, x1, m, xoff, xs, scales, group_of), codegen
+
+    return row_dot
+
+
+_int8_row_dot, _int4_row_dot = _row_dot(False), _row_dot(True)
+
+
+def _qmatmul_int8x_kernel(nibbles):
+    """qmatmul_int8x for int8 (nibbles False) or int4 weights."""
+    offset = np.int32(8 if nibbles else 128)  # what the unsigned code values add to the codes
+
+    @kernel(serial_below=_QMATMUL_SERIAL_BELOW, work=_qmatmul_work)
+    def _qmatmul_int8x(codes, scales, group_size, xq, x0, x1, xs, xoff, group_of, bias, y):
+        # codes (N, K) or (N, K / 2) uint8, scales (N, K / group_size), xq (M, K) int8 codes,
+        # xs (M, K / 32) their scales, bias (N,) or (0,), y (M, N) fp32; scratch: xoff (M,
+        # K / 32) int32, group_of (K / 32,) int32, and for int4 x0, x1 (M, K / 2) (x's even
+        # and odd codes, a byte's nibbles' partners), else x0 = x1 = xq. First each block's
+        # offset, group (and the split), then a block of rows of W per iteration (quant.cu's
+        # qmatmul_int8x: a warp per row), each dotted with every row of x (the row_dot IR).
+        M, nb = xs.shape
+        N = codes.shape[0]
+        for b in range(nb):
+            group_of[b] = b // (group_size // X_BLOCK)
+        for m in range(M):
+            for b in range(nb):
+                s = np.int32(0)
+                for k in range(b * X_BLOCK, (b + 1) * X_BLOCK):
+                    s += np.int32(xq[m, k])
+                xoff[m, b] = offset * s
+            if nibbles:
+                for j in range(x0.shape[1]):
+                    x0[m, j], x1[m, j] = xq[m, 2 * j], xq[m, 2 * j + 1]
+        for r in prange(-(-N // _BLOCK_ROWS)):
+            for n in range(r * _BLOCK_ROWS, min(N, (r + 1) * _BLOCK_ROWS)):
+                for m in range(M):
+                    if nibbles:
+                        d = _int4_row_dot(codes, n, x0, x1, m, xoff, xs, scales, group_of)
+                    else:
+                        d = _int8_row_dot(codes, n, x0, x1, m, xoff, xs, scales, group_of)
+                    y[m, n] = d + bias[n] if bias.shape[0] else d
+
+    return _qmatmul_int8x
+
+
+_QMATMUL_INT8X = {f: _qmatmul_int8x_kernel(f == "int4") for f in ("int8", "int4")}
+
+
+def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None):
+    """The integer dot of each block (the IR above), scaled and summed in spec.py's fp32 order;
+    rounded to dtype once; then + add by elementwise's add, written into y itself (as
+    qmatmul)."""
+    int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add)
+    M, K = xcodes.shape
+    xq = np.ascontiguousarray(xcodes)
+    b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
+    y = np.empty((M, codes.shape[0]), np.float32)
+    x0 = x1 = xq
+    if fmt == "int4":
+        x0, x1 = np.empty((M, K // 2), np.int8), np.empty((M, K // 2), np.int8)
+    xoff, group_of = np.empty(xscales.shape, np.int32), np.empty(xscales.shape[1], np.int32)
+    scales = np.ascontiguousarray(scales, dtype=np.float32)
+    xs = np.ascontiguousarray(xscales, dtype=np.float32)
+    args = (np.ascontiguousarray(codes), scales, group_size, xq, x0, x1, xs, xoff, group_of, b, y)
+    _QMATMUL_INT8X[fmt](*args)
+    y = rounded(y, np.dtype(dtype))
+    return y if add is None else elementwise_add(add, y, out=y)
