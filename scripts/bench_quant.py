@@ -3,9 +3,11 @@ every weight format, on the default device: K x N = 768 x 2304 (c_attn), 768 x 7
 (attn.c_proj), 768 x 3072 (c_fc), 3072 x 768 (mlp.c_proj) and 768 x 50304 (the tied LM head).
 Each row is the best of --repeats tries of a few back-to-back launches (a burst of load
 elsewhere only slows a try) and GB/s counts the weight's stored bytes (codes and scales) per
-launch; the fp32 row is the plain matmul of the same product, for comparison.
+launch; the fp32 row is the plain matmul of the same product, for comparison. A format
+FMT+int8 (int8, int4) is FMT's weights with int8 activations (generate.py --activations int8):
+x quantized (quantize_rows), then the integer GEMV (qmatmul_int8x), both launches timed.
 
-    python scripts/bench_quant.py [--formats int8,int4,...] [--repeats 3]
+    python scripts/bench_quant.py [--formats int8,int4,int8+int8,...] [--repeats 3]
     taskset -c 0 python scripts/bench_quant.py   # one core
 """
 
@@ -15,6 +17,7 @@ import numpy as np
 
 from accounting.tables import table
 from tinygrad_like import backend, formats, kernels, quant
+from tinygrad_like.kernels.quant.spec import INTEGER_FORMATS
 from training.args import ArgumentParser, user_errors
 
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)]  # (K, N)
@@ -43,23 +46,34 @@ def row(fmt, be, repeats, rng):
             Wt, nbytes = be.asarray(np.ascontiguousarray(W.T)), W.nbytes
             seconds = best_seconds(lambda: kernels.on(be).matmul(x, Wt), be, repeats, N * K)
         else:
-            qw = quant.quantize(be.asarray(W), fmt)
-            args = x, qw.codes, qw.scales, fmt, qw.group_size
-            nbytes = qw.nbytes
-            seconds = best_seconds(lambda: kernels.on(be).qmatmul(*args), be, repeats, N * K)
+            weights, _, activations = fmt.partition("+")
+            qw = quant.quantize(be.asarray(W), weights)
+            nbytes, k = qw.nbytes, kernels.on(be)
+            w = qw.codes, qw.scales, weights, qw.group_size
+
+            def launches(activations=activations):
+                if activations:  # int8: x quantized at the GEMV's input, then integer dots
+                    return k.qmatmul_int8x(*k.quantize_rows(x), *w, np.float32)
+                return k.qmatmul(x, *w)
+
+            seconds = best_seconds(launches, be, repeats, N * K)
         cells.append(f"{seconds * 1e3:,.3f} ms {nbytes / seconds / 1e9:,.2f} GB/s")
     return cells
 
 
 def main(argv=None):
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--formats", default=",".join(formats.FORMATS), help="comma-separated")
+    every = ",".join([*formats.FORMATS, "int8+int8", "int4+int8"])
+    p.add_argument("--formats", default=every, help="comma-separated (default all)")
     p.add_argument("--repeats", type=int, default=3, help="tries per shape (default 3)")
     args = p.parse_args(argv)
     with user_errors():
         chosen = args.formats.split(",")
         for fmt in chosen:
-            formats.get_format(fmt)
+            weights, _, activations = fmt.partition("+")
+            formats.get_format(weights)
+            if activations and (activations != "int8" or weights not in INTEGER_FORMATS):
+                raise ValueError(f"--formats {fmt}: FMT+int8 takes int8 or int4 weights")
         if args.repeats <= 0:
             raise ValueError("--repeats must be positive")
         device = backend.resolve()  # TG_DEVICE's, or the GPU when one is usable

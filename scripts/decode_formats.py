@@ -12,12 +12,15 @@ format in turn (nn/quant.py), and for each format:
 - quality: the mean validation loss over fixed batches of the corpus, its change against fp32's,
   and how many of the greedy tokens agree with fp32's (all positions, and before the first
   disagreement: after one, the two continue from different texts).
+A format FMT+int8 is FMT's weights with int8 activations (generate.py --activations int8: the
+integer dot path, int8 and int4 only), measured beside FMT's fp32 activations.
 --plot PNG draws ms per token against MB per token, one point per format, the bound as a line.
 A benchmark, not a test: its figures are the machine's (docs/decode.md names it).
 
     python scripts/decode_formats.py --checkpoint out
     python scripts/decode_formats.py --checkpoint out --formats fp32,int8,int4 --group-size 64
     python scripts/decode_formats.py --checkpoint ~/models/gpt2 --plot docs/decode_formats.png
+    python scripts/decode_formats.py --checkpoint out --formats fp32,int8,int8+int8,int4,int4+int8
 """
 
 import statistics
@@ -34,6 +37,7 @@ from nn.options import ExecutionOptions
 from nn.quant import quantize_model
 from tinygrad_like import no_grad, peaks
 from tinygrad_like.formats import get_format
+from tinygrad_like.kernels.quant.spec import INTEGER_FORMATS
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint
 from training.cli import ensure_data
@@ -66,8 +70,9 @@ def measure(path, fmt, group_size, val_path, prompt, args):
     {fmt, bytes_per_param, loss, tokens, moved, floor}: its greedy tokens after prompt (1, P)
     and the bytes a decode step moves, counted at each launch; timed() times it."""
     model = from_pretrained(path, dtype="fp32", device="cpu", options=PLAIN_HEAD)
-    if fmt != "fp32":
-        quantize_model(model, fmt, group_size)
+    weights, _, activations = fmt.partition("+")
+    if weights != "fp32":
+        quantize_model(model, weights, group_size, activations=activations or "fp32")
     model.eval()
     loader = DataLoader(val_path, args.batch_size, args.seq_len, seed=0)
     with no_grad():
@@ -75,7 +80,7 @@ def measure(path, fmt, group_size, val_path, prompt, args):
     meter = StepMeter(model.generate_stream(prompt, args.new_tokens, temperature=0))
     tokens = [int(t[0]) for t in meter]
     steps = range(1, len(meter.steps))  # step s feeds token s: the cache holds P + s positions
-    per_param = weight_bytes_per_parameter(fmt, group_size, model.config)[1]
+    per_param = weight_bytes_per_parameter(weights, group_size, model.config)[1]
     floor = [stream_bytes(model.config, per_param, 4, 1, args.prompt_len + s) for s in steps]
     return model, {
         "fmt": fmt,
@@ -198,8 +203,13 @@ def run(args, log=print):
             "decode step (--new-tokens 2, the first token comes from the prompt) in a round"
         )
     for fmt in formats:
-        if fmt != "fp32":
-            get_format(fmt)
+        weights, _, activations = fmt.partition("+")
+        if weights != "fp32":
+            get_format(weights)
+        if activations and (activations != "int8" or weights not in INTEGER_FORMATS):
+            raise ValueError(
+                f"--formats {fmt}: FMT+int8 (int8 activations) takes int8 or int4 weights"
+            )
     path = find_checkpoint(args.checkpoint)
     stored = read_quantization(path)
     if stored is not None:  # fp32's row and every other format start from the fp32 weights

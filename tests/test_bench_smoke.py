@@ -288,7 +288,7 @@ def test_decode_formats_table_and_plot(tmp_path, capsys, shakespeare, monkeypatc
     plot = script.plot
     monkeypatch.setattr(script, "plot", lambda *a: titles.append(a[-1]) or plot(*a))
     script.main(
-        ["--checkpoint", str(tmp_path / "ckpt"), "--formats", "fp32,int8,int4"]
+        ["--checkpoint", str(tmp_path / "ckpt"), "--formats", "fp32,int8,int4,int4+int8"]
         + ["--data-dir", shakespeare, "--eval-iters", "1", "--batch-size", "2", "--seq-len", "16"]
         + ["--prompt-len", "4", "--new-tokens", "3", "--plot", str(png)]
     )
@@ -296,6 +296,38 @@ def test_decode_formats_table_and_plot(tmp_path, capsys, shakespeare, monkeypatc
     assert rows["fp32"][-2:] == ["3/3", "(3)"] and rows["fp32"][1] == "4.000"
     assert float(rows["int8"][1]) == pytest.approx(1 + 4 / 32)  # a scale per 32-wide row
     assert float(rows["int4"][1]) == pytest.approx(0.5 + 4 / 32)
+    assert rows["int4+int8"][1] == rows["int4"][1]  # int8 activations: the same weights
     assert png.stat().st_size > 0
     # the plot's title names the model and the formats, not a folder of this machine
-    assert titles == ["decode per format, gpt2-tiny (1.6M parameters): fp32, int8, int4"]
+    assert titles == ["decode per format, gpt2-tiny (1.6M parameters): fp32, int8, int4, int4+int8"]
+    with pytest.raises(SystemExit) as e:  # int8 activations need integer weights
+        script.main(["--checkpoint", str(tmp_path / "ckpt"), "--formats", "fp32,bf16+int8"])
+    assert e.value.code == 2 and "int8 or int4 weights" in capsys.readouterr().err
+
+
+def test_bench_quant_int8_activations_and_bench_llamacpp_table(capsys, monkeypatch):
+    """scripts/bench_quant.py times FMT+int8 (quantize_rows, then qmatmul_int8x); scripts/
+    bench_llamacpp.py's refusals and its table with and without the peer (its runs load GPT-2
+    124M in a dozen processes: not here)."""
+    quant = _load("bench_quant")
+    monkeypatch.setattr(quant, "SHAPES", [(64, 32)])
+    quant.main(["--formats", "int4+int8", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "int4+int8" in out and "GB/s" in out
+    peer = _load("bench_llamacpp")
+    for argv, message in ((["--formats", "fp8"], "unknown format"), (["--rounds", "0"], ">= 1")):
+        with pytest.raises(SystemExit) as e:
+            peer.parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith("error: ") and message in err
+    args = peer.parse_args(["--formats", "int8", "--cores", "0", "0,1"])
+    cores = ("0", "0,1")
+    best = {("ours", f, c): [10.0, 400.0, 500.0] for f in ("int8", "int8+int8") for c in cores}
+    best |= {("llama.cpp", "q8_0", c): [8.0, 500.0, 400.0] for c in cores}
+    peer.report(best, args, peer=True)
+    out = capsys.readouterr().out
+    assert "int8 (int8 activations) / q8_0" in out  # 10 ms against 8, prefill 400 against 500
+    assert "0.80x" in out and "1.25x" in out
+    assert "ours (llama.cpp): int8 1.00x (1.00x)" in out
+    peer.report(best, args, peer=False)
+    assert "not run" in capsys.readouterr().out
