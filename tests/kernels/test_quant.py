@@ -278,6 +278,17 @@ def test_cpu_the_decode_step_dot_decodes_every_code_as_ml_dtypes_does(fmt):
     assert np.array_equal(got[finite], want[finite] + np.float32(0))
 
 
+def on_a_generic_cpu(code, cache):
+    """The stdout bytes of Python code run in a process whose Numba compiles for a generic
+    x86-64 (NUMBA_CPU_NAME=generic: no F16C, no AVX-512 VNNI), its kernels cached in cache."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(cache))
+    env.update(PYTHONPATH=path, TG_QUIET="1")
+    run = [sys.executable, "-c", code]
+    return subprocess.run(run, env=env, cwd=root, capture_output=True, check=True).stdout
+
+
 def test_cpu_fp16_decodes_alike_on_a_cpu_without_f16c(tmp_path):
     # compiled.f32_from_f16_bits' integer form (NUMBA_CPU_NAME=generic: no F16C) gives the
     # bits of the F16C form for every fp16, NaNs included
@@ -289,14 +300,7 @@ def test_cpu_fp16_decodes_alike_on_a_cpu_without_f16c(tmp_path):
         "got = kernels.on('cpu').qembedding(every, None, np.array([0]), 'fp16', None); "
         "sys.stdout.buffer.write(got.tobytes())"
     )
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
-    env.update(PYTHONPATH=path, TG_QUIET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, check=True
-    )
-    generic = np.frombuffer(out.stdout, np.float32)
+    generic = np.frombuffer(on_a_generic_cpu(code, tmp_path), np.float32)
     assert np.array_equal(generic.view(np.uint32), here.view(np.uint32))
 
 
@@ -424,19 +428,12 @@ def test_cpu_int8x_without_vnni_gives_the_same_bits(tmp_path):
         "for a in [int8x(np.asarray, np.float32, *w, 5, True)]]; "
         "sys.stdout.buffer.write(b''.join(y.tobytes() for y in ys))"
     )
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
-    env.update(PYTHONPATH=path, TG_QUIET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, check=True
-    )
     here = [
         cpu.qmatmul_int8x(*a[:-1], **a[-1])
         for w in INT8X_WEIGHTS
         for a in [int8x(np.asarray, F32, *w, 5, True)]
     ]
-    assert out.stdout == b"".join(y.tobytes() for y in here)
+    assert on_a_generic_cpu(code, tmp_path) == b"".join(y.tobytes() for y in here)
 
 
 @pytest.mark.parametrize(
