@@ -6,7 +6,7 @@ block: the row's codes are decoded into a K-long fp32 scratch row (in L1; decode
 group of group_size elements to fp32 times its scale), then the row is dotted with each of the
 M rows of x (compiled.vector_dot, reassociated so that LLVM vectorizes it; a warp's lanes and
 warp_sum on the GPU); a decode step's few rows of x go through _decode_dot instead, each code
-decoded as it is read. Rows go a block of _BLOCK_ROWS per prange iteration (the scratch made
+decoded as it is read. Rows go a block of BLOCK_ROWS per prange iteration (the scratch made
 once per block). The decode functions below are quant.cu's device functions of the same
 names: bit operations from the code to the fp32 value, exact (every format's values are fp32
 values), so both backends decode the same bits; one function, minifloat_value, serves every
@@ -29,8 +29,8 @@ from ...backend.cpu.runtime import f32, rounded
 from ...formats import FINITE, FORMATS, NAN_ONLY
 from ..elementwise.cpu import add as elementwise_add
 from ..embedding.spec import check_ids
-
-_BLOCK_ROWS = 8  # rows of W per prange iteration
+from .cpu_int8x import qmatmul_int8x, quantize_rows  # noqa: F401 (in their own file)
+from .cpu_split import BLOCK_ROWS, DECODE_ONCE_FROM, SERIAL_BELOW, work
 
 # The decode functions compute in int32 throughout (every constant an int32): Numba widens an
 # int32 mixed with a Python int to int64, and its loops then do not vectorize.
@@ -161,14 +161,6 @@ def _decode_dot(codes, scales, x0, x1, exp_bits, man_bits, specials, group_bytes
     return s * minifloat_scale(exp_bits) if exp_bits else s
 
 
-# Below this much work (_qmatmul_work) a qmatmul runs on one core: a parallel launch costs
-# 60-100 us, and two cores streaming weights from memory share its bandwidth. Measured (AMD
-# EPYC family 25 model 1, 2 vCPUs, M = 1, K = 768, us serial / parallel), weights from memory
-# (40 matrices in turn): int4 0.88M codes 298 / 343, 1.18M 397-436 / 481-562; int8 2.36M
-# 180-191 / 255-290; bf16 2.36M 436-469 / 503-565; the LM head (38.6M codes, repeated): int8
-# 2,959 / 1,572, bf16 6,066 / 2,557, int4 (19.3M) 6,491 / 3,282.
-_QMATMUL_SERIAL_BELOW = 1 << 22
-_DECODE_ONCE_FROM = 4  # rows of x from which a row of W is decoded once, not at every row
 _GROUP_BYTES = (16, 32, 64)  # the 4-bit groups (32, 64, 128 elements) with a decode-step dot
 # How far ahead of the row it decodes the decode-step dot asks for codes (prefetch): streaming
 # one core's GEMV from memory, the hardware prefetcher alone let an int8 GEMV of the head read
@@ -176,33 +168,27 @@ _GROUP_BYTES = (16, 32, 64)  # the 4-bit groups (32, 64, 128 elements) with a de
 _PREFETCH_BYTES = 4096
 
 
-def _qmatmul_work(codes, scales, group_size, x, *rest):
-    """A qmatmul's work for compiled.kernel's one-core rule: its codes, times x's rows when
-    each decoded row of W is dotted with them all (from _DECODE_ONCE_FROM rows: a prompt)."""
-    return codes.size * (x.shape[0] if x.shape[0] >= _DECODE_ONCE_FROM else 1)
-
-
 def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
     """The qmatmul of one format (and 4-bit group), compiled with its fields as constants."""
 
-    @kernel(serial_below=_QMATMUL_SERIAL_BELOW, work=_qmatmul_work, fastmath=True)
+    @kernel(serial_below=SERIAL_BELOW, work=work, fastmath=True)
     def _qmatmul(codes, scales, group_size, x, x0, x1, bias, y):
         # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N)
         # fp32; x0, x1 (M, K / 2): x's even and odd elements, or empty (M, 0) when the 4-bit
         # dot is not used: a block of rows of W per iteration (quant.cu's qmatmul: a block per
         # row). A few rows of x (a decode step) go through _decode_dot, each code decoded as read;
         # else each row of W is decoded once into w (decode_row) and dotted with every row of x.
-        # one core below _QMATMUL_SERIAL_BELOW's work (_qmatmul_work, compiled.kernel's rule).
+        # one core below SERIAL_BELOW's work (work, compiled.kernel's rule).
         M, K = x.shape
         N = codes.shape[0]
-        direct = M < _DECODE_ONCE_FROM and (
+        direct = M < DECODE_ONCE_FROM and (
             group_bytes > 0 or (codes.shape[1] == K and scales.shape[1] <= 1)
         )
         row_bytes = codes.shape[1] * codes.itemsize
         ahead, line = 1 + _PREFETCH_BYTES // row_bytes, max(1, 64 // codes.itemsize)
-        for b in prange(-(-N // _BLOCK_ROWS)):
+        for b in prange(-(-N // BLOCK_ROWS)):
             w = np.empty(K, np.float32)
-            for n in range(b * _BLOCK_ROWS, min(N, (b + 1) * _BLOCK_ROWS)):
+            for n in range(b * BLOCK_ROWS, min(N, (b + 1) * BLOCK_ROWS)):
                 if direct:
                     for col in range(0, codes.shape[1], line):  # the row ahead's cache lines
                         prefetch(codes, min(n + ahead, N - 1), col)
@@ -268,7 +254,7 @@ def _qmatmul_rows(codes, scales, group_size, fmt, fields, xs, b, y):
     row of x."""
     group_bytes = group_size // 2 if FORMATS[fmt].bits == 4 else 0
     x0 = x1 = np.empty((xs.shape[0], 0), np.float32)
-    if group_bytes in _GROUP_BYTES and xs.shape[0] < _DECODE_ONCE_FROM:
+    if group_bytes in _GROUP_BYTES and xs.shape[0] < DECODE_ONCE_FROM:
         x0, x1 = np.ascontiguousarray(xs[:, 0::2]), np.ascontiguousarray(xs[:, 1::2])
     else:
         group_bytes = 0  # the 4-bit dot's constant is unused: one kernel for every other group
@@ -326,7 +312,3 @@ def qembedding(codes, scales, idx, fmt, group_size):
     out = np.empty((flat.shape[0], K), np.float32)
     _qembedding(out, *args, flat)
     return out.reshape(idx.shape + (K,))
-
-
-# the int8-activation kernels (quantize_rows, qmatmul_int8x) live in their own file
-from .cpu_int8x import qmatmul_int8x, quantize_rows  # noqa: E402, F401

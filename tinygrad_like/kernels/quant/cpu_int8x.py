@@ -19,7 +19,7 @@ from numba.extending import intrinsic
 from ...backend.cpu.compiled import kernel
 from ...backend.cpu.runtime import f32, rounded
 from ..elementwise.cpu import add as elementwise_add
-from .cpu import _BLOCK_ROWS, _QMATMUL_SERIAL_BELOW, _qmatmul_work
+from .cpu_split import BLOCK_ROWS, SERIAL_BELOW, work
 from .spec import TINY_BLOCK, X_BLOCK, int8x_out, x_blocks
 
 _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -252,7 +252,7 @@ def _qmatmul_int8x_kernel(nibbles):
     """qmatmul_int8x for int8 (nibbles False) or int4 weights."""
     offset = np.int32(8 if nibbles else 128)  # what the unsigned code values add to the codes
 
-    @kernel(serial_below=_QMATMUL_SERIAL_BELOW, work=_qmatmul_work)
+    @kernel(serial_below=SERIAL_BELOW, work=work)
     def _qmatmul_int8x(codes, scales, group_size, xq, x0, x1, xs, xoff, group_of, bias, y):
         # codes (N, K) or (N, K / 2) uint8, scales (N, K / group_size), xq (M, K) int8 codes,
         # xs (M, K / 32) their scales, bias (N,) or (0,), y (M, N) fp32; scratch: xoff (M,
@@ -273,8 +273,8 @@ def _qmatmul_int8x_kernel(nibbles):
             if nibbles:
                 for j in range(x0.shape[1]):
                     x0[m, j], x1[m, j] = xq[m, 2 * j], xq[m, 2 * j + 1]
-        for r in prange(-(-N // _BLOCK_ROWS)):
-            for n in range(r * _BLOCK_ROWS, min(N, (r + 1) * _BLOCK_ROWS)):
+        for r in prange(-(-N // BLOCK_ROWS)):
+            for n in range(r * BLOCK_ROWS, min(N, (r + 1) * BLOCK_ROWS)):
                 for m in range(M):
                     if nibbles:
                         d = _int4_row_dot(codes, n, x0, x1, m, xoff, xs, scales, group_of)
