@@ -24,6 +24,7 @@ dependencies of the project) only ours runs.
     python scripts/bench.py --census --plot roofline.png # and the roofline picture of it
     python scripts/bench.py --decode-formats --checkpoint out --plot formats.png --no-train
     python scripts/bench.py --decode-sweep --no-train --no-generate
+    python scripts/bench.py --peer llama.cpp --peer-python PY  # scripts/bench_llamacpp.py's run
 
 --decode-formats runs scripts/decode_formats.py (every weight format: bytes, speed, val loss,
 greedy agreement with fp32) on --checkpoint, or, without one, on this run's fresh --model
@@ -47,9 +48,11 @@ use; to measure what a current NumPy does on this CPU, unset both for that comma
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 
+import bench_llamacpp
 import decode_formats
 import decode_sweep
 import hf_generate
@@ -93,10 +96,7 @@ PEER_NAMES = {"torch": "torch eager", "torch_compiled": "torch.compile", "hf": "
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(
-        description="Benchmark a training step and generation on the CPU or a "
-        "GPU, against PyTorch and Hugging Face when installed."
-    )
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_args(p, model="gpt2-mini", batch_size=8, seq_len=128)
     add_option_args(p)
     p.add_argument("--steps", type=int, default=5, help="timed steps per round (default 5)")
@@ -574,16 +574,15 @@ def write_json(path, results):
 
 
 def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
+    if isinstance(o, (np.integer, np.floating)):
+        return o.item()
+    return o.tolist() if isinstance(o, np.ndarray) else str(o)
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["--peer", "llama.cpp"]:  # decode beside llama.cpp: its own pinned workers
+        return bench_llamacpp.main(argv[2:])
     args = parse_args(argv)
     results = {}
     try:

@@ -305,7 +305,7 @@ def test_decode_formats_table_and_plot(tmp_path, capsys, shakespeare, monkeypatc
     assert e.value.code == 2 and "int8 or int4 weights" in capsys.readouterr().err
 
 
-def test_bench_quant_int8_activations_and_bench_llamacpp_table(capsys, monkeypatch):
+def test_bench_quant_int8_activations_and_bench_llamacpp_table(bench, capsys, monkeypatch):
     """scripts/bench_quant.py times FMT+int8 (quantize_rows, then qmatmul_int8x); scripts/
     bench_llamacpp.py's refusals and its table with and without the peer (its runs load GPT-2
     124M in a dozen processes: not here)."""
@@ -320,6 +320,9 @@ def test_bench_quant_int8_activations_and_bench_llamacpp_table(capsys, monkeypat
             peer.parse_args(argv)
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith("error: ") and message in err
+    with pytest.raises(SystemExit) as e:  # bench.py --peer llama.cpp is bench_llamacpp.py's run
+        bench.main(["--peer", "llama.cpp", "--formats", "fp8"])
+    assert e.value.code == 2 and "unknown format" in capsys.readouterr().err
     args = peer.parse_args(["--formats", "int8", "--cores", "0", "0,1"])
     cores = ("0", "0,1")
     best = {("ours", f, c): [10.0, 400.0, 500.0] for f in ("int8", "int8+int8") for c in cores}
