@@ -9,10 +9,11 @@ speed does not depend on their values), written once in fp32 and exported to GGU
 scripts/export_gguf.py for llama.cpp. The format pairs: ours fp32 / f32, fp16 / f16, bf16 /
 bf16, int8 / q8_0, int4 / q4_0 (ours quantized on load by nn/quant.py, llama.cpp's by gguf's
 own quantizer from the same fp32 weights: int8 keeps one scale per output channel, q8_0 one per
-32 elements; int4 and q4_0 one per 32). Ours int8 and int4 also run with their activations quantized
-to int8 (generate.py --activations int8: the integer dot path llama.cpp's q8_0 and q4_0 use).
+32 elements; int4 and q4_0 one per 32). Ours int8 and int4 also run with their activations
+quantized to int8 (generate.py --activations int8: the integer dot path llama.cpp's q8_0 and
+q4_0 use).
 
-Every (engine, format, cores) pair is a worker process pinned to its cores (taskset), holding
+Each (engine, format, cores) is a worker process pinned to its cores (taskset), holding
 its model loaded; the workers take turns for --rounds rounds and the best round counts (ms a
 token, the median of its decode steps). Ours decodes as examples/generate.py --compile does:
 the decode step captured and replayed, OpenMP's thread pool for the quantized and 2-byte
