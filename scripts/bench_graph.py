@@ -54,9 +54,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a pinned worker
     args = p.parse_args(argv)
-    bad = [f for f in args.formats.split(",") if f not in FORMATS]
-    if bad:
-        p.error(f"unknown format {bad[0]!r}: choose from {', '.join(FORMATS)}")
+    p.formats(args.formats, FORMATS)
     if args.repeats < 1 or args.rounds < 1:
         p.error("--repeats and --rounds must be >= 1")
     return args

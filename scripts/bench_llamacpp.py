@@ -62,9 +62,7 @@ def parse_args(argv=None):
         help="the Python whose environment has llama_cpp (llama-cpp-python) (default: this one)",
     )
     args = p.parse_args(argv)
-    bad = [f for f in args.formats.split(",") if f not in PAIRS]
-    if bad:
-        p.error(f"unknown format {bad[0]!r}: choose from {', '.join(PAIRS)}")
+    p.formats(args.formats, PAIRS)
     if args.tokens < 1 or args.rounds < 1:
         p.error("--tokens and --rounds must be >= 1")
     if args.checkpoint and not os.path.isdir(args.checkpoint):
@@ -100,12 +98,13 @@ def ours(checkpoint, fmt):
     from nn import from_pretrained
     from nn.quant import quantize_model
     from tinygrad_like.backend.cpu.compiled import use_pool
+    from tinygrad_like.quant import split_format
 
-    weights, _, activations = fmt.partition("+")
+    weights, activations = split_format(fmt)
     if weights != "fp32":  # generate.py's choice: OpenMP's pool for the compiled GEMVs
         use_pool("omp")
     model = from_pretrained(checkpoint)
-    quantize_model(model, weights, activations=activations or "fp32")
+    quantize_model(model, weights, activations=activations)
 
     def run(n, k):
         stream = model.generate_stream(

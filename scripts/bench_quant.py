@@ -17,7 +17,6 @@ import numpy as np
 
 from accounting.tables import table
 from tinygrad_like import backend, formats, kernels, quant
-from tinygrad_like.kernels.quant.spec import INTEGER_FORMATS
 from training.args import ArgumentParser, user_errors
 
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50304)]  # (K, N)
@@ -46,13 +45,13 @@ def row(fmt, be, repeats, rng):
             Wt, nbytes = be.asarray(np.ascontiguousarray(W.T)), W.nbytes
             seconds = best_seconds(lambda: kernels.on(be).matmul(x, Wt), be, repeats, N * K)
         else:
-            weights, _, activations = fmt.partition("+")
+            weights, activations = quant.split_format(fmt)
             qw = quant.quantize(be.asarray(W), weights)
             nbytes, k = qw.nbytes, kernels.on(be)
             w = qw.codes, qw.scales, weights, qw.group_size
 
             def launches(activations=activations):
-                if activations:  # int8: x quantized at the GEMV's input, then integer dots
+                if activations == "int8":  # x quantized at the GEMV's input, then integer dots
                     return k.qmatmul_int8x(*k.quantize_rows(x), *w, np.float32)
                 return k.qmatmul(x, *w)
 
@@ -70,10 +69,7 @@ def main(argv=None):
     with user_errors():
         chosen = args.formats.split(",")
         for fmt in chosen:
-            weights, _, activations = fmt.partition("+")
-            formats.get_format(weights)
-            if activations and (activations != "int8" or weights not in INTEGER_FORMATS):
-                raise ValueError(f"--formats {fmt}: FMT+int8 takes int8 or int4 weights")
+            quant.split_format(fmt)
         if args.repeats <= 0:
             raise ValueError("--repeats must be positive")
         device = backend.resolve()  # TG_DEVICE's, or the GPU when one is usable

@@ -36,8 +36,7 @@ from nn.hf import read_quantization
 from nn.options import ExecutionOptions
 from nn.quant import quantize_model
 from tinygrad_like import no_grad, peaks
-from tinygrad_like.formats import get_format
-from tinygrad_like.kernels.quant.spec import INTEGER_FORMATS
+from tinygrad_like.quant import split_format
 from training.args import ArgumentParser, user_errors
 from training.checkpoint import find_checkpoint
 from training.cli import ensure_data
@@ -70,9 +69,9 @@ def measure(path, fmt, group_size, val_path, prompt, args):
     {fmt, bytes_per_param, loss, tokens, moved, floor}: its greedy tokens after prompt (1, P)
     and the bytes a decode step moves, counted at each launch; timed() times it."""
     model = from_pretrained(path, dtype="fp32", device="cpu", options=PLAIN_HEAD)
-    weights, _, activations = fmt.partition("+")
+    weights, activations = split_format(fmt)
     if weights != "fp32":
-        quantize_model(model, weights, group_size, activations=activations or "fp32")
+        quantize_model(model, weights, group_size, activations=activations)
     model.eval()
     loader = DataLoader(val_path, args.batch_size, args.seq_len, seed=0)
     with no_grad():
@@ -203,13 +202,7 @@ def run(args, log=print):
             "decode step (--new-tokens 2, the first token comes from the prompt) in a round"
         )
     for fmt in formats:
-        weights, _, activations = fmt.partition("+")
-        if weights != "fp32":
-            get_format(weights)
-        if activations and (activations != "int8" or weights not in INTEGER_FORMATS):
-            raise ValueError(
-                f"--formats {fmt}: FMT+int8 (int8 activations) takes int8 or int4 weights"
-            )
+        split_format(fmt)
     path = find_checkpoint(args.checkpoint)
     stored = read_quantization(path)
     if stored is not None:  # fp32's row and every other format start from the fp32 weights

@@ -87,6 +87,21 @@ def check_activations(qw, activations):
         check_int8_activations(qw.fmt, qw.group_size)
 
 
+def split_format(name):
+    """A benchmark's weight format name, FMT or FMT+int8 (FMT's weights meeting int8
+    activations) -> (FMT, its activations, fp32 or int8); a ValueError for an unknown FMT or
+    activations its weights cannot meet."""
+    weights, plus, activations = name.partition("+")
+    activations = activations if plus else "fp32"
+    if weights != "fp32":
+        get_format(weights)
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"{name}: activations {activations!r}: use one of {ACTIVATIONS}")
+    if activations == "int8":
+        check_int8_activations(weights, None)
+    return weights, activations
+
+
 def _groups(W, g, qmax):
     """W (N, K) as (N, K / g, g) and each group's scale (N, K / g) fp32: its largest magnitude
     over qmax, 1 for an all-zero group."""

@@ -52,6 +52,15 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         fail(f"{message} (see {self.prog} --help)")
 
+    def formats(self, value, allowed):
+        """value's comma-separated format names -> their list, each one of allowed, else the
+        one-line error naming the first that is not."""
+        names = value.split(",")
+        bad = [f for f in names if f not in allowed]
+        if bad:
+            self.error(f"unknown format {bad[0]!r}: choose from {', '.join(allowed)}")
+        return names
+
 
 def add_model_args(p, model="gpt2-mini", batch_size=1, seq_len=64):
     """--model, --batch-size, --seq-len, --dtype, --device with these defaults."""

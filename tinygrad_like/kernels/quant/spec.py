@@ -90,14 +90,15 @@ INTEGER_FORMATS = ("int8", "int4")  # the weight formats with an integer dot
 
 
 def check_int8_activations(fmt, group_size):
-    """A ValueError unless weights of fmt with group_size (formats.check_group_size's: None
-    not allowed) can meet int8 activations: an integer format whose groups are whole blocks."""
+    """A ValueError unless weights of fmt with group_size (formats.check_group_size's; None:
+    the format's default, whole blocks for both) can meet int8 activations: an integer format
+    whose groups are whole blocks."""
     if fmt not in INTEGER_FORMATS:
         raise ValueError(
             f"int8 activations need int8 or int4 weights (an integer dot product); {fmt} has "
             "no integer path: use fp32 activations"
         )
-    if group_size % X_BLOCK:
+    if group_size is not None and group_size % X_BLOCK:
         raise ValueError(
             f"int8 activations are quantized in blocks of {X_BLOCK} along K: the weights' group "
             f"size must be a multiple of {X_BLOCK}, got {group_size}"
