@@ -259,23 +259,43 @@ def group_for(fmt):
     return 8 if fmt in FOUR_BIT else None
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_cpu_the_decode_step_dot_decodes_every_code_as_ml_dtypes_does(fmt):
-    # row n of W holds code n in element 0 and zeros (int4: nibble 8) elsewhere, x = e_0 and
-    # the scales 1: y[0, n] is code n's value times 1 plus zeros, exactly (but a zero's sign)
+def decodes_every_code_as_ml_dtypes_does(fmt):
+    """Row n of W holds code n at one column, zeros (int4: nibble 8) elsewhere, x = that
+    column's e_k, the scales 1: y[0, n] is code n's value times 1 plus zeros, exactly (but a
+    zero's sign). The column in each of the decode-step GEMV's loops (8- and 16-bit, K = 88:
+    its SUMS vectors, a single vector, the last K % 16 one at a time; 4-bit, K = 160 in groups
+    of 32: SUMS groups at a time, then one), a high and a low nibble among them."""
     f = formats.FORMATS[fmt]
     every = np.arange(2**f.bits, dtype=np.uint16 if f.bits == 16 else np.uint8)
-    K = 32
-    zero = 0x88 if fmt == "int4" else 0
-    codes = np.full((every.size, K // 2 if f.bits == 4 else K), zero, every.dtype)
-    codes[:, 0] = (every | 0x80) if fmt == "int4" else every
-    scales = np.ones((every.size, 1), np.float32) if f.scaled else None
-    x = np.eye(1, K, dtype=np.float32)
-    got = cpu.qmatmul(x, codes, scales, fmt, K if f.scaled else None)[0]
     want = every.astype(np.float32) - 8 if fmt == "int4" else every.view(f.element).astype(F32)
-    assert np.array_equal(np.isnan(got), np.isnan(want))
-    finite = ~np.isnan(want)
-    assert np.array_equal(got[finite], want[finite] + np.float32(0))
+    K, columns = (160, (5, 70, 155)) if f.bits == 4 else (88, (5, 70, 85))
+    g = 32 if f.bits == 4 else K if f.scaled else None
+    scales = np.ones((every.size, K // g), np.float32) if f.scaled else None
+    for k in columns:
+        codes = np.full((every.size, K), 8 if fmt == "int4" else 0, every.dtype)
+        codes[:, k] = every
+        if f.bits == 4:  # element 2j in byte j's low nibble, 2j + 1 in its high one
+            codes = (codes[:, 0::2] | codes[:, 1::2] << 4).astype(np.uint8)
+        got = cpu.qmatmul(np.eye(1, K, k, dtype=np.float32), codes, scales, fmt, g)[0]
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        finite = ~np.isnan(want)
+        assert np.array_equal(got[finite], want[finite] + np.float32(0))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu_the_decode_step_gemv_decodes_every_code_as_ml_dtypes_does(fmt):
+    decodes_every_code_as_ml_dtypes_does(fmt)
+
+
+def test_cpu_the_decode_step_gemv_decodes_alike_without_avx512(tmp_path):
+    # NUMBA_CPU_NAME=generic: no F16C (compiled.half_to_f32's integer form), no AVX-512
+    # (cpu_gemv's 4-bit values by bit operations, not a permute from a table)
+    code = (
+        "from tinygrad_like import formats; "
+        "from tests.kernels.test_quant import decodes_every_code_as_ml_dtypes_does as check; "
+        "[check(fmt) for fmt in formats.FORMATS]"
+    )
+    on_a_generic_cpu(code, tmp_path)
 
 
 def on_a_generic_cpu(code, cache):
@@ -308,10 +328,11 @@ def test_cpu_fp16_decodes_alike_on_a_cpu_without_f16c(tmp_path):
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("M", [1, 3, 4])
 def test_cpu_4bit_decode_dot_is_dequantize_then_matmul(fmt, group_size, M):
-    # the decode-step dot of the 4-bit formats (M < 4, groups of 32, 64 or 128: x split into
-    # its even and odd elements, each group a constant-trip loop) and, at M = 4, decode_row
-    codes, scales, g = quantized(fmt, 21, 256, group_size)
-    x = rand((M, 256), F32, seed=3)
+    # the decode-step GEMV of the 4-bit formats (M < 4, groups of 32, 64 or 128 elements, five
+    # a row: SUMS groups at a time, then one; x split into its even and odd elements) and, at
+    # M = 4, decode_row
+    codes, scales, g = quantized(fmt, 21, 5 * group_size, group_size)
+    x = rand((M, 5 * group_size), F32, seed=3)
     got = cpu.qmatmul(x, codes, scales, fmt, g)
     np.testing.assert_allclose(got, qmatmul_ref(x, codes, scales, fmt, g), rtol=1e-5, atol=1e-5)
 

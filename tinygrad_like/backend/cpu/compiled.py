@@ -337,56 +337,46 @@ def _converts_half(context):
     return triple.startswith("aarch64") or "+f16c" in features.split(",")
 
 
+def half_to_f32(context, builder, bits):
+    """The fp32 values of the fp16s whose bits are the low 16 of bits (an i32 or <n x i32>, in
+    LLVM IR), exact for every fp16: subnormals, infinities and NaNs (quieted, the payload kept)
+    included. LLVM's fpext from half (x86's F16C: vcvtph2ps; AArch64: fcvtl); a CPU without
+    either gets the same bits from integer operations: the fp16's exponent and mantissa moved 13
+    places up, into fp32's lowest exponent bits (a subnormal fp16 an fp32 subnormal), the top
+    exponent made fp32's (inf, NaN), then times 2^112 to rebias (exact), a multiply without
+    fast-math flags so that LLVM never moves it past another (a subnormal times x would lose
+    bits)."""
+    lanes = bits.type.count if isinstance(bits.type, ir.VectorType) else None
+
+    def of(element):  # the type of bits' shape with this element type
+        return element if lanes is None else ir.VectorType(element, lanes)
+
+    def const(element, v):
+        return ir.Constant(of(element), v if lanes is None else [v] * lanes)
+
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    if _converts_half(context):
+        half = builder.bitcast(builder.trunc(bits, of(ir.IntType(16))), of(ir.HalfType()))
+        return builder.fpext(half, of(f32))
+    sign = builder.shl(builder.and_(bits, const(i32, 0x8000)), const(i32, 16))
+    magnitude = builder.and_(bits, const(i32, 0x7FFF))
+    top = builder.icmp_unsigned(">=", magnitude, const(i32, 0x7C00))
+    special = builder.select(top, const(i32, 0x7F800000), const(i32, 0))
+    value = builder.bitcast(
+        builder.or_(builder.or_(builder.shl(magnitude, const(i32, 13)), special), sign), of(f32)
+    )
+    return builder.fmul(value, const(f32, 2.0**112))
+
+
 @intrinsic
 def f32_from_f16_bits(typingctx, bits):
     """The fp32 value of the fp16 whose bits are the low 16 of the int32 bits (CUDA's
-    __half2float(__ushort_as_half(bits))), exact for every fp16: subnormals, infinities and
-    NaNs (quieted, the payload kept) included. LLVM's fpext from half, which it vectorizes
-    (x86's F16C: vcvtph2ps, eight at a time; AArch64: fcvtl); a CPU without either gets the
-    same bits from integer operations: the fp16's exponent and mantissa moved 13 places up, into
-    fp32's lowest exponent bits (a subnormal fp16 an fp32 subnormal), the top exponent made
-    fp32's (inf, NaN), then times 2^112 to rebias (exact), a multiply without fast-math flags so
-    that LLVM never moves it past another (a subnormal times x would lose bits)."""
+    __half2float(__ushort_as_half(bits))), exact (half_to_f32), which LLVM vectorizes."""
 
     def codegen(context, builder, signature, args):
-        f32, i32 = ir.FloatType(), ir.IntType(32)
-        if _converts_half(context):
-            half = builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
-            return builder.fpext(half, f32)
-        sign = builder.shl(builder.and_(args[0], ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
-        magnitude = builder.and_(args[0], ir.Constant(i32, 0x7FFF))
-        top = builder.icmp_unsigned(">=", magnitude, ir.Constant(i32, 0x7C00))
-        special = builder.select(top, ir.Constant(i32, 0x7F800000), ir.Constant(i32, 0))
-        bits = builder.or_(builder.shl(magnitude, ir.Constant(i32, 13)), special)
-        value = builder.bitcast(builder.or_(bits, sign), f32)
-        return builder.fmul(value, ir.Constant(f32, 2.0**112))
+        return half_to_f32(context, builder, args[0])
 
     return types.float32(types.int32), codegen
-
-
-@intrinsic
-def prefetch(typingctx, a, row, col):
-    """Ask the caches for the line holding a[row, col] of a 2-D array (LLVM's prefetch: a read,
-    kept in every level), without waiting for it. For a streaming kernel whose loads the
-    hardware prefetcher meets too late (on a GPU, other warps hide the wait: no CUDA twin)."""
-
-    def codegen(context, builder, signature, args):
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        address = cgutils.get_item_pointer(
-            context, builder, signature.args[0], array, args[1:], wraparound=False
-        )
-        byte_pointer = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module,
-            ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
-            "llvm.prefetch.p0i8",
-        )
-        read, all_levels, data = (ir.Constant(i32, v) for v in (0, 3, 1))
-        builder.call(fn, [builder.bitcast(address, byte_pointer), read, all_levels, data])
-        return context.get_dummy_value()
-
-    return types.void(a, row, col), codegen
 
 
 def exp(x):

@@ -5,13 +5,14 @@ qmatmul takes one output channel (a row of W (N, K)) at a time, as quant.cu give
 block: the row's codes are decoded into a K-long fp32 scratch row (in L1; decode_row: each
 group of group_size elements to fp32 times its scale), then the row is dotted with each of the
 M rows of x (compiled.vector_dot, reassociated so that LLVM vectorizes it; a warp's lanes and
-warp_sum on the GPU); a decode step's few rows of x go through _decode_dot instead, each code
-decoded as it is read. Rows go a block of BLOCK_ROWS per prange iteration (the scratch made
-once per block). The decode functions below are quant.cu's device functions of the same
-names: bit operations from the code to the fp32 value, exact (every format's values are fp32
-values), so both backends decode the same bits; one function, minifloat_value, serves every
-small float by its fields (tinygrad_like/formats.py FORMATS[fmt].fields), through fp16
-(compiled.f32_from_f16_bits) where quant.cu goes straight to fp32's bits: the same values.
+warp_sum on the GPU); a decode step's few rows of x go to cpu_gemv.py's GEMV instead, each
+code decoded as it is read (its IR decodes by these functions' bit operations). Rows go a block
+of BLOCK_ROWS per prange iteration (the scratch made once per block). The decode functions
+below are quant.cu's device functions of the same names: bit operations from the code to the
+fp32 value, exact (every format's values are fp32 values), so both backends decode the same
+bits; one function, minifloat_value, serves every small float by its fields
+(tinygrad_like/formats.py FORMATS[fmt].fields), through fp16 (compiled.f32_from_f16_bits) where
+quant.cu goes straight to fp32's bits: the same values.
 """
 
 import numpy as np
@@ -22,13 +23,13 @@ from ...backend.cpu.compiled import (
     f32_from_bits,
     f32_from_f16_bits,
     kernel,
-    prefetch,
     vector_dot,
 )
 from ...backend.cpu.runtime import f32, rounded
 from ...formats import FINITE, FORMATS, NAN_ONLY
 from ..elementwise.cpu import add as elementwise_add
 from ..embedding.spec import check_ids
+from .cpu_gemv import gemv
 from .cpu_int8x import qmatmul_int8x, quantize_rows  # noqa: F401 (in their own file)
 from .cpu_split import BLOCK_ROWS, DECODE_ONCE_FROM, SERIAL_BELOW, work
 
@@ -133,91 +134,20 @@ def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, w):
                 values[k] = element_value(row[k], exp_bits, man_bits, specials) * factor
 
 
-@device
-def _decode_dot(codes, scales, x0, x1, exp_bits, man_bits, specials, group_bytes):
-    """The decode-step dot, inlined into a kernel made per format (_qmatmul_kernel), whose
-    fields (and, 4-bit, group bytes) are its constants, so that LLVM folds the decode into a
-    few vector instructions; reassociated by the kernel's fastmath, as compiled.vector_dot.
-    8- and 16-bit codes (K,) with one scale a row: sum_k value(codes[k]) x0[k] (the caller
-    multiplies by the scale; x1 unused). 4-bit bytes (K / 2,): x0, x1 (K / 2,) are x's even
-    and odd elements (a byte's low and high nibble), each group's bytes a loop of a constant
-    trip count (unrolled whole), times its scale: sum_g scales[g] sum_j (lo_j x0_j + hi_j x1_j).
-    quant.cu's qmatmul decodes the same bits a warp's lane at a time."""
-    s = np.float32(0)
-    if group_bytes == 0:
-        for k in range(x0.shape[0]):
-            s += element_value(codes[k], exp_bits, man_bits, specials) * x0[k]
-    else:
-        for g in range(codes.shape[0] // group_bytes):
-            lo, t = g * group_bytes, np.float32(0)
-            for j in range(group_bytes):
-                b = i32(codes[lo + j])
-                low, high = b & i32(15), b >> i32(4)
-                t += (
-                    nibble_value(low, exp_bits, man_bits) * x0[lo + j]
-                    + nibble_value(high, exp_bits, man_bits) * x1[lo + j]
-                )
-            s += scales[g] * t
-    return s * minifloat_scale(exp_bits) if exp_bits else s
-
-
-_GROUP_BYTES = (16, 32, 64)  # the 4-bit groups (32, 64, 128 elements) with a decode-step dot
-# How far ahead of the row it decodes the decode-step dot asks for codes (prefetch): streaming
-# one core's GEMV from memory, the hardware prefetcher alone let an int8 GEMV of the head read
-# 8.4 GB/s, and 12.2-12.9 with rows 2 to 16 ahead asked for (AMD EPYC Zen 3, 12 GB/s read).
-_PREFETCH_BYTES = 4096
-
-
-def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
-    """The qmatmul of one format (and 4-bit group), compiled with its fields as constants."""
+def _qmatmul_kernel(exp_bits, man_bits, specials):
+    """The qmatmul of one format, compiled with its fields as constants."""
 
     @kernel(serial_below=SERIAL_BELOW, work=work, fastmath=True)
-    def _qmatmul(codes, scales, group_size, x, x0, x1, bias, y):
+    def _qmatmul(codes, scales, group_size, x, bias, y):
         # codes (N, *), scales (N, G) or (N, 0), x (M, K) fp32, bias (N,) or (0,), y (M, N)
-        # fp32; x0, x1 (M, K / 2): x's even and odd elements, or empty (M, 0) when the 4-bit
-        # dot is not used: a block of rows of W per iteration (quant.cu's qmatmul: a block per
-        # row). A few rows of x (a decode step) go through _decode_dot, each code decoded as read;
-        # else each row of W is decoded once into w (decode_row) and dotted with every row of x.
-        # one core below SERIAL_BELOW's work (work, compiled.kernel's rule).
+        # fp32: a block of rows of W per iteration (quant.cu's qmatmul: a block per row), each
+        # row decoded once into w (decode_row) and dotted with every row of x. One core below
+        # SERIAL_BELOW's work (work, compiled.kernel's rule).
         M, K = x.shape
         N = codes.shape[0]
-        direct = M < DECODE_ONCE_FROM and (
-            group_bytes > 0 or (codes.shape[1] == K and scales.shape[1] <= 1)
-        )
-        row_bytes = codes.shape[1] * codes.itemsize
-        ahead, line = 1 + _PREFETCH_BYTES // row_bytes, max(1, 64 // codes.itemsize)
         for b in prange(-(-N // BLOCK_ROWS)):
             w = np.empty(K, np.float32)
             for n in range(b * BLOCK_ROWS, min(N, (b + 1) * BLOCK_ROWS)):
-                if direct:
-                    for col in range(0, codes.shape[1], line):  # the row ahead's cache lines
-                        prefetch(codes, min(n + ahead, N - 1), col)
-                    for m in range(M):
-                        if group_bytes:  # a constant: one branch compiled
-                            d = _decode_dot(
-                                codes[n],
-                                scales[n],
-                                x0[m],
-                                x1[m],
-                                exp_bits,
-                                man_bits,
-                                specials,
-                                group_bytes,
-                            )
-                        else:
-                            d = _decode_dot(
-                                codes[n],
-                                scales[n],
-                                x[m],
-                                x[m],
-                                exp_bits,
-                                man_bits,
-                                specials,
-                                group_bytes,
-                            )
-                            d *= scales[n, 0] if scales.shape[1] else np.float32(1)
-                        y[m, n] = d + bias[n] if bias.shape[0] else d
-                    continue
                 decode_row(codes[n], scales[n], group_size, exp_bits, man_bits, specials, w)
                 for m in range(M):
                     d = vector_dot(x[m], w)
@@ -226,7 +156,7 @@ def _qmatmul_kernel(exp_bits, man_bits, specials, group_bytes):
     return _qmatmul
 
 
-_QMATMUL = {}  # (fields, group bytes) -> its kernel, made when first used
+_QMATMUL = {}  # fields -> its kernel, made when first used
 
 
 @kernel
@@ -249,19 +179,15 @@ def _kernel_args(codes, scales, fmt, group_size):
 
 
 def _qmatmul_rows(codes, scales, group_size, fmt, fields, xs, b, y):
-    """y (M, N) = xs (M, K) W^T + b by the format's _qmatmul_kernel: each code decoded as it is
-    read (a decode step's few rows of x), or each row of W decoded once and dotted with every
-    row of x."""
-    group_bytes = group_size // 2 if FORMATS[fmt].bits == 4 else 0
-    x0 = x1 = np.empty((xs.shape[0], 0), np.float32)
-    if group_bytes in _GROUP_BYTES and xs.shape[0] < DECODE_ONCE_FROM:
-        x0, x1 = np.ascontiguousarray(xs[:, 0::2]), np.ascontiguousarray(xs[:, 1::2])
-    else:
-        group_bytes = 0  # the 4-bit dot's constant is unused: one kernel for every other group
-    key = (*fields, group_bytes)
-    if key not in _QMATMUL:
-        _QMATMUL[key] = _qmatmul_kernel(*key)
-    _QMATMUL[key](codes, scales, group_size, xs, x0, x1, b, y)
+    """y (M, N) = xs (M, K) W^T + b: a decode step's few rows of x by cpu_gemv's GEMV (each code
+    decoded as it is read) where it takes the layout, else the format's _qmatmul_kernel (each row
+    of W decoded once and dotted with every row of x)."""
+    bits = FORMATS[fmt].bits
+    if xs.shape[0] < DECODE_ONCE_FROM and gemv(codes, scales, group_size, bits, fields, xs, b, y):
+        return
+    if fields not in _QMATMUL:
+        _QMATMUL[fields] = _qmatmul_kernel(*fields)
+    _QMATMUL[fields](codes, scales, group_size, xs, b, y)
 
 
 def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
@@ -276,7 +202,7 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
     if xs.shape[0] >= _TILED_FROM:  # a prompt: tiles of W and BLAS
         _tiled(xs, (codes, scales, group_size, *fields), b, y)
     else:
-        _qmatmul_rows(codes, scales, group_size, fmt, fields, xs, b, y)
+        _qmatmul_rows(codes, scales, group_size, fmt, tuple(fields), xs, b, y)
     y = rounded(y, x.dtype)
     return y if add is None else elementwise_add(add, y, out=y)
 

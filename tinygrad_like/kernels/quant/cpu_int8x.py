@@ -17,12 +17,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...backend.cpu.compiled import kernel
+from ...backend.cpu.emit import F32, I8, I32, I64, Emit, splat
 from ...backend.cpu.runtime import f32, rounded
 from ..elementwise.cpu import add as elementwise_add
 from .cpu_split import BLOCK_ROWS, SERIAL_BELOW, work
 from .spec import TINY_BLOCK, X_BLOCK, int8x_out, x_blocks
 
-_I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _LANES = 8  # spec.py's fp32 lanes: block b is added into lane b % 8
 
 
@@ -55,51 +55,13 @@ def quantize_rows(x):
     return codes, scales
 
 
-class _Emit:
-    """LLVM IR over one builder: loads at byte offsets of an i8* (a row of a C-contiguous
-    Numba array), constants; ints are i64 offsets, i32 lanes."""
-
-    def __init__(self, context, builder, kinds, args):
-        self.context, self.b, self.kinds, self.args = context, builder, kinds, args
-
-    def row(self, i, row=None):
-        """An i8* to row `row` of argument i (2-D), or to its start (1-D)."""
-        kind = self.kinds[i]
-        array = self.context.make_array(kind)(self.context, self.b, self.args[i])
-        index = [row, ir.Constant(_I64, 0)][-kind.ndim :]
-        at = cgutils.get_item_pointer(self.context, self.b, kind, array, index, wraparound=False)
-        return self.b.bitcast(at, _I8.as_pointer())
-
-    def dim(self, i, axis):
-        shape = self.context.make_array(self.kinds[i])(self.context, self.b, self.args[i]).shape
-        return self.b.extract_value(shape, axis)
-
-    def at(self, j, step, plus=0):
-        """The offset j * step + plus."""
-        return self.b.add(self.b.mul(j, ir.Constant(_I64, step)), ir.Constant(_I64, plus))
-
-    def load(self, base, offset, kind, n=None):
-        """<n x kind> (or one kind when n is None) at base + offset bytes, unaligned."""
-        pointee = kind if n is None else ir.VectorType(kind, n)
-        load = self.b.load(self.b.bitcast(self.b.gep(base, [offset]), pointee.as_pointer()))
-        load.align = 1
-        return load
-
-    def lane(self, i):
-        return ir.Constant(_I32, i)
-
-
-def _splat(kind, n, v):
-    return ir.Constant(ir.VectorType(kind, n), [v] * n)
-
-
 def _unsigned_codes(e, w, nibbles, lane):
     """A weight's bytes w <n x i8> as unsigned code values: an int8 code + 128 (w ^ 0x80) or,
     4-bit, each byte's low (lane 0) or high (lane 1) nibble."""
     n = w.type.count
     if not nibbles:
-        return e.b.xor(w, _splat(_I8, n, 0x80))
-    return e.b.and_(e.b.lshr(w, _splat(_I8, n, 4 * lane)), _splat(_I8, n, 15))
+        return e.b.xor(w, splat(I8, n, 0x80))
+    return e.b.and_(e.b.lshr(w, splat(I8, n, 4 * lane)), splat(I8, n, 15))
 
 
 def _block_sum(e, w, x0, x1, b, nibbles):
@@ -108,16 +70,16 @@ def _block_sum(e, w, x0, x1, b, nibbles):
     high nibbles times x1 (odd), as one <32 x i32> product summed (llvm.vector.reduce.add,
     which LLVM lowers to vpdpbusd on AVX-512 VNNI, vpmaddwd on AVX2)."""
     size = X_BLOCK // 2 if nibbles else X_BLOCK  # bytes of the block in w, x0 and x1
-    w = e.load(w, e.at(b, size), _I8, size)
-    u, x = _unsigned_codes(e, w, nibbles, 0), e.load(x0, e.at(b, size), _I8, size)
+    w = e.load(w, e.at(b, size), I8, size)
+    u, x = _unsigned_codes(e, w, nibbles, 0), e.load(x0, e.at(b, size), I8, size)
     if nibbles:  # the two halves side by side
-        both = ir.Constant(ir.VectorType(_I32, X_BLOCK), list(range(X_BLOCK)))
+        both = ir.Constant(ir.VectorType(I32, X_BLOCK), list(range(X_BLOCK)))
         u = e.b.shuffle_vector(u, _unsigned_codes(e, w, True, 1), both)
-        x = e.b.shuffle_vector(x, e.load(x1, e.at(b, size), _I8, size), both)
-    wide = ir.VectorType(_I32, X_BLOCK)
+        x = e.b.shuffle_vector(x, e.load(x1, e.at(b, size), I8, size), both)
+    wide = ir.VectorType(I32, X_BLOCK)
     products = e.b.mul(e.b.zext(u, wide), e.b.sext(x, wide))
     reduce = cgutils.get_or_insert_function(
-        e.b.module, ir.FunctionType(_I32, [wide]), f"llvm.vector.reduce.add.v{X_BLOCK}i32"
+        e.b.module, ir.FunctionType(I32, [wide]), f"llvm.vector.reduce.add.v{X_BLOCK}i32"
     )
     return e.b.call(reduce, [products])
 
@@ -125,7 +87,7 @@ def _block_sum(e, w, x0, x1, b, nibbles):
 def _pairs(e, a, b):
     """Neighbouring lanes of a then b added: <n x i32> twice -> <n x i32> of pair sums."""
     n = a.type.count
-    pick = [ir.Constant(ir.VectorType(_I32, n), list(range(k, 2 * n, 2))) for k in (0, 1)]
+    pick = [ir.Constant(ir.VectorType(I32, n), list(range(k, 2 * n, 2))) for k in (0, 1)]
     return e.b.add(*(e.b.shuffle_vector(a, b, p) for p in pick))
 
 
@@ -133,7 +95,7 @@ def _vnni(e, acc, u, x):
     """acc <16 x i32> + the sums of each 4 neighbouring products of u (unsigned bytes) and x
     (signed), <64 x i8> each: AVX-512 VNNI's vpdpbusd, which LLVM's reduction of one block
     (_block_sum) also compiles to, but here four blocks of int4 (two of int8) a register."""
-    v16 = ir.VectorType(_I32, 16)
+    v16 = ir.VectorType(I32, 16)
     fn = cgutils.get_or_insert_function(
         e.b.module, ir.FunctionType(v16, [v16] * 3), "llvm.x86.avx512.vpdpbusd.512"
     )
@@ -145,49 +107,49 @@ def _chunk_sums(e, w, x0, x1, j, nibbles):
     bytes at a time summed four by four (each i32 lane within one block), then each block's
     lanes added: neighbouring pairs three times (int8) or twice, blocks kept in order."""
     if "+avx512vnni" not in e.context.codegen().magic_tuple()[2].split(","):
-        sums = ir.Constant(ir.VectorType(_I32, _LANES), None)
+        sums = ir.Constant(ir.VectorType(I32, _LANES), None)
         for i in range(_LANES):
             block = _block_sum(e, w, x0, x1, e.at(j, _LANES, i), nibbles)
             sums = e.b.insert_element(sums, block, e.lane(i))
         return sums
-    zero, parts = ir.Constant(ir.VectorType(_I32, 16), None), []
+    zero, parts = ir.Constant(ir.VectorType(I32, 16), None), []
     for h in range(2 if nibbles else 4):  # int4: 4 blocks a register, 4 lanes each
         at = e.at(j, _LANES * X_BLOCK // (2 if nibbles else 1), 64 * h)
-        w64 = e.load(w, at, _I8, 64)
-        acc = _vnni(e, zero, _unsigned_codes(e, w64, nibbles, 0), e.load(x0, at, _I8, 64))
+        w64 = e.load(w, at, I8, 64)
+        acc = _vnni(e, zero, _unsigned_codes(e, w64, nibbles, 0), e.load(x0, at, I8, 64))
         if nibbles:
-            acc = _vnni(e, acc, _unsigned_codes(e, w64, True, 1), e.load(x1, at, _I8, 64))
+            acc = _vnni(e, acc, _unsigned_codes(e, w64, True, 1), e.load(x1, at, I8, 64))
         parts.append(acc)
     while len(parts) > 1:
         parts = [_pairs(e, a, b) for a, b in zip(parts[::2], parts[1::2])]
     (t,) = parts  # <16 x i32>: two lanes a block, in order; its halves' neighbours added
-    half = [ir.Constant(ir.VectorType(_I32, 8), list(range(k, k + 8))) for k in (0, 8)]
+    half = [ir.Constant(ir.VectorType(I32, 8), list(range(k, k + 8))) for k in (0, 8)]
     return _pairs(e, *(e.b.shuffle_vector(t, t, h) for h in half))
 
 
 def _chunk_scales(e, ws, group_of, groups, nb, j):
     """<8 x float>: the weight scales of blocks 8 j .. 8 j + 7, ws[group_of[b]]: loaded as
     stored when each block is a group, one splat when the 8 share one, else one by one."""
-    lanes = ir.VectorType(_F32, _LANES)
+    lanes = ir.VectorType(F32, _LANES)
     slot = cgutils.alloca_once(e.b, lanes)
 
     def scale(b):
-        g = e.b.sext(e.load(group_of, e.at(b, 4), _I32), _I64)
-        return e.load(ws, e.at(g, 4), _F32)
+        g = e.b.sext(e.load(group_of, e.at(b, 4), I32), I64)
+        return e.load(ws, e.at(g, 4), F32)
 
     per_group = e.b.udiv(nb, groups)
-    with e.b.if_else(e.b.icmp_unsigned("==", per_group, ir.Constant(_I64, 1))) as (each, shared):
+    with e.b.if_else(e.b.icmp_unsigned("==", per_group, ir.Constant(I64, 1))) as (each, shared):
         with each:
-            e.b.store(e.load(ws, e.at(j, 4 * _LANES), _F32, _LANES), slot)
+            e.b.store(e.load(ws, e.at(j, 4 * _LANES), F32, _LANES), slot)
         with shared:
             v = ir.Constant(lanes, None)
             whole = e.b.icmp_unsigned(
-                "==", e.b.urem(per_group, ir.Constant(_I64, _LANES)), ir.Constant(_I64, 0)
+                "==", e.b.urem(per_group, ir.Constant(I64, _LANES)), ir.Constant(I64, 0)
             )
             with e.b.if_else(whole) as (one, several):
                 with one:
                     first = e.b.insert_element(v, scale(e.at(j, _LANES)), e.lane(0))
-                    e.b.store(e.b.shuffle_vector(first, v, _splat(_I32, _LANES, 0)), slot)
+                    e.b.store(e.b.shuffle_vector(first, v, splat(I32, _LANES, 0)), slot)
                 with several:
                     for i in range(_LANES):
                         v = e.b.insert_element(v, scale(e.at(j, _LANES, i)), e.lane(i))
@@ -206,29 +168,29 @@ def _row_dot(nibbles):
     unsigned code values add); group_of (nb,) int32: each block's group."""
 
     def codegen(context, builder, signature, args):
-        e = _Emit(context, builder, signature.args, args)
+        e = Emit(context, builder, signature.args, args)
         w, ws, group_of = e.row(0, args[1]), e.row(7, args[1]), e.row(8)
         x0, x1, xoff, xs = (e.row(i, args[4]) for i in (2, 3, 5, 6))
         nb, groups = e.dim(6, 1), e.dim(7, 1)
-        whole = builder.udiv(nb, ir.Constant(_I64, _LANES))
-        lanes = ir.VectorType(_F32, _LANES)
+        whole = builder.udiv(nb, ir.Constant(I64, _LANES))
+        lanes = ir.VectorType(F32, _LANES)
         total = cgutils.alloca_once_value(builder, ir.Constant(lanes, None))
         with cgutils.for_range(builder, whole) as loop:
             j, at = loop.index, e.at(loop.index, 4 * _LANES)  # 8 int32s or fp32s
-            isum = builder.sub(_chunk_sums(e, w, x0, x1, j, nibbles), e.load(xoff, at, _I32, 8))
+            isum = builder.sub(_chunk_sums(e, w, x0, x1, j, nibbles), e.load(xoff, at, I32, 8))
             scale = builder.fmul(
-                e.load(xs, at, _F32, 8), _chunk_scales(e, ws, group_of, groups, nb, j)
+                e.load(xs, at, F32, 8), _chunk_scales(e, ws, group_of, groups, nb, j)
             )
             t = builder.fmul(scale, builder.sitofp(isum, lanes))
             builder.store(builder.fadd(builder.load(total), t), total)
-        start = builder.mul(whole, ir.Constant(_I64, _LANES))
-        with cgutils.for_range_slice(builder, start, nb, ir.Constant(_I64, 1)) as (b, _):
-            s = builder.sub(_block_sum(e, w, x0, x1, b, nibbles), e.load(xoff, e.at(b, 4), _I32))
-            g = builder.sext(e.load(group_of, e.at(b, 4), _I32), _I64)
-            scale = builder.fmul(e.load(xs, e.at(b, 4), _F32), e.load(ws, e.at(g, 4), _F32))
-            lane, v = builder.trunc(builder.sub(b, start), _I32), builder.load(total)
+        start = builder.mul(whole, ir.Constant(I64, _LANES))
+        with cgutils.for_range_slice(builder, start, nb, ir.Constant(I64, 1)) as (b, _):
+            s = builder.sub(_block_sum(e, w, x0, x1, b, nibbles), e.load(xoff, e.at(b, 4), I32))
+            g = builder.sext(e.load(group_of, e.at(b, 4), I32), I64)
+            scale = builder.fmul(e.load(xs, e.at(b, 4), F32), e.load(ws, e.at(g, 4), F32))
+            lane, v = builder.trunc(builder.sub(b, start), I32), builder.load(total)
             t = builder.fadd(
-                builder.extract_element(v, lane), builder.fmul(scale, builder.sitofp(s, _F32))
+                builder.extract_element(v, lane), builder.fmul(scale, builder.sitofp(s, F32))
             )
             builder.store(builder.insert_element(v, t, lane), total)
         v = builder.load(total)

@@ -1,0 +1,47 @@
+"""LLVM IR for the CPU kernels written below Numba's loops (kernels/quant's cpu_int8x.py and
+cpu_gemv.py): a builder's loads at byte offsets of a row of a Numba array, its shapes, vector
+constants. Numba vectorizes loops but not straight-line code (NUMBA_SLP_VECTORIZE=0): a dot
+whose vector shape is the algorithm is written in IR with these."""
+
+from llvmlite import ir
+from numba.core import cgutils
+
+I8, I32, I64, F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+
+class Emit:
+    """LLVM IR over one builder: loads at byte offsets of an i8* (a row of a C-contiguous
+    Numba array), constants; ints are i64 offsets, i32 lanes."""
+
+    def __init__(self, context, builder, kinds, args):
+        self.context, self.b, self.kinds, self.args = context, builder, kinds, args
+
+    def row(self, i, row=None):
+        """An i8* to row `row` of argument i (2-D), or to its start (1-D)."""
+        kind = self.kinds[i]
+        array = self.context.make_array(kind)(self.context, self.b, self.args[i])
+        index = [row, ir.Constant(I64, 0)][-kind.ndim :]
+        at = cgutils.get_item_pointer(self.context, self.b, kind, array, index, wraparound=False)
+        return self.b.bitcast(at, I8.as_pointer())
+
+    def dim(self, i, axis):
+        shape = self.context.make_array(self.kinds[i])(self.context, self.b, self.args[i]).shape
+        return self.b.extract_value(shape, axis)
+
+    def at(self, j, step, plus=0):
+        """The offset j * step + plus."""
+        return self.b.add(self.b.mul(j, ir.Constant(I64, step)), ir.Constant(I64, plus))
+
+    def load(self, base, offset, kind, n=None):
+        """<n x kind> (or one kind when n is None) at base + offset bytes, unaligned."""
+        pointee = kind if n is None else ir.VectorType(kind, n)
+        load = self.b.load(self.b.bitcast(self.b.gep(base, [offset]), pointee.as_pointer()))
+        load.align = 1
+        return load
+
+    def lane(self, i):
+        return ir.Constant(I32, i)
+
+
+def splat(kind, n, v):
+    return ir.Constant(ir.VectorType(kind, n), [v] * n)
