@@ -156,15 +156,17 @@ def test_in_place_split_add_writes_out(rng):
 
 
 def _compiled_rows(rng):
-    """Calls of the compiled row and elementwise kernels on ragged shapes (rows not a multiple
-    of a block's 32, rows not a multiple of the 16 sum lanes), as (name, thunk)."""
+    """Calls of the compiled row, elementwise and GEMV kernels on ragged shapes (rows not a
+    multiple of a block's 32, rows not a multiple of the 16 sum lanes), as (name, thunk)."""
     scores = rng.standard_normal((3, 3, 5, 37), dtype=F32)  # 45 rows of 37 keys, Tq = 5
     x, dy = (rng.standard_normal((45, 37), dtype=F32) for _ in range(2))
     y = cpu.softmax_fwd(x)
     gate, up = (rng.standard_normal((7, 143), dtype=F32) for _ in range(2))
     angles = rng.standard_normal((5, 4), dtype=F32)
     heads = rng.standard_normal((2, 3, 5, 8), dtype=F32)  # (B, H, T, D)
+    row, w = rng.standard_normal((2, 200), dtype=F32), rng.standard_normal((200, 131), dtype=F32)
     return [
+        ("matmul (a decode step's GEMV)", lambda: cpu.matmul(row, w)),
         ("softmax_causal_fwd", lambda: cpu.softmax_causal_fwd(scores, 0.3)),
         ("softmax_causal_bwd", lambda: cpu.softmax_causal_bwd(scores, scores[::-1], 0.3)),
         ("softmax_fwd", lambda: cpu.softmax_fwd(x)),

@@ -78,8 +78,10 @@ LAYER_CALLS = [
     ("matmul_tn", "x^T dy", matmul_tn_ref),
 ]
 # (M, K, N): ragged everywhere; aligned K and N (the cp.async path) with a ragged M; one tile
-# or less; several tiles with a ragged K tail; aligned
+# or less; several tiles with a ragged K tail; aligned; a decode step's few rows (the CPU's
+# GEMVs, cpu_gemv.py: K past its vectors of 64 and 16 with a tail, and short of them)
 LAYER = [(77, 45, 131), (257, 200, 136), (1, 8, 5), (300, 70, 260), (128, 64, 96)]
+LAYER += [(1, 200, 131), (3, 45, 260)]
 # GPT-2's c_attn GEMM (B T, C) @ (C, 3C). Executed on the CPU, the tensor-core GEMM's emulation
 # runs at ~0.2 GFLOP/s (10 s for this one): there, K = 768 with fewer rows and columns.
 GPT2_GEMM = (1024, 768, 2304) if ON_GPU else (130, 768, 264)

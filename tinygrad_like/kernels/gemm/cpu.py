@@ -29,6 +29,7 @@ import numpy as np
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, f32, in_parallel, one_blas_thread, rounded
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.cpu import mul as elementwise_mul
+from .cpu_gemv import gemv
 
 _GEMM_SPLIT = 1 << 22  # multiply-adds (batch*M*K*N) from which a GEMM uses all the cores
 _LONG_K = 2  # K >= _LONG_K * max(M, N): a long K, cut in two halves
@@ -38,6 +39,9 @@ def _gemm(a, b, bias=None):
     """C (..., M, N) = a (..., M, K) @ b (..., K, N) [+ bias (N,)] in fp32, a and b possibly
     transposed views (BLAS reads them as they are, without a copy), on all the cores."""
     a, b = f32(a), f32(b)
+    c = gemv(a, b)  # a decode step's few rows: cpu_gemv.py's compiled GEMVs
+    if c is not None:
+        return c if bias is None else np.add(c, f32(bias), out=c)
     (M, K), N = a.shape[-2:], b.shape[-1]
     # multiply-adds: batch x M x K x N (a's batch or b's, whichever broadcasts over the other)
     big = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2])) * M * K * N >= _GEMM_SPLIT

@@ -89,12 +89,15 @@ def _codes(e, w, k, n, size, signed=False):
 
 
 def _wide_row(e, w, x, K, bits, fields, sums):
-    """The 8- or 16-bit row: SUMS vectors of WIDTH at a time into sums, then single vectors into
+    """The 8-, 16- or 32-bit (fp32) row: SUMS vectors of WIDTH at a time into sums, then single vectors into
     the first, then the last K % WIDTH elements one at a time -> the sum (before rebias)."""
     size = bits // 8
 
     def step(k, n, total):
-        values = _values(e, _codes(e, w, k, n, size, fields[0] == 0), bits, fields)
+        if bits == 32:  # fp32 weights: the values themselves
+            values = e.load(w, e.at(k, 4), F32, n)
+        else:
+            values = _values(e, _codes(e, w, k, n, size, fields[0] == 0), bits, fields)
         return _fmuladd(e, values, e.load(x, e.at(k, 4), F32, n), total)
 
     with cgutils.for_range(e.b, e.b.udiv(K, ir.Constant(I64, WIDTH * SUMS))) as loop:
