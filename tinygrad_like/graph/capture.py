@@ -19,11 +19,10 @@ offset) within its buffer; k the number of a host call.
 
 from typing import Callable, NamedTuple
 
-import numpy as np
-
 from .. import backend, kernels, profiler
 from ..memory import root
 from .plan import Buffer, plan
+from .replay import generate
 
 
 class Recording:
@@ -241,18 +240,13 @@ class Program:
     def replay(self, timers=None):
         """Run the step's kernels and host calls again -> its result, built of this run's
         buffers. timers: a list each kernel's timer (the device's) is appended to (a replay's
-        host time is its seconds minus its kernels')."""
-        base = len(self.buffers)  # the slots: the values, then the host calls' results
-        if not hasattr(self, "_runners"):
-            timer = self.device.start_timer
-            self._runners = [_runner(step, base, timer) for step in self.steps]
-        slots = [None] * (base + len(self.hosted[0]) + 1)
+        host time is its seconds minus its kernels'). The steps run as one function generated
+        at the first replay (replay.py), after fuse.py has had its say."""
+        if not hasattr(self, "_replay"):
+            self._replay = generate(self.steps, self.result, self.device.start_timer)
         for prof in profiler.active():
             prof.replays.append(self)
-        for run in self._runners:
-            run(slots, timers)
-        built, result = _maker(self.result, base)
-        return result(slots) if built else result  # a constant: a step returning None
+        return self._replay(timers)
 
 
 def _counted(steps):
@@ -284,80 +278,3 @@ def made(step):
     if step[0] == "launch":
         yield from (v for v in step.makes if v is not None)
         yield from (v for v, *_ in step.allocs)
-
-
-def _runner(step, base, timer):
-    """A step as the replay runs it: a function of (the slots, timers or None) that builds its
-    arguments from the slots, runs it and fills the slots of what it makes (base: the first
-    host call's result's slot; timer: the device's start_timer)."""
-    if step[0] == "host":
-        fn, slot, arguments = step[1], base + step[3], _builder(step[2][2], base)
-
-        def run_host(slots, timers):
-            slots[slot] = fn(*arguments(slots))
-
-        return run_host
-    kernel, arguments = step.kernel, _builder(step.args, base)
-    named = {k: _maker(d, base) for k, d in step.kwargs.items()}
-    allocs = tuple((v, shape, dtype, device.empty) for v, shape, dtype, device in step.allocs)
-    fills = tuple((i, v, step.shapes[i]) for i, v in enumerate(step.makes) if v is not None)
-
-    def run(slots, timers):
-        for v, shape, dtype, empty in allocs:  # what the step's Python allocated
-            slots[v] = empty(shape, dtype)
-        a = arguments(slots)
-        kw = {k: m(slots) if built else m for k, (built, m) in named.items()}
-        if timers is None:
-            out = kernel(*a, **kw)
-        else:
-            t = timer()
-            out = kernel(*a, **kw)
-            timers.append(t.stop())
-        if fills:
-            outs = out if isinstance(out, tuple) else (out,)
-            for i, v, shape in fills:
-                slots[v] = root(outs[i]) if shape is None else outs[i].reshape(shape)
-
-    return run
-
-
-def _builder(descriptions, base):
-    """A function of the slots giving the arguments described (the same tuple each time when
-    all are constants)."""
-    makers = [_maker(d, base) for d in descriptions]
-    if not any(built for built, _ in makers):
-        constants = tuple(a for _, a in makers)
-        return lambda slots: constants
-    return lambda slots: [a(slots) if built else a for built, a in makers]
-
-
-def _maker(d, base):
-    """(False, the argument) for a constant, else (True, a function of this replay's slots that
-    builds it)."""
-    kind = d[0]
-    if kind == "const":
-        return False, d[1]
-    if kind == "hosted":
-        slot = base + d[1]
-        return True, lambda slots: slots[slot]
-    if kind == "seq":
-        items = [_maker(x, base) for x in d[2]]
-        return True, lambda slots: d[1](a(slots) if built else a for built, a in items)
-    v, view = d[1], d[2]
-    if view is None:
-        return True, lambda slots: slots[v]
-    shape, strides, offset = view
-    return True, lambda slots: _view_of(slots[v], shape, strides, offset)
-
-
-def _view_of(buffer, shape, strides, offset):
-    """The view (shape, strides) at a byte offset of buffer, a contiguous array: NumPy's own
-    constructor on the CPU (a tenth of as_strided's time), as_strided on a GPU, and on the meta
-    device an array of that shape and strides whose base is buffer (it has no bytes to offset)."""
-    if isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous:
-        return np.ndarray(shape, buffer.dtype, buffer, offset, strides)
-    be = backend.of(buffer)
-    if not be.HOLDS_VALUES:
-        return type(buffer)(shape, buffer.dtype, strides, buffer)
-    flat = buffer.reshape(-1)[offset // buffer.itemsize :]
-    return be.xp.lib.stride_tricks.as_strided(flat, shape, strides)
