@@ -7,10 +7,14 @@ The attention op's own tests (against the naive attention, the tape, GPT-2): tes
 test_flash_attention.py and test_gqa.py. The CPU's split over its cores: test_cpu_threads.py.
 """
 
+import itertools
+
+import numba
 import numpy as np
 import pytest
 
 from tinygrad_like import dtypes
+from tinygrad_like.backend.cpu.compiled import exp
 from tinygrad_like.kernels.attention import cpu as attention_cpu
 
 from .check import F32, F64, FLOATS, cases, close, cpu, f64, rand
@@ -224,3 +228,43 @@ def test_cpu_a_long_decode_step_runs_its_rows_across_the_cores(monkeypatch):
     out, lse = cpu.flash_attention_fwd(q, k, v, 0.2)
     monkeypatch.setattr(attention_cpu, "DECODE_ROWS", 0)
     assert_close([out, lse], cpu.flash_attention_fwd(q, k, v, 0.2), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=dtypes.name)
+def test_cpu_decode_rows_add_p_v_in_key_order(dtype):
+    """_add_rows (o += p v over a block's keys, four keys a pass over o) gives the bits of the
+    key-by-key loop: o + p[0] v[0], then + p[1] v[1], ..., each product rounded (NumPy's fp32
+    and fp64 steps), over ragged key counts and head dims."""
+    rng = np.random.default_rng(0)
+    for n in range(10):
+        for D in (1, 7, 16, 33, 64):
+            p, v, o = (rng.standard_normal(s).astype(dtype) for s in (n, (n, D), D))
+            want = o.copy()
+            for c in range(n):
+                want = want + p[c] * v[c]
+            attention_cpu._add_rows(o, p, v)
+            assert o.tobytes() == want.tobytes(), (n, D)
+
+
+@numba.njit
+def exps_then_masked(s, shift, masked):
+    """The reference of _exp_after: every exp taken, then the masked ones made 0."""
+    for r in range(s.shape[0]):
+        s[r] = exp(s[r] - shift[r])
+    s[:masked] = 0
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=dtypes.name)
+def test_cpu_block_pairs_skip_the_exps_of_masked_runs_with_the_same_bits(dtype):
+    """_exp_after takes no exp for the whole LANES-column runs of the masked columns, and gives
+    the bits of an exp of every column with the masked ones made 0, whether the masked scores
+    are -inf (the forward's mask writes them) or scores (the backward's)."""
+    rng = np.random.default_rng(1)
+    for cols in (1, 16, 40, 64):
+        for masked, inf in itertools.product(sorted({0, 1, 15, 16, 17, cols // 2, cols}), [0, 1]):
+            s, shift = rng.standard_normal((2, cols)).astype(dtype)
+            s[: min(masked, cols) * inf] = -np.inf
+            want = s.copy()
+            exps_then_masked(want, shift, min(masked, cols))
+            attention_cpu._exp_after(s, shift, min(masked, cols))
+            assert s.tobytes() == want.tobytes(), (cols, masked)

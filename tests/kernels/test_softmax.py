@@ -287,6 +287,19 @@ def test_cpu_half_rows_widened_in_blocks_match_one_block(monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [F32, np.float64], ids=dtypes.name)
+def test_cpu_softmax_at_scale_1_reads_x_with_the_bits_of_a_scaled_copy(dtype):
+    """At scale 1 the rows are read where they are; at another scale a scaled copy is made
+    first: rows 2x at scale 0.5 (x, exactly) give softmax_fwd's bits, ragged lengths, zeros of
+    both signs and infinities included."""
+    for C in (1, 15, 16, 33, 1000):
+        x = rand((5, C), dtype, scale=4, seed=C)
+        x[0, :2] = [-0.0, 0.0][: min(C, 2)]
+        x[1, -1] = -np.inf
+        copied = cpu.softmax_causal_fwd((2 * x).reshape(5, 1, C), 0.5).reshape(5, C)
+        assert cpu.softmax_fwd(x).tobytes() == copied.tobytes(), C
+
+
 def test_cpu_softmax_of_a_row_of_minus_inf_is_nan():
     x = np.array([[-np.inf] * 3, [0.0, 1.0, 2.0]], F32)
     for fn in (cpu.softmax_fwd, cpu.log_softmax_fwd):

@@ -33,7 +33,15 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import device, exp, kernel, serial_kernel, vector_dot
+from ...backend.cpu.compiled import (
+    LANES,
+    device,
+    exp,
+    kernel,
+    row_max,
+    serial_kernel,
+    vector_dot,
+)
 from ...backend.cpu.runtime import CHUNK, f32, in_parallel, one_blas_thread, rounded
 from . import spec
 
@@ -58,9 +66,32 @@ def _keys_end(Tq, Tk, i1, j0):
 # all the block's queries at once (the order of NumPy's reduction over an outer axis, and the
 # same for any core count). A key after a query (key position j0 + c, query position
 # first + t, the block's column t G + g) is masked: key c masks the columns r < (j0 + c -
-# first) G. The per-query statistics are copied into scratch rows first (LLVM vectorizes loops
-# over scratch it owns, not over views it cannot prove apart from the scores). These run on
-# the calling core (serial_kernel): _by_heads has split the heads over the cores.
+# first) G (_masked). The per-query statistics are copied into scratch rows first (LLVM
+# vectorizes loops over scratch it owns, not over views it cannot prove apart from the
+# scores). These run on the calling core (serial_kernel): _by_heads has split the heads over
+# the cores.
+
+
+@device
+def _masked(c, j0, first, G, cols):
+    """How many of a block's columns (queries t G + g at positions first + t) key c of the
+    block (position j0 + c) is after: the first ones."""
+    return min(cols, max(0, j0 + c - first) * G)
+
+
+@device
+def _exp_after(s, shift, masked):
+    """s[r] = exp(s[r] - shift[r]) over a row of columns, but 0 for the first masked ones
+    (what their exp would be made), with no exp taken for the whole LANES-column runs among
+    them: a diagonal block's exps about a third fewer. The loop runs over views that start at index
+    0, which LLVM vectorizes (a loop from a variable start it does not: Numba's index may be
+    negative there)."""
+    start = masked // LANES * LANES
+    s[:start] = 0
+    rest, by = s[start:], shift[start:]
+    for r in range(rest.shape[0]):
+        rest[r] = exp(rest[r] - by[r])
+    s[start:masked] = 0
 
 
 @serial_kernel
@@ -81,14 +112,13 @@ def _online_softmax(sT, m, lsum, o, j0, first, G, opening):
                 total[r] = 0
             for c in range(n):
                 s = sT[b, h, c]
-                for r in range(min(cols, max(0, j0 + c - first) * G)):
+                for r in range(_masked(c, j0, first, G, cols)):
                     s[r] = -np.inf
                 for r in range(cols):
                     m_new[r] = max(m_new[r], s[r])
             for c in range(n):
                 s = sT[b, h, c]
-                for r in range(cols):
-                    s[r] = exp(s[r] - m_new[r])
+                _exp_after(s, m_new, _masked(c, j0, first, G, cols))
                 for r in range(cols):
                     total[r] += s[r]
             for r in range(cols):
@@ -117,10 +147,7 @@ def _probs_dscores(pT, dsT, lseT, DiT, h0, c0, j0, first, G):
                 lse[r], Di[r] = lseT[b, h0 + h, c0 + r], DiT[b, h0 + h, c0 + r]
             for c in range(n):
                 p, ds = pT[b, h, c], dsT[b, h, c]
-                for r in range(cols):
-                    p[r] = exp(p[r] - lse[r])
-                for r in range(min(cols, max(0, j0 + c - first) * G)):
-                    p[r] = A(0)
+                _exp_after(p, lse, _masked(c, j0, first, G, cols))
                 for r in range(cols):
                     ds[r] = p[r] * (ds[r] - Di[r])
 
@@ -167,10 +194,11 @@ def softmax_block(s, m, lsum, o):
     (n,) the block's scores, turned in place into p = exp(s - m_new), m_new = max(m, max(s));
     o (D,) the row's running sum of p v, rescaled by alpha = exp(m - m_new) for the block's
     values to be added -> (m_new, lsum alpha + sum(p)). The first block opens the row from
-    m = -inf, lsum = 0 and o = 0 (alpha 0)."""
-    m_new = m
-    for c in range(s.shape[0]):
-        m_new = max(m_new, s[c])
+    m = -inf, lsum = 0 and o = 0 (alpha 0). max(s) over compiled's fixed lanes, in vector
+    registers, not a key-by-key chain of compares: exact, a key-by-key max's value but for
+    which of 0 and -0 a tie keeps, which no result can see (a row with a NaN score is NaN
+    either way); the sum key by key."""
+    m_new = max(m, row_max(s))
     alpha = exp(m - m_new)
     for c in range(s.shape[0]):  # apart from the sum, so that it vectorizes
         s[c] = exp(s[c] - m_new)
@@ -180,6 +208,26 @@ def softmax_block(s, m, lsum, o):
     for d in range(o.shape[0]):
         o[d] *= alpha
     return m_new, lsum * alpha + total
+
+
+@device
+def _add_rows(o, p, v):
+    """o += p v, the rows of v (n, D) weighted by p (n,) added to o (D,) in row order, each
+    product rounded before it is added: the order of a row-by-row loop, with o read and written
+    once per four rows (the four adds to an element one chain in registers, not four trips
+    through memory)."""
+    n, D = v.shape
+    c = 0
+    while c + 4 <= n:
+        p0, p1, p2, p3 = p[c], p[c + 1], p[c + 2], p[c + 3]
+        v0, v1, v2, v3 = v[c], v[c + 1], v[c + 2], v[c + 3]
+        for d in range(D):
+            o[d] = o[d] + p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
+        c += 4
+    for c in range(c, n):
+        pc, vc = p[c], v[c]
+        for d in range(D):
+            o[d] += pc * vc[d]
 
 
 # prange over a decode step's rows from this many cached elements (k's B Hkv Tk D) on: measured
@@ -194,10 +242,12 @@ def _attention_rows(k, v, q, scale, out, lse):
     # lse (B, H, Tq) written, all in the compute dtype: a row (b, h, i) per iteration
     # (attention.cu: a block per row), its keys 0 ... Tk - Tq + i in blocks of _KEYS: s = the
     # scaled query . each key (compiled.vector_dot), softmax_block, o += p v key by key
+    # (_add_rows). scratch: each row's scores and scaled query, one allocation for all rows
     B, Hkv, Tk, D = k.shape
     H, Tq = q.shape[1], q.shape[2]
     G = H // Hkv
     A = out.dtype.type
+    scratch = np.empty((B * H * Tq, _KEYS + D), A)
     for r in prange(B * H * Tq):
         b, h, i = r // (H * Tq), r // Tq % H, r % Tq
         # kv head h // G's keys and values (Tk, D) typed C-contiguous, so that the loops over a
@@ -205,11 +255,11 @@ def _attention_rows(k, v, q, scale, out, lse):
         # KV cache's [:, :, :Tk]), else a copy
         kh = np.ascontiguousarray(k[b, h // G])
         vh = np.ascontiguousarray(v[b, h // G])
-        qr = np.empty(D, A)  # the query times scale
+        s, qr = scratch[r, :_KEYS], scratch[r, _KEYS:]  # qr: the query times scale
         for d in range(D):
             qr[d] = q[b, h, i, d] * scale
         seen = Tk - Tq + i + 1  # the keys this query sees
-        s, o = np.empty(_KEYS, A), out[b, h, i]  # o: the running sum of p v, then out
+        o = out[b, h, i]  # the running sum of p v, then out
         o[:] = 0
         m, lsum = A(-np.inf), A(0)
         for j0 in range(0, seen, _KEYS):
@@ -217,10 +267,7 @@ def _attention_rows(k, v, q, scale, out, lse):
             for c in range(n):
                 s[c] = vector_dot(qr, kh[j0 + c])
             m, lsum = softmax_block(s[:n], m, lsum, o)
-            for c in range(n):
-                p, vr = s[c], vh[j0 + c]
-                for d in range(D):
-                    o[d] += p * vr[d]
+            _add_rows(o, s[:n], vh[j0 : j0 + n])
         for d in range(D):
             o[d] /= lsum
         lse[b, h, i] = m + math.log(lsum)
