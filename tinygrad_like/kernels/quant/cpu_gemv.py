@@ -89,8 +89,9 @@ def _codes(e, w, k, n, size, signed=False):
 
 
 def _wide_row(e, w, x, K, bits, fields, sums):
-    """The 8-, 16- or 32-bit (fp32) row: SUMS vectors of WIDTH at a time into sums, then single vectors into
-    the first, then the last K % WIDTH elements one at a time -> the sum (before rebias)."""
+    """The 8-, 16- or 32-bit (fp32) row: SUMS vectors of WIDTH at a time into sums, then
+    single vectors into the first, then the last K % WIDTH elements one at a time -> the sum
+    (before rebias)."""
     size = bits // 8
 
     def step(k, n, total):
