@@ -115,9 +115,9 @@ def main(argv=None, choose_pool=False):
         quantized = read_quantization(ckpt)  # None for an fp32 checkpoint
         check_weights(args, quantized, ckpt)
         check_activations(args)
-        if choose_pool and (quantized or args.weights) != "fp32":
-            # the GEMVs are qmatmul's compiled loops: OpenMP's hand-off lets them use every
-            # core; fp32's are OpenBLAS's, whose threads OpenMP's spinning ones would slow
+        if choose_pool:
+            # a decode step's GEMVs are compiled loops (kernels/quant/cpu_gemv.py, fp32's
+            # kernels/gemm/cpu_gemv.py): OpenMP's hand-off lets them use every core
             use_pool("omp")  # backend/cpu/compiled.py
         tok = get_tokenizer()
         prompt = batch([tok.encode(text, allow_special=True) for text in args.prompt])

@@ -49,8 +49,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--pool",
         action="store_true",
-        help="decode: OpenMP's thread pool for the compiled kernels, as generate.py uses for "
-        "quantized and 2-byte weights (tinygrad_like/backend/cpu/compiled.py use_pool)",
+        help="decode: OpenMP's thread pool for the compiled kernels, as generate.py uses "
+        "(tinygrad_like/backend/cpu/compiled.py use_pool)",
     )
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a pinned worker
     args = p.parse_args(argv)

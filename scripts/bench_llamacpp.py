@@ -16,8 +16,8 @@ q4_0 use).
 Each (engine, format, cores) is a worker process pinned to its cores (taskset), holding
 its model loaded; the workers take turns for --rounds rounds and the best round counts (ms a
 token, the median of its decode steps). Ours decodes as examples/generate.py --compile does:
-the decode step captured and replayed, OpenMP's thread pool for the quantized and 2-byte
-weights. llama.cpp runs through llama-cpp-python (n_threads = the cores), from --peer-python's
+the decode step captured and replayed, OpenMP's thread pool for its compiled GEMVs (every
+format). llama.cpp runs through llama-cpp-python (n_threads = the cores), from --peer-python's
 environment (llama.cpp is not a dependency of this project: without it only ours runs, and the
 table says so).
 
@@ -101,8 +101,7 @@ def ours(checkpoint, fmt):
     from tinygrad_like.quant import split_format
 
     weights, activations = split_format(fmt)
-    if weights != "fp32":  # generate.py's choice: OpenMP's pool for the compiled GEMVs
-        use_pool("omp")
+    use_pool("omp")  # generate.py's choice: OpenMP's pool for the compiled GEMVs
     model = from_pretrained(checkpoint)
     quantize_model(model, weights, activations=activations)
 
