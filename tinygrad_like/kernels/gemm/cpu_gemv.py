@@ -1,14 +1,14 @@
 """The decode step's fp32 GEMMs on the CPU (cpu.py's _gemm with fewer than GEMV_BELOW rows of
-A): compiled GEMVs instead of BLAS, which streamed GPT-2 124M's weights at 15-20 GB/s of the 29
-one core reads (OpenBLAS's sgemv, AMD EPYC Zen 4). Two layouts of B (K, N):
+A): compiled GEMVs instead of BLAS, whose sgemv streamed GPT-2's weights well below one core's
+read bandwidth (docs/decode.md: the figures). Two layouts of B (K, N):
 - B the transpose of a C-contiguous W (N, K) (matmul_nt: the tied LM head, x @ wte^T): each
   element of C a row of W dotted with a row of A, kernels/quant/cpu_gemv.py's GEMV with fp32
   as its unquantized format (sixteen lanes and four sums, added in a fixed tree);
-- B C-contiguous (K, N) (matmul: GPT-2's Conv1D weights): _columns, a block of C's columns per
-  program, B's rows streamed in order and each multiplied into C's block: c[m, n] = (..((a[m, 0]
-  b[0, n]) + a[m, 1] b[1, n]) + ...), each product and sum rounded on its own, k in order, the
-  dot product as written (no lanes: its vectors run across n), the same bits for any core
-  count or vector width.
+- B C-contiguous (K, N) (matmul: GPT-2's Conv1D weights): _columns, K in two fixed halves, one
+  a program, each streaming its rows of B in order into a partial C: p[m, n] = (..((a[m, k0]
+  b[k0, n]) + a[m, k0 + 1] b[k0 + 1, n]) + ...), each product and sum rounded on its own (its
+  vectors run across n: no lanes to add), then C = p0 + p1, the same bits for any core count or
+  vector width (two cores each read half of B, one long run of memory each).
 Either gives each element of C one core's fixed order; neither is BLAS's, so a decode step's
 C differs from a prompt's in the last bits, as sgemv's and sgemm's do.
 """
@@ -20,14 +20,14 @@ from ...backend.cpu.compiled import kernel
 from ..quant.cpu_gemv import gemv as row_gemv
 
 GEMV_BELOW = 4  # rows of A (a decode step's batch) below which a GEMM is a GEMV
-K_PARTS = 2  # _columns' ranges of k, summed in order after: one a core on two cores
 
 
 @kernel(work=lambda a, b, partial: b.size)
 def _columns(a, b, partial):
     # a (M, K), b (K, N) fp32, M < GEMV_BELOW; partial (P, M, N) fp32: the sums over P
-    # contiguous ranges of k, one a program, each streaming its rows of b in order (one long
-    # run of memory) into its C-sized partial row, which stays in L1; the caller adds them.
+    # contiguous ranges of k (gemv's: two halves), one a program, each streaming its rows of b
+    # in order (one long run of memory) into its C-sized partial row, which stays in L1; the
+    # caller adds them.
     M, K = a.shape
     P = partial.shape[0]
     for p in prange(P):
@@ -55,7 +55,7 @@ def gemv(a, b):
         none = np.empty((b.shape[1], 0), np.float32)
         row_gemv(b.T, none, b.shape[0], 32, (0, 0, 0), x, np.zeros(0, np.float32), c)
     else:
-        partial = np.empty((K_PARTS, rows, b.shape[1]), np.float32)
-        _columns(x, b, partial)
-        np.add(partial[0], partial[1], out=c)
+        halves = np.empty((2, rows, b.shape[1]), np.float32)  # one a core on two cores
+        _columns(x, b, halves)
+        np.add(halves[0], halves[1], out=c)
     return c.reshape(a.shape[:-1] + (b.shape[1],))

@@ -1,13 +1,15 @@
 """The decode step's GEMV on the CPU (cpu.py's qmatmul with fewer than DECODE_ONCE_FROM rows of x,
-fp32 activations): each code decoded as it is read, a row of W against a row of x written in
-LLVM IR (_row_dot), as cpu_int8x.py's integer dot is. Numba's loop vectorizer, given the same
-dot as a loop, kept one vector sum (each multiply-add waiting for the last) and, for 4-bit
-codes, unrolled a group's bytes into scalar code. The IR decodes WIDTH codes into one
-<16 x float> (a zmm on AVX-512, two ymm on AVX2) by the bit operations of cpu.py's decode
-functions (quant.cu's: the same values) and multiply-adds them into SUMS independent vector
-sums, added in a fixed tree at the end: a row's bits depend on the CPU (llvm.fmuladd fuses where
-it has FMA), never on the run or the core count, and are held to qmatmul's tolerance, as
-BLAS's sgemv is. quant.cu's qmatmul gives a row a warp, its lanes' sums added by warp_sum.
+fp32 activations; and kernels/gemm/cpu_gemv.py's, whose fp32 weights are its unquantized
+format): each code decoded as it is read, a row of W against a row of x written in LLVM IR
+(_row_dot), as cpu_int8x.py's integer dot is. The same dot as a Numba loop (the code this
+replaced) streamed the weights well below one core's read bandwidth, its 4-bit groups' loops
+unrolled whole before LLVM's loop vectorizer saw them (cpu_int8x.py: why; docs/decode.md: the
+figures). The IR decodes WIDTH codes into one <16 x float> (a zmm
+on AVX-512, two ymm on AVX2) by the bit operations of cpu.py's decode functions (quant.cu's:
+the same values) and multiply-adds them into SUMS independent vector sums, added in a fixed
+tree at the end: a row's bits depend on the CPU (llvm.fmuladd fuses where it has FMA), never
+on the run or the core count, and are held to qmatmul's tolerance, as BLAS's sgemv is.
+quant.cu's qmatmul gives a row a warp, its lanes' sums added by warp_sum.
 
 8- and 16-bit rows (one scale a row, or none): sum_k value(codes[k]) x[k], times the format's
 rebias (a power of two), times the row's scale by the kernel. 4-bit rows of groups of
@@ -38,9 +40,9 @@ def rebias(exp_bits):
 
 
 def _values(e, c, bits, fields):
-    """<n x float>: the values before their scale (and rebias) of codes c <n x i32> (zero-
-    extended) of a format: cpu.py's int8_value, int4_value and minifloat_value, vector by vector.
-    """
+    """<n x float>: the values before their scale (and rebias) of codes c <n x i32> of a
+    format (_codes: int8's sign-extended, the others' zero-extended): cpu.py's int8_value,
+    int4_value and minifloat_value, vector by vector."""
     exp_bits, man_bits, specials = fields
     n, b = c.type.count, e.b
 
