@@ -20,13 +20,16 @@ from ...backend.cpu.compiled import kernel
 from ..quant.cpu_gemv import gemv as row_gemv
 
 GEMV_BELOW = 4  # rows of A (a decode step's batch) below which a GEMM is a GEMV
+# _columns' widest C: its sums stay in L1 (16 KB a row of A). Blocks of columns of a wider one
+# (8 KB of each row of B, then the next row's) ran at a third of BLAS's rate: BLAS takes it.
+COLUMNS = 4096
 
 
 @kernel(work=lambda a, b, partial: b.size)
 def _columns(a, b, partial):
-    # a (M, K), b (K, N) fp32, M < GEMV_BELOW; partial (P, M, N) fp32: the sums over P
-    # contiguous ranges of k (gemv's: two halves), one a program, each streaming its rows of b
-    # in order (one long run of memory) into its C-sized partial row, which stays in L1; the
+    # a (M, K), b (K, N) fp32, M < GEMV_BELOW, N <= COLUMNS; partial (P, M, N) fp32: the sums
+    # over P contiguous ranges of k (gemv's: two halves), one a program, each streaming its
+    # rows of b in order (one long run of memory) into its partial rows, which stay in L1; the
     # caller adds them.
     M, K = a.shape
     P = partial.shape[0]
@@ -43,11 +46,12 @@ def _columns(a, b, partial):
 
 def gemv(a, b):
     """C (..., M, N) = a (..., M, K) @ b (K, N), fp32, where a has fewer than GEMV_BELOW rows
-    in all and b's layout has a compiled GEMV (above) -> C, else None (BLAS's)."""
+    in all and b's layout has a compiled GEMV (above; (K, N) up to COLUMNS columns) -> C, else
+    None (BLAS's)."""
     rows = a.size // a.shape[-1] if a.shape[-1] else 0
     if b.ndim != 2 or not 0 < rows < GEMV_BELOW or (a.dtype, b.dtype) != (np.float32,) * 2:
         return None
-    if not (b.T.flags.c_contiguous or b.flags.c_contiguous):
+    if not (b.T.flags.c_contiguous or (b.flags.c_contiguous and b.shape[1] <= COLUMNS)):
         return None
     x = np.ascontiguousarray(a).reshape(rows, a.shape[-1])
     c = np.empty((rows, b.shape[1]), np.float32)
