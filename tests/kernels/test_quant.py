@@ -361,6 +361,45 @@ def test_cpu_qmatmul_is_dequantize_then_matmul(fmt, M, tile_rows, monkeypatch):
     np.testing.assert_allclose(got.astype(F32), want.astype(F32), rtol=1e-2)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu_a_prompts_rows_decode_as_decode_row(fmt):
+    """A prompt's tiles of W (cpu_gemv.decode_rows: vectors of 16 codes, 32 for 4-bit) against
+    decode_row (qembedding, a code at a time): the same bits, every code, groups of 32 and one
+    scale per row (scales of every size); a NaN is a NaN, quieted or not."""
+    f = formats.FORMATS[fmt]
+    K = 64
+    every = np.arange(
+        2**f.bits if f.bits != 4 else 256, dtype=np.uint16 if f.bits == 16 else np.uint8
+    )
+    codes = np.resize(
+        every, (max(1, every.size // (K // 2 if f.bits == 4 else K)), K // 2 if f.bits == 4 else K)
+    )
+    ids = np.arange(codes.shape[0])
+    for g in (32, K) if f.scaled else (None,):
+        scales = None
+        if f.scaled:
+            scales = np.exp(np.random.default_rng(1).uniform(-20, 20, (codes.shape[0], K // g)))
+            scales = scales.astype(np.float32)
+        want = cpu.qembedding(codes, scales, ids, fmt, g)
+        got = np.empty_like(want)
+        args = quant_cpu._kernel_args(codes, scales, fmt, g)
+        assert quant_cpu.decode_rows(got, *args[:3], f.bits, args[3:], ids)
+        nan = np.isnan(want)  # unscaled, LLVM folds the IR's times 1: a signaling NaN stays one
+        assert np.array_equal(np.isnan(got), nan)
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu_a_prompts_qmatmul_over_vector_decoded_tiles(fmt):
+    """From 16 rows of x, W's tiles decoded by decode_rows (groups whole vectors: 4-bit groups
+    of 32, 96-element rows) then BLAS: within fp32 rounding of float64."""
+    codes, scales, g = quantized(fmt, 37, 96, 32 if fmt in FOUR_BIT else None)
+    x, bias = rand((17, 96), F32, seed=1), rand(37, F32, seed=2)
+    got = cpu.qmatmul(x, codes, scales, fmt, g, bias=bias)
+    want = qmatmul_ref(x, codes, scales, fmt, g, bias)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def unfused_and_fused(device, dtype, fmt, M, bias):
     """Per group size of fmt (groups), qmatmul's y on device then elementwise's add(add, y), and
     qmatmul with add=: each as bytes, of x's dtype both."""

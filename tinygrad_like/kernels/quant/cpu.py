@@ -29,7 +29,7 @@ from ...backend.cpu.runtime import f32, rounded
 from ...formats import FINITE, FORMATS, NAN_ONLY
 from ..elementwise.cpu import add as elementwise_add
 from ..embedding.spec import check_ids
-from .cpu_gemv import gemv
+from .cpu_gemv import decode_rows, gemv
 from .cpu_int8x import qmatmul_int8x, quantize_rows  # noqa: F401 (in their own file)
 from .cpu_split import BLOCK_ROWS, DECODE_ONCE_FROM, SERIAL_BELOW, work
 
@@ -200,7 +200,7 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
     b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
     y = np.empty((x.shape[0], codes.shape[0]), np.float32)
     if xs.shape[0] >= _TILED_FROM:  # a prompt: tiles of W and BLAS
-        _tiled(xs, (codes, scales, group_size, *fields), b, y)
+        _tiled(xs, (codes, scales, group_size, *fields), FORMATS[fmt].bits, b, y)
     else:
         _qmatmul_rows(codes, scales, group_size, fmt, tuple(fields), xs, b, y)
     y = rounded(y, x.dtype)
@@ -215,17 +215,22 @@ _TILED_FROM = 16
 _TILE = 1 << 21
 
 
-def _tiled(xs, args, b, y):
-    """y (M, N) = xs (M, K) W^T + b (N,) or (0,), fp32: W's rows decoded a tile at a time
-    (_qembedding over the tile's row ids, into one scratch), each tile's products np.matmul's
-    (BLAS), then the bias added (fp32, as the kernel adds it)."""
+def _tiled(xs, args, bits, b, y):
+    """y (M, N) = xs (M, K) W^T + b (N,) or (0,), fp32: W's rows decoded a tile at a time into
+    one scratch (cpu_gemv.decode_rows, vector by vector, where the groups are whole vectors;
+    else _qembedding over the tile's row ids), each tile's products np.matmul's (BLAS), then
+    the bias added (fp32, as the kernel adds it)."""
     N, K = y.shape[1], xs.shape[1]
-    rows = max(1, _TILE // K)
-    tile = np.empty((min(rows, N), K), np.float32)
+    codes, scales, group_size, *fields = args
+    tiles = -(-N // max(1, _TILE // K))
+    rows = -(-N // tiles)  # tiles of equal rows: no small last one for BLAS
+    tile = np.empty((rows, K), np.float32)
     for n0 in range(0, N, rows):
         n1 = min(N, n0 + rows)
-        _qembedding(tile[: n1 - n0], *args, np.arange(n0, n1))
-        y[:, n0:n1] = xs @ tile[: n1 - n0].T
+        part, ids = tile[: n1 - n0], np.arange(n0, n1)
+        if not decode_rows(part, codes, scales, group_size, bits, tuple(fields), ids):
+            _qembedding(part, *args, ids)
+        y[:, n0:n1] = xs @ part.T
     if b.shape[0]:
         y += b
 

@@ -269,3 +269,87 @@ def gemv(codes, scales, group_size, bits, fields, xs, bias, y):
         _GEMV[key] = _gemv_kernel(*key)
     _GEMV[key](codes, scales, xs, x0, x1, bias, y)
     return True
+
+
+# ---------------------------------------------------------------- a prompt's rows of W
+
+
+@intrinsic
+def _decode_into(typingctx, out, r, codes, n, scales, bits, exp_bits, man_bits, specials):
+    """decode_into(out, r, codes, n, scales, bits, exp_bits, man_bits, specials): row r of out
+    (R, K) fp32 = row n of W decoded, each group's values times (its scale times rebias),
+    cpu.py's decode_row's operations and bits (but for a signaling NaN of bf16 or fp16, which
+    LLVM's fold of the times 1 leaves unquieted), WIDTH elements (4-bit: 2 WIDTH) a store; the
+    groups (K / scales.shape[1], or K unscaled) whole vectors (decode_rows checks)."""
+    constants = (bits, exp_bits, man_bits, specials)
+    if not all(isinstance(c, types.IntegerLiteral) for c in constants):
+        return None  # Numba tries again with the literal values
+    bits, exp_bits, man_bits, specials = (c.literal_value for c in constants)
+    fields = (exp_bits, man_bits, specials)
+    step = 2 * WIDTH if bits == 4 else WIDTH  # elements a store
+
+    def codegen(context, builder, signature, args):
+        e = Emit(context, builder, signature.args, args)
+        dst, w, ws = e.row(0, args[1]), e.row(2, args[3]), e.row(4, args[3])
+        K, b = e.dim(0, 1), builder
+        groups = e.dim(4, 1) if bits != 16 else ir.Constant(I64, 1)  # 16-bit: unscaled
+        per_group = b.udiv(b.udiv(K, groups), ir.Constant(I64, step))
+        interleave = ir.Constant(
+            ir.VectorType(I32, 2 * WIDTH), [j // 2 + WIDTH * (j % 2) for j in range(2 * WIDTH)]
+        )
+        with cgutils.for_range(b, groups) as group:
+            scale = e.load(ws, e.at(group.index, 4), F32) if bits != 16 else ir.Constant(F32, 1)
+            factor = b.fmul(scale, ir.Constant(F32, rebias(exp_bits)))
+            splat_factor = b.shuffle_vector(
+                b.insert_element(ir.Constant(ir.VectorType(F32, WIDTH), None), factor, e.lane(0)),
+                ir.Constant(ir.VectorType(F32, WIDTH), None),
+                splat(I32, WIDTH, 0),
+            )
+            with cgutils.for_range(b, per_group) as chunk:
+                k = b.add(
+                    b.mul(group.index, b.mul(per_group, ir.Constant(I64, step))),
+                    b.mul(chunk.index, ir.Constant(I64, step)),
+                )
+                if bits == 4:
+                    pairs = _codes(e, w, b.udiv(k, ir.Constant(I64, 2)), WIDTH, 1)
+                    lo, hi = (
+                        b.fmul(_nibble_values(e, nibbles, fields), splat_factor)
+                        for nibbles in (pairs, b.lshr(pairs, splat(I32, WIDTH, 4)))
+                    )
+                    values = b.shuffle_vector(lo, hi, interleave)
+                else:
+                    codes = _codes(e, w, k, WIDTH, bits // 8, exp_bits == 0)
+                    values = b.fmul(_values(e, codes, bits, fields), splat_factor)
+                at = b.bitcast(b.gep(dst, [e.at(k, 4)]), values.type.as_pointer())
+                b.store(values, at).align = 1
+        return context.get_dummy_value()
+
+    return types.void(out, r, codes, n, scales, *constants), codegen
+
+
+def _decode_kernel(bits, exp_bits, man_bits, specials):
+    @kernel(serial_below=SERIAL_BELOW)
+    def _decode(out, codes, scales, ids):
+        # out (R, K) fp32, codes (N, *), scales (N, G) or (N, 0), ids (R,) int64: a row of
+        # out per iteration (quant.cu's qembedding: a block per row); out first: one core
+        # below SERIAL_BELOW elements of it.
+        for r in prange(ids.shape[0]):
+            _decode_into(out, r, codes, ids[r], scales, bits, exp_bits, man_bits, specials)
+
+    return _decode
+
+
+_DECODE = {}  # (bits, fields) -> its kernel, made when first used
+
+
+def decode_rows(out, codes, scales, group_size, bits, fields, ids):
+    """out (R, K) fp32 = rows ids (R,) of W decoded (cpu.py's decode_row's bits), where each
+    group (group_size elements, a row's K unscaled) is whole vectors (WIDTH elements, 2 WIDTH
+    4-bit); False (nothing done) for any other layout."""
+    if group_size % (2 * WIDTH if bits == 4 else WIDTH):
+        return False
+    key = (bits, *fields)
+    if key not in _DECODE:
+        _DECODE[key] = _decode_kernel(*key)
+    _DECODE[key](out, codes, scales, ids)
+    return True
