@@ -14,11 +14,12 @@ from test_llama import GQA
 from test_llama import randomized as randomized_llama
 
 import tinygrad_like as tg
-from nn import KVCache
+from nn import GPT2, KVCache
+from nn.options import ExecutionOptions
 from nn.quant import quantize_model
 from optim import AdamW, LossScaler
 from optim.step import device_step, train_on
-from tinygrad_like import backend, graph, kernels
+from tinygrad_like import backend, graph, kernels, losses
 from tinygrad_like.graph.plan import Buffer, plan
 
 
@@ -159,7 +160,24 @@ def test_the_plan_never_shares_a_byte_between_two_live_buffers(seed):
 def test_a_replayed_training_step_is_the_eager_step_bit_for_bit(dtype, micro_batches):
     """Five steps at a changing learning rate, the fp16 loss scaler's scale read at each: the
     same losses, norms and weights, replayed from the third step on."""
+    replayed_equals_eager(lambda: randomized(CFG, seed=0), dtype, micro_batches)
 
+
+def test_a_replayed_step_with_the_fused_head_in_blocks_is_the_eager_step(monkeypatch):
+    """The fused LM head over four blocks of rows: each block's dW added into the first's,
+    which fuse.py folds into the next block's GEMM, then scaled into the gradient once all are
+    in (folding the scale into the first block's GEMM would drop the others')."""
+    monkeypatch.setattr(losses, "HEAD_BLOCK_ROWS", 4)  # 2 x 8 rows a micro-batch: four blocks
+
+    def fused_head():
+        model = GPT2(CFG, options=ExecutionOptions(lm_head="fused"))
+        model.load_state_dict(randomized(CFG, seed=0).state_dict())
+        return model
+
+    replayed_equals_eager(fused_head, "fp32", 1)
+
+
+def replayed_equals_eager(make_model, dtype, micro_batches):
     rng = np.random.default_rng(0)
     batches = [
         [
@@ -170,7 +188,7 @@ def test_a_replayed_training_step_is_the_eager_step_bit_for_bit(dtype, micro_bat
     ]
     runs = []
     for compiled in (False, True):
-        model = randomized(CFG, seed=0)
+        model = make_model()
         model.flatten_parameters(dtype)
         optimizer = AdamW(model.named_parameters(), lr=1e-3)
         scaler = LossScaler() if dtype == "fp16" else None

@@ -80,6 +80,8 @@ def fuse(program):
                 removed.add(j)
                 for u in read(op):
                     readers[u].discard(j)
+                for u in read(steps[i]):  # the kernel now reads op's other operand: a gradient
+                    readers[u].add(i)  # it accumulates into is still read before its last add
                 if fused.makes[0] is not None:
                     first_output[fused.makes[0]] = i
                 break
