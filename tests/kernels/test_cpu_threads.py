@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tinygrad_like import dtypes
+from tinygrad_like import dtypes, quant
 from tinygrad_like.backend.cpu import compiled, runtime
 from tinygrad_like.kernels.gemm import cpu as gemm
 
@@ -165,8 +165,14 @@ def _compiled_rows(rng):
     angles = rng.standard_normal((5, 4), dtype=F32)
     heads = rng.standard_normal((2, 3, 5, 8), dtype=F32)  # (B, H, T, D)
     row, w = rng.standard_normal((2, 200), dtype=F32), rng.standard_normal((200, 131), dtype=F32)
+    q = quant.quantize(rng.standard_normal((37, 96), dtype=F32), "int4", 32)
     return [
         ("matmul (a decode step's GEMV)", lambda: cpu.matmul(row, w)),
+        ("matmul_nt (a decode step's GEMV)", lambda: cpu.matmul_nt(row, w.T.copy())),
+        (
+            "qmatmul (a decode step's GEMV)",
+            lambda: cpu.qmatmul(row[:, :96], q.codes, q.scales, "int4", 32),
+        ),
         ("softmax_causal_fwd", lambda: cpu.softmax_causal_fwd(scores, 0.3)),
         ("softmax_causal_bwd", lambda: cpu.softmax_causal_bwd(scores, scores[::-1], 0.3)),
         ("softmax_fwd", lambda: cpu.softmax_fwd(x)),
@@ -185,9 +191,13 @@ def test_compiled_serial_and_parallel_twins_match_bit_for_bit(monkeypatch):
     """A compiled kernel's parallel twin (prange over the cores) and its serial twin (below
     compiled.SERIAL_BELOW elements) give the same bits: each row's sums run over fixed lanes,
     whichever core takes the row."""
-    monkeypatch.setattr(compiled, "SERIAL_BELOW", 0)  # every call parallel
+    # every call parallel, then every call serial: the threshold, and the pool's hand-off that
+    # scales a kernel's own threshold (the GEMVs')
+    monkeypatch.setattr(compiled, "SERIAL_BELOW", 0)
+    monkeypatch.setattr(compiled, "_handoff", [0.0])
     parallel = [(name, _outputs(fn())) for name, fn in _compiled_rows(np.random.default_rng(2))]
-    monkeypatch.setattr(compiled, "SERIAL_BELOW", 1 << 62)  # every call serial
+    monkeypatch.setattr(compiled, "SERIAL_BELOW", 1 << 62)
+    monkeypatch.setattr(compiled, "_handoff", [float(1 << 62)])
     for (name, got), (_, fn) in zip(parallel, _compiled_rows(np.random.default_rng(2))):
         for g, w in zip(got, _outputs(fn())):
             np.testing.assert_array_equal(g, w, err_msg=name)

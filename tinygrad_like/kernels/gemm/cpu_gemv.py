@@ -18,6 +18,7 @@ from numba import prange
 
 from ...backend.cpu.compiled import kernel
 from ..quant.cpu_gemv import gemv as row_gemv
+from ..quant.cpu_split import SERIAL_BELOW
 
 GEMV_BELOW = 4  # rows of A (a decode step's batch) below which a GEMM is a GEMV
 # _columns' widest C: its sums stay in L1 (16 KB a row of A). Blocks of columns of a wider one
@@ -25,7 +26,7 @@ GEMV_BELOW = 4  # rows of A (a decode step's batch) below which a GEMM is a GEMV
 COLUMNS = 4096
 
 
-@kernel(work=lambda a, b, partial: b.size)
+@kernel(serial_below=SERIAL_BELOW, work=lambda a, b, partial: b.size)  # qmatmul's GEMV rule
 def _columns(a, b, partial):
     # a (M, K), b (K, N) fp32, M < GEMV_BELOW, N <= COLUMNS; partial (P, M, N) fp32: the sums
     # over P contiguous ranges of k (gemv's: two halves), one a program, each streaming its
