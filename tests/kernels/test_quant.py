@@ -196,8 +196,8 @@ MATMUL = [
 OTHER_X = [
     (d, fmt, 11, 64, None, 3, True) for d in (F16, F64) for fmt in ("int4", "fp8_e4m3", "bf16")
 ]
-# y + add over an int8, fp8, int4 and bf16 weight, M = 1 (a decode step: int4's and bf16's
-# decode-step dot) and 17 (a prompt: W decoded once a row), with and without the bias
+# y + add over an int8, fp8, int4 and bf16 weight, M = 1 (a decode step: the decode-step GEMV)
+# and 17 (a prompt: W decoded a tile at a time for BLAS), with and without the bias
 ADD_FORMATS = ("int8", "int4", "fp8_e4m3", "bf16")
 ADD = [
     (d, fmt, 37, 96, groups(fmt)[0], M, bias, "add")
@@ -327,7 +327,7 @@ def test_cpu_fp16_decodes_alike_on_a_cpu_without_f16c(tmp_path):
 @pytest.mark.parametrize("fmt", sorted(FOUR_BIT))
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("M", [1, 3, 4])
-def test_cpu_4bit_decode_dot_is_dequantize_then_matmul(fmt, group_size, M):
+def test_cpu_4bit_decode_step_gemv_is_dequantize_then_matmul(fmt, group_size, M):
     # the decode-step GEMV of the 4-bit formats (M < 4, groups of 32, 64 or 128 elements, five
     # a row: SUMS groups at a time, then one; x split into its even and odd elements) and, at
     # M = 4, decode_row
@@ -414,8 +414,8 @@ def unfused_and_fused(device, dtype, fmt, M, bias):
     return plain, fused
 
 
-# M = 1 and 3: the decode-step dot where the format and group have one (each code decoded as
-# read), else decode_row; 17: decode_row (W decoded once a row)
+# M = 1 and 3: the decode-step GEMV where the format and group have one (each code decoded as
+# read), else decode_row; 17: a prompt's tiles (decode_rows or decode_row, then BLAS)
 ADD_BITS = [(fmt, M, bias) for fmt in ADD_FORMATS for M in (1, 3, 17) for bias in (False, True)]
 
 
