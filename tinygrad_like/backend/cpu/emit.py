@@ -42,6 +42,16 @@ class Emit:
     def lane(self, i):
         return ir.Constant(I32, i)
 
+    def has(self, feature):
+        """Whether the CPU Numba compiles for has feature ("avx512f", "avx512vnni", ...)."""
+        return f"+{feature}" in self.context.codegen().magic_tuple()[2].split(",")
+
+    def broadcast(self, value, n):
+        """<n x value's type> with value in every lane (its first lane, then a shuffle)."""
+        empty = ir.Constant(ir.VectorType(value.type, n), None)
+        first = self.b.insert_element(empty, value, self.lane(0))
+        return self.b.shuffle_vector(first, empty, splat(I32, n, 0))
+
 
 def splat(kind, n, v):
     return ir.Constant(ir.VectorType(kind, n), [v] * n)

@@ -15,6 +15,8 @@ bits; one function, minifloat_value, serves every small float by its fields
 quant.cu goes straight to fp32's bits: the same values.
 """
 
+import functools
+
 import numpy as np
 from numba import prange
 
@@ -134,6 +136,7 @@ def decode_row(codes, scales, group_size, exp_bits, man_bits, specials, w):
                 values[k] = element_value(row[k], exp_bits, man_bits, specials) * factor
 
 
+@functools.cache
 def _qmatmul_kernel(exp_bits, man_bits, specials):
     """The qmatmul of one format, compiled with its fields as constants."""
 
@@ -154,9 +157,6 @@ def _qmatmul_kernel(exp_bits, man_bits, specials):
                     y[m, n] = d + bias[n] if bias.shape[0] else d
 
     return _qmatmul
-
-
-_QMATMUL = {}  # fields -> its kernel, made when first used
 
 
 @kernel
@@ -185,9 +185,7 @@ def _qmatmul_rows(codes, scales, group_size, fmt, fields, xs, b, y):
     bits = FORMATS[fmt].bits
     if xs.shape[0] < DECODE_ONCE_FROM and gemv(codes, scales, group_size, bits, fields, xs, b, y):
         return
-    if fields not in _QMATMUL:
-        _QMATMUL[fields] = _qmatmul_kernel(*fields)
-    _QMATMUL[fields](codes, scales, group_size, xs, b, y)
+    _qmatmul_kernel(*fields)(codes, scales, group_size, xs, b, y)
 
 
 def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):

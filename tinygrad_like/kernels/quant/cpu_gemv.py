@@ -17,6 +17,8 @@ group_bytes (a multiple of 16) bytes: each group's sum over its bytes of low nib
 element + high nibble x odd element (x0, x1), multiply-added with its scale into a sum.
 """
 
+import functools
+
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
@@ -121,7 +123,7 @@ def _nibble_values(e, nibbles, fields):
     """<WIDTH x float>: the values (before rebias) of the 4-bit codes in the low 4 bits of
     nibbles <WIDTH x i32> (the bits above them ignored): on AVX-512 one permute from a table of
     the 16 values (vpermps reads an index's low 4 bits), else _values' bit operations."""
-    if "+avx512f" in e.context.codegen().magic_tuple()[2].split(","):
+    if e.has("avx512f"):
         table = ir.Constant(ir.VectorType(F32, WIDTH), nibble_table(fields))
         kind = ir.VectorType(F32, WIDTH)
         fn = cgutils.get_or_insert_function(
@@ -146,7 +148,6 @@ def _nibble_row(e, w, x0, x1, ws, C, bits, fields, group_bytes, sums):
     """The 4-bit row of C bytes: groups of group_bytes, SUMS groups at a time (one a sum), then
     the last C / group_bytes % SUMS into the first: each group's products (NIBBLE_BYTES bytes a
     step) then times its scale -> the sum (before rebias)."""
-    vector = ir.VectorType(F32, WIDTH)
 
     def group(g, total):
         products = None
@@ -159,10 +160,7 @@ def _nibble_row(e, w, x0, x1, ws, C, bits, fields, group_bytes, sums):
                 products = (
                     e.b.fmul(values, xs) if products is None else _fmuladd(e, values, xs, products)
                 )
-        scale = e.b.insert_element(
-            ir.Constant(vector, None), e.load(ws, e.at(g, 4), F32), e.lane(0)
-        )
-        scale = e.b.shuffle_vector(scale, scale, splat(I32, WIDTH, 0))
+        scale = e.broadcast(e.load(ws, e.at(g, 4), F32), WIDTH)
         return _fmuladd(e, products, scale, total)
 
     groups = e.b.udiv(C, ir.Constant(I64, group_bytes))
@@ -212,6 +210,7 @@ def _row_dot(
     return types.float32(*(codes, n, x, x0, x1, m, scales), *constants), codegen
 
 
+@functools.cache
 def _gemv_kernel(bits, exp_bits, man_bits, specials, group_bytes):
     """The GEMV of one format (its bits and fields) and 4-bit group, its constants compiled in."""
 
@@ -248,9 +247,6 @@ def _gemv_kernel(bits, exp_bits, man_bits, specials, group_bytes):
     return _gemv
 
 
-_GEMV = {}  # (bits, fields, group bytes) -> its kernel, made when first used
-
-
 def gemv(codes, scales, group_size, bits, fields, xs, bias, y):
     """y (M, N) = xs (M, K) W^T + bias, fp32, W's codes decoded as they are read: 8- and 16-bit
     codes of one scale a row (or none), or 4-bit codes in groups of a multiple of NIBBLE_BYTES
@@ -264,10 +260,7 @@ def gemv(codes, scales, group_size, bits, fields, xs, bias, y):
     x0 = x1 = np.empty((xs.shape[0], 0), np.float32)
     if bits == 4:
         x0, x1 = np.ascontiguousarray(xs[:, 0::2]), np.ascontiguousarray(xs[:, 1::2])
-    key = (bits, *fields, group_bytes)
-    if key not in _GEMV:
-        _GEMV[key] = _gemv_kernel(*key)
-    _GEMV[key](codes, scales, xs, x0, x1, bias, y)
+    _gemv_kernel(bits, *fields, group_bytes)(codes, scales, xs, x0, x1, bias, y)
     return True
 
 
@@ -300,11 +293,7 @@ def _decode_into(typingctx, out, r, codes, n, scales, bits, exp_bits, man_bits, 
         with cgutils.for_range(b, groups) as group:
             scale = e.load(ws, e.at(group.index, 4), F32) if bits != 16 else ir.Constant(F32, 1)
             factor = b.fmul(scale, ir.Constant(F32, rebias(exp_bits)))
-            splat_factor = b.shuffle_vector(
-                b.insert_element(ir.Constant(ir.VectorType(F32, WIDTH), None), factor, e.lane(0)),
-                ir.Constant(ir.VectorType(F32, WIDTH), None),
-                splat(I32, WIDTH, 0),
-            )
+            splat_factor = e.broadcast(factor, WIDTH)
             with cgutils.for_range(b, per_group) as chunk:
                 k = b.add(
                     b.mul(group.index, b.mul(per_group, ir.Constant(I64, step))),
@@ -327,6 +316,7 @@ def _decode_into(typingctx, out, r, codes, n, scales, bits, exp_bits, man_bits, 
     return types.void(out, r, codes, n, scales, *constants), codegen
 
 
+@functools.cache
 def _decode_kernel(bits, exp_bits, man_bits, specials):
     @kernel(serial_below=SERIAL_BELOW)
     def _decode(out, codes, scales, ids):
@@ -339,17 +329,11 @@ def _decode_kernel(bits, exp_bits, man_bits, specials):
     return _decode
 
 
-_DECODE = {}  # (bits, fields) -> its kernel, made when first used
-
-
 def decode_rows(out, codes, scales, group_size, bits, fields, ids):
     """out (R, K) fp32 = rows ids (R,) of W decoded (cpu.py's decode_row's bits), where each
     group (group_size elements, a row's K unscaled) is whole vectors (WIDTH elements, 2 WIDTH
     4-bit); False (nothing done) for any other layout."""
     if group_size % (2 * WIDTH if bits == 4 else WIDTH):
         return False
-    key = (bits, *fields)
-    if key not in _DECODE:
-        _DECODE[key] = _decode_kernel(*key)
-    _DECODE[key](out, codes, scales, ids)
+    _decode_kernel(bits, *fields)(out, codes, scales, ids)
     return True

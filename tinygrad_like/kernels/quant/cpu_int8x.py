@@ -106,7 +106,7 @@ def _chunk_sums(e, w, x0, x1, j, nibbles):
     """<8 x i32>: _block_sum of blocks 8 j .. 8 j + 7. On AVX-512 VNNI the products of 64
     bytes at a time summed four by four (each i32 lane within one block), then each block's
     lanes added: neighbouring pairs three times (int8) or twice, blocks kept in order."""
-    if "+avx512vnni" not in e.context.codegen().magic_tuple()[2].split(","):
+    if not e.has("avx512vnni"):
         sums = ir.Constant(ir.VectorType(I32, _LANES), None)
         for i in range(_LANES):
             block = _block_sum(e, w, x0, x1, e.at(j, _LANES, i), nibbles)
@@ -148,8 +148,7 @@ def _chunk_scales(e, ws, group_of, groups, nb, j):
             )
             with e.b.if_else(whole) as (one, several):
                 with one:
-                    first = e.b.insert_element(v, scale(e.at(j, _LANES)), e.lane(0))
-                    e.b.store(e.b.shuffle_vector(first, v, splat(I32, _LANES, 0)), slot)
+                    e.b.store(e.broadcast(scale(e.at(j, _LANES)), _LANES), slot)
                 with several:
                     for i in range(_LANES):
                         v = e.b.insert_element(v, scale(e.at(j, _LANES, i)), e.lane(i))
