@@ -28,6 +28,14 @@ def _load(name):
     return module
 
 
+def _refused(capsys, parse_args, argv, message):
+    """parse_args(argv) exits 2, its stderr an `error: ...` saying message."""
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and message in err
+
+
 @pytest.fixture(scope="module")
 def bench():
     return _load("bench")
@@ -232,10 +240,7 @@ def test_bench_graph_bad_input_and_tables(capsys):
 
     graph = _load("bench_graph")
     for argv, message in ((["--formats", "fp33"], "unknown format"), (["--repeats", "0"], ">= 1")):
-        with pytest.raises(SystemExit) as e:
-            graph.parse_args(argv)
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and err.startswith("error: ") and message in err
+        _refused(capsys, graph.parse_args, argv, message)
     counts = (53, 53, 1, 128, 96, 4_000_000, 4_000_000, 0)  # launches, arena, bytes, none fused
     c = Captured(*counts, 2e-3, 1.5e-3, 1e-3, 0.9e-3)  # eager 2 ms, replayed 1 ms
     assert "2.00x" in graph.decode_table([("gpt2-mini", "fp32", c)])
@@ -316,10 +321,7 @@ def test_bench_quant_int8_activations_and_bench_llamacpp_table(bench, capsys, mo
     assert "int4+int8" in out and "GB/s" in out
     peer = _load("bench_llamacpp")
     for argv, message in ((["--formats", "fp8"], "unknown format"), (["--rounds", "0"], ">= 1")):
-        with pytest.raises(SystemExit) as e:
-            peer.parse_args(argv)
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and err.startswith("error: ") and message in err
+        _refused(capsys, peer.parse_args, argv, message)
     with pytest.raises(SystemExit) as e:  # bench.py --peer llama.cpp is bench_llamacpp.py's run
         bench.main(["--peer", "llama.cpp", "--formats", "fp8"])
     assert e.value.code == 2 and "unknown format" in capsys.readouterr().err
