@@ -175,7 +175,10 @@ INT8X_WEIGHTS = [
     ("int4", 64, 320),
     ("int4", 256, 1024),
 ]
+# M = 1 and 2: a row of x at a time (cpu_int8x's _row_dot); 5 and 17: a prompt's tiles of 4 x 4
+# (cpu_int8x_tiles.py: rows of x past a tile's, N = 37 past W's, blocks past a chunk of 8)
 INT8X = [(F32, fmt, g, K, M, M != 2) for fmt, g, K in INT8X_WEIGHTS for M in (1, 2, 5)]
+INT8X += [(F32, fmt, g, K, 17, True) for fmt, g, K in INT8X_WEIGHTS[1::3]]
 INT8X += [
     (d, fmt, g, 320, 2, True, "add") for d in FLOATS for fmt, g in [("int8", None), ("int4", 32)]
 ]

@@ -20,7 +20,8 @@ from ...backend.cpu.compiled import kernel
 from ...backend.cpu.emit import F32, I8, I32, I64, Emit, splat
 from ...backend.cpu.runtime import f32, rounded
 from ..elementwise.cpu import add as elementwise_add
-from .cpu_split import BLOCK_ROWS, SERIAL_BELOW, work
+from .cpu_int8x_tiles import qmatmul_int8x_tiles
+from .cpu_split import BLOCK_ROWS, DECODE_ONCE_FROM, SERIAL_BELOW, work
 from .spec import TINY_BLOCK, X_BLOCK, int8x_out, x_blocks
 
 _LANES = 8  # spec.py's fp32 lanes: block b is added into lane b % 8
@@ -250,21 +251,26 @@ _QMATMUL_INT8X = {f: _qmatmul_int8x_kernel(f == "int4") for f in ("int8", "int4"
 
 
 def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None):
-    """The integer dot of each block (the IR above), scaled and summed in spec.py's fp32 order;
-    rounded to dtype once; then + add by elementwise's add, written into y itself (as
-    qmatmul)."""
+    """The integer dot of each block (the IR above; a prompt's in cpu_int8x_tiles.py's tiles),
+    scaled and summed in spec.py's fp32 order; rounded to dtype once; then + add by
+    elementwise's add, written into y itself (as qmatmul)."""
     int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add)
     M, K = xcodes.shape
     xq = np.ascontiguousarray(xcodes)
     b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
-    y = np.empty((M, codes.shape[0]), np.float32)
-    x0 = x1 = xq
-    if fmt == "int4":
-        x0, x1 = np.empty((M, K // 2), np.int8), np.empty((M, K // 2), np.int8)
-    xoff, group_of = np.empty(xscales.shape, np.int32), np.empty(xscales.shape[1], np.int32)
     scales = np.ascontiguousarray(scales, dtype=np.float32)
     xs = np.ascontiguousarray(xscales, dtype=np.float32)
-    args = (np.ascontiguousarray(codes), scales, group_size, xq, x0, x1, xs, xoff, group_of, b, y)
-    _QMATMUL_INT8X[fmt](*args)
+    if M >= DECODE_ONCE_FROM:  # a prompt: tiles of rows of x by rows of W
+        group_of = np.arange(xs.shape[1]) // (group_size // X_BLOCK)
+        offset = 8 if fmt == "int4" else 128  # what the unsigned code values add
+        y = qmatmul_int8x_tiles(xq, xs, offset, codes, scales, group_of, fmt, b)
+    else:
+        y = np.empty((M, codes.shape[0]), np.float32)
+        x0 = x1 = xq
+        if fmt == "int4":
+            x0, x1 = np.empty((M, K // 2), np.int8), np.empty((M, K // 2), np.int8)
+        xoff, group_of = np.empty(xs.shape, np.int32), np.empty(xs.shape[1], np.int32)
+        args = (np.ascontiguousarray(codes), scales, group_size, xq, x0, x1, xs, xoff, group_of)
+        _QMATMUL_INT8X[fmt](*args, b, y)
     y = rounded(y, np.dtype(dtype))
     return y if add is None else elementwise_add(add, y, out=y)
