@@ -22,21 +22,29 @@ def check_sampling(
 
 
 def sample(logits, temperature=1.0, top_k=None, top_p=None, rng=None):
-    """temperature 0 is greedy (argmax). top_k keeps the k most likely tokens, top_p the
-    smallest set whose probability reaches p; sampling never leaves those sets. -> (B,) int64."""
+    """temperature 0 is greedy (argmax). top_k keeps the k most likely tokens (and any tied
+    with the k-th), top_p the smallest set whose probability reaches p; sampling never leaves
+    those sets. -> (B,) int64. The softmax and the draw run over the kept tokens only, found by
+    a partition (linear in V): a sort of V = 50,257 logits and a draw over all of them cost
+    about 2 ms a token, as much as a quantized GPT-2 124M decode step's kernels."""
     check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(axis=-1).astype(np.int64)
     rng = rng or np.random.default_rng()
     logits = logits / temperature
-    if top_k is not None:
-        kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
-        logits = np.where(logits < kth, -np.inf, logits)
-    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    if top_p is not None:
-        probs = _nucleus(probs, top_p)
-    return np.array([rng.choice(len(p), p=p) for p in probs], dtype=np.int64)
+    tokens = []
+    for row in logits:
+        kept = None  # every token, or the ids of the top k (ascending)
+        if top_k is not None and top_k < row.shape[0]:
+            kept = np.flatnonzero(row >= np.partition(row, -top_k)[-top_k])
+            row = row[kept]
+        probs = np.exp(row - row.max())
+        probs /= probs.sum()
+        if top_p is not None:
+            probs = _nucleus(probs[None], top_p)[0]
+        i = rng.choice(len(probs), p=probs)
+        tokens.append(i if kept is None else kept[i])
+    return np.array(tokens, dtype=np.int64)
 
 
 def _nucleus(probs, top_p):
