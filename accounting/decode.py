@@ -88,12 +88,14 @@ class StepMeter:
     has stopped (a deferred Profiler), so that a step's seconds hold none of the counting's
     Python. A step's seconds hold no compiles either: the kernels compiled on first use
     (tinygrad_like.compiles) are taken out and summed in .compiled, for a line of their own.
-    timing: time each launch too (the sweep's per-GEMM times)."""
+    timing: time each launch too (the sweep's per-GEMM times; a replayed step's kernels, one
+    timer each), so that a step's host time is its seconds minus its kernels'."""
 
     def __init__(self, tokens, timing=False):
         self.tokens, self.timing = tokens, timing
         self.steps = []  # (seconds, [Launch])
         self.replayed = []  # per step, the launches of the captured steps it replayed
+        self.host_seconds = []  # per step, its seconds minus its kernels' (timing only)
         self.compiled = Compiles()  # during the steps, outside their seconds
 
     def __iter__(self):
@@ -109,7 +111,10 @@ class StepMeter:
                 seconds, compiled = time.perf_counter() - t0, compiles.so_far() - before
                 self.compiled += compiled
                 self.steps.append((seconds - compiled.seconds, prof.launches[start:]))
-                self.replayed.append(sum(p.launches for p in prof.replays[replays:]))
+                self.replayed.append(sum(r.launches for r in prof.replays[replays:]))
+                kernels = sum(launch.seconds for launch in self.steps[-1][1])
+                kernels += sum(r.seconds for r in prof.replays[replays:])
+                self.host_seconds.append(seconds - kernels)  # a compile is in both or host
                 yield token
 
     def step_bytes(self, step):
@@ -168,6 +173,8 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
             f"{again * 1e3:,.2f} ms/step, the {len(counted)} eager steps that recorded it "
             f"{eager * 1e3:,.2f} ms/step"
         )
+    if meter.timing:
+        launches += "; " + _host_time(meter, steps, counted)
     return lines + [
         f"decode: {n} steps of {batch} tokens{replayed if len(counted) < n else ''}, "
         f"{seconds * 1e3:,.2f} ms/step = {seconds * 1e3 / batch:,.2f} ms/token, "
@@ -179,6 +186,17 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
         f"bound: {bound * 1e3:,.2f} ms/step (the floor at {peaks.read_bw / GB:.1f} GB/s); "
         f"measured {seconds * 1e3:,.2f}: {bound / seconds:.2f} of the bound",
     ]
+
+
+def _host_time(meter, steps, counted):
+    """'host: ...': a decode step's seconds minus its kernels' (the Python between them), mean
+    over the replayed steps and over the eager ones."""
+    parts = []
+    for label, which in [("replayed", [s for s in steps if s not in counted]), ("eager", counted)]:
+        if which:
+            host = sum(meter.host_seconds[s] for s in which) / len(which)
+            parts.append(f"{label} {host * 1e3:,.2f} ms/step")
+    return "host (a step's seconds minus its kernels'): " + ", ".join(parts)
 
 
 # ---------------------------------------------------------------- the meta device

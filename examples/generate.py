@@ -81,7 +81,11 @@ def parse_args(argv=None):
         "int8 or int4, x quantized per block of 32 elements and the GEMMs integer dot products "
         "(faster on a CPU, logits slightly off the fp32 path's)",
     )
-    p.add_argument("--stats", action="store_true", help="print the decode accounting")
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="print the decode accounting (each kernel timed: the host time is the rest)",
+    )
     p.add_argument(
         "--compile",
         action="store_true",
@@ -231,7 +235,8 @@ def stream(model, tok, prompt, args, seed, title):
             seed,
             args.kv_dtype,
             args.compile,
-        )
+        ),
+        timing=args.stats,  # each kernel timed: a step's host time is the rest
     )
     tokens = iter(meter)
     first = next(tokens)

@@ -213,7 +213,11 @@ def test_generate_py_stats(checkpoint, capsys, kv_dtype):
     step(np.zeros((1, 2), np.int64), np.arange(2))
     with Profiler() as launched:
         step(np.zeros((1, 1), np.int64), np.arange(2, 3))
-    assert stats[3] == f"launches: {len(launched.launches)} per decode step"
+    launches, host = stats[3].split("; ")
+    assert launches == f"launches: {len(launched.launches)} per decode step"
+    # each kernel timed (--stats): the step's host time is the rest, within the step
+    eager = re.fullmatch(r"host \(a step's seconds minus its kernels'\): eager (\S+) ms/step", host)
+    assert 0 <= float(eager.group(1)) < float(re.search(r"([\d.]+) ms/step", stats[2]).group(1))
     assert stats[4].startswith("bytes: ") and "MB/token moved" in stats[4]
     assert stats[5].startswith("bound: ") and "of the bound" in stats[5]
 
@@ -238,6 +242,8 @@ def test_generate_py_compile_prints_the_same_text_and_counts_the_eager_steps(che
     ).groups()
     assert 0 < int(replayed) < int(eager)  # the residual adds fused into their GEMMs
     assert "the 2 eager steps that recorded it" in stats[3]
+    host = re.search(r"host \(.*\): replayed (\S+) ms/step, eager (\S+) ms/step$", stats[3])
+    assert host and all(float(ms) >= 0 for ms in host.groups())  # a replay's kernels timed too
 
 
 def test_a_steps_seconds_hold_none_of_its_compiles(monkeypatch):

@@ -50,6 +50,24 @@ class Launch:
         return self.timer.seconds() if self.timer is not None else 0.0
 
 
+@dataclass
+class Replay:
+    """A captured step replayed (graph/capture.py Program.replay): its program, and its
+    kernels' timers when a profiler timed launches (None otherwise)."""
+
+    program: object
+    timers: list = None
+
+    @property
+    def launches(self):
+        return self.program.launches
+
+    @property
+    def seconds(self):
+        """Its kernels' seconds (0.0 untimed)."""
+        return sum(t.seconds() for t in self.timers or ())
+
+
 def current_phase() -> str:
     return _phase[-1]
 
@@ -98,8 +116,8 @@ class Profiler:
     def __init__(self, timing=False, deferred=False):
         self.timing, self.deferred = timing, deferred
         self._launches, self._pending = [], []
-        # the captured steps (graph/capture.py Program) replayed meanwhile: their kernels pass
-        # no launch point, so a replay is heard of here, whole
+        # the captured steps (graph/capture.py Program) replayed meanwhile, a Replay each: their
+        # kernels pass no launch point, so a replay is heard of here, whole
         self.replays = []
 
     @property

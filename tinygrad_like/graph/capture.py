@@ -240,12 +240,15 @@ class Program:
     def replay(self, timers=None):
         """Run the step's kernels and host calls again -> its result, built of this run's
         buffers. timers: a list each kernel's timer (the device's) is appended to (a replay's
-        host time is its seconds minus its kernels'). The steps run as one function generated
-        at the first replay (replay.py), after fuse.py has had its say."""
+        host time is its seconds minus its kernels'); a profiler that times launches gets
+        them when no caller asks. The steps run as one function generated at the first replay
+        (replay.py), after fuse.py has had its say."""
         if not hasattr(self, "_replay"):
             self._replay = generate(self.steps, self.result, self.device.start_timer)
+        if timers is None and profiler.timing_wanted():
+            timers = []
         for prof in profiler.active():
-            prof.replays.append(self)
+            prof.replays.append(profiler.Replay(self, timers))
         return self._replay(timers)
 
 
