@@ -6,9 +6,12 @@ elsewhere only slows a try) and GB/s counts the weight's stored bytes (codes and
 launch; the fp32 row is the plain matmul of the same product, for comparison. A format
 FMT+int8 (int8, int4) is FMT's weights with int8 activations (generate.py --activations int8):
 x quantized (quantize_rows), then the integer GEMV (qmatmul_int8x), both launches timed.
+--rows M times a prompt's GEMM instead (x of M rows: a tile decoded then BLAS, or with int8
+activations the integer tiles of kernels/quant/cpu_int8x_tiles.py), in G multiply-adds/s.
 
     python scripts/bench_quant.py [--formats int8,int4,int8+int8,...] [--repeats 3]
     taskset -c 0 python scripts/bench_quant.py   # one core
+    python scripts/bench_quant.py --formats int8,int8+int8,int4,int4+int8 --rows 512
 """
 
 import time
@@ -36,14 +39,14 @@ def best_seconds(fn, be, repeats, elements):
     return best
 
 
-def row(fmt, be, repeats, rng):
+def row(fmt, be, repeats, rng, M=1):
     cells = [fmt]
     for K, N in SHAPES:
-        x = be.asarray(rng.normal(size=(1, K)).astype(np.float32))
+        x = be.asarray(rng.normal(size=(M, K)).astype(np.float32))
         W = rng.normal(0, 0.02, (N, K)).astype(np.float32)
         if fmt == "fp32":
             Wt, nbytes = be.asarray(np.ascontiguousarray(W.T)), W.nbytes
-            seconds = best_seconds(lambda: kernels.on(be).matmul(x, Wt), be, repeats, N * K)
+            seconds = best_seconds(lambda: kernels.on(be).matmul(x, Wt), be, repeats, M * N * K)
         else:
             weights, activations = quant.split_format(fmt)
             qw = quant.quantize(be.asarray(W), weights)
@@ -55,8 +58,13 @@ def row(fmt, be, repeats, rng):
                     return k.qmatmul_int8x(*k.quantize_rows(x), *w, np.float32)
                 return k.qmatmul(x, *w)
 
-            seconds = best_seconds(launches, be, repeats, N * K)
-        cells.append(f"{seconds * 1e3:,.3f} ms {nbytes / seconds / 1e9:,.2f} GB/s")
+            seconds = best_seconds(launches, be, repeats, M * N * K)
+        rate = (
+            f"{nbytes / seconds / 1e9:,.2f} GB/s"
+            if M == 1
+            else f"{M * N * K / seconds / 1e9:,.1f} GMAC/s"
+        )
+        cells.append(f"{seconds * 1e3:,.3f} ms {rate}")
     return cells
 
 
@@ -65,18 +73,21 @@ def main(argv=None):
     every = ",".join([*formats.FORMATS, "int8+int8", "int4+int8"])
     p.add_argument("--formats", default=every, help="comma-separated (default all)")
     p.add_argument("--repeats", type=int, default=3, help="tries per shape (default 3)")
+    p.add_argument("--rows", type=int, default=1, help="rows of x (default 1: the GEMV)")
     args = p.parse_args(argv)
     with user_errors():
         chosen = args.formats.split(",")
         for fmt in chosen:
             quant.split_format(fmt)
-        if args.repeats <= 0:
-            raise ValueError("--repeats must be positive")
+        if args.repeats <= 0 or args.rows <= 0:
+            raise ValueError("--repeats and --rows must be positive")
         device = backend.resolve()  # TG_DEVICE's, or the GPU when one is usable
     rng = np.random.default_rng(0)
-    rows = [row(fmt, backend.get(device), args.repeats, rng) for fmt in chosen + ["fp32"]]
+    be, M = backend.get(device), args.rows
+    rows = [row(fmt, be, args.repeats, rng, M) for fmt in chosen + ["fp32"]]
     head = ["weights"] + [f"{K} x {N}" for K, N in SHAPES]
-    print(f"-- qmatmul GEMV (M = 1) on {device}, best of {args.repeats}")
+    what = "GEMV (M = 1)" if M == 1 else f"GEMM (M = {M}: a prompt's)"
+    print(f"-- qmatmul {what} on {device}, best of {args.repeats}")
     print(table(head, rows, "l" + "r" * len(SHAPES)))
 
 

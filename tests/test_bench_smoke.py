@@ -319,6 +319,10 @@ def test_bench_quant_int8_activations_and_bench_llamacpp_table(bench, capsys, mo
     quant.main(["--formats", "int4+int8", "--repeats", "1"])
     out = capsys.readouterr().out
     assert "int4+int8" in out and "GB/s" in out
+    quant.main(["--formats", "int8+int8", "--repeats", "1", "--rows", "5"])  # a prompt's tiles
+    out = capsys.readouterr().out
+    assert "GEMM (M = 5: a prompt's)" in out and "GMAC/s" in out
+    _refused(capsys, quant.main, ["--rows", "0"], "--rows must be positive")
     peer = _load("bench_llamacpp")
     for argv, message in ((["--formats", "fp8"], "unknown format"), (["--rounds", "0"], ">= 1")):
         _refused(capsys, peer.parse_args, argv, message)
