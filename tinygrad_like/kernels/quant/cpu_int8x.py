@@ -27,32 +27,61 @@ from .spec import TINY_BLOCK, X_BLOCK, int8x_out, x_blocks
 _LANES = 8  # spec.py's fp32 lanes: block b is added into lane b % 8
 
 
+def _quantize_row(context, builder, signature, args):
+    """quantize_row(x, m, codes, scales)'s IR: row m of x (M, K) fp32 into its codes (M, K)
+    int8 and scales (M, K / X_BLOCK) fp32, a block of X_BLOCK a vector: its largest magnitude as
+    the largest of its bits with the sign cleared (a NaN's are above every number's: NaN if any
+    is NaN, the same max in any order, as quant.cu's warp tree takes it), its scale, then each
+    code: fp32's division and rint (round half to even), as quant.cu's __fdiv_rn and rintf, 0
+    where the quotient is NaN. Each operation rounded on its own."""
+    e = Emit(context, builder, signature.args, args)
+    x, codes, scales = e.row(0, args[1]), e.row(2, args[1]), e.row(3, args[1])
+    ints, floats = ir.VectorType(I32, X_BLOCK), ir.VectorType(F32, X_BLOCK)
+    module = builder.module
+    umax = cgutils.get_or_insert_function(
+        module, ir.FunctionType(I32, [ints]), f"llvm.vector.reduce.umax.v{X_BLOCK}i32"
+    )
+    rint = cgutils.get_or_insert_function(
+        module, ir.FunctionType(floats, [floats]), f"llvm.rint.v{X_BLOCK}f32"
+    )
+    with cgutils.for_range(builder, e.dim(3, 1)) as loop:
+        b = loop.index
+        v = e.load(x, e.at(b, 4 * X_BLOCK), F32, X_BLOCK)
+        magnitudes = builder.and_(builder.bitcast(v, ints), splat(I32, X_BLOCK, 0x7FFFFFFF))
+        largest = builder.bitcast(builder.call(umax, [magnitudes]), F32)
+        tiny = builder.fcmp_ordered("<", largest, ir.Constant(F32, float(TINY_BLOCK)))
+        scale = builder.select(
+            tiny, ir.Constant(F32, 1.0), builder.fdiv(largest, ir.Constant(F32, 127.0))
+        )
+        builder.store(scale, builder.bitcast(builder.gep(scales, [e.at(b, 4)]), F32.as_pointer()))
+        q = builder.call(rint, [builder.fdiv(v, e.broadcast(scale, X_BLOCK))])
+        number = builder.fcmp_ordered("==", q, q)
+        wide = builder.select(number, q, ir.Constant(floats, None))  # NaN -> 0
+        c = builder.fptosi(wide, ir.VectorType(I8, X_BLOCK))
+        at = builder.gep(codes, [e.at(b, X_BLOCK)])
+        builder.store(c, builder.bitcast(at, c.type.as_pointer())).align = 1
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _quantize_row_ir(typingctx, x, m, codes, scales):
+    return types.void(x, m, codes, scales), _quantize_row
+
+
 @kernel
 def _quantize_rows(x, codes, scales):
-    # x (M, K) fp32, codes (M, K) int8, scales (M, K / X_BLOCK) fp32: a row of x per
-    # iteration (quant.cu's quantize_rows: a warp per block), each block's largest magnitude
-    # (NaN if any is NaN: the same max in any order, as the warp's tree takes it), its scale,
-    # then each code: fp32's division and np.rint (round half to even), as quant.cu's
-    # __fdiv_rn and rintf. No fast-math: each operation rounded on its own.
+    # x (M, K) fp32, codes (M, K) int8, scales (M, K / X_BLOCK) fp32: a row of x per iteration
+    # (quant.cu's quantize_rows: a warp per block), its blocks in _quantize_row's IR
     for m in prange(x.shape[0]):
-        for b in range(scales.shape[1]):
-            block = x[m, b * X_BLOCK : (b + 1) * X_BLOCK]
-            top = np.float32(0)
-            for v in block:
-                a = abs(v)
-                top = a if a > top or a != a else top
-            scale = np.float32(1) if top < TINY_BLOCK else top / np.float32(127)
-            scales[m, b] = scale
-            for j in range(X_BLOCK):
-                q = np.rint(block[j] / scale)
-                codes[m, b * X_BLOCK + j] = np.int8(q) if q == q else np.int8(0)
+        _quantize_row_ir(x, m, codes, scales)
 
 
 def quantize_rows(x):
     M = x.shape[0]
     codes = np.empty(x.shape, np.int8)
     scales = np.empty((M, x_blocks(x)), np.float32)
-    _quantize_rows(np.ascontiguousarray(f32(x), dtype=np.float32), codes, scales)
+    x = np.ascontiguousarray(f32(x), dtype=np.float32)
+    _quantize_rows(x, codes, scales)
     return codes, scales
 
 
