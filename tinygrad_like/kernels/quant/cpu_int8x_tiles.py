@@ -228,23 +228,25 @@ def _tiles_kernel(fmt):
     """The tiled qmatmul_int8x for int8 or int4 weights."""
     pack_rows = _pack_rows(fmt)
 
-    def work(codes, ws, xp, *rest):  # a GEMM's work: W's words times x's rows
+    def work(codes, scales, group_of, xp, *rest):  # a GEMM's work: W's words times x's rows
         return codes.size * xp.shape[0]
 
     @kernel(serial_below=SERIAL_BELOW, work=work)
-    def _qmatmul_int8x_tiles(codes, ws, xp, nxoff, xs, bias, y):
-        # codes (N, nb x stored / 4) uint32 (W's bytes four at a time), ws (N, nbp) fp32 W's
-        # scale of each block (0 past nb), xp (Mp, nbp x 8) uint32 packed, nxoff and xs (Mp,
+    def _qmatmul_int8x_tiles(codes, scales, group_of, xp, nxoff, xs, bias, y):
+        # codes (N, nb x stored / 4) uint32 (W's bytes four at a time), scales (N, G) fp32,
+        # group_of (nb,) each block's group, xp (Mp, nbp x 8) uint32 packed, nxoff and xs (Mp,
         # nbp), bias (N,) or (0,), y (M, N) fp32. RN rows of W per prange iteration (quant.cu's
-        # qmatmul_int8x: a warp per row), packed into wp, then every RM rows of x against them.
+        # qmatmul_int8x: a warp per row), packed into wp with the scale of each block (0 past
+        # the last) into wt, then every RM rows of x against them.
         N, nbp, M = codes.shape[0], xs.shape[1], y.shape[0]
         for t in prange(-(-N // RN)):
             wp = np.zeros((RN, nbp * _WORDS), np.uint32)
-            wt = np.empty((RN, nbp), np.float32)
+            wt = np.zeros((RN, nbp), np.float32)
             out = np.empty((RM, RN), np.float32)
             for r in range(RN):
                 n = min(t * RN + r, N - 1)  # a short last tile repeats W's last row
-                wt[r] = ws[n]
+                for b in range(group_of.shape[0]):
+                    wt[r, b] = scales[n, group_of[b]]
                 pack_rows(codes, n, wp, r)
             for m0 in range(0, xp.shape[0], RM):
                 _tile_dot(wp, xp, m0, nxoff, xs, wt, out)
@@ -263,12 +265,13 @@ def qmatmul_int8x_tiles(xq, xs, offset, codes, scales, group_of, fmt, bias):
     """y (M, N) fp32 = x (codes xq (M, K) int8, scales xs (M, K / X_BLOCK)) against W (codes,
     scales, group_of: each block's group), + bias ((N,) fp32 or (0,)): cpu_int8x's values
     (offset: what its unsigned code values add, 128 or 8), a tile at a time."""
-    (M, nb), N = xs.shape, codes.shape[0]
+    M, nb = xs.shape
     rows, nbp = -(-M // RM) * RM, -(-nb // CHUNK) * CHUNK
     xp, nxoff = np.zeros((rows, nbp * _WORDS), np.uint32), np.zeros((rows, nbp), np.int32)
     _packed_x(xq.view(np.uint32), np.int32(offset), xp, nxoff)
-    xs_p, ws = np.zeros((rows, nbp), np.float32), np.zeros((N, nbp), np.float32)
-    xs_p[:M, :nb], ws[:, :nb] = xs, scales[:, group_of]
-    y = np.empty((M, N), np.float32)
-    _TILES[fmt](np.ascontiguousarray(codes).view(np.uint32), ws, xp, nxoff, xs_p, bias, y)
+    xs_p = np.zeros((rows, nbp), np.float32)
+    xs_p[:M, :nb] = xs
+    y = np.empty((M, codes.shape[0]), np.float32)
+    w = np.ascontiguousarray(codes).view(np.uint32), scales, group_of
+    _TILES[fmt](*w, xp, nxoff, xs_p, bias, y)
     return y
