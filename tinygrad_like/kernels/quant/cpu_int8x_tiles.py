@@ -17,7 +17,7 @@ Layouts (pack_rows, a chunk a vector transpose): x's codes packed once a call, a
 iteration (rows padded to RM, blocks to whole chunks, with zero codes and zero scales: a padded
 block adds +0.0 to a lane, which is never -0.0, so the sums keep their bits); W's a tile at a
 time into a scratch of RN rows, which stays in L1 while every row of x passes it. Without
-AVX-512 VNNI the IR forms the same integer sums from widened products (vpmaddwd on AVX2).
+AVX-512 VNNI the IR forms the same integer sums from widened products.
 """
 
 import numpy as np
@@ -100,22 +100,6 @@ def _tile(context, builder, signature, args):
 @intrinsic
 def _tile_dot(typingctx, wp, xp, m0, nxoff, xs, ws, out):
     return types.void(wp, xp, m0, nxoff, xs, ws, out), _tile
-
-
-def _transposed(b, rows):
-    """The 8 x 8 words rows (8 <8 x i32>, row j word i) transposed: row i holds word i of every
-    row, by three stages of shuffles each swapping one bit of the row index with the word's."""
-    for bit in (1, 2, 4):
-        low = [c if not c & bit else CHUNK + (c ^ bit) for c in range(CHUNK)]
-        high = [c ^ bit if not c & bit else CHUNK + c for c in range(CHUNK)]
-        new = list(rows)
-        for j in range(CHUNK):
-            if not j & bit:
-                pair = rows[j], rows[j | bit]
-                new[j] = b.shuffle_vector(*pair, ir.Constant(ir.VectorType(I32, CHUNK), low))
-                new[j | bit] = b.shuffle_vector(*pair, ir.Constant(ir.VectorType(I32, CHUNK), high))
-        rows = new
-    return rows
 
 
 def _transposed(b, rows):
