@@ -380,8 +380,9 @@ def _head_blocks(tokens):
 
 def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
     """The fused head in its precompute design: each forward block's logits in fp32, made its
-    dlogits in place, then its dX rows and dW share; its backward only scales what it saved
-    (and rounds it, fp16 and bf16)."""
+    dlogits in place, then its dX rows and dW share (after block 0 added into the sum by the dW
+    GEMM itself: no (Vp, C) temporary); its backward only scales what it saved (and rounds it,
+    fp16 and bf16)."""
     moments = {}
     for k, r in _head_blocks(N):
         common = before_head + [
@@ -404,8 +405,8 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
         moments[f"the fused head's forward, block {k}: dX rows"] = after + [
             ("the block's dX rows (rows, C) fp32, before their copy", 4 * r * C)
         ]
-        moments[f"the fused head's forward, block {k}: dW"] = after + [
-            ("the block's dW share (Vp, C) fp32", 4 * Vp * C)
+        moments[f"the fused head's forward, block {k}: dW"] = after + [  # later blocks' shares
+            ("block 0's dW share (Vp, C) fp32", 0 if k else 4 * Vp * C)  # added by their GEMM
         ]
     moments["the fused head's forward: the loss"] = before_head + [
         ("the head's input, the final norm's output (B·T, C)", N * C * size),
@@ -423,7 +424,8 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
 
 def _recompute_head(all_saved, scalars, N, C, Vp, size):
     """The fused head in its recompute design: each backward block's logits again, their
-    dlogits, its dX rows and its dW share, summed in fp32 (block 0's share cast to it)."""
+    dlogits, its dX rows and its dW share, summed in fp32 (block 0's share cast to it; a later
+    block's added by its GEMM where dlogits are fp32, else made, then added)."""
     moments = {}
     for k, r in _head_blocks(N)[:2]:  # the first, and the largest after it
         common = (
@@ -439,7 +441,8 @@ def _recompute_head(all_saved, scalars, N, C, Vp, size):
             ("dW so far (Vp, C) fp32", 4 * Vp * C if k else 0),
         ]
         moments[f"the fused head's backward, block {k}: dW"] = common + [
-            ("the block's dW share (Vp, C)", Vp * C * size),
+            # a later fp32 block's share is added into the sum by its GEMM (its epilogue)
+            ("the block's dW share (Vp, C)", Vp * C * size if not k or size < 4 else 0),
             (
                 "dW so far, or block 0's share cast, (Vp, C) fp32",
                 4 * Vp * C if k or size < 4 else 0,

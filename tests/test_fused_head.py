@@ -121,7 +121,8 @@ def test_saved_bytes_at_gpt2_mini_b8_t128():
 def test_flops_by_phase_and_by_math(rng, small_blocks, design):
     """recompute: the plain head's GEMMs plus one more logits GEMM (2*N*C*Vp), run in the
     backward phase as forward math; precompute: the plain head's GEMMs, the backward ones run
-    in the forward phase as backward math."""
+    in the forward phase as backward math. Both add each block's dW but the first into the sum
+    in the dW GEMM's epilogue (Vp*C FLOPs a block, counted with the GEMM)."""
     x, w, t = head_inputs(rng, np.float32)
     profiles = {}
     for name in (None, design):
@@ -132,14 +133,14 @@ def test_flops_by_phase_and_by_math(rng, small_blocks, design):
             {p: r["flops"] for p, r in prof.by_phase(GEMMS, by="math").items()},
         )
     (plain, plain_math), (phase, math) = profiles[None], profiles[design]
-    head = 2 * N * C * VP
+    head, sums = 2 * N * C * VP, (-(-N // BLOCK) - 1) * VP * C
     assert plain == plain_math and plain["forward"] == head and plain["backward"] == 2 * head
     if design == "recompute":
-        assert phase == {**plain, "backward": 3 * head}
-        assert math == {**plain, "forward": 2 * head}
+        assert phase == {**plain, "backward": 3 * head + sums}
+        assert math == {**plain, "forward": 2 * head, "backward": 2 * head + sums}
     else:
-        assert phase == {**plain, "forward": 3 * head, "backward": 0}
-        assert math == plain
+        assert phase == {**plain, "forward": 3 * head + sums, "backward": 0}
+        assert math == {**plain, "backward": 2 * head + sums}
 
 
 @pytest.mark.parametrize("design", DESIGNS)

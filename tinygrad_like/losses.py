@@ -57,6 +57,8 @@ def _block_grads(x, weight, rows, dlogits, dx, dw):
     rows of dX (N, C) = dlogits wte and returns dW (Vp, C) += dlogits^T x[rows], summed in the
     compute dtype (the first block's, dw None, starts the sum)."""
     launch("copy", dx[rows], launch("matmul", dlogits, weight))  # (rows, C)
+    if dw is not None and dw.dtype == dlogits.dtype:  # the GEMM adds into the sum itself
+        return launch("matmul_tn", dlogits, x[rows], add=dw, out=dw)
     dw_rows = launch("matmul_tn", dlogits, x[rows])  # (Vp, C)
     if dw is None:
         return _as(dw_rows, dtypes.compute_dtype(dw_rows.dtype))

@@ -4,8 +4,9 @@ fp32 through NumPy's BLAS, 2-byte inputs widened and the result rounded once.
 Why NumPy's BLAS (OpenBLAS in NumPy's wheels): at the step's own shapes scripts/bench_gemm.py
 found MKL (the `mkl` wheel, through ctypes) and BLIS (the `blis` wheel, single-threaded) no
 faster on an AMD EPYC (docs/performance.md, "The GEMMs"), so neither is worth a dependency. A
-GEMM that accumulates into its output (cblas_sgemm's beta = 1) would spare the fused head's dW
-sum its add pass and its (Vp, C) temporary per block, but these kernels return a new C.
+GEMM that adds into its own output (add= and out= the same array: the fused head's dW summed
+over its blocks) is one cblas_sgemm with beta = 1 where that gives the unfused bits
+(cpu_accumulate.py): no add pass, no (Vp, C) temporary per block.
 
 How they use the cores. With OpenBLAS's idle workers asleep (runtime.BLAS_QUIET), a GEMM is one
 threaded OpenBLAS call: it hands its parts to its workers without a wake-up and join of our
@@ -29,6 +30,7 @@ import numpy as np
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, f32, in_parallel, one_blas_thread, rounded
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.cpu import mul as elementwise_mul
+from .cpu_accumulate import accumulated
 from .cpu_gemv import gemv
 
 _GEMM_SPLIT = 1 << 22  # multiply-adds (batch*M*K*N) from which a GEMM uses all the cores
@@ -108,13 +110,24 @@ def _epilogue(c, dtype, scale, add, out):
     return c
 
 
+def _product(a, b, dtype, bias=None, scale=None, add=None, out=None):
+    """a @ b with the epilogue; into add itself by one accumulating GEMM where that gives the
+    same bits (cpu_accumulate.py: a gradient summed in place, the LM head's dW)."""
+    if add is not None and add is out and scale is None and bias is None:
+        unfused = lambda: rounded(_gemm(a, b), dtype)  # noqa: E731
+        done = accumulated(f32(a), f32(b), out, unfused)
+        if done is not None:
+            return done
+    return _epilogue(_gemm(a, b, bias), dtype, scale, add, out)
+
+
 def matmul(a, b, bias=None, scale=None, add=None, out=None):
-    return _epilogue(_gemm(a, b, bias), a.dtype, scale, add, out)
+    return _product(a, b, a.dtype, bias, scale, add, out)
 
 
 def matmul_nt(a, b, scale=None, add=None, out=None):
-    return _epilogue(_gemm(a, b.swapaxes(-1, -2)), a.dtype, scale, add, out)
+    return _product(a, b.swapaxes(-1, -2), a.dtype, None, scale, add, out)
 
 
 def matmul_tn(a, b, scale=None, add=None, out=None):
-    return _epilogue(_gemm(a.swapaxes(-1, -2), b), a.dtype, scale, add, out)
+    return _product(a.swapaxes(-1, -2), b, a.dtype, None, scale, add, out)
