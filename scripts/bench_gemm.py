@@ -41,12 +41,12 @@ from accounting.tables import table
 from nn.config import PRESETS
 from tinygrad_like import kernels, losses, peaks
 from tinygrad_like.backend.cpu import runtime
+from tinygrad_like.kernels.gemm import cpu_accumulate
 from training.args import ArgumentParser, user_errors
 
 cpu = kernels.on("cpu")  # our GEMMs, uncounted
 STEP = {"gpt2-mini": (8, 128), "gpt2": (4, 256)}  # (B, T) of each preset's benchmarked step
 SAMPLE_S = 0.01  # a timed sample repeats a call until it lasts about this long
-ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
 
 
 # ---------------------------------------------------------------- the step's GEMMs
@@ -110,34 +110,24 @@ def find_mkl(path):
     return lib
 
 
+def by_kind(sgemm):
+    """gemm(kind, a, b, out, beta) = op(a) op(b) + beta out over the kernels' sgemm(a, b, out,
+    beta) (kernels/gemm/cpu_accumulate.py), the operands as the step lays them out, transposed
+    where the kind says."""
+    return lambda kind, a, b, out, beta=0.0: sgemm(
+        a.T if kind == "tn" else a, b.T if kind == "nt" else b, out, beta
+    )
+
+
 def cblas_sgemm(function, index):
-    """A ctypes cblas_sgemm whose ints are `index` (c_int, or c_int64 for an ILP64 BLAS) ->
-    gemm(kind, a, b, out, beta) computing out = op(a) op(b) + beta out (row-major)."""
-    function.argtypes = [ctypes.c_int] * 3 + [index] * 3 + [ctypes.c_float, ctypes.c_void_p, index]
-    function.argtypes += [ctypes.c_void_p, index, ctypes.c_float, ctypes.c_void_p, index]
-    function.restype = None
-
-    def gemm(kind, a, b, out, beta=0.0):
-        M, K, N = dims(kind, a.shape, b.shape)
-        trans_a, trans_b = (
-            (TRANS if kind == "tn" else NO_TRANS),
-            (TRANS if kind == "nt" else NO_TRANS),
-        )
-        function(ROW_MAJOR, trans_a, trans_b, M, N, K, 1.0, a.ctypes.data, a.shape[1],
-                 b.ctypes.data, b.shape[1], beta, out.ctypes.data, N)  # fmt: skip
-        return out
-
-    return gemm
+    """A library's ctypes cblas_sgemm (its ints `index`: c_int, or c_int64 for an ILP64 BLAS) as
+    by_kind's gemm."""
+    return by_kind(cpu_accumulate.cblas_sgemm(function, index))
 
 
 def openblas_sgemm():
-    """NumPy's OpenBLAS's own cblas_sgemm (scipy-openblas's ILP64 names), or None."""
-    lib = runtime.OPENBLAS.dynlib if runtime.OPENBLAS else None
-    for name in ("scipy_cblas_sgemm64_", "cblas_sgemm64_", "cblas_sgemm"):
-        function = getattr(lib, name, None) if lib is not None else None
-        if function is not None:
-            return cblas_sgemm(function, ctypes.c_int64 if "64" in name else ctypes.c_int)
-    return None
+    """NumPy's OpenBLAS's own cblas_sgemm, the kernels' (cpu_accumulate.SGEMM), or None."""
+    return by_kind(cpu_accumulate.SGEMM) if cpu_accumulate.SGEMM is not None else None
 
 
 def blis_sgemm():
