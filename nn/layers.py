@@ -126,3 +126,12 @@ class TransposedLinear(Module):
 
     def forward(self, x):
         return F.linear(x, self.weight, transposed=True)
+
+
+def projections(x, *modules):
+    """Each TransposedLinear's y = x W^T (Llama's q, k and v; gate and up): the modules called
+    one by one, or where their weights all meet x in int8 codes (quantized, activations "int8"),
+    F.linears, which quantizes x once for them all."""
+    if all(F.shares_codes(m.weight) for m in modules):
+        return F.linears(x, [m.weight for m in modules], transposed=True)
+    return [m(x) for m in modules]

@@ -13,7 +13,7 @@ import tinygrad_like.functional as F
 from tinygrad_like import autograd, backend, dtypes, kernels
 
 from .config import LlamaConfig
-from .layers import Embedding, RMSNorm, TransposedLinear
+from .layers import Embedding, RMSNorm, TransposedLinear, projections
 from .lm import CausalLM
 from .module import Module, ModuleList
 
@@ -65,9 +65,10 @@ class LlamaAttention(Module):
         (a KV-cache step's tables are its rows, start 0); positions (T,): the cache's."""
         B, T, _ = x.shape
         cos, sin, start = rope
-        q = self.q_proj(x).reshape(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k, v = projections(x, self.q_proj, self.k_proj, self.v_proj)
+        q = q.reshape(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q = F.apply_rotary(q, cos, sin, start)  # (B, H, T, D)
         k = F.apply_rotary(k, cos, sin, start)  # (B, Hkv, T, D)
         if cache is not None:  # decoding: attend to the past (B, Hkv, Tpast + T, D)
@@ -88,7 +89,7 @@ class LlamaMLP(Module):
         self.down_proj = TransposedLinear(Fw, C, rng=rng)  # (C, F)
 
     def forward(self, x):
-        return self.down_proj(F.swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(F.swiglu(*projections(x, self.gate_proj, self.up_proj)))
 
 
 class LlamaDecoderLayer(Module):

@@ -490,6 +490,29 @@ def test_int8_activations_keep_the_logits_within_2_percent_of_the_fp32_paths(fmt
     assert again.tobytes() == fp32.tobytes()
 
 
+def test_a_llamas_projections_of_one_input_share_its_int8_codes(monkeypatch):
+    """q, k and v (and gate and up) meet one x: with int8 activations it is quantized once for
+    them (nn/layers.py projections, F.linears), 4 quantize_rows a layer and the head's, not 7;
+    the logits are the bits of quantizing it for each projection."""
+    from nn import build
+    from nn.config import LlamaConfig
+    from tinygrad_like import functional
+    from tinygrad_like.profiler import Profiler
+
+    config = LlamaConfig(2, 64, 4, 2, 96, 53, 24)  # every K a multiple of 32
+    model = quantize_model(build(config, seed=0), "int8", activations="int8").eval()
+    ids = np.random.default_rng(0).integers(0, 53, (1, 6))
+    logits = {}
+    for shared in (True, False):
+        if not shared:  # every projection called on its own, quantizing x itself
+            monkeypatch.setattr(functional, "shares_codes", lambda weight: False)
+        with tg.no_grad(), Profiler() as prof:
+            logits[shared] = model(ids)[0].numpy()
+        quantized = sum(launch.name == "quantize_rows" for launch in prof.launches)
+        assert quantized == (4 * 2 + 1 if shared else 7 * 2 + 1)
+    assert logits[True].tobytes() == logits[False].tobytes()
+
+
 def test_int8_activations_are_refused_before_anything_changes():
     """A float format has no integer path: quantize_model refuses before it replaces a weight,
     use_activations before it switches one; an fp32 model has none either."""

@@ -271,11 +271,8 @@ def matmul(a, b):
     return MatMul.apply(a, b)
 
 
-def linear(x, weight, bias=None, transposed=False):
-    """x (..., in) @ weight (in, out) + bias (out,): GPT-2's (in, out) layout. With
-    transposed=True the weight is (out, in), as PyTorch's nn.Linear and the tied LM head.
-    weight may be a QuantizedWeight (inference only): then its out_axis must say the same
-    layout (0 for transposed=True, 1 otherwise), and qmatmul decodes it in the kernel."""
+def _check_linear(x, weight, transposed):
+    """A ValueError unless x (..., K) meets the weight's K."""
     k = weight.shape[1] if transposed else weight.shape[0]
     if x.shape[-1] != k:
         raise ValueError(
@@ -283,9 +280,36 @@ def linear(x, weight, bias=None, transposed=False):
             f"{'^T' if transposed else ''}: inner dimensions {x.shape[-1]} and "
             f"{k} differ"
         )
+
+
+def linear(x, weight, bias=None, transposed=False):
+    """x (..., in) @ weight (in, out) + bias (out,): GPT-2's (in, out) layout. With
+    transposed=True the weight is (out, in), as PyTorch's nn.Linear and the tied LM head.
+    weight may be a QuantizedWeight (inference only): then its out_axis must say the same
+    layout (0 for transposed=True, 1 otherwise), and qmatmul decodes it in the kernel."""
+    _check_linear(x, weight, transposed)
     if isinstance(weight, QuantizedWeight):
         return _quantized_linear(x, weight, bias, transposed)
     return Linear.apply(x, weight, bias, transposed)
+
+
+def linears(x, weights, transposed=False):
+    """[linear(x, w, transposed=transposed) for w in weights]: the projections of one input
+    (Llama's q, k, v; gate and up). Where the weights all meet x in int8 (quantized weights,
+    activations "int8"), x is quantized once and its codes shared by their GEMMs: one
+    quantize_rows, not one per weight."""
+    if not (weights and all(shares_codes(w) for w in weights)):
+        return [linear(x, w, transposed=transposed) for w in weights]
+    _inference_only("linear", x)
+    for w in weights:
+        _check_linear(x, w, transposed)
+    codes = launch("quantize_rows", _matrix(x.data))
+    return [_quantized_linear(x, w, None, transposed, codes) for w in weights]
+
+
+def shares_codes(weight):
+    """Whether weight meets x in int8 codes (quantize_rows'), which linears shares."""
+    return isinstance(weight, QuantizedWeight) and weight.activations == "int8"
 
 
 def _inference_only(what, *tensors):
@@ -298,10 +322,10 @@ def _inference_only(what, *tensors):
         )
 
 
-def _quantized_linear(x, weight, bias, transposed):
+def _quantized_linear(x, weight, bias, transposed, codes=None):
     """y (..., N) = x (..., K) W^T + bias, W (N, K) the quantized weight's rows, over x
     flattened to (M, K): one qmatmul, or with weight.activations "int8" quantize_rows then
-    qmatmul_int8x (y in x's dtype)."""
+    qmatmul_int8x (y in x's dtype); codes: quantize_rows' of x, made already (linears)."""
     if weight.out_axis != (0 if transposed else 1):
         raise ValueError(
             f"linear: a quantized weight stored with out_axis {weight.out_axis} used as "
@@ -312,7 +336,8 @@ def _quantized_linear(x, weight, bias, transposed):
     x2, b = _matrix(x.data), None if bias is None else bias.data
     w = (weight.codes, weight.scales, weight.fmt, weight.group_size)
     if weight.activations == "int8":
-        y = launch("qmatmul_int8x", *launch("quantize_rows", x2), *w, x2.dtype, bias=b)
+        codes = launch("quantize_rows", x2) if codes is None else codes
+        y = launch("qmatmul_int8x", *codes, *w, x2.dtype, bias=b)
     else:
         y = launch("qmatmul", x2, *w, bias=b)
     return Tensor(y.reshape(*x.shape[:-1], y.shape[-1]))
