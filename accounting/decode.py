@@ -189,8 +189,8 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
 
 
 def _host_time(meter, steps, counted):
-    """'host: ...': a decode step's seconds minus its kernels' (the Python between them), mean
-    over the replayed steps and over the eager ones."""
+    """The launches line's host part: a decode step's seconds minus its kernels' (the Python
+    between them, the sampling), the mean over the replayed steps and over the eager ones."""
     parts = []
     for label, which in [("replayed", [s for s in steps if s not in counted]), ("eager", counted)]:
         if which:

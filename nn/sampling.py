@@ -24,9 +24,9 @@ def check_sampling(
 def sample(logits, temperature=1.0, top_k=None, top_p=None, rng=None):
     """temperature 0 is greedy (argmax). top_k keeps the k most likely tokens (and any tied
     with the k-th), top_p the smallest set whose probability reaches p; sampling never leaves
-    those sets. -> (B,) int64. The softmax and the draw run over the kept tokens only, found by
-    a partition (linear in V): a sort of V = 50,257 logits and a draw over all of them cost
-    about 2 ms a token, as much as a quantized GPT-2 124M decode step's kernels."""
+    those sets. -> (B,) int64. The top k are found by a partition (linear in V), not a sort, and
+    the softmax and the draw run over them only: the sampling is host time every decode step
+    pays (docs/decode.md, --stats)."""
     check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(axis=-1).astype(np.int64)

@@ -80,8 +80,7 @@ def quantize_rows(x):
     M = x.shape[0]
     codes = np.empty(x.shape, np.int8)
     scales = np.empty((M, x_blocks(x)), np.float32)
-    x = np.ascontiguousarray(f32(x), dtype=np.float32)
-    _quantize_rows(x, codes, scales)
+    _quantize_rows(np.ascontiguousarray(f32(x), dtype=np.float32), codes, scales)
     return codes, scales
 
 
