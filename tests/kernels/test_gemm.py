@@ -261,6 +261,30 @@ FP32_GEMMS = {  # kernel -> (shape a, shape b, the product in fp32)
 }
 
 
+@pytest.mark.parametrize("k", [3, 256, 1500])  # one K block of OpenBLAS's, and past it
+def test_cpu_accumulating_gemm_gives_the_unfused_bits(k):
+    """matmul_tn(a, b, add=out, out=out), the LM head's dW summed over its blocks: one sgemm
+    with beta = 1 where the first call of the shape found it gives the unfused bits (a K past
+    OpenBLAS's K block may not: then the add, as before). Either way, the first call and the
+    later ones: the bits of matmul_tn, then elementwise's add."""
+    from tinygrad_like.kernels.gemm import cpu_accumulate
+
+    a, b = rand((k, 300), F32, seed=1), rand((k, 40), F32, seed=2)
+    out = rand((300, 40), F32, seed=3)
+    for _ in range(2):  # the call that tries both ways, then the one that uses what it found
+        want = cpu.add(out, cpu.matmul_tn(a, b)).tobytes()
+        assert cpu.matmul_tn(a, b, add=out, out=out) is out
+        assert out.tobytes() == want
+    if cpu_accumulate.SGEMM is not None:
+        assert (
+            300,
+            k,
+            40,
+            cpu_accumulate.TRANS,
+            cpu_accumulate.NO_TRANS,
+        ) in cpu_accumulate._SAME_BITS
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)
 @pytest.mark.parametrize("kernel", sorted(FP32_GEMMS))
 def test_cpu_half_rounds_once(kernel, dtype):
