@@ -46,6 +46,25 @@ class Emit:
         """Whether the CPU Numba compiles for has feature ("avx512f", "avx512vnni", ...)."""
         return f"+{feature}" in self.context.codegen().magic_tuple()[2].split(",")
 
+    def dot_bytes(self, acc, u, x):
+        """acc <n x i32> + in each lane the four products of u's unsigned bytes and x's signed
+        ones in that lane (<4n x i8> each): AVX-512 VNNI's vpdpbusd (n = 16, or 8 with
+        AVX-512 VL), else the widened products summed four by four (the same integers)."""
+        n = acc.type.count
+        lanes = ir.VectorType(I32, n)
+        if self.has("avx512vnni") and (n == 16 or (n == 8 and self.has("avx512vl"))):
+            fn = cgutils.get_or_insert_function(
+                self.b.module,
+                ir.FunctionType(lanes, [lanes] * 3),
+                f"llvm.x86.avx512.vpdpbusd.{32 * n}",
+            )
+            return self.b.call(fn, [acc, self.b.bitcast(u, lanes), self.b.bitcast(x, lanes)])
+        wide = ir.VectorType(I32, 4 * n)
+        products = self.b.mul(self.b.zext(u, wide), self.b.sext(x, wide))
+        picks = [ir.Constant(lanes, list(range(k, 4 * n, 4))) for k in range(4)]
+        p = [self.b.shuffle_vector(products, products, pick) for pick in picks]
+        return self.b.add(acc, self.b.add(self.b.add(p[0], p[1]), self.b.add(p[2], p[3])))
+
     def broadcast(self, value, n):
         """<n x value's type> with value in every lane (its first lane, then a shuffle)."""
         empty = ir.Constant(ir.VectorType(value.type, n), None)

@@ -120,17 +120,6 @@ def _pairs(e, a, b):
     return e.b.add(*(e.b.shuffle_vector(a, b, p) for p in pick))
 
 
-def _vnni(e, acc, u, x):
-    """acc <16 x i32> + the sums of each 4 neighbouring products of u (unsigned bytes) and x
-    (signed), <64 x i8> each: AVX-512 VNNI's vpdpbusd, which LLVM's reduction of one block
-    (_block_sum) also compiles to, but here four blocks of int4 (two of int8) a register."""
-    v16 = ir.VectorType(I32, 16)
-    fn = cgutils.get_or_insert_function(
-        e.b.module, ir.FunctionType(v16, [v16] * 3), "llvm.x86.avx512.vpdpbusd.512"
-    )
-    return e.b.call(fn, [acc, e.b.bitcast(u, v16), e.b.bitcast(x, v16)])
-
-
 def _chunk_sums(e, w, x0, x1, j, nibbles):
     """<8 x i32>: _block_sum of blocks 8 j .. 8 j + 7. On AVX-512 VNNI the products of 64
     bytes at a time summed four by four (each i32 lane within one block), then each block's
@@ -145,9 +134,9 @@ def _chunk_sums(e, w, x0, x1, j, nibbles):
     for h in range(2 if nibbles else 4):  # int4: 4 blocks a register, 4 lanes each
         at = e.at(j, _LANES * X_BLOCK // (2 if nibbles else 1), 64 * h)
         w64 = e.load(w, at, I8, 64)
-        acc = _vnni(e, zero, _unsigned_codes(e, w64, nibbles, 0), e.load(x0, at, I8, 64))
+        acc = e.dot_bytes(zero, _unsigned_codes(e, w64, nibbles, 0), e.load(x0, at, I8, 64))
         if nibbles:
-            acc = _vnni(e, acc, _unsigned_codes(e, w64, True, 1), e.load(x1, at, I8, 64))
+            acc = e.dot_bytes(acc, _unsigned_codes(e, w64, True, 1), e.load(x1, at, I8, 64))
         parts.append(acc)
     while len(parts) > 1:
         parts = [_pairs(e, a, b) for a, b in zip(parts[::2], parts[1::2])]

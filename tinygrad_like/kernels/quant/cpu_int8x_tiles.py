@@ -38,23 +38,6 @@ _WORDS = X_BLOCK // 4  # packed words a block
 _STORED = {"int8": X_BLOCK, "int4": X_BLOCK // 2, "x": X_BLOCK}  # bytes of a block as stored
 
 
-def _dot(e, acc, u, x):
-    """acc <8 x i32> + in lane j the four products of u (unsigned bytes) and x (signed bytes)
-    in lane j, <32 x i8> each: vpdpbusd on AVX-512 VNNI, widened products summed four by four
-    elsewhere (the same integers)."""
-    v8 = ir.VectorType(I32, CHUNK)
-    if e.has("avx512vnni") and e.has("avx512vl"):
-        fn = cgutils.get_or_insert_function(
-            e.b.module, ir.FunctionType(v8, [v8] * 3), "llvm.x86.avx512.vpdpbusd.256"
-        )
-        return e.b.call(fn, [acc, e.b.bitcast(u, v8), e.b.bitcast(x, v8)])
-    wide = ir.VectorType(I32, _WORD)
-    products = e.b.mul(e.b.zext(u, wide), e.b.sext(x, wide))
-    picks = [ir.Constant(v8, list(range(k, _WORD, 4))) for k in range(4)]
-    p = [e.b.shuffle_vector(products, products, pick) for pick in picks]
-    return e.b.add(acc, e.b.add(e.b.add(p[0], p[1]), e.b.add(p[2], p[3])))
-
-
 def _tile(context, builder, signature, args):
     """tile(wp, xp, m0, nxoff, xs, ws, out)'s IR: out (RM, RN) fp32 = rows m0 .. m0 + RM - 1
     of x against the RN rows of W in wp, before the bias. wp (RN, chunks x 64) uint32: W's
@@ -76,7 +59,7 @@ def _tile(context, builder, signature, args):
             w = [e.load(p, e.at(loop.index, CHUNK * _WORD, i * _WORD), I8, _WORD) for p in W]
             for s in range(RM):
                 x = e.load(X[s], e.at(loop.index, CHUNK * _WORD, i * _WORD), I8, _WORD)
-                acc[s] = [_dot(e, acc[s][r], w[r], x) for r in range(RN)]
+                acc[s] = [e.dot_bytes(acc[s][r], w[r], x) for r in range(RN)]
         for s in range(RM):
             xs = e.load(XS[s], at, F32, CHUNK)
             for r in range(RN):
