@@ -203,6 +203,27 @@ def test_compiled_serial_and_parallel_twins_match_bit_for_bit(monkeypatch):
             np.testing.assert_array_equal(g, w, err_msg=name)
 
 
+def test_a_kernel_closes_over_plain_constants_only():
+    """Numba keys a closure's disk-cache entry by its cells' pickled bytes: a kernel closing
+    over a compiled function would compile again in every process, so @kernel refuses it (the
+    int4 / int8 choice of a per-format kernel is a bool, its helpers globals)."""
+    helper = compiled.device(lambda v: v + 1)
+    scale, shape = 2.0, (3, np.int32(4))
+
+    def over_constants(x):
+        for i in range(x.shape[0]):
+            x[i] *= scale + shape[1]
+
+    compiled.kernel(over_constants)  # accepted
+
+    def over_a_compiled_function(x):
+        for i in range(x.shape[0]):
+            x[i] = helper(x[i])
+
+    with pytest.raises(TypeError, match="closes over helper"):
+        compiled.kernel(over_a_compiled_function)
+
+
 def test_flash_attention_split_over_heads_matches_one_block(rng, monkeypatch):
     """_by_heads gives each core a range of kv heads, each block pair's online softmax compiled
     for the calling core: the same bits as every head on one core."""

@@ -105,6 +105,7 @@ def _jit(fn, parallel, fastmath=False):
     fastmath: reassociated sums (vector_dot's flags) for a kernel held to a tolerance. Each new
     variant's compile (or disk-cache load) is counted in tinygrad_like.compiles, so that a
     timed step can leave it out."""
+    _check_cells(fn)
     if not parallel:
         name = fn.__name__ + "_serial"  # a closure keeps its cells: a kernel made per format
         fn = types_module.FunctionType(fn.__code__, fn.__globals__, name, None, fn.__closure__)
@@ -125,6 +126,23 @@ def _jit(fn, parallel, fastmath=False):
 
     jitted.compile = counted
     return jitted
+
+
+def _check_cells(fn):
+    """Raise TypeError where fn closes over anything but plain constants: Numba keys a closure's
+    disk-cache entry by its cells' pickled bytes, and those of a compiled function differ in
+    every process, so such a kernel would compile again in each one (and add an entry each time)."""
+    plain = (bool, int, float, str, np.number, np.bool_)
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        value = cell.cell_contents
+        if not (
+            isinstance(value, plain)
+            or (isinstance(value, tuple) and all(isinstance(v, plain) for v in value))
+        ):
+            raise TypeError(
+                f"kernel {fn.__name__} closes over {name} ({type(value).__name__}): "
+                "refer to it as a global, and close over plain constants only"
+            )
 
 
 def _announced(jitted, name, args):

@@ -173,7 +173,7 @@ def _pack_rows(kind):
     return pack_rows
 
 
-_pack_x = _pack_rows("x")
+_pack_x, _pack_int8, _pack_int4 = (_pack_rows(kind) for kind in ("x", "int8", "int4"))
 
 
 @kernel(work=lambda xq, *rest: xq.size * 4)
@@ -191,9 +191,10 @@ def _packed_x(xq, offset, xp, nxoff):
             nxoff[m, b] = -offset * s
 
 
-def _tiles_kernel(fmt):
-    """The tiled qmatmul_int8x for int8 or int4 weights."""
-    pack_rows = _pack_rows(fmt)
+def _tiles_kernel(nibbles):
+    """The tiled qmatmul_int8x for int8 (nibbles False) or int4 weights. (A closure over a
+    bool, not over its pack_rows: Numba keys a closure's disk cache by its cells' pickled
+    bytes, and a compiled function's differ in every process.)"""
 
     def work(codes, scales, group_of, xp, *rest):  # a GEMM's work: W's words times x's rows
         return codes.size * xp.shape[0]
@@ -214,7 +215,10 @@ def _tiles_kernel(fmt):
                 n = min(t * RN + r, N - 1)  # a short last tile repeats W's last row
                 for b in range(group_of.shape[0]):
                     wt[r, b] = scales[n, group_of[b]]
-                pack_rows(codes, n, wp, r)
+                if nibbles:
+                    _pack_int4(codes, n, wp, r)
+                else:
+                    _pack_int8(codes, n, wp, r)
             for m0 in range(0, xp.shape[0], RM):
                 _tile_dot(wp, xp, m0, nxoff, xs, wt, out)
                 for s in range(min(RM, M - m0)):
@@ -225,7 +229,7 @@ def _tiles_kernel(fmt):
     return _qmatmul_int8x_tiles
 
 
-_TILES = {fmt: _tiles_kernel(fmt) for fmt in ("int8", "int4")}
+_TILES = {fmt: _tiles_kernel(fmt == "int4") for fmt in ("int8", "int4")}
 
 
 def qmatmul_int8x_tiles(xq, xs, offset, codes, scales, group_of, fmt, bias):
