@@ -13,10 +13,11 @@ the activations too, per block of 32, for int8 and int4 weights: their GEMMs the
 integer dot products (llama.cpp's Q8_0 activations; nn/quant.py use_activations). --kv-dtype
 sets the KV cache's format: fp32, fp16 or bf16, or fp8_e4m3 / fp8_e5m2 (a byte a key or value
 and an fp32 scale per position of a head, quantized as each position is appended; the
-attention kernel decodes the codes as it reads them). --compile captures the decode step on
-its first two tokens and replays it for the rest (tinygrad_like.compile: the kernels in order,
-no op layer), the same tokens."""
+attention kernel decodes the codes as it reads them). The decode step is captured on its first
+two tokens and replayed for the rest (tinygrad_like.compile: the kernels in order, no op layer),
+the same tokens; --no-compile runs every step through the op layer (eager)."""
 
+import argparse
 import os
 import sys
 
@@ -88,9 +89,10 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--compile",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="capture the decode step once and replay it without the op layer (the same "
-        "tokens; tinygrad_like.compile)",
+        "tokens; tinygrad_like.compile); --no-compile: every step eager",
     )
     args = p.parse_args(argv)
     args.prompt = args.prompt or ["\n"]

@@ -193,11 +193,11 @@ def generate_py(argv, capsys):
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 def test_generate_py_stats(checkpoint, capsys, kv_dtype):
-    """The stats lines; the floor's KV cache part is the cache's bytes at the steps' lengths
-    (an fp8 cache's: 1 + 4 / D bytes an element)."""
+    """The stats lines of eager steps (--no-compile); the floor's KV cache part is the cache's
+    bytes at the steps' lengths (an fp8 cache's: 1 + 4 / D bytes an element)."""
     code, out, err = generate_py(
         ["--checkpoint", checkpoint, "--prompt", "!#", "--max-new-tokens", "6", "--stats"]
-        + ["--temperature", "0", "--kv-dtype", kv_dtype],
+        + ["--temperature", "0", "--kv-dtype", kv_dtype, "--no-compile"],
         capsys,
     )
     assert code == 0, err
@@ -223,12 +223,13 @@ def test_generate_py_stats(checkpoint, capsys, kv_dtype):
 
 
 def test_generate_py_compile_prints_the_same_text_and_counts_the_eager_steps(checkpoint, capsys):
-    """--compile: the same greedy text; --stats says how many steps were replayed (they pass no
-    launch point) and counts the bytes on the others."""
+    """The steps replayed (--compile, the default) or not (--no-compile): the same greedy text;
+    --stats says how many steps were replayed (they pass no launch point) and counts the bytes
+    on the others."""
     argv = ["--checkpoint", checkpoint, "--prompt", "!#", "--max-new-tokens", "7"]
     argv += ["--temperature", "0", "--stats"]
     texts = []
-    for flags in ([], ["--compile"]):
+    for flags in (["--no-compile"], []):
         code, out, err = generate_py(argv + flags, capsys)
         assert code == 0, err
         texts.append(out[: out.index("\n--- prompt")])

@@ -90,16 +90,30 @@ def test_a_replay_runs_the_kernels_and_host_calls_without_the_op_layer():
     assert program.eager_bytes - program.bytes == sum(f.saved for f in program.fusions) > 0
 
 
-def test_a_value_that_changes_between_calls_is_refused_naming_the_launch():
-    def scaled(x):  # the scale is Python's, computed from a counter: a replay would keep it
-        scaled.calls += 1
-        return kernels.launch("mul", x, float(scaled.calls))
+def _scaled_by_its_calls(x):  # the scale is Python's, from a counter: a replay would keep it
+    _scaled_by_its_calls.calls += 1
+    return kernels.launch("mul", x, float(_scaled_by_its_calls.calls))
 
-    scaled.calls = 0
-    step = graph.compile(scaled)
+
+def test_a_value_that_changes_between_calls_is_refused_naming_the_launch():
+    _scaled_by_its_calls.calls = 0
+    step = graph.compile(_scaled_by_its_calls, fullgraph=True)
     step(np.ones(3, np.float32))
-    with pytest.raises(RuntimeError, match=r"step 0 \(mul\) takes a value that changes"):
-        step(np.ones(3, np.float32))
+    for _ in range(2):  # and again at the next call
+        with pytest.raises(RuntimeError, match=r"step 0 \(mul\) takes a value that changes"):
+            step(np.ones(3, np.float32))
+
+
+def test_a_step_that_cannot_be_replayed_runs_eagerly_and_says_so_once(capsys):
+    """As torch.compile without fullgraph: the step's results stay right, each call's own."""
+    _scaled_by_its_calls.calls = 0
+    step = graph.compile(_scaled_by_its_calls)
+    got = [step(np.ones(3, np.float32)) for _ in range(4)]
+    for calls, y in enumerate(got, 1):
+        np.testing.assert_array_equal(y, np.full(3, calls, np.float32))
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith("compile: _scaled_by_its_calls runs eagerly: ")
+    assert "step 0 (mul) takes a value that changes" in said[0] and step.program is None
 
 
 def test_the_inputs_reach_the_kernels_by_their_buffers():

@@ -8,7 +8,9 @@ call with inputs of a shape runs fn eagerly, recording; the second runs it eager
 recording, and checks the two (capture.py); every later call copies its inputs into the buffers
 the first two ran on and replays the kernels. A call whose inputs have another shape or dtype is
 captured anew, and says so once. What changes between calls must reach the kernels as the
-contents of an input (token ids, positions), never as a Python value the step computes.
+contents of an input (token ids, positions), never as a Python value the step computes: a step
+that passes one (capture.py names the launch) runs eagerly from then on, and says so once, as
+torch.compile falls back to eager where it cannot capture; fullgraph=True raises instead.
 """
 
 import sys
@@ -18,16 +20,18 @@ from .capture import Mismatch, Program, Recording
 from .fuse import fuse
 
 
-def compile(fn, fuse=True):
+def compile(fn, fuse=True, fullgraph=False):
     """fn as a captured step (see the module's docstring); fuse: fold its adds into the kernels
-    that made their operands (fuse.py), False to replay the launches as recorded."""
-    return Compiled(fn, fuse)
+    that made their operands (fuse.py), False to replay the launches as recorded; fullgraph:
+    raise where the step cannot be replayed, rather than run it eagerly (PyTorch's name)."""
+    return Compiled(fn, fuse, fullgraph)
 
 
 class Compiled:
-    def __init__(self, fn, fuse=True):
+    def __init__(self, fn, fuse=True, fullgraph=False):
         self.fn = fn
         self.fuse = fuse
+        self.fullgraph = fullgraph
         self.name = getattr(fn, "__name__", "step")
         self.captures = {}  # (shape, dtype, device) of each input -> its Capture
         self.told = False
@@ -52,18 +56,28 @@ class Compiled:
                 self.told = True
             capture = self.captures[key] = Capture(inputs, self.fuse)
         self.last = capture
-        return capture(self.fn, inputs, timers)
+        if capture.failed is None:
+            result = capture(self.fn, inputs, timers)
+            if capture.failed is None:
+                return result
+            if not self.fullgraph:
+                print(f"compile: {self.name} runs eagerly: {capture.failed}", file=sys.stderr)
+                return result
+        if self.fullgraph:
+            raise RuntimeError(f"compile: cannot replay the step: {capture.failed}")
+        return self.fn(*inputs)
 
 
 class Capture:
     """One shape of a step: the buffers its inputs are copied into, its two recordings, then
-    its Program."""
+    its Program (or, where they cannot be replayed, why not: failed)."""
 
     def __init__(self, inputs, fuse):
         self.buffers = [backend.of(a).empty(a.shape, a.dtype) for a in inputs]
         self.fuse = fuse
         self.recordings = []
         self.program = None
+        self.failed = None  # the Mismatch that keeps the step from a replay: fn runs as it is
 
     def __call__(self, fn, inputs, timers=None):
         for buffer, a in zip(self.buffers, inputs):
@@ -79,7 +93,8 @@ class Capture:
             try:
                 self.program = Program(*self.recordings)
             except Mismatch as e:
-                raise RuntimeError(f"compile: cannot replay the step: {e}") from None
+                self.failed, self.recordings = e, None
+                return result  # computed eagerly, as every later call will be
             if self.fuse:
                 fuse(self.program)
             self.recordings = None
