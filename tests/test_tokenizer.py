@@ -6,6 +6,7 @@ import socket
 
 import numpy as np
 import pytest
+import tiktoken.load
 
 from nn import tokenizer as tk
 
@@ -43,6 +44,14 @@ def test_builds_without_network(monkeypatch):
     monkeypatch.setattr(tk.tiktoken, "get_encoding", no_network)
     tok = tk.get_tokenizer.__wrapped__()
     assert tok.encode("Hello world") == [15496, 995]
+
+
+def test_the_ranks_are_tiktokens_own():
+    """mergeable_ranks reads encoder.json alone: the dict tiktoken builds from both files."""
+    vocab_bpe, encoder_json = tk.bpe_files()
+    with open(encoder_json, "rb") as f:
+        ranks = tk.mergeable_ranks(f.read())
+    assert ranks == tiktoken.load.data_gym_to_mergeable_bpe_ranks(vocab_bpe, encoder_json)
 
 
 def test_get_tokenizer_is_cached():
