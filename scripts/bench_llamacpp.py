@@ -15,7 +15,7 @@ q4_0 use).
 
 Each (engine, format, cores) is a worker process pinned to its cores (taskset), holding
 its model loaded; the workers take turns for --rounds rounds and the best round counts (ms a
-token, the median of its decode steps). Ours decodes as examples/generate.py --compile does:
+token, the median of its decode steps). Ours decodes as examples/generate.py does by default:
 the decode step captured and replayed, OpenMP's thread pool for its compiled GEMVs (every
 format). llama.cpp runs through llama-cpp-python (n_threads = the cores), from --peer-python's
 environment (llama.cpp is not a dependency of this project: without it only ours runs, and the
@@ -94,7 +94,7 @@ def serve(argv):
 
 def ours(checkpoint, fmt):
     """ours(n, k) -> (prefill seconds, [decode step seconds]): generate_stream's steps, the
-    decode step captured and replayed (compile=True), as examples/generate.py --compile."""
+    decode step captured and replayed (compile=True), as examples/generate.py does by default."""
     from nn import from_pretrained
     from nn.quant import quantize_model
     from tinygrad_like.backend.cpu.compiled import use_pool

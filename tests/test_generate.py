@@ -548,13 +548,13 @@ def tiny_checkpoint(tmp_path_factory):
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_generate_py_int8_activations_compiled_give_the_same_tokens(tiny_checkpoint, capsys, fmt):
-    """--activations int8 --compile: the step captured (quantize_rows and qmatmul_int8x launched
-    through kernels.launch) and replayed gives the eager step's greedy tokens, the residual adds
-    fused into qmatmul_int8x (fewer launches on a replay)."""
+    """--activations int8: the step captured (quantize_rows and qmatmul_int8x launched through
+    kernels.launch) and replayed, generate.py's default, gives the eager step's (--no-compile)
+    greedy tokens, the residual adds fused into qmatmul_int8x (fewer launches on a replay)."""
     argv = ["--checkpoint", tiny_checkpoint, "--prompt", "!#", "--max-new-tokens", "7"]
     argv += ["--temperature", "0", "--weights", fmt, "--activations", "int8", "--stats"]
     texts = []
-    for flags in ([], ["--compile"]):
+    for flags in (["--no-compile"], []):
         code, out, err = generate_py(argv + flags, capsys)
         assert code == 0, err
         texts.append(out[: out.index("\n--- prompt")])
