@@ -4,8 +4,10 @@ blocks match the same kernel run as one block bit for bit, a compiled kernel's p
 serial twins agree bit for bit, and the BLAS thread count is restored."""
 
 import os
+import shutil
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -201,6 +203,23 @@ def test_compiled_serial_and_parallel_twins_match_bit_for_bit(monkeypatch):
     for (name, got), (_, fn) in zip(parallel, _compiled_rows(np.random.default_rng(2))):
         for g, w in zip(got, _outputs(fn())):
             np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def test_an_edit_of_a_kernels_constants_gives_a_fresh_disk_cache(tmp_path):
+    """A kernel bakes in the constants it imports (a family's spec.py), which Numba's check of
+    the kernel's own file would miss: the cache directory's name hashes them too."""
+    package = Path(compiled.__file__).parents[2]
+    copy = tmp_path / "tinygrad_like"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert compiled._cache_dir(copy) == compiled._cache_dir(package)
+    for edited in ("kernels/quant/spec.py", "formats.py", "backend/cpu/runtime.py"):
+        before = compiled._cache_dir(copy)
+        with open(copy / edited, "a") as f:
+            f.write("\n# an edit\n")
+        assert compiled._cache_dir(copy) != before, edited
+    before = compiled._cache_dir(copy)
+    (copy / "graph" / "replay.py").write_text("# not a kernel's source\n")
+    assert compiled._cache_dir(copy) == before
 
 
 def test_a_kernel_closes_over_plain_constants_only():

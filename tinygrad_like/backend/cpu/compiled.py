@@ -7,9 +7,11 @@ no fast-math, so LLVM neither reorders sums nor fuses a multiply and an add, and
 over LANES fixed lanes (a warp's lanes on the GPU) added in a fixed tree at the end, the same
 bits for any core count. The compiled code is cached on disk beside this package
 (cache=True): the first run compiles each kernel once per dtype and prints a line saying so.
-Numba checks a cached kernel against its own file only, not the device functions it calls, so
-the cache lives in a directory named by a hash of this package's sources (any edit, a fresh
-cache): $NUMBA_CACHE_DIR if set, else ~/.cache/tinygrad_like/numba-<hash>. Numba has no fp16
+Numba checks a cached kernel against its own file only, not the device functions it calls nor
+the constants it imports (a family's spec.py, formats.py), which it bakes in, so the cache lives
+in a directory named by a hash of the sources kernels are made of (this package, kernels/, the
+formats and dtypes: any edit, a fresh cache): $NUMBA_CACHE_DIR if set, else
+~/.cache/tinygrad_like/numba-<hash>. Numba has no fp16
 or bf16 on the CPU, so 2-byte arrays reach these kernels widened to fp32 by NumPy (runtime.f32)
 and their results are rounded once by NumPy (runtime.rounded), as before.
 """
@@ -33,8 +35,10 @@ from ... import compiles
 from .runtime import THREADS
 
 
-def _cache_dir():
-    sources = sorted(Path(__file__).parent.glob("*.py"))
+def _cache_dir(package=Path(__file__).parents[2]):
+    """~/.cache/tinygrad_like/numba-<a hash of the sources kernels are made of, in package>."""
+    sources = sorted(package.glob("backend/cpu/*.py")) + sorted(package.glob("kernels/**/*.py"))
+    sources += [package / "formats.py", package / "dtypes.py"]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(home, "tinygrad_like", f"numba-{digest}")
