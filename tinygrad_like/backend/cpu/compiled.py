@@ -11,9 +11,9 @@ Numba checks a cached kernel against its own file only, not the device functions
 the constants it imports (a family's spec.py, formats.py), which it bakes in, so the cache lives
 in a directory named by a hash of the sources kernels are made of (this package, kernels/, the
 formats and dtypes: any edit, a fresh cache): $NUMBA_CACHE_DIR if set, else
-~/.cache/tinygrad_like/numba-<hash>. Numba has no fp16
-or bf16 on the CPU, so 2-byte arrays reach these kernels widened to fp32 by NumPy (runtime.f32)
-and their results are rounded once by NumPy (runtime.rounded), as before.
+~/.cache/tinygrad_like/numba-<hash>. Numba has no fp16 or bf16 on the CPU, so 2-byte arrays
+reach these kernels widened to fp32 by NumPy (runtime.f32) and their results are rounded once
+by NumPy (runtime.rounded), as before.
 """
 
 import hashlib
