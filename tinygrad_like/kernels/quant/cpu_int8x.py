@@ -227,22 +227,24 @@ def _row_dot(nibbles):
 _int8_row_dot, _int4_row_dot = _row_dot(False), _row_dot(True)
 
 
+_OFFSET = {"int8": 128, "int4": 8}  # what a format's unsigned code values add to its codes
+
+
 def _qmatmul_int8x_kernel(nibbles):
     """qmatmul_int8x for int8 (nibbles False) or int4 weights."""
-    offset = np.int32(8 if nibbles else 128)  # what the unsigned code values add to the codes
+    offset = np.int32(_OFFSET["int4" if nibbles else "int8"])
 
     @kernel(serial_below=SERIAL_BELOW, work=work)
-    def _qmatmul_int8x(codes, scales, group_size, xq, x0, x1, xs, xoff, group_of, bias, y):
-        # codes (N, K) or (N, K / 2) uint8, scales (N, K / group_size), xq (M, K) int8 codes,
-        # xs (M, K / 32) their scales, bias (N,) or (0,), y (M, N) fp32; scratch: xoff (M,
-        # K / 32) int32, group_of (K / 32,) int32, and for int4 x0, x1 (M, K / 2) (x's even
-        # and odd codes, a byte's nibbles' partners), else x0 = x1 = xq. First each block's
-        # offset, group (and the split), then a block of rows of W per iteration (quant.cu's
-        # qmatmul_int8x: a warp per row), each dotted with every row of x (the row_dot IR).
+    def _qmatmul_int8x(codes, scales, group_of, xq, x0, x1, xs, xoff, bias, y):
+        # codes (N, K) or (N, K / 2) uint8, scales (N, K / group_size), group_of (K / 32,)
+        # int32 each block's group, xq (M, K) int8 codes, xs (M, K / 32) their scales, bias
+        # (N,) or (0,), y (M, N) fp32; scratch: xoff (M, K / 32) int32, and for int4 x0, x1
+        # (M, K / 2) (x's even and odd codes, a byte's nibbles' partners), else x0 = x1 = xq.
+        # First each block's offset (and the split), then a block of rows of W per iteration
+        # (quant.cu's qmatmul_int8x: a warp per row), each dotted with every row of x (the
+        # row_dot IR).
         M, nb = xs.shape
         N = codes.shape[0]
-        for b in range(nb):
-            group_of[b] = b // (group_size // X_BLOCK)
         for m in range(M):
             for b in range(nb):
                 s = np.int32(0)
@@ -277,17 +279,15 @@ def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=N
     b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
     scales = np.ascontiguousarray(scales, dtype=np.float32)
     xs = np.ascontiguousarray(xscales, dtype=np.float32)
+    group_of = np.arange(xs.shape[1], dtype=np.int32) // np.int32(group_size // X_BLOCK)
     if M >= DECODE_ONCE_FROM:  # a prompt: tiles of rows of x by rows of W
-        group_of = np.arange(xs.shape[1]) // (group_size // X_BLOCK)
-        offset = 8 if fmt == "int4" else 128  # what the unsigned code values add
-        y = qmatmul_int8x_tiles(xq, xs, offset, codes, scales, group_of, fmt, b)
+        y = qmatmul_int8x_tiles(xq, xs, _OFFSET[fmt], codes, scales, group_of, fmt, b)
     else:
         y = np.empty((M, codes.shape[0]), np.float32)
         x0 = x1 = xq
         if fmt == "int4":
             x0, x1 = np.empty((M, K // 2), np.int8), np.empty((M, K // 2), np.int8)
-        xoff, group_of = np.empty(xs.shape, np.int32), np.empty(xs.shape[1], np.int32)
-        args = (np.ascontiguousarray(codes), scales, group_size, xq, x0, x1, xs, xoff, group_of)
-        _QMATMUL_INT8X[fmt](*args, b, y)
+        args = (np.ascontiguousarray(codes), scales, group_of, xq, x0, x1, xs)
+        _QMATMUL_INT8X[fmt](*args, np.empty(xs.shape, np.int32), b, y)
     y = rounded(y, np.dtype(dtype))
     return y if add is None else elementwise_add(add, y, out=y)

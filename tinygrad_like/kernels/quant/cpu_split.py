@@ -15,7 +15,8 @@ SERIAL_BELOW = 1 << 22
 DECODE_ONCE_FROM = 4  # rows of x from which a row of W is decoded once, not at every row
 
 
-def work(codes, scales, group_size, x, *rest):
-    """A quantized GEMM's work for compiled.kernel's one-core rule: its codes, times x's rows
+def work(codes, scales, group, x, *rest):
+    """A quantized GEMM's work for compiled.kernel's one-core rule (its kernels' arguments
+    begin codes, scales, the group size or each block's group, x): its codes, times x's rows
     when each row of W is dotted with them all (from DECODE_ONCE_FROM rows: a prompt)."""
     return codes.size * (x.shape[0] if x.shape[0] >= DECODE_ONCE_FROM else 1)
