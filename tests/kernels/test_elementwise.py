@@ -491,6 +491,19 @@ def test_cpu_sum_accumulates_in_fp32(dtype):
     assert rows.shape == (2, 1) and np.all(rows.astype(F32) == 4096)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtypes.name)
+def test_sum_epilogue_is_the_unfused_add(device, dtype):
+    """sum's add= has the bits of the sum then elementwise's add(add, sum); out=add accumulates
+    into add itself and returns it (a bias's gradient: dY's rows summed into it)."""
+    dy, grad = device.asarray(rand((3, 7, 40), dtype, seed=1)), rand(40, dtype, seed=2)
+    want = device.to_numpy(device.add(device.asarray(grad), device.sum(dy, axis=(0, 1))))
+    got = device.sum(dy, axis=(0, 1), add=device.asarray(grad))
+    assert device.to_numpy(got).tobytes() == want.tobytes()
+    g = device.asarray(grad)
+    assert device.sum(dy, axis=(0, 1), add=g, out=g) is g
+    assert device.to_numpy(g).tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)
 def test_cpu_gelu_half_is_the_fp32_result_rounded(dtype):
     x, dy = rand((8, 16), dtype, scale=2, seed=1), rand((8, 16), dtype, seed=2)

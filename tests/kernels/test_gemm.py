@@ -13,7 +13,7 @@ test_cpu_threads.py.
 import numpy as np
 import pytest
 
-from tinygrad_like import dtypes
+from tinygrad_like import dtypes, kernels
 
 from . import check
 from .check import (
@@ -321,6 +321,36 @@ def test_cpu_epilogue_is_the_unfused_add(kernel, dtype):
     assert out.tobytes() == want
     scaled = cpu.add(add, cpu.mul(c, scale)).tobytes()
     assert gemm(a, b, scale=scale, add=add, **kw).tobytes() == scaled
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtypes.name)
+@pytest.mark.parametrize("shape", [(77, 45, 131), (1, 200, 131), (2, 3, 9, 16, 40)])
+def test_gelu_epilogues_are_the_unfused_kernels(device, dtype, shape):
+    """matmul's gelu= has the bits of the GEMM (with its bias) then elementwise's gelu_fwd, and
+    aux=True returns C beside it; matmul_nt's gelu_input= those of the GEMM then gelu_bwd(x, C):
+    a training step's MLP (M rows, batched, and a decode step's one)."""
+    *lead, M, K, N = shape
+    shapes = [(*lead, M, K), (K, N), N, (*lead, M, N), (*lead, M, K)]
+    x, w, bias, dy, pre = (device.asarray(rand(s, dtype, seed=i)) for i, s in enumerate(shapes))
+    as_bytes = lambda a: device.to_numpy(a).tobytes()  # noqa: E731
+    c = device.matmul(x, w, bias=bias)
+    act = device.matmul(x, w, bias=bias, gelu=True)
+    assert as_bytes(act) == as_bytes(device.gelu_fwd(c))
+    act, kept = device.matmul(x, w, bias=bias, gelu=True, aux=True)
+    assert as_bytes(act) == as_bytes(device.gelu_fwd(c)) and as_bytes(kept) == as_bytes(c)
+    dh = device.matmul_nt(dy, w, gelu_input=pre)  # dY W^T, through the GELU
+    assert as_bytes(dh) == as_bytes(device.gelu_bwd(pre, device.matmul_nt(dy, w)))
+
+
+def test_a_gelu_epilogue_takes_no_other():
+    """The records' rule (what the meta device runs): a GELU comes after the bias, alone."""
+    meta = kernels.on("meta")
+    a, b = meta.empty((3, 4), F32), meta.empty((4, 5), F32)
+    with pytest.raises(ValueError, match="GELU epilogue takes no"):
+        meta.matmul(a, b, add=meta.empty((3, 5), F32), gelu=True)
+    with pytest.raises(ValueError, match="needs gelu=True"):
+        meta.matmul(a, b, aux=True)
+    assert [x.shape for x in meta.matmul(a, b, gelu=True, aux=True)] == [(3, 5), (3, 5)]
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)

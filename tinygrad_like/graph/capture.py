@@ -63,10 +63,11 @@ def _is_array(x):
 
 
 def address(a):
-    """a's first byte in memory (0 on the meta device, which has none)."""
+    """a's first byte in memory (on the meta device, which has none, its offset in its buffer)."""
     if hasattr(a, "__array_interface__"):
         return a.__array_interface__["data"][0]
-    return getattr(getattr(a, "data", None), "ptr", 0)
+    data = getattr(a, "data", None)
+    return getattr(data, "ptr", 0) if data is not None else getattr(a, "offset", 0)
 
 
 def _view(a, buffer):

@@ -1,24 +1,29 @@
-"""Fusion: a captured step's adds and scalings folded into the kernels that made their operands.
+"""Fusion: a captured step's adds, scalings and GELUs folded into the kernels that made their
+operands.
 
 An add or a mul whose operand C is read by nothing else, C made by a kernel with an epilogue (a
 GEMM, kernels/gemm/spec.py, or a quantized one, kernels/quant/spec.py; a norm's backward,
-kernels/rownorm/spec.py), becomes that kernel's epilogue: kernel(..., add=other) instead of
-kernel(...) then add(other, C); kernel(..., add=g, out=g) where the add accumulated into g in
-place (a parameter's gradient); kernel(..., scale=s) where C was multiplied by a 0-d array s (a
-mean's 1 / count), before any add. These
-are the residual stream's adds in the forward (x + attn_proj(h), x + mlp_proj(h)), the
-gradients summed in the backward (a layer's dW into its gradient, the residual's dx into the
-other branch's) and the LM head's dW scaled, then summed: in gpt2-mini's training step every add
-but the bias and norm-weight gradients' and the embedding's. One launch instead of two, and C is
-neither written nor read back: 2 |C| bytes fewer (the course's arithmetic, chapter 6: each
-unfused kernel reads its inputs and writes its output), which the launch point's counts of the
-fused step give too (Program.bytes before and after: tests/test_graph.py).
+kernels/rownorm/spec.py; a sum, kernels/elementwise/spec.py), becomes that kernel's epilogue:
+kernel(..., add=other) instead of kernel(...) then add(other, C); kernel(..., add=g, out=g)
+where the add accumulated into g in place (a parameter's gradient); kernel(..., scale=s) where C
+was multiplied by a 0-d array s (a mean's 1 / count), before any add. These are the residual
+stream's adds in the forward (x + attn_proj(h), x + mlp_proj(h)), the gradients summed in the
+backward (a layer's dW into its gradient, the residual's dx into the other branch's, a bias's
+summed dY into its gradient) and the LM head's dW scaled, then summed: in gpt2-mini's training
+step every add but the norm weights' gradients' and the embedding's. One launch instead of two,
+and C is neither written nor read back: 2 |C| bytes fewer (the course's arithmetic, chapter 6:
+each unfused kernel reads its inputs and writes its output), which the launch point's counts of
+the fused step give too (Program.bytes before and after: tests/test_graph.py).
+
+A GELU on a GEMM's C (the MLP's fc, after its bias) becomes matmul(..., gelu=True): 2 |C| fewer,
+or |C| where C is read again (the backward's gelu_bwd reads it: aux=True returns it too); the
+GELU's gradient of a GEMM's C (the fc's dY = dZ W_proj^T) matmul_nt(..., gelu_input=x): 2 |C|.
 
 The fused kernel gives the unfused bits: it rounds C as it returned it, then multiplies and adds
-as elementwise's mul and add do (in fp32 for 2-byte operands, rounded after each). The other
-operand must be alive when the kernel runs, and nothing between the kernel and the add may read
-or write it: the add then reads the same bytes earlier, and what it wrote in place is written
-earlier, unread in between.
+as elementwise's mul and add do (in fp32 for 2-byte operands, rounded after each), or runs
+elementwise's gelu_fwd and gelu_bwd on it. The other operand must be alive when the kernel runs,
+and nothing between the kernel and the add may read or write it: the add then reads the same
+bytes earlier, and what it wrote in place is written earlier, unread in between.
 """
 
 from collections import defaultdict
@@ -31,7 +36,9 @@ from .capture import address, arguments, read, values
 
 # what a kernel's epilogue takes is its record's (kernels/record.py): scale= (C times a 0-d
 # array), add= (C plus an array of its shape), out= (an add into its own operand: the gradients)
-FOLDED = {"mul": "scale", "add": "add"}  # the elementwise kernels an epilogue takes, its part
+# gelu= (GELU(C)) and gelu_input= (C times GELU'(that input)): a GEMM's GELU epilogues
+FOLDED = {"mul": "scale", "add": "add", "gelu_fwd": "gelu", "gelu_bwd": "gelu_input"}
+SIDES = {"gelu_fwd": (0,), "gelu_bwd": (1,)}  # which operand may be C (add's and mul's: either)
 
 
 @dataclass(frozen=True)
@@ -60,28 +67,33 @@ def fuse(program):
     for j, op in enumerate(steps):
         if op[0] != "launch" or op.name not in FOLDED or set(op.kwargs) - {"out"}:
             continue
-        for side in (0, 1):
+        for side in SIDES.get(op.name, (0, 1)):
             d = op.args[side]
             i = first_output.get(d[1]) if d[0] == "value" else None
             if i is None:
                 continue
             v = d[1]
+            kept = readers[v] != {j} or v in returned  # C read again: a GELU returns it too
             if op.kwargs.get("out") == d:  # written in place: later launches read it as it is
                 if min(readers[v]) != j:
                     continue
-            elif readers[v] != {j} or v in returned:
+            elif kept and op.name != "gelu_fwd":
                 continue
-            fused = _fused(program, i, j, side)
+            c = _outputs(steps[i].recorded[2])[0]
+            if op.name in ("gelu_fwd", "gelu_bwd"):
+                fused, saved = _gelu_fused(program, i, j, kept), c.nbytes if kept else 2 * c.nbytes
+            else:
+                fused, saved = _fused(program, i, j, side), 2 * c.nbytes
             if fused is not None:
-                c = _outputs(fused.recorded[2])[0]
                 steps[i] = fused._replace(
-                    folded=fused.folded + (Fusion(fused.name, op.name, 2 * c.nbytes),)
+                    folded=fused.folded + (Fusion(fused.name, op.name, saved),)
                 )
                 removed.add(j)
                 for u in read(op):
                     readers[u].discard(j)
                 for u in read(steps[i]):  # the kernel now reads op's other operand: a gradient
                     readers[u].add(i)  # it accumulates into is still read before its last add
+                first_output.pop(v, None)  # C's epilogue is taken (or C is gone)
                 if fused.makes[0] is not None:
                     first_output[fused.makes[0]] = i
                 break
@@ -95,8 +107,8 @@ def _fused(program, i, j, side):
     kernel, op = program.steps[i], program.steps[j]
     part = FOLDED[op.name]
     takes = KERNELS[kernel.name].epilogue
-    if part not in takes or "add" in kernel.kwargs or part in kernel.kwargs:
-        return None  # an epilogue is bias, then scale, then add: one each
+    if part not in takes or {"add", "gelu", "gelu_input", part} & set(kernel.kwargs):
+        return None  # an epilogue is bias, then scale, then add (or a GELU): one each
     (args1, kwargs1, out1) = op.recorded
     c, other = _outputs(kernel.recorded[2])[0], args1[1 - side]
     d = op.args[1 - side]
@@ -147,6 +159,47 @@ def _fused(program, i, j, side):
             recorded_kwargs,
             (made, *outs[1:]) if len(outs) > 1 else made,
         ),
+    )
+
+
+def _gelu_fused(program, i, j, kept):
+    """Launch i, a GEMM whose first output is C, with launch j, gelu_fwd(C) or gelu_bwd(x, C),
+    as its GELU epilogue (returning C too where it is read again: kept), or None where it
+    cannot: after a bias only, on all of C, nothing writing C (or x) between them."""
+    kernel, op = program.steps[i], program.steps[j]
+    part = FOLDED[op.name]
+    if part not in KERNELS[kernel.name].epilogue or set(kernel.kwargs) - {"bias"}:
+        return None
+    args1, _, out1 = op.recorded
+    c = _outputs(kernel.recorded[2])[0]
+    if not _whole(args1[SIDES[op.name][0]], c):
+        return None
+    v = op.args[SIDES[op.name][0]][1]
+    written = [("value", v, None)]
+    kwargs, recorded_kwargs = {**kernel.kwargs}, {**kernel.recorded[1]}
+    if part == "gelu":
+        kwargs["gelu"], recorded_kwargs["gelu"] = ("const", True), True
+        if kept:
+            kwargs["aux"], recorded_kwargs["aux"] = ("const", True), True
+    else:  # x: made before the kernel runs, contiguous, not written until op would have read it
+        x, d = args1[0], op.args[0]
+        if d[0] not in ("value", "const") or not _contiguous(x):
+            return None
+        if d[0] == "value" and not (program.births[d[1]] < i):
+            return None
+        written.append(d)
+        kwargs["gelu_input"] = _as_shape(program, d, c.shape)
+        recorded_kwargs["gelu_input"] = x.reshape(c.shape)
+    if any(_touches(program.steps[s], w, reads=False) for s in range(i + 1, j) for w in written):
+        return None
+    made = out1.reshape(c.shape)
+    shape = tuple(program.buffers[op.makes[0]].shape)
+    return kernel._replace(
+        kwargs=kwargs,
+        makes=(op.makes[0], v) if kept else (op.makes[0],),
+        shapes=(shape, kernel.shapes[0]) if kept else (shape,),
+        allocs=kernel.allocs + op.allocs,
+        recorded=(kernel.recorded[0], recorded_kwargs, (made, c) if kept else made),
     )
 
 

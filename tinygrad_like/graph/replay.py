@@ -94,11 +94,11 @@ def _argument(d, constant):
 def _view_of(buffer, shape, strides, offset):
     """The view (shape, strides) at a byte offset of buffer, a contiguous array: NumPy's own
     constructor on the CPU (a tenth of as_strided's time), as_strided on a GPU, and on the meta
-    device an array of that shape and strides whose base is buffer (it has no bytes to offset)."""
+    device an array of that shape, strides and offset whose base is buffer (no bytes behind it)."""
     if isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous:
         return np.ndarray(shape, buffer.dtype, buffer, offset, strides)
     be = backend.of(buffer)
     if not be.HOLDS_VALUES:
-        return type(buffer)(shape, buffer.dtype, strides, buffer)
+        return type(buffer)(shape, buffer.dtype, strides, buffer, offset=offset)
     flat = buffer.reshape(-1)[offset // buffer.itemsize :]
     return be.xp.lib.stride_tricks.as_strided(flat, shape, strides)

@@ -2,11 +2,12 @@
 them; and the array functions (broadcast_to, split) that code which allocates views on a
 device calls through `backend.of(a).xp`.
 
-A view (reshape, transpose, basic indexing, broadcast_to, split) has NumPy's shape, strides and
-base: NumPy computes them on a stand-in, a view of the same shape and strides over one element
-of memory, which it never reads (a view moves no data). So functions._can_view, the kernels' byte
-counts and the memory tracker (which follows .base to the buffer behind a view) see a meta
-array exactly as they see the NumPy array it stands for.
+A view (reshape, transpose, basic indexing, broadcast_to, split) has NumPy's shape, strides,
+base and byte offset within its base: NumPy computes them on a stand-in, a view of the same
+shape and strides over one element of memory, which it never reads (a view moves no data). So
+functions._can_view, the kernels' byte counts, the memory tracker (which follows .base to the
+buffer behind a view) and a captured step's fusions (which ask whether two views of one buffer
+overlap) see a meta array exactly as they see the NumPy array it stands for.
 
 Anything that needs the values (np.asarray, float(), bool(), comparisons, .item()) raises
 NoValues: the meta device counts a step, it cannot say what the step computed.
@@ -40,17 +41,17 @@ class MetaArray:
     """shape, dtype and strides; base: the array whose memory a view would share (None for an
     array that owns its memory), as NumPy's .base; known: the values of a small integer array
     made from host data (a KV cache's positions), which decide the work of the kernels that
-    read them as shapes do, else None."""
+    read them as shapes do, else None; offset: a view's first byte within its base."""
 
-    __slots__ = ("shape", "dtype", "strides", "base", "known", "__weakref__")
+    __slots__ = ("shape", "dtype", "strides", "base", "known", "offset", "__weakref__")
 
-    def __init__(self, shape, dtype, strides=None, base=None, known=None):
+    def __init__(self, shape, dtype, strides=None, base=None, known=None, offset=0):
         self.shape = tuple(int(n) for n in shape)
         if any(n < 0 for n in self.shape):
             raise ValueError(f"negative dimensions are not allowed: {self.shape}")
         self.dtype = np.dtype(dtype)
         self.strides = c_strides(self.shape, self.dtype.itemsize) if strides is None else strides
-        self.base, self.known = base, known
+        self.base, self.known, self.offset = base, known, offset
 
     # ---- facts
     @property
@@ -87,15 +88,30 @@ class MetaArray:
         one = np.empty(1, self.dtype)
         return np.lib.stride_tricks.as_strided(one, self.shape, self.strides)
 
-    def _view(self, view):
-        """The MetaArray for a view NumPy made of the stand-in."""
+    def _views(self, make):
+        """The MetaArrays for the views make(stand-in) returns (a list of NumPy views)."""
+        stand_in = self._stand_in()
+        start = stand_in.__array_interface__["data"][0]
         owner = self if self.base is None else self.base
-        return MetaArray(view.shape, self.dtype, view.strides, owner)
+        return [
+            MetaArray(
+                v.shape,
+                self.dtype,
+                v.strides,
+                owner,
+                offset=self.offset + v.__array_interface__["data"][0] - start,
+            )
+            for v in make(stand_in)
+        ]
+
+    def _view(self, make):
+        """The MetaArray for the view make(stand-in) returns."""
+        return self._views(lambda s: [make(s)])[0]
 
     def reshape(self, *shape):
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         try:
-            return self._view(np.reshape(self._stand_in(), shape, copy=False))
+            return self._view(lambda s: np.reshape(s, shape, copy=False))
         except ValueError:  # NumPy would copy: a new buffer of the new shape
             contiguous = np.lib.stride_tricks.as_strided(
                 np.empty(1, self.dtype), self.shape, c_strides(self.shape, self.itemsize)
@@ -104,14 +120,14 @@ class MetaArray:
 
     def transpose(self, *axes):
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        return self._view(self._stand_in().transpose(*axes))
+        return self._view(lambda s: s.transpose(*axes))
 
     @property
     def T(self):
         return self.transpose()
 
     def swapaxes(self, a, b):
-        return self._view(self._stand_in().swapaxes(a, b))
+        return self._view(lambda s: s.swapaxes(a, b))
 
     def __getitem__(self, index):
         items = index if isinstance(index, tuple) else (index,)
@@ -122,7 +138,7 @@ class MetaArray:
             )
         if not any(i is Ellipsis for i in items):  # so that NumPy returns a view, never a scalar
             items = items + (Ellipsis,)
-        return self._view(self._stand_in()[items])
+        return self._view(lambda s: s[items])
 
     # ---- values: none
     def __array__(self, *args, **kwargs):
@@ -160,8 +176,8 @@ class MetaArray:
 
 
 def broadcast_to(a, shape):
-    return a._view(np.broadcast_to(a._stand_in(), shape))
+    return a._view(lambda s: np.broadcast_to(s, shape))
 
 
 def split(a, indices_or_sections, axis=0):
-    return [a._view(v) for v in np.split(a._stand_in(), indices_or_sections, axis=axis)]
+    return a._views(lambda s: np.split(s, indices_or_sections, axis=axis))

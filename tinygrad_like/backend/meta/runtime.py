@@ -68,7 +68,8 @@ def _twin(host):
     if owner is host:
         twin.known = known
         return twin
-    return MetaArray(host.shape, host.dtype, host.strides, twin, known)
+    offset = host.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+    return MetaArray(host.shape, host.dtype, host.strides, twin, known, offset)
 
 
 def to_numpy(a):

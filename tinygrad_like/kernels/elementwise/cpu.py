@@ -167,10 +167,15 @@ def index_bwd(dy, shape, index):
     return dx
 
 
-def sum(a, axis=None, keepdims=False):
-    """NumPy's sum with an fp32 (fp64 for fp64) accumulator."""
+_add = add  # sum's epilogue, whose add= parameter hides the kernel's name
+
+
+def sum(a, axis=None, keepdims=False, add=None, out=None):
+    """NumPy's sum with an fp32 (fp64 for fp64) accumulator, rounded to a's dtype; then
+    add(add, sum) [into out], the unfused add's bits."""
     total = np.sum(a, axis=axis, keepdims=keepdims, dtype=dtypes.compute_dtype(a.dtype))
-    return rounded(np.asarray(total), a.dtype)
+    total = rounded(np.asarray(total), a.dtype)
+    return total if add is None else _add(add, total, out=out)
 
 
 def _elementwise(x, *others, body):

@@ -160,10 +160,15 @@ def index_bwd(dy, shape, index):
     return dx
 
 
-def sum(a, axis=None, keepdims=False):
-    """CuPy's sum with an fp32 (fp64 for fp64) accumulator."""
+_add = add  # sum's epilogue, whose add= parameter hides the kernel's name
+
+
+def sum(a, axis=None, keepdims=False, add=None, out=None):
+    """CuPy's sum with an fp32 (fp64 for fp64) accumulator, rounded to a's dtype; then
+    add(add, sum) [into out], the unfused add's bits (a second kernel)."""
     s = cupy.sum(a, axis=axis, keepdims=keepdims, dtype=dtypes.compute_dtype(a.dtype))
-    return s.astype(a.dtype, copy=False)
+    s = s.astype(a.dtype, copy=False)
+    return s if add is None else _add(add, s, out=out)
 
 
 def dropout_fwd(x, p, seed):

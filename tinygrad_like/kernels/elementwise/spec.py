@@ -283,9 +283,29 @@ def index_bwd(dy, shape, index):
     zeros of x's shape with dy written at index."""
 
 
-@kernel(shape=_reduced, flops=per_element(1))
-def sum(a, axis=None, keepdims=False):
-    """Sum over axes, accumulated in fp32 (fp64 for fp64), result in a's dtype."""
+def _summed(a, axis=None, keepdims=False, add=None, out=None):
+    """The sum's Out, or out; add and out (the epilogue) must take its shape and a's dtype."""
+    s = _reduced(a, axis, keepdims)
+    for name, x in (("add", add), ("out", out)):
+        if x is not None and (tuple(x.shape) != s.shape or x.dtype != s.dtype):
+            raise ValueError(f"sum: {name} {tuple(x.shape)} {x.dtype}, need {s.shape} {s.dtype}")
+    if out is not None and add is None:
+        raise ValueError("sum: out= is where the epilogue's add= accumulates: give add= too")
+    return s if out is None else out
+
+
+# add= (and out=add) is the epilogue a captured step fuses into a sum (graph/fuse.py): a bias's
+# gradient, the rows of dY summed, then added into the gradient, in one launch
+
+
+@kernel(
+    shape=_summed,
+    flops=lambda r, a, *_, add=None, **kw: a.size + (0 if add is None else r.size),
+    epilogue=("add", "out"),
+)
+def sum(a, axis=None, keepdims=False, add=None, out=None):
+    """Sum over axes, accumulated in fp32 (fp64 for fp64), result in a's dtype [+ add, as
+    add(add, sum) rounds] [into out]."""
 
 
 # ---- Lab 5's fused kernels: the MLP's bias and GELU, and the block's bias and residual, each

@@ -29,6 +29,7 @@ import numpy as np
 
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, f32, in_parallel, one_blas_thread, rounded
 from ..elementwise.cpu import add as elementwise_add
+from ..elementwise.cpu import gelu_bwd, gelu_fwd
 from ..elementwise.cpu import mul as elementwise_mul
 from .cpu_accumulate import accumulated
 from .cpu_gemv import gemv
@@ -121,12 +122,16 @@ def _product(a, b, dtype, bias=None, scale=None, add=None, out=None):
     return _epilogue(_gemm(a, b, bias), dtype, scale, add, out)
 
 
-def matmul(a, b, bias=None, scale=None, add=None, out=None):
-    return _product(a, b, a.dtype, bias, scale, add, out)
+def matmul(a, b, bias=None, scale=None, add=None, out=None, gelu=False, aux=False):
+    c = _product(a, b, a.dtype, bias, scale, add, out)
+    if not gelu:
+        return c
+    return (gelu_fwd(c), c) if aux else gelu_fwd(c)  # elementwise's GELU on C just written
 
 
-def matmul_nt(a, b, scale=None, add=None, out=None):
-    return _product(a, b.swapaxes(-1, -2), a.dtype, None, scale, add, out)
+def matmul_nt(a, b, scale=None, add=None, out=None, gelu_input=None):
+    c = _product(a, b.swapaxes(-1, -2), a.dtype, None, scale, add, out)
+    return c if gelu_input is None else gelu_bwd(gelu_input, c)
 
 
 def matmul_tn(a, b, scale=None, add=None, out=None):

@@ -3,7 +3,9 @@
 mixed dtypes and TG_MATMUL=cublas go to cupy.matmul (cuBLAS, fp32 compute): the yardstick for
 the custom GEMMs, and the fallback should they misbehave. The epilogue's scale (one element)
 and add (C's shape and dtype) are read in the custom kernels' store; out (C's shape and dtype)
-may be add itself.
+may be add itself. The GELU epilogues (gelu=, gelu_input=) are not in the store: the generated
+gelu_fwd or gelu_bwd runs on C as a second device kernel of the same launch, so the launch is one
+but C is still written and read back in device memory.
 """
 
 import math
@@ -15,6 +17,7 @@ import numpy as np
 from ... import dtypes
 from ...backend.cuda.runtime import NULL, TRAINING, blocks_for, compiled
 from ..elementwise.cuda import add as elementwise_add
+from ..elementwise.cuda import gelu_bwd, gelu_fwd
 from ..elementwise.cuda import mul as elementwise_mul
 
 
@@ -126,12 +129,16 @@ def _gemm(a, b, bias, ta, tb, scale=None, add=None, out=None):
     return c
 
 
-def matmul(a, b, bias=None, scale=None, add=None, out=None):
-    return _gemm(a, b, bias, False, False, scale, add, out)
+def matmul(a, b, bias=None, scale=None, add=None, out=None, gelu=False, aux=False):
+    c = _gemm(a, b, bias, False, False, scale, add, out)
+    if not gelu:
+        return c
+    return (gelu_fwd(c), c) if aux else gelu_fwd(c)  # the generated GELU: a second kernel
 
 
-def matmul_nt(a, b, scale=None, add=None, out=None):
-    return _gemm(a, b, None, False, True, scale, add, out)
+def matmul_nt(a, b, scale=None, add=None, out=None, gelu_input=None):
+    c = _gemm(a, b, None, False, True, scale, add, out)
+    return c if gelu_input is None else gelu_bwd(gelu_input, c)
 
 
 def matmul_tn(a, b, scale=None, add=None, out=None):

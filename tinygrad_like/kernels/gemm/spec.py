@@ -8,12 +8,15 @@ cpu.py: NumPy's BLAS in fp32 (2-byte inputs widened, the result rounded once, as
 does); cuda.py + gemm.cu: tiled shared-memory fp32 and mma.sync tensor-core fp16/bf16 GEMMs, with
 cuBLAS kept as the yardstick. The epilogue adds bias (N,), then multiplies by scale (one element)
 and adds add (C's shape), each rounded as the unfused kernels round: the bits of elementwise's
-mul(C, scale), then add(add, C), in place when out is add.
+mul(C, scale), then add(add, C), in place when out is add. Or, after the bias, GPT-2's GELU
+(matmul's gelu=, aux= to return its input too) or its gradient (matmul_nt's gelu_input=): the
+bits of elementwise's gelu_fwd(C) and gelu_bwd(gelu_input, C), cuBLASLt's GELU, GELU_AUX and
+DGELU epilogues.
 """
 
 import numpy as np
 
-from ..record import Out, kernel
+from ..record import KERNELS, Out, kernel
 
 
 def _product(a, a_shape, b_shape):
@@ -28,62 +31,83 @@ def _t(shape):
     return tuple(shape[:-2]) + (shape[-1], shape[-2])
 
 
-def _epilogued(c, scale, add, out):
-    """C's Out, or out: an epilogue's factor `scale` must be one element of C's dtype, its
-    summand `add` and out C's shape and dtype (they act as elementwise's mul and add on the C
-    this kernel would return)."""
+def _epilogued(c, scale, add, out, gelu=False, aux=False, gelu_input=None):
+    """C's Out, or out, or with gelu (and aux) GELU(C)'s Out (and C's): an epilogue's factor
+    `scale` must be one element of C's dtype, its summand `add`, out and gelu_input C's shape
+    and dtype (they act as elementwise's mul, add and gelu_bwd on the C this kernel would
+    return); a GELU or its gradient takes no scale, add or out."""
+    if (gelu or gelu_input is not None) and any(x is not None for x in (scale, add, out)):
+        raise ValueError("matmul: a GELU epilogue takes no scale=, add= or out=")
+    if aux and not gelu:
+        raise ValueError("matmul: aux=True returns the GELU's input: it needs gelu=True")
     if scale is not None and (tuple(scale.shape) != () or scale.dtype != c.dtype):
         raise ValueError(f"matmul: scale {tuple(scale.shape)} {scale.dtype}, need () {c.dtype}")
-    for name, x in (("add", add), ("out", out)):
+    for name, x in (("add", add), ("out", out), ("gelu_input", gelu_input)):
         if x is not None and (tuple(x.shape) != c.shape or x.dtype != c.dtype):
             raise ValueError(f"matmul: {name} {tuple(x.shape)} {x.dtype}, need {c.shape} {c.dtype}")
-    return c if out is None else out
+    return (c, c) if aux else c if out is None else out
+
+
+def _gelu_part(r, gelu=False, gelu_input=None, **_):
+    """The record of the elementwise kernel a GELU epilogue runs on C (r: C's Out), or None."""
+    if gelu:
+        return KERNELS["gelu_fwd"], (r,)
+    return (KERNELS["gelu_bwd"], (gelu_input, r)) if gelu_input is not None else None
 
 
 def _gemm_counts(k_of):
-    """FLOPs of a GEMM whose K is k_of(a): 2 M K N, plus M N each for a bias, a scale, an add."""
+    """FLOPs and exps of a GEMM whose K is k_of(a): 2 M K N, plus M N each for a bias, a scale,
+    an add, and the GELU epilogue's as gelu_fwd or gelu_bwd counts them on C."""
 
-    def flops(r, a, b, bias=None, scale=None, add=None, out=None):
+    def flops(r, a, b, bias=None, scale=None, add=None, out=None, **gelu):
         epilogue = sum(x is not None for x in (bias, scale, add))
-        return (2 * k_of(a) + epilogue) * r.size
+        part = _gelu_part(r, **gelu)
+        return (2 * k_of(a) + epilogue) * r.size + (part[0].flops(r, *part[1]) if part else 0)
 
-    return flops
+    def exps(r, a, b, *_, **kwargs):
+        part = _gelu_part(r, **kwargs)
+        return part[0].exps(r, *part[1]) if part else 0
+
+    return {"flops": flops, "exps": exps}
 
 
 # scale=, add= and out= are the epilogue a captured step fuses into a GEMM (graph/fuse.py): C
 # times a 0-d array (a mean's 1 / count), then plus add (a layer's residual, or the gradient C
 # accumulates into: out=add), in one launch instead of the GEMM then elementwise's mul and add;
-# None launches the plain GEMM.
+# None launches the plain GEMM. gelu= (matmul: the MLP's fc, returning GELU(C), and C too where
+# the backward reads it: aux=) and gelu_input= (matmul_nt: the fc's dY times GELU'(its input))
+# fold elementwise's gelu_fwd and gelu_bwd the same way.
 
 
 @kernel(
-    shape=lambda a, b, bias=None, scale=None, add=None, out=None: _epilogued(
-        _product(a, tuple(a.shape), tuple(b.shape)), scale, add, out
+    shape=lambda a, b, bias=None, scale=None, add=None, out=None, gelu=False, aux=False: _epilogued(
+        _product(a, tuple(a.shape), tuple(b.shape)), scale, add, out, gelu, aux
     ),
-    flops=_gemm_counts(lambda a: a.shape[-1]),
-    epilogue=("scale", "add", "out"),
+    **_gemm_counts(lambda a: a.shape[-1]),
+    epilogue=("scale", "add", "out", "gelu"),
 )
-def matmul(a, b, bias=None, scale=None, add=None, out=None):
+def matmul(a, b, bias=None, scale=None, add=None, out=None, gelu=False, aux=False):
     """(..., M, K) @ (..., K, N) [+ bias (N,)] [* scale ()] [+ add (..., M, N)] -> (..., M, N)
-    [into out]."""
+    [into out]; gelu: GELU(C) instead [and C: aux]."""
 
 
 @kernel(
-    shape=lambda a, b, scale=None, add=None, out=None: _epilogued(
-        _product(a, tuple(a.shape), _t(b.shape)), scale, add, out
+    shape=lambda a, b, scale=None, add=None, out=None, gelu_input=None: _epilogued(
+        _product(a, tuple(a.shape), _t(b.shape)), scale, add, out, gelu_input=gelu_input
     ),
-    flops=_gemm_counts(lambda a: a.shape[-1]),
-    epilogue=("scale", "add", "out"),
+    **_gemm_counts(lambda a: a.shape[-1]),
+    epilogue=("scale", "add", "out", "gelu_input"),
 )
-def matmul_nt(a, b, scale=None, add=None, out=None):
-    """(..., M, K) @ (..., N, K)^T [* scale ()] [+ add (..., M, N)] -> (..., M, N) [into out]."""
+def matmul_nt(a, b, scale=None, add=None, out=None, gelu_input=None):
+    """(..., M, K) @ (..., N, K)^T [* scale ()] [+ add (..., M, N)] -> (..., M, N) [into out];
+    gelu_input: C GELU'(gelu_input) instead (the gradient through the GELU C came out of)."""
 
 
 @kernel(
     shape=lambda a, b, scale=None, add=None, out=None: _epilogued(
         _product(a, _t(a.shape), tuple(b.shape)), scale, add, out
     ),
-    flops=_gemm_counts(lambda a: a.shape[-2]),
+    **_gemm_counts(lambda a: a.shape[-2]),
     epilogue=("scale", "add", "out"),
 )
 def matmul_tn(a, b, scale=None, add=None, out=None):
