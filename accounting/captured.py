@@ -174,9 +174,9 @@ def fused_line(name, c):
     eager and the fused launches, beside the course's arithmetic (2 |C| per launch folded, |C|
     for a GELU whose input C the backward still reads)."""
     line = (
-        f"fused {name} step: {c.eager_launches - c.launches} adds, scalings and GELUs folded into "
-        f"the kernels that made their operands (graph/fuse.py), predicted {c.fused_saved:,} "
-        "bytes fewer (2 |C| each, |C| for a GELU whose C is kept)"
+        f"fused {name} step: {c.eager_launches - c.launches} adds, scalings, casts and GELUs "
+        "folded into the kernels that made their operands (graph/fuse.py), predicted "
+        f"{c.fused_saved:,} bytes fewer (2 |C| each, |C| for a GELU whose C is kept)"
     )
     if c.eager_bytes is not None:
         line += (

@@ -29,7 +29,7 @@ from accounting.tables import table
 from nn import build
 from nn.config import PRESETS
 from nn.quant import quantize_model
-from optim import AdamW
+from optim import AdamW, LossScaler
 from optim import step as optim_step
 from tinygrad_like import backend, peaks
 from tinygrad_like.backend.cpu.compiled import use_pool
@@ -44,6 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--formats", default=",".join(FORMATS), help="GPT-2 124M's (default all)")
     p.add_argument("--repeats", type=int, default=9, help="decode steps timed, each way (9)")
     p.add_argument("--rounds", type=int, default=3, help="training steps timed, each way (3)")
+    p.add_argument(
+        "--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="training's (fp32)"
+    )
     p.add_argument("--cores", nargs="+", help="core lists to pin the CPU decode part to (0 0,1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where it runs (cpu)")
     p.add_argument(
@@ -73,17 +76,18 @@ def decode_rows(formats, repeats, device):
     return rows
 
 
-def training_rows(repeats, device):
-    """(unfused, fused): Captured of gpt2-mini's training step at B = 8, T = 128, replayed as
-    recorded and with its adds fused, the best of `repeats` steps each way (on one model: the
-    steps train it; each Captured's eager figures are its own run's)."""
+def training_rows(repeats, device, dtype):
+    """(unfused, fused): Captured of gpt2-mini's training step at B = 8, T = 128 in dtype,
+    replayed as recorded and with its adds fused, the best of `repeats` steps each way (on one
+    model: the steps train it; each Captured's eager figures are its own run's)."""
     config = PRESETS["gpt2-mini"]
-    model = build(config, device=device, dtype="fp32")
+    model = build(config, device=device, dtype=dtype)
     optimizer = AdamW(model.named_parameters())
+    scaler = LossScaler() if dtype == "fp16" else None
     x, y = random_batch(config.vocab_size, 8, 128)
-    optim_step.train_on(model, optimizer, [(x, y)])  # its kernels' first calls (compiles)
+    optim_step.train_on(model, optimizer, [(x, y)], scaler)  # its kernels' first calls (compiles)
     return tuple(
-        captured.training(model, optimizer, (x, y), None, repeats, fuse=fuse)
+        captured.training(model, optimizer, (x, y), scaler, repeats, fuse=fuse)
         for fuse in (False, True)
     )
 
@@ -143,7 +147,7 @@ def pinned(cores, args, part):
     {"unfused": ..., "fused": ...} for training."""
     command = ["taskset", "-c", cores, sys.executable, __file__, "--part", part, "--json"]
     command += ["--formats", args.formats, "--repeats", str(args.repeats)]
-    command += ["--rounds", str(args.rounds)] + ["--pool"] * args.pool
+    command += ["--rounds", str(args.rounds), "--dtype", args.dtype] + ["--pool"] * args.pool
     done = subprocess.run(command, capture_output=True, text=True, env=os.environ, check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -169,7 +173,7 @@ def main(argv=None):
         use_pool("omp")
     if args.json:  # a pinned worker's answer: one line of JSON
         if args.part == "training":
-            unfused, fused = training_rows(args.rounds, "cpu")
+            unfused, fused = training_rows(args.rounds, "cpu", args.dtype)
             print(json.dumps({"unfused": vars(unfused), "fused": vars(fused)}))
         else:
             rows = decode_rows(formats, args.repeats, "cpu")
@@ -181,10 +185,11 @@ def main(argv=None):
     if args.part in ("decode", "all"):
         print("\n-- decode, B = 1 after 64 tokens: the best of", args.repeats, "steps each way")
         print(decode_table(decode_rows(formats, args.repeats, args.device)))
-    title = f"training, gpt2-mini fp32, B = 8, T = 128: the best of {args.rounds} steps each way"
+    title = f"training, gpt2-mini {args.dtype}, B = 8, T = 128: the best of {args.rounds} steps"
+    title += " each way"
     if args.part in ("training", "all") and not args.cores:
         print(f"\n-- {title}")
-        print(training_table(*training_rows(args.rounds, args.device)))
+        print(training_table(*training_rows(args.rounds, args.device, args.dtype)))
     if args.cores and args.part in ("decode", "all"):
         print("\n-- decode pinned (taskset -c), one process per core set")
         print(cores_table([pinned(c, args, "decode") for c in args.cores], args.cores))

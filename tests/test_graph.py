@@ -272,8 +272,9 @@ def test_the_report_prints_the_captured_steps_with_their_host_time():
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_fusion_removes_the_adds_and_the_bytes_it_predicts_with_the_same_bits(family, dtype):
     """A training step captured with and without fusion (graph/fuse.py): the same losses, norms
-    and weights; the fused one launches fewer kernels, each fused add's intermediate C neither
-    written nor read back: the launch point's bytes fall by 2 |C| a fusion, as predicted."""
+    and weights; the fused one launches fewer kernels, each fused add's (cast's, GELU's)
+    intermediate C neither written nor read back: the launch point's bytes fall by 2 |C| a
+    fusion (|C| for a GELU whose C the backward reads), as predicted."""
     rng = np.random.default_rng(1)
     batches = [(ids[:, :-1].copy(), ids[:, 1:].copy()) for ids in rng.integers(0, 53, (4, 2, 9))]
     runs, programs = [], []
@@ -300,6 +301,10 @@ def test_fusion_removes_the_adds_and_the_bytes_it_predicts_with_the_same_bits(fa
     )
     assert sum(saved for *_, saved in census) == plain.bytes - fused.bytes
     assert {name for name, *_ in census} >= {"matmul+add", "matmul_tn+add"}
+    folded = {f.folded for f in fused.fusions}  # GPT-2's GELU both ways, its biases' sums
+    assert folded >= ({"gelu_fwd", "gelu_bwd"} if family == "gpt2" else set())
+    assert ("sum" in {f.kernel for f in fused.fusions}) == (family == "gpt2")
+    assert ("cast" in folded) == (dtype == "bf16")  # the logits widened, the head's dW narrowed
     assert fused.plan.live_peak <= plain.plan.live_peak
 
 

@@ -342,6 +342,27 @@ def test_gelu_epilogues_are_the_unfused_kernels(device, dtype, shape):
     assert as_bytes(dh) == as_bytes(device.gelu_bwd(pre, device.matmul_nt(dy, w)))
 
 
+@pytest.mark.parametrize(
+    "dtype, to", [(BF16, F32), (F32, BF16)], ids=["bf16 to fp32", "fp32 to bf16"]
+)
+@pytest.mark.parametrize("kernel", sorted(FP32_GEMMS))
+def test_cast_epilogue_is_the_unfused_cast(device, kernel, dtype, to):
+    """cast= has the bits of the GEMM (times its scale) then elementwise's cast, then its add
+    (into add itself with out=add): a bf16 step's logits widened for the loss, the LM head's fp32
+    dW scaled and cast to the bf16 gradient it accumulates into."""
+    sa, sb, _ = FP32_GEMMS[kernel]
+    a, b = device.asarray(rand(sa, dtype, seed=1)), device.asarray(rand(sb, dtype, seed=2))
+    gemm, as_bytes = getattr(device, kernel), lambda x: device.to_numpy(x).tobytes()
+    scale = device.asarray(np.asarray(0.37, dtype))
+    c = device.cast(device.mul(gemm(a, b), scale), to)
+    assert as_bytes(gemm(a, b, scale=scale, cast=to)) == as_bytes(c)
+    grad = rand(c.shape, to, seed=3)
+    want = as_bytes(device.add(device.asarray(grad), c))
+    g = device.asarray(grad)
+    assert gemm(a, b, scale=scale, cast=to, add=g, out=g) is g
+    assert as_bytes(g) == want
+
+
 def test_a_gelu_epilogue_takes_no_other():
     """The records' rule (what the meta device runs): a GELU comes after the bias, alone."""
     meta = kernels.on("meta")

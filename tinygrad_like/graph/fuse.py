@@ -36,9 +36,15 @@ from .capture import address, arguments, read, values
 
 # what a kernel's epilogue takes is its record's (kernels/record.py): scale= (C times a 0-d
 # array), add= (C plus an array of its shape), out= (an add into its own operand: the gradients)
-# gelu= (GELU(C)) and gelu_input= (C times GELU'(that input)): a GEMM's GELU epilogues
-FOLDED = {"mul": "scale", "add": "add", "gelu_fwd": "gelu", "gelu_bwd": "gelu_input"}
-SIDES = {"gelu_fwd": (0,), "gelu_bwd": (1,)}  # which operand may be C (add's and mul's: either)
+# cast= (C in another dtype), gelu= (GELU(C)) and gelu_input= (C times GELU'(that input))
+FOLDED = {
+    "mul": "scale",
+    "add": "add",
+    "cast": "cast",
+    "gelu_fwd": "gelu",
+    "gelu_bwd": "gelu_input",
+}
+SIDES = {"cast": (0,), "gelu_fwd": (0,), "gelu_bwd": (1,)}  # which may be C (add's, mul's: either)
 
 
 @dataclass(frozen=True)
@@ -80,10 +86,14 @@ def fuse(program):
             elif kept and op.name != "gelu_fwd":
                 continue
             c = _outputs(steps[i].recorded[2])[0]
+            between = [steps[s] for s in range(i + 1, j) if s not in removed]  # still launched
             if op.name in ("gelu_fwd", "gelu_bwd"):
-                fused, saved = _gelu_fused(program, i, j, kept), c.nbytes if kept else 2 * c.nbytes
+                fused = _gelu_fused(program, i, j, between, kept)
+                saved = c.nbytes if kept else 2 * c.nbytes
+            elif op.name == "cast":
+                fused, saved = _cast_fused(program, i, j, between), 2 * c.nbytes
             else:
-                fused, saved = _fused(program, i, j, side), 2 * c.nbytes
+                fused, saved = _fused(program, i, j, side, between), 2 * c.nbytes
             if fused is not None:
                 steps[i] = fused._replace(
                     folded=fused.folded + (Fusion(fused.name, op.name, saved),)
@@ -101,14 +111,16 @@ def fuse(program):
     program.planned()
 
 
-def _fused(program, i, j, side):
+def _fused(program, i, j, side, between):
     """Launch i with launch j, an add or a mul whose argument `side` is i's first output C, as
     its epilogue, or None where it cannot."""
     kernel, op = program.steps[i], program.steps[j]
     part = FOLDED[op.name]
     takes = KERNELS[kernel.name].epilogue
     if part not in takes or {"add", "gelu", "gelu_input", part} & set(kernel.kwargs):
-        return None  # an epilogue is bias, then scale, then add (or a GELU): one each
+        return None  # an epilogue is bias, then scale, cast, add (or a GELU): one each
+    if part == "scale" and "cast" in kernel.kwargs:
+        return None
     (args1, kwargs1, out1) = op.recorded
     c, other = _outputs(kernel.recorded[2])[0], args1[1 - side]
     d = op.args[1 - side]
@@ -130,7 +142,7 @@ def _fused(program, i, j, side):
     into_other = in_place and part == "add"
     # between the kernel and op nothing may write the operand (the kernel would read it too
     # early), nor read it when the kernel now writes it (it would read it too late)
-    if any(_touches(program.steps[s], d, reads=into_other) for s in range(i + 1, j)):
+    if any(_touches(step, d, reads=into_other) for step in between):
         return None
     if into_other and ("out" not in takes or _touches(kernel, d, reads=True)):
         return None  # the kernel would overwrite what it still reads
@@ -162,7 +174,35 @@ def _fused(program, i, j, side):
     )
 
 
-def _gelu_fused(program, i, j, kept):
+def _cast_fused(program, i, j, between):
+    """Launch i, whose first output is C, with launch j, cast(C, dtype), as its epilogue's cast
+    (after its scale, before an add: none taken yet), or None where it cannot."""
+    kernel, op = program.steps[i], program.steps[j]
+    if "cast" not in KERNELS[kernel.name].epilogue:
+        return None
+    if {"cast", "add", "out", "gelu", "gelu_input"} & set(kernel.kwargs):
+        return None
+    args1, _, out1 = op.recorded
+    outs = _outputs(kernel.recorded[2])
+    if not _whole(args1[0], outs[0]):
+        return None
+    if any(_touches(step, op.args[0], reads=False) for step in between):
+        return None
+    made = out1.reshape(outs[0].shape)
+    return kernel._replace(
+        kwargs={**kernel.kwargs, "cast": op.args[1]},
+        makes=(op.makes[0], *kernel.makes[1:]),
+        shapes=(tuple(program.buffers[op.makes[0]].shape), *kernel.shapes[1:]),
+        allocs=kernel.allocs + op.allocs,
+        recorded=(
+            kernel.recorded[0],
+            {**kernel.recorded[1], "cast": args1[1]},
+            (made, *outs[1:]) if len(outs) > 1 else made,
+        ),
+    )
+
+
+def _gelu_fused(program, i, j, between, kept):
     """Launch i, a GEMM whose first output is C, with launch j, gelu_fwd(C) or gelu_bwd(x, C),
     as its GELU epilogue (returning C too where it is read again: kept), or None where it
     cannot: after a bias only, on all of C, nothing writing C (or x) between them."""
@@ -190,7 +230,7 @@ def _gelu_fused(program, i, j, kept):
         written.append(d)
         kwargs["gelu_input"] = _as_shape(program, d, c.shape)
         recorded_kwargs["gelu_input"] = x.reshape(c.shape)
-    if any(_touches(program.steps[s], w, reads=False) for s in range(i + 1, j) for w in written):
+    if any(_touches(step, w, reads=False) for step in between for w in written):
         return None
     made = out1.reshape(c.shape)
     shape = tuple(program.buffers[op.makes[0]].shape)

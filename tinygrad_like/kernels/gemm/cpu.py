@@ -29,6 +29,7 @@ import numpy as np
 
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, f32, in_parallel, one_blas_thread, rounded
 from ..elementwise.cpu import add as elementwise_add
+from ..elementwise.cpu import cast as elementwise_cast
 from ..elementwise.cpu import gelu_bwd, gelu_fwd
 from ..elementwise.cpu import mul as elementwise_mul
 from .cpu_accumulate import accumulated
@@ -94,15 +95,17 @@ def _gemm_split(a, b, big):
     return c
 
 
-def _epilogue(c, dtype, scale, add, out):
-    """C (fp32) rounded once to dtype, then [* scale] [+ add] by elementwise's mul and add (the
-    bits of the launches a step made after the GEMM), written into C itself, or into out (add's
-    own bytes when a gradient accumulates). A pass over C after BLAS wrote it: C of a layer's
-    step size is still in the cache, where the unfused add would read it back and write a third
-    array."""
+def _epilogue(c, dtype, scale, cast, add, out):
+    """C (fp32) rounded once to dtype, then [* scale] [as cast] [+ add] by elementwise's mul,
+    cast and add (the bits of the launches a step made after the GEMM), written into C itself,
+    or into out (add's own bytes when a gradient accumulates). A pass over C after BLAS wrote
+    it: C of a layer's step size is still in the cache, where the unfused add would read it
+    back and write a third array."""
     c = rounded(c, dtype)
     if scale is not None:
         c = elementwise_mul(c, scale, out=c)
+    if cast is not None:
+        c = elementwise_cast(c, cast)
     if add is not None:
         return elementwise_add(add, c, out=c if out is None else out)
     if out is not None:
@@ -111,28 +114,28 @@ def _epilogue(c, dtype, scale, add, out):
     return c
 
 
-def _product(a, b, dtype, bias=None, scale=None, add=None, out=None):
+def _product(a, b, dtype, bias=None, scale=None, cast=None, add=None, out=None):
     """a @ b with the epilogue; into add itself by one accumulating GEMM where that gives the
     same bits (cpu_accumulate.py: a gradient summed in place, the LM head's dW)."""
-    if add is not None and add is out and scale is None and bias is None:
+    if add is not None and add is out and scale is None and cast is None and bias is None:
         unfused = lambda: rounded(_gemm(a, b), dtype)  # noqa: E731
         done = accumulated(f32(a), f32(b), out, unfused)
         if done is not None:
             return done
-    return _epilogue(_gemm(a, b, bias), dtype, scale, add, out)
+    return _epilogue(_gemm(a, b, bias), dtype, scale, cast, add, out)
 
 
-def matmul(a, b, bias=None, scale=None, add=None, out=None, gelu=False, aux=False):
-    c = _product(a, b, a.dtype, bias, scale, add, out)
+def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, gelu=False, aux=False):
+    c = _product(a, b, a.dtype, bias, scale, cast, add, out)
     if not gelu:
         return c
     return (gelu_fwd(c), c) if aux else gelu_fwd(c)  # elementwise's GELU on C just written
 
 
-def matmul_nt(a, b, scale=None, add=None, out=None, gelu_input=None):
-    c = _product(a, b.swapaxes(-1, -2), a.dtype, None, scale, add, out)
+def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, gelu_input=None):
+    c = _product(a, b.swapaxes(-1, -2), a.dtype, None, scale, cast, add, out)
     return c if gelu_input is None else gelu_bwd(gelu_input, c)
 
 
-def matmul_tn(a, b, scale=None, add=None, out=None):
-    return _product(a.swapaxes(-1, -2), b, a.dtype, None, scale, add, out)
+def matmul_tn(a, b, scale=None, cast=None, add=None, out=None):
+    return _product(a.swapaxes(-1, -2), b, a.dtype, None, scale, cast, add, out)

@@ -3,9 +3,10 @@
 mixed dtypes and TG_MATMUL=cublas go to cupy.matmul (cuBLAS, fp32 compute): the yardstick for
 the custom GEMMs, and the fallback should they misbehave. The epilogue's scale (one element)
 and add (C's shape and dtype) are read in the custom kernels' store; out (C's shape and dtype)
-may be add itself. The GELU epilogues (gelu=, gelu_input=) are not in the store: the generated
-gelu_fwd or gelu_bwd runs on C as a second device kernel of the same launch, so the launch is one
-but C is still written and read back in device memory.
+may be add itself. The cast epilogue and the GELU ones (gelu=, gelu_input=) are not in the store:
+elementwise's cast (then its add) or the generated gelu_fwd or gelu_bwd runs on C as a second
+device kernel of the same launch, so the launch is one but C is still written and read back in
+device memory.
 """
 
 import math
@@ -17,6 +18,7 @@ import numpy as np
 from ... import dtypes
 from ...backend.cuda.runtime import NULL, TRAINING, blocks_for, compiled
 from ..elementwise.cuda import add as elementwise_add
+from ..elementwise.cuda import cast as elementwise_cast
 from ..elementwise.cuda import gelu_bwd, gelu_fwd
 from ..elementwise.cuda import mul as elementwise_mul
 
@@ -129,17 +131,29 @@ def _gemm(a, b, bias, ta, tb, scale=None, add=None, out=None):
     return c
 
 
-def matmul(a, b, bias=None, scale=None, add=None, out=None, gelu=False, aux=False):
+def _cast(c, cast, add, out):
+    """The epilogue's cast, after the store's scale: elementwise's cast, then its add (a kernel
+    each; the store cannot round C to one dtype and add in another)."""
+    return _epilogue(elementwise_cast(c, cast), None, add, out)
+
+
+def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, gelu=False, aux=False):
+    if cast is not None:
+        return _cast(_gemm(a, b, bias, False, False, scale), cast, add, out)
     c = _gemm(a, b, bias, False, False, scale, add, out)
     if not gelu:
         return c
     return (gelu_fwd(c), c) if aux else gelu_fwd(c)  # the generated GELU: a second kernel
 
 
-def matmul_nt(a, b, scale=None, add=None, out=None, gelu_input=None):
+def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, gelu_input=None):
+    if cast is not None:
+        return _cast(_gemm(a, b, None, False, True, scale), cast, add, out)
     c = _gemm(a, b, None, False, True, scale, add, out)
     return c if gelu_input is None else gelu_bwd(gelu_input, c)
 
 
-def matmul_tn(a, b, scale=None, add=None, out=None):
+def matmul_tn(a, b, scale=None, cast=None, add=None, out=None):
+    if cast is not None:
+        return _cast(_gemm(a, b, None, True, False, scale), cast, add, out)
     return _gemm(a, b, None, True, False, scale, add, out)
