@@ -1,7 +1,7 @@
 """The CPU device: NumPy arrays and the host functions (runtime.py: allocation, malloc's
-settings, the thread pool, the BLAS's threads), and compiled.py, the Numba machinery the CPU
-kernels (kernels/<family>/cpu.py) are written in. The CPU kernels are the numerical reference
-the CUDA kernels are tested against.
+settings, the thread pool, the BLAS's threads), compiled.py, the Numba machinery the CPU
+kernels (kernels/<family>/cpu.py) are written in, and halves.py, their 2-byte conversions. The
+CPU kernels are the numerical reference the CUDA kernels are tested against.
 """
 
 import numpy as np

@@ -12,8 +12,8 @@ the constants it imports (a family's spec.py, formats.py), which it bakes in, so
 in a directory named by a hash of the sources kernels are made of (this package, kernels/, the
 formats and dtypes: any edit, a fresh cache): $NUMBA_CACHE_DIR if set, else
 ~/.cache/tinygrad_like/numba-<hash>. Numba has no fp16 or bf16 on the CPU, so 2-byte arrays
-reach these kernels widened to fp32 by NumPy (runtime.f32) and their results are rounded once
-by NumPy (runtime.rounded), as before.
+reach these kernels widened to fp32 (halves.f32) and their results are rounded once
+(halves.rounded).
 """
 
 import hashlib
@@ -32,7 +32,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ... import compiles
-from .runtime import THREADS
+from .runtime import THREADS, in_block
 
 
 def _cache_dir(package=Path(__file__).parents[2]):
@@ -177,10 +177,12 @@ def kernel(fn=None, *, serial_below=None, work=None, fastmath=False):
     size = work or (lambda first, *rest: first.size)
 
     def call(*args):
-        # one usable core (taskset, an MPI rank bound to a core): the serial twin always, since
-        # a parallel launch costs its thread hand-off with no core to gain. Read at each call,
+        # one usable core (taskset, an MPI rank bound to a core), or a block of in_parallel: the
+        # serial twin always, since a parallel launch costs its thread hand-off with no core to
+        # gain (and the workqueue refuses launches from two threads at once). Read at each call,
         # so that a test can move SERIAL_BELOW; scaled by the pool's hand-off (use_pool).
         parallel = THREADS > 1 and size(*args) >= (serial_below or SERIAL_BELOW) * _handoff[0]
+        parallel = parallel and not in_block()  # runtime.in_parallel's blocks: one core each
         if parallel and not _started[0]:
             _start_pool()
         return _announced(variants[parallel], fn.__name__, args)

@@ -14,6 +14,7 @@ Rules every CPU kernel (kernels/<family>/cpu.py) follows, and its CUDA twin matc
 import ctypes
 import ctypes.util
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -101,20 +102,6 @@ def start_timer():
     return HostTimer()
 
 
-def f32(a):
-    """2-byte floats as fp32 for computation (fp32, fp64 and Python scalars pass through)."""
-    half = getattr(a, "dtype", None) in (dtypes.float16, dtypes.bfloat16)
-    return a.astype(np.float32) if half else a
-
-
-def rounded(a, dtype, out=None):
-    """Round a computed result once to the output dtype (into out when given)."""
-    if out is not None:
-        out[...] = a
-        return out
-    return a if a.dtype == dtype else a.astype(dtype)
-
-
 # ---------------------------------------------------------------- threads
 # NumPy's elementwise loops run on one core (BLAS uses them all), and each NumPy call is one
 # pass over memory. So the row and elementwise kernels split their rows into one block per
@@ -133,6 +120,15 @@ CHUNK = 1 << 17  # elements per chunk: with a few fp32 temporaries, fits in L2
 _pool = None
 
 
+_block = threading.local()  # .inside: this thread runs a block of in_parallel
+
+
+def in_block():
+    """Whether this thread runs a block of in_parallel now: a compiled kernel called there runs
+    on this core alone (compiled.kernel), as the block's share of the work."""
+    return getattr(_block, "inside", False)
+
+
 def in_parallel(n, body, per_row=1, chunk_rows=None, blocks=None):
     """Call body(lo, hi) over [0, n) rows: one block per core (one block when the work is
     small, or `blocks` blocks), each block in chunks of chunk_rows rows (default: about CHUNK
@@ -143,8 +139,12 @@ def in_parallel(n, body, per_row=1, chunk_rows=None, blocks=None):
     blocks = blocks or max(1, min(THREADS, n * per_row // CHUNK, n))
 
     def block(start, stop):
-        for lo in range(start, stop, chunk_rows):
-            body(lo, min(lo + chunk_rows, stop))
+        _block.inside = True
+        try:
+            for lo in range(start, stop, chunk_rows):
+                body(lo, min(lo + chunk_rows, stop))
+        finally:
+            _block.inside = False
 
     if blocks == 1:
         block(0, n)

@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ...backend.cpu.compiled import kernel, row_dot
-from ...backend.cpu.runtime import f32
+from ...backend.cpu.halves import f32
 
 _NORM_PART = 1 << 18  # elements per partial sum of grad_norm_sq (1 MB of fp32)
 

@@ -42,7 +42,8 @@ from ...backend.cpu.compiled import (
     serial_kernel,
     vector_dot,
 )
-from ...backend.cpu.runtime import CHUNK, f32, in_parallel, one_blas_thread, rounded
+from ...backend.cpu.halves import f32, rounded
+from ...backend.cpu.runtime import CHUNK, in_parallel, one_blas_thread
 from . import spec
 
 # A call whose kv heads serve at most this many query rows each (Tq G: a decode step) runs

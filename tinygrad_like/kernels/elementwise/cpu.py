@@ -8,7 +8,8 @@ core (runtime.in_parallel).
 import numpy as np
 
 from ... import dtypes
-from ...backend.cpu.runtime import CHUNK, f32, in_parallel, rounded
+from ...backend.cpu.halves import converted, f32, rounded
+from ...backend.cpu.runtime import CHUNK, in_parallel
 from . import numba_source
 from .expr import TRANSCENDENTAL, device_kernels, evaluate
 from .spec import unary_op
@@ -137,7 +138,7 @@ def contiguous(a):
 
 
 def cast(a, dtype):
-    return a.astype(dtype)
+    return converted(a, dtype)
 
 
 def copy(dst, src):
@@ -194,7 +195,7 @@ def _compiled(e, args):
     compute = dtypes.compute_dtype(first.dtype)
     shape = (-1, first.shape[-1]) if e.rows else (-1,)  # (rows, C) beside a row vector (C,)
     ins = [
-        np.ascontiguousarray(a, dtype=compute).reshape((-1,) if i.row else shape)
+        np.ascontiguousarray(f32(a), dtype=compute).reshape((-1,) if i.row else shape)
         for a, i in zip(args, e.inputs)
     ]
     outs = [np.empty(first.size, compute).reshape(shape) for _ in e.outputs]

@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ...backend.cpu.compiled import kernel
-from ...backend.cpu.runtime import f32, rounded
+from ...backend.cpu.halves import f32, rounded
 from .spec import check_ids
 
 

@@ -27,7 +27,8 @@ import math
 
 import numpy as np
 
-from ...backend.cpu.runtime import BLAS_QUIET, THREADS, f32, in_parallel, one_blas_thread, rounded
+from ...backend.cpu.halves import f32, rounded
+from ...backend.cpu.runtime import BLAS_QUIET, THREADS, in_parallel, one_blas_thread
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.cpu import cast as elementwise_cast
 from ..elementwise.cpu import gelu_bwd, gelu_fwd

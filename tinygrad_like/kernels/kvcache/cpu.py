@@ -22,7 +22,7 @@ import numpy as np
 from numba import prange
 
 from ...backend.cpu.compiled import device, f32_from_bits, kernel, vector_dot
-from ...backend.cpu.runtime import f32, rounded
+from ...backend.cpu.halves import f32, rounded
 from ...formats import FORMATS
 from ..attention.cpu import DECODE_SERIAL_BELOW, flash_attention_fwd, softmax_block
 from ..attention.spec import FLASH_BK

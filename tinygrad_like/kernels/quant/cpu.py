@@ -27,7 +27,7 @@ from ...backend.cpu.compiled import (
     kernel,
     vector_dot,
 )
-from ...backend.cpu.runtime import f32, rounded
+from ...backend.cpu.halves import f32, rounded
 from ...formats import FINITE, FORMATS, NAN_ONLY
 from ..elementwise.cpu import add as elementwise_add
 from ..embedding.spec import check_ids

@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 
 from ...backend.cpu.compiled import kernel
 from ...backend.cpu.emit import F32, I8, I32, I64, Emit, splat
-from ...backend.cpu.runtime import f32, rounded
+from ...backend.cpu.halves import f32, rounded
 from ..elementwise.cpu import add as elementwise_add
 from .cpu_int8x_tiles import qmatmul_int8x_tiles
 from .cpu_split import BLOCK_ROWS, DECODE_ONCE_FROM, SERIAL_BELOW, work

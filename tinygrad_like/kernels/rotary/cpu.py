@@ -11,7 +11,7 @@ import numpy as np
 from numba import prange
 
 from ...backend.cpu.compiled import kernel
-from ...backend.cpu.runtime import rounded
+from ...backend.cpu.halves import rounded
 
 
 @kernel

@@ -7,7 +7,7 @@ from numba import prange
 
 from ... import dtypes
 from ...backend.cpu.compiled import kernel, row_dot, row_sum
-from ...backend.cpu.runtime import f32, rounded
+from ...backend.cpu.halves import f32, rounded
 from ..elementwise.cpu import add as elementwise_add
 
 # Rows go a block of _BLOCK_ROWS per prange iteration (scratch allocated once per block);

@@ -7,7 +7,7 @@ from numba import prange
 
 from ... import dtypes
 from ...backend.cpu.compiled import device, exp, kernel, row_dot, row_max, row_sum
-from ...backend.cpu.runtime import f32
+from ...backend.cpu.halves import f32
 from .spec import check_targets
 
 

@@ -1,0 +1,74 @@
+"""The CPU's 2-byte conversions (backend/cpu/halves.py) give NumPy's bits (ml_dtypes' for bf16):
+every bf16 and fp16 value widened, and fp32 values rounded at every rounding boundary of each
+format (each 2-byte value, the midpoints to its neighbours and one fp32 ulp either side), the
+infinities, NaNs and random bit patterns. The one exception, stated in halves.py: a signaling
+NaN made quiet by fp16's hardware conversions. And a conversion inside a block of
+runtime.in_parallel runs on that block's core."""
+
+import numpy as np
+import pytest
+
+from tinygrad_like import dtypes
+from tinygrad_like.backend.cpu import halves, runtime
+
+FORMATS = [dtypes.bfloat16, dtypes.float16]
+
+
+def every(dtype):
+    """Every value of a 2-byte format, twice over (more than halves.SMALL: the compiled path)."""
+    return np.tile(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16), 2).view(dtype)
+
+
+def signaling_f16(bits16):
+    """fp16 bit patterns of signaling NaNs (exponent all ones, mantissa nonzero, its top bit 0)."""
+    return ((bits16 & 0x7C00) == 0x7C00) & ((bits16 & 0x3FF) != 0) & ((bits16 & 0x200) == 0)
+
+
+@pytest.mark.parametrize("dtype", FORMATS, ids=dtypes.name)
+def test_every_2_byte_value_widens_to_numpys_fp32(dtype):
+    h = every(dtype)
+    got, want = halves.f32(h).view(np.uint32), h.astype(np.float32).view(np.uint32)
+    same = got == want
+    if dtype == dtypes.float16:
+        same |= signaling_f16(h.view(np.uint16))
+        assert np.isnan(halves.f32(h)[~(got == want)]).all()
+    assert same.all()
+
+
+@pytest.mark.parametrize("dtype", FORMATS, ids=dtypes.name)
+def test_fp32_rounds_to_numpys_2_byte_value_at_every_boundary(dtype):
+    h = every(dtype)[: 1 << 16]
+    with np.errstate(over="ignore"):  # each value's next one up (the max: inf)
+        up = np.nextafter(h, np.asarray(np.inf, dtype))
+    with np.errstate(all="ignore"):
+        lo, hi = h.astype(np.float32), up.astype(np.float32)
+        middle = ((lo.astype(np.float64) + hi) / 2).astype(np.float32)  # exact in fp32
+        bits = np.concatenate([lo, middle]).view(np.uint32)
+        bits = np.concatenate([bits, bits + 1, bits - 1])
+        rng = np.random.default_rng(0)
+        bits = np.concatenate([bits, rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint32)])
+        bits = np.concatenate([bits, np.array([0x7F800000, 0xFF800000, 0x7FC00000], np.uint32)])
+        x = bits.view(np.float32)
+        want = x.astype(dtype).view(np.uint16)
+    got = halves.rounded(x, dtype).view(np.uint16)
+    same = got == want
+    if dtype == dtypes.float16:  # a signaling fp32 NaN: NumPy's result keeps it signaling
+        same |= np.isnan(x) & signaling_f16(want)
+    assert same.all()
+    out = np.empty(x.shape, dtype)
+    assert halves.rounded(x, dtype, out=out) is out and out.tobytes() == got.tobytes()
+
+
+def test_conversions_inside_a_block_of_in_parallel_run_on_its_core():
+    """Each block converts its own rows (a compiled kernel's parallel launch from two threads at
+    once is what Numba's workqueue refuses)."""
+    x = np.random.default_rng(1).standard_normal((8, 1 << 16), dtype=np.float32)
+    out = np.empty(x.shape, dtypes.bfloat16)
+
+    def body(lo, hi):
+        assert runtime.in_block()
+        halves.rounded(x[lo:hi], dtypes.bfloat16, out=out[lo:hi])
+
+    runtime.in_parallel(8, body, chunk_rows=1, blocks=2)
+    assert not runtime.in_block()
+    assert out.tobytes() == x.astype(dtypes.bfloat16).tobytes()
