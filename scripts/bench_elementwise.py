@@ -11,6 +11,7 @@ before the expressions times the hand-written kernels on the same machine, one a
     taskset -c 0 python scripts/bench_elementwise.py       # one core
     python scripts/bench_elementwise.py                    # every core
     python scripts/bench_elementwise.py --rows 1024 --cols 512 --dtypes fp32,bf16
+    python scripts/bench_elementwise.py --rows 1024 --cols 50304 --dtypes fp32,bf16,fp16 --only cast
 
 Sizes: the default (rows, cols) = (1024, 512) is gpt2-mini's MLP activation at the default
 batch (B 8 x T 128 rows, 4C = 512 columns), 2 MB in fp32. Each kernel runs 5 times to warm up
@@ -46,6 +47,13 @@ def cases(rows, cols, dtype, rng):
         arg = positive if op in ("log", "sqrt", "rsqrt") else x
         found.append((f"unary_fwd {op}", "unary_fwd", (arg, op)))
         found.append((f"unary_bwd {op}", "unary_bwd", (arg, dy, op)))
+    if np.dtype(dtype) == np.float32:  # the conversions a 2-byte step makes around each kernel
+        found += [
+            (f"cast to {dtypes.name(t)}", "cast", (x, np.dtype(t)))
+            for t in (dtypes.bfloat16, dtypes.float16)
+        ]
+    else:
+        found.append(("cast to fp32", "cast", (x, np.dtype(np.float32))))
     return found
 
 
@@ -67,6 +75,7 @@ def main(argv=None):
     p.add_argument("--cols", type=int, default=512, help="columns of each operand (512)")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated (fp32,bf16)")
     p.add_argument("--repeats", type=int, default=51, help="launches timed per kernel (51)")
+    p.add_argument("--only", default="", help="the kernels whose label starts with this")
     args = p.parse_args(argv)
     with user_errors():
         names = args.dtypes.split(",")
@@ -79,6 +88,8 @@ def main(argv=None):
     rows = []
     for name in names:
         for label, kernel, kargs in cases(args.rows, args.cols, dtypes.as_dtype(name), rng):
+            if not label.startswith(args.only):
+                continue
             run = getattr(cpu, kernel)
             s = seconds(run, kargs, args.repeats)
             nbytes = kernels.count(kernel, kargs, {}, run(*kargs))[2]
