@@ -25,7 +25,9 @@ from .tables import table, wrap
 @dataclass
 class Captured:
     eager_launches: int  # kernel launches per step, eagerly (and recorded)
-    launches: int  # replayed: fewer by the adds and GELUs fused into their kernels (graph/fuse.py)
+    launches: (
+        int  # replayed: fewer by the adds and activations fused into their kernels (graph/fuse.py)
+    )
     host_calls: int  # kernels.on_host calls per step (AdamW's scalars, a KV cache's length)
     arena_bytes: int  # the plan's arena: every buffer the step makes, placed by lifetime
     live_bytes: int  # the most bytes those buffers hold at once (no plan does with less)
@@ -105,7 +107,7 @@ def training(model, optimizer, batch, scaler, repeats=1, fuse=True):
     """The training step device_step on one micro-batch (x, y) (B, T): `repeats` eager steps
     timed (twice each: see the module's docstring), two more that capture it (a recorded call
     keeps every buffer it made until the capture is read: slower than eager), then `repeats`
-    replays timed (the best of each), its adds and GELUs fused (graph/fuse.py) unless fuse is
+    replays timed (the best of each), its adds and activations fused (graph/fuse.py) unless fuse is
     False. It trains the model: run it on a twin."""
     be = backend.get(model.get_input_embeddings().weight.device)
     batch = tuple(be.asarray(a) for a in batch)  # on the device (Trainer._captured says why)
@@ -172,11 +174,11 @@ def host_cell(host, seconds):
 def fused_line(name, c):
     """The bytes a step's fusions removed (graph/fuse.py): counted by the launch point over the
     eager and the fused launches, beside the course's arithmetic (2 |C| per launch folded, |C|
-    for a GELU whose input C the backward still reads)."""
+    for an activation whose input C the backward still reads)."""
     line = (
-        f"fused {name} step: {c.eager_launches - c.launches} adds, scalings, casts and GELUs "
+        f"fused {name} step: {c.eager_launches - c.launches} adds, scalings, casts and activations "
         "folded into the kernels that made their operands (graph/fuse.py), predicted "
-        f"{c.fused_saved:,} bytes fewer (2 |C| each, |C| for a GELU whose C is kept)"
+        f"{c.fused_saved:,} bytes fewer (2 |C| each, |C| where C is kept)"
     )
     if c.eager_bytes is not None:
         line += (
@@ -228,7 +230,7 @@ def section(m, timed):
     state = sum(b for what, b in next(iter(moments.values())) if what.startswith("persistent"))
     lines = [
         "-- captured steps (tinygrad_like.compile, --compile): the kernels replayed in order, "
-        "no op layer, adds and GELUs fused",
+        "no op layer, adds and activations fused",
         table(columns, rows, "lrrrr" + "rrrr" * timed),
         wrap(
             "arena: every buffer the step makes, placed by lifetime (graph/plan.py, greedy by "

@@ -169,7 +169,7 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
         again = sum(meter.steps[s][0] for s in steps if s not in counted) / (n - len(counted))
         fused = max(meter.replayed)
         launches += (
-            f", {fused} on a replayed step (no op layer, adds and GELUs fused into their GEMMs): "
+            f", {fused} on a replayed step (no op layer, adds and activations fused): "
             f"replayed {again * 1e3:,.2f} ms/step, the {len(counted)} eager steps that recorded it "
             f"{eager * 1e3:,.2f} ms/step"
         )

@@ -256,14 +256,21 @@ def test_bench_graph_bad_input_and_tables(capsys):
 
 def test_bench_elementwise_times_every_expression_kernel(capsys):
     """scripts/bench_elementwise.py on a few elements: a row per expression-declared kernel and
-    dtype, and its refusals."""
+    dtype, and per cast (fp32 to bf16 and fp16, bf16 to fp32), --only's choice, and its
+    refusals."""
     from tinygrad_like.kernels.elementwise.spec import UNARY_OPS
 
     bench = _load("bench_elementwise")
     bench.main(["--rows", "2", "--cols", "8", "--repeats", "1", "--dtypes", "fp32,bf16"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("elementwise kernels at (2, 8) on ")
-    assert len(lines) == 2 + 2 * (4 + 2 * len(UNARY_OPS))  # the title, the header, the rows
+    assert len(lines) == 2 + 2 * (4 + 2 * len(UNARY_OPS)) + 3  # the title, the header, the rows
+    bench.main(["--rows", "2", "--cols", "8", "--repeats", "1", "--only", "cast"])
+    assert [line.split()[:4] for line in capsys.readouterr().out.splitlines()[2:]] == [
+        ["cast", "to", "bf16", "fp32"],
+        ["cast", "to", "fp16", "fp32"],
+        ["cast", "to", "fp32", "bf16"],
+    ]
     for argv in (["--dtypes", "fp8"], ["--rows", "0"]):
         with pytest.raises(SystemExit) as e:
             bench.main(argv)

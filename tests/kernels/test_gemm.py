@@ -325,21 +325,29 @@ def test_cpu_epilogue_is_the_unfused_add(kernel, dtype):
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=dtypes.name)
 @pytest.mark.parametrize("shape", [(77, 45, 131), (1, 200, 131), (2, 3, 9, 16, 40)])
-def test_gelu_epilogues_are_the_unfused_kernels(device, dtype, shape):
-    """matmul's gelu= has the bits of the GEMM (with its bias) then elementwise's gelu_fwd, and
-    aux=True returns C beside it; matmul_nt's gelu_input= those of the GEMM then gelu_bwd(x, C):
-    a training step's MLP (M rows, batched, and a decode step's one)."""
+def test_then_epilogues_are_the_unfused_kernels(device, dtype, shape):
+    """then= has the bits of the GEMM (with its bias) then the elementwise kernel on C, and
+    aux=True returns C after its outputs: GPT-2's fc and GELU, the GELU's gradient of dY W^T,
+    Llama's SwiGLU of its up projection and that SwiGLU's two gradients (a training step's
+    rows, batched, and a decode step's one)."""
     *lead, M, K, N = shape
-    shapes = [(*lead, M, K), (K, N), N, (*lead, M, N), (*lead, M, K)]
-    x, w, bias, dy, pre = (device.asarray(rand(s, dtype, seed=i)) for i, s in enumerate(shapes))
-    as_bytes = lambda a: device.to_numpy(a).tobytes()  # noqa: E731
+    shapes = [(*lead, M, K), (K, N), N, (*lead, M, N), (*lead, M, K), (*lead, M, N)]
+    x, w, bias, dy, pre, gate = (
+        device.asarray(rand(s, dtype, seed=i)) for i, s in enumerate(shapes)
+    )
+    as_bytes = lambda *a: b"".join(device.to_numpy(x).tobytes() for x in a)  # noqa: E731
     c = device.matmul(x, w, bias=bias)
-    act = device.matmul(x, w, bias=bias, gelu=True)
+    act = device.matmul(x, w, bias=bias, then=("gelu_fwd", ()))
     assert as_bytes(act) == as_bytes(device.gelu_fwd(c))
-    act, kept = device.matmul(x, w, bias=bias, gelu=True, aux=True)
-    assert as_bytes(act) == as_bytes(device.gelu_fwd(c)) and as_bytes(kept) == as_bytes(c)
-    dh = device.matmul_nt(dy, w, gelu_input=pre)  # dY W^T, through the GELU
+    act, kept = device.matmul(x, w, bias=bias, then=("gelu_fwd", ()), aux=True)
+    assert as_bytes(act, kept) == as_bytes(device.gelu_fwd(c), c)
+    dh = device.matmul_nt(dy, w, then=("gelu_bwd", (pre,)))  # dY W^T, through the GELU
     assert as_bytes(dh) == as_bytes(device.gelu_bwd(pre, device.matmul_nt(dy, w)))
+    h, kept = device.matmul(x, w, then=("swiglu_fwd", (gate,)), aux=True)
+    up = device.matmul(x, w)
+    assert as_bytes(h, kept) == as_bytes(device.swiglu_fwd(gate, up), up)
+    grads = device.matmul(x, w, then=("swiglu_bwd", (gate, dy)))
+    assert as_bytes(*grads) == as_bytes(*device.swiglu_bwd(gate, dy, up))
 
 
 @pytest.mark.parametrize(
@@ -363,15 +371,19 @@ def test_cast_epilogue_is_the_unfused_cast(device, kernel, dtype, to):
     assert as_bytes(g) == want
 
 
-def test_a_gelu_epilogue_takes_no_other():
-    """The records' rule (what the meta device runs): a GELU comes after the bias, alone."""
+def test_a_then_epilogue_takes_no_other():
+    """The records' rule (what the meta device runs): then= comes after the bias, alone, and
+    names an elementwise expression kernel."""
     meta = kernels.on("meta")
     a, b = meta.empty((3, 4), F32), meta.empty((4, 5), F32)
-    with pytest.raises(ValueError, match="GELU epilogue takes no"):
-        meta.matmul(a, b, add=meta.empty((3, 5), F32), gelu=True)
-    with pytest.raises(ValueError, match="needs gelu=True"):
+    with pytest.raises(ValueError, match="then= takes no"):
+        meta.matmul(a, b, add=meta.empty((3, 5), F32), then=("gelu_fwd", ()))
+    with pytest.raises(ValueError, match="not an elementwise expression"):
+        meta.matmul(a, b, then=("softmax_fwd", ()))
+    with pytest.raises(ValueError, match="give then="):
         meta.matmul(a, b, aux=True)
-    assert [x.shape for x in meta.matmul(a, b, gelu=True, aux=True)] == [(3, 5), (3, 5)]
+    made = meta.matmul(a, b, then=("swiglu_bwd", (meta.empty((3, 5), F32),) * 2), aux=True)
+    assert [x.shape for x in made] == [(3, 5)] * 3
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)

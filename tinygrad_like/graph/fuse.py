@@ -1,5 +1,5 @@
-"""Fusion: a captured step's adds, scalings and GELUs folded into the kernels that made their
-operands.
+"""Fusion: a captured step's adds, scalings, casts and activations folded into the kernels that
+made their operands.
 
 An add or a mul whose operand C is read by nothing else, C made by a kernel with an epilogue (a
 GEMM, kernels/gemm/spec.py, or a quantized one, kernels/quant/spec.py; a norm's backward,
@@ -15,13 +15,15 @@ and C is neither written nor read back: 2 |C| bytes fewer (the course's arithmet
 each unfused kernel reads its inputs and writes its output), which the launch point's counts of
 the fused step give too (Program.bytes before and after: tests/test_graph.py).
 
-A GELU on a GEMM's C (the MLP's fc, after its bias) becomes matmul(..., gelu=True): 2 |C| fewer,
-or |C| where C is read again (the backward's gelu_bwd reads it: aux=True returns it too); the
-GELU's gradient of a GEMM's C (the fc's dY = dZ W_proj^T) matmul_nt(..., gelu_input=x): 2 |C|.
+An elementwise kernel declared by its expression whose last operand is a GEMM's C becomes the
+GEMM's then= epilogue: GPT-2's GELU of its fc's C (after the bias), the GELU's gradient of the fc's
+dY (dZ W_proj^T), Llama's SwiGLU of its up projection's C (the gate made before it) and that
+SwiGLU's gradients: 2 |C| fewer, or |C| where C is read again (in training the backward reads
+the GELU's and the SwiGLU's inputs: aux=True returns C too, as cuBLASLt's GELU_AUX).
 
 The fused kernel gives the unfused bits: it rounds C as it returned it, then multiplies and adds
 as elementwise's mul and add do (in fp32 for 2-byte operands, rounded after each), or runs
-elementwise's gelu_fwd and gelu_bwd on it. The other operand must be alive when the kernel runs,
+elementwise's cast or then='s kernel on it. The other operand must be alive when the kernel runs,
 and nothing between the kernel and the add may read or write it: the add then reads the same
 bytes earlier, and what it wrote in place is written earlier, unread in between.
 """
@@ -31,20 +33,27 @@ from dataclasses import dataclass
 
 from ..backend.meta.array import c_strides
 from ..kernels import KERNELS
+from ..kernels.elementwise.expr import EXPRESSIONS
 from ..memory import root
 from .capture import address, arguments, read, values
 
 # what a kernel's epilogue takes is its record's (kernels/record.py): scale= (C times a 0-d
 # array), add= (C plus an array of its shape), out= (an add into its own operand: the gradients)
-# cast= (C in another dtype), gelu= (GELU(C)) and gelu_input= (C times GELU'(that input))
-FOLDED = {
-    "mul": "scale",
-    "add": "add",
-    "cast": "cast",
-    "gelu_fwd": "gelu",
-    "gelu_bwd": "gelu_input",
-}
-SIDES = {"cast": (0,), "gelu_fwd": (0,), "gelu_bwd": (1,)}  # which may be C (add's, mul's: either)
+# cast= (C in another dtype); then= (an elementwise kernel declared by its expression, C its last
+# operand: a GELU, a SwiGLU, their gradients)
+FOLDED = {"mul": "scale", "add": "add", "cast": "cast"}
+
+
+def _part(op):
+    """The epilogue part launch op would be folded as, or None."""
+    return FOLDED.get(op.name) or ("then" if op.name in EXPRESSIONS else None)
+
+
+def _sides(op):
+    """The positions of op's arguments that may be the C it folds into C's kernel."""
+    return (
+        (0, 1) if op.name in ("add", "mul") else (0,) if op.name == "cast" else (len(op.args) - 1,)
+    )
 
 
 @dataclass(frozen=True)
@@ -71,24 +80,24 @@ def fuse(program):
     }
     removed = set()
     for j, op in enumerate(steps):
-        if op[0] != "launch" or op.name not in FOLDED or set(op.kwargs) - {"out"}:
+        if op[0] != "launch" or _part(op) is None or set(op.kwargs) - {"out"}:
             continue
-        for side in SIDES.get(op.name, (0, 1)):
+        for side in _sides(op):
             d = op.args[side]
             i = first_output.get(d[1]) if d[0] == "value" else None
             if i is None:
                 continue
             v = d[1]
-            kept = readers[v] != {j} or v in returned  # C read again: a GELU returns it too
+            kept = readers[v] != {j} or v in returned  # C read again: then= returns it too
             if op.kwargs.get("out") == d:  # written in place: later launches read it as it is
                 if min(readers[v]) != j:
                     continue
-            elif kept and op.name != "gelu_fwd":
+            elif kept and _part(op) != "then":
                 continue
             c = _outputs(steps[i].recorded[2])[0]
             between = [steps[s] for s in range(i + 1, j) if s not in removed]  # still launched
-            if op.name in ("gelu_fwd", "gelu_bwd"):
-                fused = _gelu_fused(program, i, j, between, kept)
+            if _part(op) == "then":
+                fused = _then_fused(program, i, j, between, kept)
                 saved = c.nbytes if kept else 2 * c.nbytes
             elif op.name == "cast":
                 fused, saved = _cast_fused(program, i, j, between), 2 * c.nbytes
@@ -117,8 +126,8 @@ def _fused(program, i, j, side, between):
     kernel, op = program.steps[i], program.steps[j]
     part = FOLDED[op.name]
     takes = KERNELS[kernel.name].epilogue
-    if part not in takes or {"add", "gelu", "gelu_input", part} & set(kernel.kwargs):
-        return None  # an epilogue is bias, then scale, cast, add (or a GELU): one each
+    if part not in takes or {"add", "then", part} & set(kernel.kwargs):
+        return None  # an epilogue is bias, then scale, cast, add (or then=): one each
     if part == "scale" and "cast" in kernel.kwargs:
         return None
     (args1, kwargs1, out1) = op.recorded
@@ -180,7 +189,7 @@ def _cast_fused(program, i, j, between):
     kernel, op = program.steps[i], program.steps[j]
     if "cast" not in KERNELS[kernel.name].epilogue:
         return None
-    if {"cast", "add", "out", "gelu", "gelu_input"} & set(kernel.kwargs):
+    if {"cast", "add", "out", "then"} & set(kernel.kwargs):
         return None
     args1, _, out1 = op.recorded
     outs = _outputs(kernel.recorded[2])
@@ -202,44 +211,46 @@ def _cast_fused(program, i, j, between):
     )
 
 
-def _gelu_fused(program, i, j, between, kept):
-    """Launch i, a GEMM whose first output is C, with launch j, gelu_fwd(C) or gelu_bwd(x, C),
-    as its GELU epilogue (returning C too where it is read again: kept), or None where it
-    cannot: after a bias only, on all of C, nothing writing C (or x) between them."""
+def _then_fused(program, i, j, between, kept):
+    """Launch i, a GEMM whose first output is C, with launch j, an elementwise expression kernel
+    whose last operand is C (gelu_fwd(C), gelu_bwd(x, C), swiglu_fwd(gate, C), ...), as its
+    then= epilogue (returning C too where it is read again: kept), or None where it cannot:
+    after a bias only, on all of C, its other operands of C's size, contiguous and made before
+    the GEMM, nothing writing C or them in between."""
     kernel, op = program.steps[i], program.steps[j]
-    part = FOLDED[op.name]
-    if part not in KERNELS[kernel.name].epilogue or set(kernel.kwargs) - {"bias"}:
+    if "then" not in KERNELS[kernel.name].epilogue or set(kernel.kwargs) - {"bias"}:
         return None
     args1, _, out1 = op.recorded
     c = _outputs(kernel.recorded[2])[0]
-    if not _whole(args1[SIDES[op.name][0]], c):
+    if not _whole(args1[-1], c):
         return None
-    v = op.args[SIDES[op.name][0]][1]
-    written = [("value", v, None)]
-    kwargs, recorded_kwargs = {**kernel.kwargs}, {**kernel.recorded[1]}
-    if part == "gelu":
-        kwargs["gelu"], recorded_kwargs["gelu"] = ("const", True), True
-        if kept:
-            kwargs["aux"], recorded_kwargs["aux"] = ("const", True), True
-    else:  # x: made before the kernel runs, contiguous, not written until op would have read it
-        x, d = args1[0], op.args[0]
-        if d[0] not in ("value", "const") or not _contiguous(x):
+    written, operands = [("value", op.args[-1][1], None)], []
+    for x, d in zip(args1[:-1], op.args[:-1]):
+        if d[0] not in ("value", "const") or x.size != c.size or not _contiguous(x):
             return None
         if d[0] == "value" and not (program.births[d[1]] < i):
             return None
         written.append(d)
-        kwargs["gelu_input"] = _as_shape(program, d, c.shape)
-        recorded_kwargs["gelu_input"] = x.reshape(c.shape)
+        operands.append((_as_shape(program, d, c.shape), x.reshape(c.shape)))
     if any(_touches(step, w, reads=False) for step in between for w in written):
         return None
-    made = out1.reshape(c.shape)
-    shape = tuple(program.buffers[op.makes[0]].shape)
+    described = ("seq", tuple, tuple(d for d, _ in operands))
+    kwargs = {**kernel.kwargs, "then": ("seq", tuple, (("const", op.name), described))}
+    recorded_kwargs = {**kernel.recorded[1], "then": (op.name, tuple(x for _, x in operands))}
+    made = tuple(o.reshape(c.shape) for o in _outputs(out1))
+    shapes = tuple(tuple(program.buffers[m].shape) for m in op.makes)
+    if kept:
+        kwargs["aux"], recorded_kwargs["aux"] = ("const", True), True
     return kernel._replace(
         kwargs=kwargs,
-        makes=(op.makes[0], v) if kept else (op.makes[0],),
-        shapes=(shape, kernel.shapes[0]) if kept else (shape,),
+        makes=(*op.makes, op.args[-1][1]) if kept else op.makes,
+        shapes=(*shapes, kernel.shapes[0]) if kept else shapes,
         allocs=kernel.allocs + op.allocs,
-        recorded=(kernel.recorded[0], recorded_kwargs, (made, c) if kept else made),
+        recorded=(
+            kernel.recorded[0],
+            recorded_kwargs,
+            (*made, c) if kept else made if len(made) > 1 else made[0],
+        ),
     )
 
 

@@ -85,9 +85,7 @@ def count(name, args, kwargs, out):
     else:
         reads = [a for i, a in enumerate(args) if i not in k.skips]
         nbytes = sum(a.nbytes for a in arrays(reads))
-        nbytes += sum(
-            a.nbytes for key, a in kwargs.items() if key != "out" and hasattr(a, "nbytes")
-        )
+        nbytes += sum(a.nbytes for key, v in kwargs.items() if key != "out" for a in arrays((v,)))
     written = [args[i] for i in k.writes if args[i] is not None]
     written += [kwargs["out"]] if kwargs.get("out") is not None else []
     ids = {id(a) for a in written}

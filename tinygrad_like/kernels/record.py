@@ -22,8 +22,8 @@ docstring, decorated with:
   for one that writes only part of one).
 - epilogue: the keyword parameters by which a captured step folds an elementwise launch into its
   first output (tinygrad_like/graph/fuse.py): scale= (times a 0-d array), add= (plus an array of
-  its shape), out= (written into add itself), gelu= (GELU of it), gelu_input= (it times GELU' of
-  that input). Each must give the unfused launches' bits.
+  its shape), out= (written into add itself), cast= (it in another dtype), then= (an elementwise
+  expression kernel run on it). Each must give the unfused launches' bits.
 
 Adding a kernel: its record in its family's spec.py, its function in cpu.py and cuda.py (and the
 .cu code), its cases in tests/kernels/test_<family>.py, and the op that launches it (functions.py).

@@ -29,9 +29,9 @@ import numpy as np
 
 from ...backend.cpu.halves import f32, rounded
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, in_parallel, one_blas_thread
+from ..elementwise import cpu as elementwise
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.cpu import cast as elementwise_cast
-from ..elementwise.cpu import gelu_bwd, gelu_fwd
 from ..elementwise.cpu import mul as elementwise_mul
 from .cpu_accumulate import accumulated
 from .cpu_gemv import gemv
@@ -126,17 +126,25 @@ def _product(a, b, dtype, bias=None, scale=None, cast=None, add=None, out=None):
     return _epilogue(_gemm(a, b, bias), dtype, scale, cast, add, out)
 
 
-def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, gelu=False, aux=False):
-    c = _product(a, b, a.dtype, bias, scale, cast, add, out)
-    if not gelu:
+def _then(c, then, aux):
+    """The epilogue's elementwise kernel on C just written: then[0](*then[1], C) -> its outputs
+    [and C: aux], or C."""
+    if then is None:
         return c
-    return (gelu_fwd(c), c) if aux else gelu_fwd(c)  # elementwise's GELU on C just written
+    name, operands = then
+    out = getattr(elementwise, name)(*operands, c)
+    return ((*out, c) if isinstance(out, tuple) else (out, c)) if aux else out
 
 
-def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, gelu_input=None):
+def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, then=None, aux=False):
+    return _then(_product(a, b, a.dtype, bias, scale, cast, add, out), then, aux)
+
+
+def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, then=None, aux=False):
     c = _product(a, b.swapaxes(-1, -2), a.dtype, None, scale, cast, add, out)
-    return c if gelu_input is None else gelu_bwd(gelu_input, c)
+    return _then(c, then, aux)
 
 
-def matmul_tn(a, b, scale=None, cast=None, add=None, out=None):
-    return _product(a.swapaxes(-1, -2), b, a.dtype, None, scale, cast, add, out)
+def matmul_tn(a, b, scale=None, cast=None, add=None, out=None, then=None, aux=False):
+    c = _product(a.swapaxes(-1, -2), b, a.dtype, None, scale, cast, add, out)
+    return _then(c, then, aux)

@@ -3,10 +3,9 @@
 mixed dtypes and TG_MATMUL=cublas go to cupy.matmul (cuBLAS, fp32 compute): the yardstick for
 the custom GEMMs, and the fallback should they misbehave. The epilogue's scale (one element)
 and add (C's shape and dtype) are read in the custom kernels' store; out (C's shape and dtype)
-may be add itself. The cast epilogue and the GELU ones (gelu=, gelu_input=) are not in the store:
-elementwise's cast (then its add) or the generated gelu_fwd or gelu_bwd runs on C as a second
-device kernel of the same launch, so the launch is one but C is still written and read back in
-device memory.
+may be add itself. The cast epilogue and then= are not in the store: elementwise's cast (then its
+add) or the generated expression kernel then= names runs on C as a second device kernel of the
+same launch, so the launch is one but C is still written and read back in device memory.
 """
 
 import math
@@ -17,9 +16,9 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cuda.runtime import NULL, TRAINING, blocks_for, compiled
+from ..elementwise import cuda as elementwise
 from ..elementwise.cuda import add as elementwise_add
 from ..elementwise.cuda import cast as elementwise_cast
-from ..elementwise.cuda import gelu_bwd, gelu_fwd
 from ..elementwise.cuda import mul as elementwise_mul
 
 
@@ -137,23 +136,29 @@ def _cast(c, cast, add, out):
     return _epilogue(elementwise_cast(c, cast), None, add, out)
 
 
-def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, gelu=False, aux=False):
-    if cast is not None:
-        return _cast(_gemm(a, b, bias, False, False, scale), cast, add, out)
-    c = _gemm(a, b, bias, False, False, scale, add, out)
-    if not gelu:
+def _then(c, then, aux):
+    """The epilogue's elementwise kernel (the generated one, a second kernel) on C:
+    then[0](*then[1], C) -> its outputs [and C: aux], or C."""
+    if then is None:
         return c
-    return (gelu_fwd(c), c) if aux else gelu_fwd(c)  # the generated GELU: a second kernel
+    name, operands = then
+    out = getattr(elementwise, name)(*operands, c)
+    return ((*out, c) if isinstance(out, tuple) else (out, c)) if aux else out
 
 
-def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, gelu_input=None):
+def _epilogued(a, b, bias, ta, tb, scale, cast, add, out, then, aux):
     if cast is not None:
-        return _cast(_gemm(a, b, None, False, True, scale), cast, add, out)
-    c = _gemm(a, b, None, False, True, scale, add, out)
-    return c if gelu_input is None else gelu_bwd(gelu_input, c)
+        return _cast(_gemm(a, b, bias, ta, tb, scale), cast, add, out)
+    return _then(_gemm(a, b, bias, ta, tb, scale, add, out), then, aux)
 
 
-def matmul_tn(a, b, scale=None, cast=None, add=None, out=None):
-    if cast is not None:
-        return _cast(_gemm(a, b, None, True, False, scale), cast, add, out)
-    return _gemm(a, b, None, True, False, scale, add, out)
+def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, then=None, aux=False):
+    return _epilogued(a, b, bias, False, False, scale, cast, add, out, then, aux)
+
+
+def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, then=None, aux=False):
+    return _epilogued(a, b, None, False, True, scale, cast, add, out, then, aux)
+
+
+def matmul_tn(a, b, scale=None, cast=None, add=None, out=None, then=None, aux=False):
+    return _epilogued(a, b, None, True, False, scale, cast, add, out, then, aux)

@@ -9,13 +9,14 @@ does); cuda.py + gemm.cu: tiled shared-memory fp32 and mma.sync tensor-core fp16
 cuBLAS kept as the yardstick. The epilogue adds bias (N,), then multiplies by scale (one element),
 casts to cast (a dtype) and adds add (C's shape), each rounded as the unfused kernels round: the
 bits of elementwise's mul(C, scale), cast(C, cast), then add(add, C), in place when out is add.
-Or, after the bias, GPT-2's GELU (matmul's gelu=, aux= to return its input too) or its gradient
-(matmul_nt's gelu_input=): the bits of elementwise's gelu_fwd(C) and gelu_bwd(gelu_input, C),
-cuBLASLt's GELU, GELU_AUX and DGELU epilogues.
+Or, after the bias, an elementwise kernel declared by its expression with C as its last operand
+(then=: GPT-2's GELU or its gradient, Llama's SwiGLU or its gradient), its bits; aux=True
+returns C after its outputs (cuBLASLt's GELU, GELU_AUX and DGELU epilogues are three cases).
 """
 
 import numpy as np
 
+from ..elementwise.expr import EXPRESSIONS
 from ..record import KERNELS, Out, kernel
 
 
@@ -31,47 +32,45 @@ def _t(shape):
     return tuple(shape[:-2]) + (shape[-1], shape[-2])
 
 
-def _epilogued(
-    c, scale=None, cast=None, add=None, out=None, gelu=False, aux=False, gelu_input=None
-):
-    """C's Out, or out, or with gelu (and aux) GELU(C)'s Out (and C's): an epilogue's factor
-    `scale` must be one element of C's dtype; cast, a dtype, is C's from there on; its summand
-    `add`, out and gelu_input must be C's shape and dtype (they act as elementwise's mul, cast,
-    add and gelu_bwd on the C this kernel would return); a GELU or its gradient takes no other
-    part."""
-    if (gelu or gelu_input is not None) and any(x is not None for x in (scale, cast, add, out)):
-        raise ValueError("matmul: a GELU epilogue takes no scale=, cast=, add= or out=")
-    if aux and not gelu:
-        raise ValueError("matmul: aux=True returns the GELU's input: it needs gelu=True")
+def _epilogued(c, scale=None, cast=None, add=None, out=None, then=None, aux=False):
+    """C's Out, or out, or the outputs of then's kernel on C (and C's Out, with aux): the
+    factor `scale` must be one element of C's dtype; cast, a dtype, is C's from there on; the
+    summand `add` and out must be C's shape and dtype (they act as elementwise's mul, cast and
+    add on the C this kernel would return); then = (name, operands) takes no other part, and
+    its kernel's own rule checks the operands beside C."""
+    if then is not None:
+        if any(x is not None for x in (scale, cast, add, out)):
+            raise ValueError("matmul: then= takes no scale=, cast=, add= or out=")
+        name, operands = then
+        if name not in EXPRESSIONS:
+            raise ValueError(f"matmul: then= names {name!r}, not an elementwise expression")
+        outs = KERNELS[name].shape(*operands, c)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return (*outs, c) if aux else outs if len(outs) > 1 else outs[0]
+    if aux:
+        raise ValueError("matmul: aux=True returns C beside then='s outputs: give then=")
     if scale is not None and (tuple(scale.shape) != () or scale.dtype != c.dtype):
         raise ValueError(f"matmul: scale {tuple(scale.shape)} {scale.dtype}, need () {c.dtype}")
     if cast is not None:
         c = Out(c.shape, np.dtype(cast))
-    for name, x in (("add", add), ("out", out), ("gelu_input", gelu_input)):
+    for name, x in (("add", add), ("out", out)):
         if x is not None and (tuple(x.shape) != c.shape or x.dtype != c.dtype):
             raise ValueError(f"matmul: {name} {tuple(x.shape)} {x.dtype}, need {c.shape} {c.dtype}")
-    return (c, c) if aux else c if out is None else out
-
-
-def _gelu_part(r, gelu=False, gelu_input=None, **_):
-    """The record of the elementwise kernel a GELU epilogue runs on C (r: C's Out), or None."""
-    if gelu:
-        return KERNELS["gelu_fwd"], (r,)
-    return (KERNELS["gelu_bwd"], (gelu_input, r)) if gelu_input is not None else None
+    return c if out is None else out
 
 
 def _gemm_counts(k_of):
     """FLOPs and exps of a GEMM whose K is k_of(a): 2 M K N, plus M N each for a bias, a scale,
-    an add, and the GELU epilogue's as gelu_fwd or gelu_bwd counts them on C."""
+    an add, and then='s kernel's own counts on C (r: C, or then's first output: C's shape)."""
 
-    def flops(r, a, b, bias=None, scale=None, cast=None, add=None, out=None, **gelu):
+    def flops(r, a, b, bias=None, scale=None, cast=None, add=None, out=None, then=None, aux=0):
         epilogue = sum(x is not None for x in (bias, scale, add))
-        part = _gelu_part(r, **gelu)
-        return (2 * k_of(a) + epilogue) * r.size + (part[0].flops(r, *part[1]) if part else 0)
+        after = KERNELS[then[0]].flops(r, *then[1], r) if then else 0
+        return (2 * k_of(a) + epilogue) * r.size + after
 
-    def exps(r, a, b, *_, **kwargs):
-        part = _gelu_part(r, **kwargs)
-        return part[0].exps(r, *part[1]) if part else 0
+    def exps(r, a, b, *_, then=None, **kwargs):
+        k = KERNELS[then[0]] if then else None
+        return k.exps(r, *then[1], r) if k and k.exps else 0
 
     return {"flops": flops, "exps": exps}
 
@@ -80,10 +79,12 @@ def _gemm_counts(k_of):
 # C times a 0-d array (a mean's 1 / count), then cast to a dtype (a bf16 step's logits to fp32
 # for the loss, an fp32 gradient to its bf16 parameter's), then plus add (a layer's residual, or
 # the gradient C accumulates into: out=add), in one launch instead of the GEMM then
-# elementwise's mul, cast and add; None launches the plain GEMM. gelu= (matmul: the MLP's fc,
-# returning GELU(C), and C too where the backward reads it: aux=) and gelu_input= (matmul_nt:
-# the fc's dY times GELU'(its input)) fold elementwise's gelu_fwd and gelu_bwd the same way.
-EPILOGUE = ("scale", "cast", "add", "out")
+# elementwise's mul, cast and add; None launches the plain GEMM. then=(name, operands) runs
+# elementwise's kernel `name` (declared by its expression) as name(*operands, C) after the bias
+# instead: GPT-2's fc and GELU (then=("gelu_fwd", ())), the GELU's gradient of the fc's dY
+# (("gelu_bwd", (x,))), Llama's up projection and SwiGLU (("swiglu_fwd", (gate,))) and its
+# gradient; aux=True returns C after its outputs, where the backward reads C again.
+EPILOGUE = ("scale", "cast", "add", "out", "then")
 
 
 @kernel(
@@ -91,22 +92,21 @@ EPILOGUE = ("scale", "cast", "add", "out")
         _product(a, tuple(a.shape), tuple(b.shape)), **epilogue
     ),
     **_gemm_counts(lambda a: a.shape[-1]),
-    epilogue=(*EPILOGUE, "gelu"),
+    epilogue=EPILOGUE,
 )
-def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, gelu=False, aux=False):
+def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, then=None, aux=False):
     """(..., M, K) @ (..., K, N) [+ bias (N,)] [* scale ()] [as cast] [+ add (..., M, N)] ->
-    (..., M, N) [into out]; gelu: GELU(C) instead [and C: aux]."""
+    (..., M, N) [into out]; then: then[0](*then[1], C)'s outputs instead [and C: aux]."""
 
 
 @kernel(
     shape=lambda a, b, **epilogue: _epilogued(_product(a, tuple(a.shape), _t(b.shape)), **epilogue),
     **_gemm_counts(lambda a: a.shape[-1]),
-    epilogue=(*EPILOGUE, "gelu_input"),
+    epilogue=EPILOGUE,
 )
-def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, gelu_input=None):
+def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, then=None, aux=False):
     """(..., M, K) @ (..., N, K)^T [* scale ()] [as cast] [+ add (..., M, N)] -> (..., M, N)
-    [into out]; gelu_input: C GELU'(gelu_input) instead (the gradient through the GELU C came
-    out of)."""
+    [into out]; then: then[0](*then[1], C)'s outputs instead [and C: aux]."""
 
 
 @kernel(
@@ -114,6 +114,6 @@ def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, gelu_input=None):
     **_gemm_counts(lambda a: a.shape[-2]),
     epilogue=EPILOGUE,
 )
-def matmul_tn(a, b, scale=None, cast=None, add=None, out=None):
+def matmul_tn(a, b, scale=None, cast=None, add=None, out=None, then=None, aux=False):
     """(..., K, M)^T @ (..., K, N) [* scale ()] [as cast] [+ add (..., M, N)] -> (..., M, N)
-    [into out]."""
+    [into out]; then: then[0](*then[1], C)'s outputs instead [and C: aux]."""
