@@ -147,6 +147,7 @@ def _then(c, then, aux):
 
 
 def _epilogued(a, b, bias, ta, tb, scale, cast, add, out, then, aux):
+    """_gemm with the whole epilogue: the store's scale and add, or the cast or then= after it."""
     if cast is not None:
         return _cast(_gemm(a, b, bias, ta, tb, scale), cast, add, out)
     return _then(_gemm(a, b, bias, ta, tb, scale, add, out), then, aux)
