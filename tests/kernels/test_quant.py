@@ -439,6 +439,27 @@ def test_cuda_qmatmul_add_is_the_unfused_add(cuda_device, fmt, M, bias, dtype):
     assert fused == plain
 
 
+@pytest.mark.parametrize("fmt, M", [("int8", 1), ("int4", 3), ("bf16", 1), ("fp8_e4m3", 17)])
+def test_qmatmul_then_is_the_unfused_activation(device, fmt, M):
+    """then= has the bits of qmatmul then the elementwise kernel on y (a decode step's GELU,
+    a SwiGLU with y its up projection), aux=True returning y after its outputs; and the same for
+    qmatmul_int8x with int8 activations."""
+    int8x = fmt in ("int8", "int4")  # a group of 32: int8 activations' block
+    codes, scales, g = quantized(fmt, 37, 96, 32 if int8x else group_for(fmt))
+    x, gate = rand((M, 96), F32, seed=1), rand((M, 37), F32, seed=2)
+    put, as_bytes = device.asarray, lambda *a: b"".join(device.to_numpy(v).tobytes() for v in a)
+    args = (put(x), put(codes), None if scales is None else put(scales), fmt, g)
+    y = device.qmatmul(*args)
+    assert as_bytes(device.qmatmul(*args, then=("gelu_fwd", ()))) == as_bytes(device.gelu_fwd(y))
+    h, kept = device.qmatmul(*args, then=("swiglu_fwd", (put(gate),)), aux=True)
+    assert as_bytes(h, kept) == as_bytes(device.swiglu_fwd(put(gate), y), y)
+    if int8x:
+        operands = (*device.quantize_rows(put(x)), put(codes), put(scales), fmt, g, F32)
+        y = device.qmatmul_int8x(*operands)
+        got = device.qmatmul_int8x(*operands, then=("gelu_fwd", ()))
+        assert as_bytes(got) == as_bytes(device.gelu_fwd(y))
+
+
 def test_qmatmul_add_must_be_the_outputs_shape_and_dtype(cuda_device):
     """The shape rule (the meta device's qmatmul) and CUDA's qmatmul, which reads add in its
     store, refuse an add that is not y's (M, N) in x's dtype, naming what they got."""

@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from ..record import Out, kernel, like, like_arg, per_element, per_output
-from .expr import declare, elementwise, exp, log, sqrt, tanh, where
+from ..record import KERNELS, Out, kernel, like, like_arg, per_element, per_output
+from .expr import EXPRESSIONS, declare, elementwise, exp, log, sqrt, tanh, where
 
 
 def _arrays(*operands):
@@ -306,6 +306,29 @@ def _summed(a, axis=None, keepdims=False, add=None, out=None):
 def sum(a, axis=None, keepdims=False, add=None, out=None):
     """Sum over axes, accumulated in fp32 (fp64 for fp64), result in a's dtype [+ add, as
     add(add, sum) rounds] [into out]."""
+
+
+# ---- then=: an expression kernel as another kernel's epilogue (the GEMMs', graph/fuse.py)
+
+
+def then_outputs(c, then, aux):
+    """What a kernel whose epilogue is then = (name, operands) returns (c: its own result's Out):
+    the outputs of name(*operands, C), an elementwise kernel declared by its expression, [and C
+    after them: aux]; ValueError for any other kernel, or operands that do not fit C."""
+    name, operands = then
+    if name not in EXPRESSIONS:
+        raise ValueError(f"then= names {name!r}, not an elementwise expression kernel")
+    outs = KERNELS[name].shape(*operands, c)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return (*outs, c) if aux else outs if len(outs) > 1 else outs[0]
+
+
+def then_counts(r, then):
+    """(FLOPs, exps) of then='s kernel on C (r: an Out of C's shape), (0, 0) without one."""
+    if then is None:
+        return 0, 0
+    k = KERNELS[then[0]]
+    return k.flops(r, *then[1], r), (k.exps(r, *then[1], r) if k.exps else 0)
 
 
 # ---- Lab 5's fused kernels: the MLP's bias and GELU, and the block's bias and residual, each

@@ -16,10 +16,10 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cuda.runtime import NULL, TRAINING, blocks_for, compiled
-from ..elementwise import cuda as elementwise
 from ..elementwise.cuda import add as elementwise_add
 from ..elementwise.cuda import cast as elementwise_cast
 from ..elementwise.cuda import mul as elementwise_mul
+from ..elementwise.cuda import then_epilogue
 
 
 def _gemm_cupy(a, b, bias, ta, tb, scale, add, out):
@@ -136,21 +136,11 @@ def _cast(c, cast, add, out):
     return _epilogue(elementwise_cast(c, cast), None, add, out)
 
 
-def _then(c, then, aux):
-    """The epilogue's elementwise kernel (the generated one, a second kernel) on C:
-    then[0](*then[1], C) -> its outputs [and C: aux], or C."""
-    if then is None:
-        return c
-    name, operands = then
-    out = getattr(elementwise, name)(*operands, c)
-    return ((*out, c) if isinstance(out, tuple) else (out, c)) if aux else out
-
-
 def _epilogued(a, b, bias, ta, tb, scale, cast, add, out, then, aux):
     """_gemm with the whole epilogue: the store's scale and add, or the cast or then= after it."""
     if cast is not None:
         return _cast(_gemm(a, b, bias, ta, tb, scale), cast, add, out)
-    return _then(_gemm(a, b, bias, ta, tb, scale, add, out), then, aux)
+    return then_epilogue(_gemm(a, b, bias, ta, tb, scale, add, out), then, aux)
 
 
 def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, then=None, aux=False):

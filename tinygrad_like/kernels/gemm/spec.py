@@ -16,8 +16,8 @@ returns C after its outputs (cuBLASLt's GELU, GELU_AUX and DGELU epilogues are t
 
 import numpy as np
 
-from ..elementwise.expr import EXPRESSIONS
-from ..record import KERNELS, Out, kernel
+from ..elementwise.spec import then_counts, then_outputs
+from ..record import Out, kernel
 
 
 def _product(a, a_shape, b_shape):
@@ -41,12 +41,7 @@ def _epilogued(c, scale=None, cast=None, add=None, out=None, then=None, aux=Fals
     if then is not None:
         if any(x is not None for x in (scale, cast, add, out)):
             raise ValueError("matmul: then= takes no scale=, cast=, add= or out=")
-        name, operands = then
-        if name not in EXPRESSIONS:
-            raise ValueError(f"matmul: then= names {name!r}, not an elementwise expression")
-        outs = KERNELS[name].shape(*operands, c)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        return (*outs, c) if aux else outs if len(outs) > 1 else outs[0]
+        return then_outputs(c, then, aux)
     if aux:
         raise ValueError("matmul: aux=True returns C beside then='s outputs: give then=")
     if scale is not None and (tuple(scale.shape) != () or scale.dtype != c.dtype):
@@ -65,12 +60,10 @@ def _gemm_counts(k_of):
 
     def flops(r, a, b, bias=None, scale=None, cast=None, add=None, out=None, then=None, aux=0):
         epilogue = sum(x is not None for x in (bias, scale, add))
-        after = KERNELS[then[0]].flops(r, *then[1], r) if then else 0
-        return (2 * k_of(a) + epilogue) * r.size + after
+        return (2 * k_of(a) + epilogue) * r.size + then_counts(r, then)[0]
 
     def exps(r, a, b, *_, then=None, **kwargs):
-        k = KERNELS[then[0]] if then else None
-        return k.exps(r, *then[1], r) if k and k.exps else 0
+        return then_counts(r, then)[1]
 
     return {"flops": flops, "exps": exps}
 

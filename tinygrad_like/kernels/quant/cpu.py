@@ -30,6 +30,7 @@ from ...backend.cpu.compiled import (
 from ...backend.cpu.halves import f32, rounded
 from ...formats import FINITE, FORMATS, NAN_ONLY
 from ..elementwise.cpu import add as elementwise_add
+from ..elementwise.cpu import then_epilogue
 from ..embedding.spec import check_ids
 from .cpu_gemv import decode_rows, gemv
 from .cpu_int8x import qmatmul_int8x, quantize_rows  # noqa: F401 (in their own file)
@@ -188,11 +189,11 @@ def _qmatmul_rows(codes, scales, group_size, fmt, fields, xs, b, y):
     _qmatmul_kernel(*fields)(codes, scales, group_size, xs, b, y)
 
 
-def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
+def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False):
     """W decoded row by row inside the kernel (a prompt's: a tile of rows at a time, then BLAS),
     accumulated in fp32 and rounded once (2-byte x: computed in fp32); then + add (M, N) by
     elementwise's add, written into y itself: a pass over y while it is in the cache (a decode
-    step's M is 1), the bits of the unfused add."""
+    step's M is 1), the bits of the unfused add; or then= (elementwise's then_epilogue)."""
     codes, scales, group_size, *fields = _kernel_args(codes, scales, fmt, group_size)
     xs = np.ascontiguousarray(f32(x), dtype=np.float32)
     b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
@@ -202,7 +203,7 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
     else:
         _qmatmul_rows(codes, scales, group_size, fmt, tuple(fields), xs, b, y)
     y = rounded(y, x.dtype)
-    return y if add is None else elementwise_add(add, y, out=y)
+    return then_epilogue(y if add is None else elementwise_add(add, y, out=y), then, aux)
 
 
 # From this many rows of x (a prompt) W is decoded a tile of rows at a time into an fp32 scratch

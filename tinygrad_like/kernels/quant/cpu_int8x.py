@@ -20,6 +20,7 @@ from ...backend.cpu.compiled import kernel
 from ...backend.cpu.emit import F32, I8, I32, I64, Emit, splat
 from ...backend.cpu.halves import f32, rounded
 from ..elementwise.cpu import add as elementwise_add
+from ..elementwise.cpu import then_epilogue
 from .cpu_int8x_tiles import qmatmul_int8x_tiles
 from .cpu_split import BLOCK_ROWS, DECODE_ONCE_FROM, SERIAL_BELOW, work
 from .spec import TINY_BLOCK, X_BLOCK, int8x_out, x_blocks
@@ -269,10 +270,22 @@ def _qmatmul_int8x_kernel(nibbles):
 _QMATMUL_INT8X = {f: _qmatmul_int8x_kernel(f == "int4") for f in ("int8", "int4")}
 
 
-def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None):
+def qmatmul_int8x(
+    xcodes,
+    xscales,
+    codes,
+    scales,
+    fmt,
+    group_size,
+    dtype,
+    bias=None,
+    add=None,
+    then=None,
+    aux=False,
+):
     """The integer dot of each block (the IR above; a prompt's in cpu_int8x_tiles.py's tiles),
     scaled and summed in spec.py's fp32 order; rounded to dtype once; then + add by
-    elementwise's add, written into y itself (as qmatmul)."""
+    elementwise's add, written into y itself, or then= (as qmatmul)."""
     int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add)
     M, K = xcodes.shape
     xq = np.ascontiguousarray(xcodes)
@@ -290,4 +303,4 @@ def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=N
         args = (np.ascontiguousarray(codes), scales, group_of, xq, x0, x1, xs)
         _QMATMUL_INT8X[fmt](*args, np.empty(xs.shape, np.int32), b, y)
     y = rounded(y, np.dtype(dtype))
-    return y if add is None else elementwise_add(add, y, out=y)
+    return then_epilogue(y if add is None else elementwise_add(add, y, out=y), then, aux)

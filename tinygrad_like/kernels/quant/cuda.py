@@ -10,6 +10,7 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cuda.runtime import BLOCK, CTYPES, NULL, blocks_for, compiled
+from ..elementwise.cuda import then_epilogue
 from ..embedding.spec import check_ids
 from .spec import int8x_out, x_blocks
 
@@ -59,9 +60,10 @@ def _weight(codes, scales, fmt, group_size):
     return cupy.ascontiguousarray(codes), scales, K, np.int32(group_size)
 
 
-def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
+def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False):
     """x and bias read as fp32, one warp per row of W, fp32 accumulation, rounded once; add
-    (M, N, x's dtype) added in the kernel's store with the bits of elementwise's add(add, y)."""
+    (M, N, x's dtype) added in the kernel's store with the bits of elementwise's add(add, y);
+    then= after it (elementwise's then_epilogue: a second kernel)."""
     codes, scales, K, group = _weight(codes, scales, fmt, group_size)
     if x.dtype not in CTYPES:
         raise TypeError(f"qmatmul takes a floating-point x, got {x.dtype}")
@@ -95,7 +97,7 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
                 group,
             ),
         )
-    return y
+    return then_epilogue(y, then, aux)
 
 
 def qembedding(codes, scales, idx, fmt, group_size):
@@ -136,9 +138,21 @@ def _words(a):
     return a if a.data.ptr % 8 == 0 else a.copy()
 
 
-def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None):
+def qmatmul_int8x(
+    xcodes,
+    xscales,
+    codes,
+    scales,
+    fmt,
+    group_size,
+    dtype,
+    bias=None,
+    add=None,
+    then=None,
+    aux=False,
+):
     """One warp per row of W, bias read as fp32; add (M, N, dtype) added in the kernel's store
-    with the bits of elementwise's add(add, y)."""
+    with the bits of elementwise's add(add, y); then= after it (as qmatmul)."""
     int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add)
     dtype = np.dtype(dtype)
     if dtype not in CTYPES:
@@ -163,4 +177,4 @@ def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=N
                 np.int32(group_size),
             ),
         )
-    return y
+    return then_epilogue(y, then, aux)

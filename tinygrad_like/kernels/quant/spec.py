@@ -25,6 +25,7 @@ the same bits (the order of the fp32 sums is part of the definition, below).
 import numpy as np
 
 from ...formats import FORMATS
+from ..elementwise.spec import then_counts, then_outputs
 from ..record import Out, kernel
 
 
@@ -33,34 +34,44 @@ def _quantized_row_bytes(codes, scales):
     return codes[0].nbytes + (scales[0].nbytes if scales is not None else 0)
 
 
-def _qmatmul_out(x, codes, add):
-    """y's Out (M, N) in x's dtype; the epilogue's summand add must be y's shape and dtype (it
-    acts as elementwise's add on the y this kernel would return)."""
-    y = Out((x.shape[0], codes.shape[0]), x.dtype)
+def _epilogued(y, add, then, aux, name):
+    """y's Out, or then='s outputs on y (elementwise.spec.then_outputs); the epilogue's summand
+    add must be y's shape and dtype (it acts as elementwise's add on the y this kernel would
+    return), and takes no then= beside it."""
     if add is not None and (tuple(add.shape) != y.shape or add.dtype != y.dtype):
-        raise ValueError(f"qmatmul: add {tuple(add.shape)} {add.dtype}, need {y.shape} {y.dtype}")
-    return y
+        raise ValueError(f"{name}: add {tuple(add.shape)} {add.dtype}, need {y.shape} {y.dtype}")
+    if then is None:
+        if aux:
+            raise ValueError(f"{name}: aux=True returns y beside then='s outputs: give then=")
+        return y
+    if add is not None:
+        raise ValueError(f"{name}: then= takes no add=")
+    return then_outputs(y, then, aux)
 
 
 # add= is an epilogue that folds the add of y (a residual's: h + x W^T) into the GEMM: one
 # launch instead of qmatmul, then elementwise's add, which reads y back and writes a third
-# (M, N) array; None launches the plain qmatmul.
+# (M, N) array; then= folds an elementwise expression kernel of y (the MLP's GELU or SwiGLU) as
+# the GEMMs' then= does (kernels/gemm/spec.py); None launches the plain qmatmul.
 
 
 @kernel(
-    shape=lambda x, codes, scales, fmt, group_size, bias=None, add=None: _qmatmul_out(
-        x, codes, add
+    shape=lambda x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False: (
+        _epilogued(Out((x.shape[0], codes.shape[0]), x.dtype), add, then, aux, "qmatmul")
     ),
-    flops=lambda r, x, codes, scales, fmt, group_size, bias=None, add=None: (
+    flops=lambda r, x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=0: (
         (2 * x.shape[-1] + (bias is not None) + (add is not None)) * r.size
+        + then_counts(r, then)[0]
     ),
-    epilogue=("add",),
+    exps=lambda r, *args, then=None, **kwargs: then_counts(r, then)[1],
+    epilogue=("add", "then"),
 )
-def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None):
+def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False):
     """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype, W (N, K) decoded from codes and
     scales inside the kernel (w = code value x its group's scale), fp32 accumulation; then
-    [+ add (M, N), x's dtype] with the bits of elementwise's add(add, y) on that rounded y. FLOPs:
-    2 K per element of y, one more each for the bias and the add."""
+    [+ add (M, N), x's dtype] with the bits of elementwise's add(add, y) on that rounded y, or
+    [then[0](*then[1], y)'s outputs (and y: aux)]. FLOPs: 2 K per element of y, one more each
+    for the bias and the add, and then='s."""
 
 
 @kernel(
@@ -131,8 +142,8 @@ def quantize_rows(x):
     max, the division, the rounding)."""
 
 
-def int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add):
-    """y's Out (M, N) in dtype, the operands checked against each other."""
+def int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add=None):
+    """y's Out (M, N) in dtype, the operands checked against each other (and add against y)."""
     check_int8_activations(fmt, group_size)
     M, K = xcodes.shape
     N = codes.shape[0]
@@ -151,25 +162,40 @@ def int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add)
         )
     if bias is not None and tuple(bias.shape) != (N,):
         raise ValueError(f"qmatmul_int8x: bias {tuple(bias.shape)} must be ({N},)")
-    y = Out((M, N), np.dtype(dtype))
-    if add is not None and (tuple(add.shape) != y.shape or add.dtype != y.dtype):
-        raise ValueError(
-            f"qmatmul_int8x: add {tuple(add.shape)} {add.dtype}, need {y.shape} {y.dtype}"
-        )
-    return y
+    return _epilogued(Out((M, N), np.dtype(dtype)), add, None, False, "qmatmul_int8x")
+
+
+def _int8x_shape(
+    xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None, then=None, aux=0
+):
+    """qmatmul_int8x's outputs: y's Out (int8x_out), or then='s on it (_epilogued)."""
+    y = int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias)
+    return _epilogued(y, add, then, aux, "qmatmul_int8x")
 
 
 @kernel(
-    shape=lambda xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None: (
-        int8x_out(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias, add)
-    ),
-    flops=lambda r, xcodes, xscales, *w, bias=None, add=None: (
+    shape=_int8x_shape,
+    flops=lambda r, xcodes, xscales, *w, bias=None, add=None, then=None, aux=0: (
         (2 * xcodes.shape[1] + 3 * xscales.shape[1] + (bias is not None) + (add is not None))
         * r.size
+        + then_counts(r, then)[0]
     ),
-    epilogue=("add",),
+    exps=lambda r, *args, then=None, **kwargs: then_counts(r, then)[1],
+    epilogue=("add", "then"),
 )
-def qmatmul_int8x(xcodes, xscales, codes, scales, fmt, group_size, dtype, bias=None, add=None):
+def qmatmul_int8x(
+    xcodes,
+    xscales,
+    codes,
+    scales,
+    fmt,
+    group_size,
+    dtype,
+    bias=None,
+    add=None,
+    then=None,
+    aux=False,
+):
     """quantize_rows' x (codes (M, K) int8, scales (M, K / X_BLOCK)) @ W^T (+ bias (N,)) ->
     (M, N) in dtype, W (N, K) an int8 or int4 weight of group_size a multiple of X_BLOCK:
     y[m, n] = sum over blocks b of t_b = (xscales[m, b] * w_scale[n, b]) * isum_b, isum_b the
