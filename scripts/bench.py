@@ -426,7 +426,7 @@ def run_census(args, config, model, opt, scaler, peers, x, y, log):
         format_census(
             drows,
             f"ours: op census of one decode step (batch {args.gen_batch}, "
-            f"{args.prompt_len} cached positions), by time lost to the roofline",
+            f"{args.prompt_len + 1} cached positions), by time lost to the roofline",
         )
     )
     log(
