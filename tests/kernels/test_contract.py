@@ -30,13 +30,10 @@ SOURCES = ("tinygrad_like", "nn", "optim", "training", "accounting", "scripts", 
 FAMILIES = sorted({k.family for k in KERNELS.values()})
 # Public functions a family module may have outside its spec, each for a reason of its own: the
 # CPU quant kernels' decode functions, named as quant.cu's device functions (their twins), the
-# fp8 KV cache's encoder, kvcache.cu's minifloat_code, the online softmax of a key block that
-# the CPU attention's decode rows share with the fp8 cache's qattention, and the then= epilogue
-# the GEMM families run on their results (elementwise's kernels by name).
+# fp8 KV cache's encoder, kvcache.cu's minifloat_code, and the online softmax of a key block
+# that the CPU attention's decode rows share with the fp8 cache's qattention.
 EXTRAS = {
     ("cpu", "attention"): {"softmax_block"},
-    ("cpu", "elementwise"): {"then_epilogue"},
-    ("cuda", "elementwise"): {"then_epilogue"},
     ("cpu", "kvcache"): {"minifloat_code"},
     ("cpu", "quant"): {
         "int8_value",

@@ -215,13 +215,3 @@ def dropout_fwd(x, p, seed):
     keep = np.random.default_rng(seed).random(x.shape, dtype=np.float32) >= p
     mask = (keep / np.float32(1.0 - p)).astype(x.dtype)
     return mul(x, mask), mask
-
-
-def then_epilogue(c, then, aux):
-    """A kernel's then= epilogue (spec.then_outputs) on its result C: then[0](*then[1], C) -> its
-    outputs [and C: aux], or C without one."""
-    if then is None:
-        return c
-    name, operands = then
-    out = globals()[name](*operands, c)
-    return ((*out, c) if isinstance(out, tuple) else (out, c)) if aux else out

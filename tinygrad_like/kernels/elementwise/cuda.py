@@ -208,13 +208,3 @@ def _run(e, args):
 
 # gelu_fwd, gelu_bwd, swiglu_fwd, ...: every kernel spec.py declares by its expression
 globals().update(device_kernels(_run, __name__))
-
-
-def then_epilogue(c, then, aux):
-    """A kernel's then= epilogue (spec.then_outputs) on its result C: then[0](*then[1], C) -> its
-    outputs [and C: aux], or C without one."""
-    if then is None:
-        return c
-    name, operands = then
-    out = globals()[name](*operands, c)
-    return ((*out, c) if isinstance(out, tuple) else (out, c)) if aux else out

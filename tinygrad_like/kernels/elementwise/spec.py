@@ -314,13 +314,29 @@ def sum(a, axis=None, keepdims=False, add=None, out=None):
 def then_outputs(c, then, aux):
     """What a kernel whose epilogue is then = (name, operands) returns (c: its own result's Out):
     the outputs of name(*operands, C), an elementwise kernel declared by its expression, [and C
-    after them: aux]; ValueError for any other kernel, or operands that do not fit C."""
+    after them: aux], or C without then=; ValueError for any other kernel, operands that do not
+    fit C, or aux without then=."""
+    if then is None:
+        if aux:
+            raise ValueError("aux=True returns C beside then='s outputs: give then=")
+        return c
     name, operands = then
     if name not in EXPRESSIONS:
         raise ValueError(f"then= names {name!r}, not an elementwise expression kernel")
     outs = KERNELS[name].shape(*operands, c)
     outs = outs if isinstance(outs, tuple) else (outs,)
     return (*outs, c) if aux else outs if len(outs) > 1 else outs[0]
+
+
+def then_epilogue(kernels, c, then, aux):
+    """Run a kernel's then= epilogue on its result C, on the device whose elementwise kernels are
+    `kernels` (its cpu.py or cuda.py module): then[0](*then[1], C) -> its outputs [and C: aux],
+    or C without then=."""
+    if then is None:
+        return c
+    name, operands = then
+    out = getattr(kernels, name)(*operands, c)
+    return ((*out, c) if isinstance(out, tuple) else (out, c)) if aux else out
 
 
 def then_counts(r, then):

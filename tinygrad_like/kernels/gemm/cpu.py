@@ -29,10 +29,11 @@ import numpy as np
 
 from ...backend.cpu.halves import f32, rounded
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, in_parallel, one_blas_thread
+from ..elementwise import cpu as elementwise
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.cpu import cast as elementwise_cast
 from ..elementwise.cpu import mul as elementwise_mul
-from ..elementwise.cpu import then_epilogue
+from ..elementwise.spec import then_epilogue
 from .cpu_accumulate import accumulated
 from .cpu_gemv import gemv
 
@@ -127,14 +128,16 @@ def _product(a, b, dtype, bias=None, scale=None, cast=None, add=None, out=None):
 
 
 def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, then=None, aux=False):
-    return then_epilogue(_product(a, b, a.dtype, bias, scale, cast, add, out), then, aux)
+    return then_epilogue(
+        elementwise, _product(a, b, a.dtype, bias, scale, cast, add, out), then, aux
+    )
 
 
 def matmul_nt(a, b, scale=None, cast=None, add=None, out=None, then=None, aux=False):
     c = _product(a, b.swapaxes(-1, -2), a.dtype, None, scale, cast, add, out)
-    return then_epilogue(c, then, aux)
+    return then_epilogue(elementwise, c, then, aux)
 
 
 def matmul_tn(a, b, scale=None, cast=None, add=None, out=None, then=None, aux=False):
     c = _product(a.swapaxes(-1, -2), b, a.dtype, None, scale, cast, add, out)
-    return then_epilogue(c, then, aux)
+    return then_epilogue(elementwise, c, then, aux)

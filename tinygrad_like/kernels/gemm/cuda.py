@@ -16,10 +16,11 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cuda.runtime import NULL, TRAINING, blocks_for, compiled
+from ..elementwise import cuda as elementwise
 from ..elementwise.cuda import add as elementwise_add
 from ..elementwise.cuda import cast as elementwise_cast
 from ..elementwise.cuda import mul as elementwise_mul
-from ..elementwise.cuda import then_epilogue
+from ..elementwise.spec import then_epilogue
 
 
 def _gemm_cupy(a, b, bias, ta, tb, scale, add, out):
@@ -140,7 +141,7 @@ def _epilogued(a, b, bias, ta, tb, scale, cast, add, out, then, aux):
     """_gemm with the whole epilogue: the store's scale and add, or the cast or then= after it."""
     if cast is not None:
         return _cast(_gemm(a, b, bias, ta, tb, scale), cast, add, out)
-    return then_epilogue(_gemm(a, b, bias, ta, tb, scale, add, out), then, aux)
+    return then_epilogue(elementwise, _gemm(a, b, bias, ta, tb, scale, add, out), then, aux)
 
 
 def matmul(a, b, bias=None, scale=None, cast=None, add=None, out=None, then=None, aux=False):

@@ -38,12 +38,10 @@ def _epilogued(c, scale=None, cast=None, add=None, out=None, then=None, aux=Fals
     summand `add` and out must be C's shape and dtype (they act as elementwise's mul, cast and
     add on the C this kernel would return); then = (name, operands) takes no other part, and
     its kernel's own rule checks the operands beside C."""
-    if then is not None:
+    if then is not None or aux:
         if any(x is not None for x in (scale, cast, add, out)):
             raise ValueError("matmul: then= takes no scale=, cast=, add= or out=")
         return then_outputs(c, then, aux)
-    if aux:
-        raise ValueError("matmul: aux=True returns C beside then='s outputs: give then=")
     if scale is not None and (tuple(scale.shape) != () or scale.dtype != c.dtype):
         raise ValueError(f"matmul: scale {tuple(scale.shape)} {scale.dtype}, need () {c.dtype}")
     if cast is not None:

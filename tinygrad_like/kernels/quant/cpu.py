@@ -29,8 +29,9 @@ from ...backend.cpu.compiled import (
 )
 from ...backend.cpu.halves import f32, rounded
 from ...formats import FINITE, FORMATS, NAN_ONLY
+from ..elementwise import cpu as elementwise
 from ..elementwise.cpu import add as elementwise_add
-from ..elementwise.cpu import then_epilogue
+from ..elementwise.spec import then_epilogue
 from ..embedding.spec import check_ids
 from .cpu_gemv import decode_rows, gemv
 from .cpu_int8x import qmatmul_int8x, quantize_rows  # noqa: F401 (in their own file)
@@ -203,7 +204,9 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None, then=None, a
     else:
         _qmatmul_rows(codes, scales, group_size, fmt, tuple(fields), xs, b, y)
     y = rounded(y, x.dtype)
-    return then_epilogue(y if add is None else elementwise_add(add, y, out=y), then, aux)
+    return then_epilogue(
+        elementwise, y if add is None else elementwise_add(add, y, out=y), then, aux
+    )
 
 
 # From this many rows of x (a prompt) W is decoded a tile of rows at a time into an fp32 scratch

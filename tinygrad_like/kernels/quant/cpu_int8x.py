@@ -19,8 +19,9 @@ from numba.extending import intrinsic
 from ...backend.cpu.compiled import kernel
 from ...backend.cpu.emit import F32, I8, I32, I64, Emit, splat
 from ...backend.cpu.halves import f32, rounded
+from ..elementwise import cpu as elementwise
 from ..elementwise.cpu import add as elementwise_add
-from ..elementwise.cpu import then_epilogue
+from ..elementwise.spec import then_epilogue
 from .cpu_int8x_tiles import qmatmul_int8x_tiles
 from .cpu_split import BLOCK_ROWS, DECODE_ONCE_FROM, SERIAL_BELOW, work
 from .spec import TINY_BLOCK, X_BLOCK, int8x_out, x_blocks
@@ -303,4 +304,6 @@ def qmatmul_int8x(
         args = (np.ascontiguousarray(codes), scales, group_of, xq, x0, x1, xs)
         _QMATMUL_INT8X[fmt](*args, np.empty(xs.shape, np.int32), b, y)
     y = rounded(y, np.dtype(dtype))
-    return then_epilogue(y if add is None else elementwise_add(add, y, out=y), then, aux)
+    return then_epilogue(
+        elementwise, y if add is None else elementwise_add(add, y, out=y), then, aux
+    )

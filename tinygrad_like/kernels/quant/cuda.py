@@ -10,7 +10,8 @@ import numpy as np
 
 from ... import dtypes
 from ...backend.cuda.runtime import BLOCK, CTYPES, NULL, blocks_for, compiled
-from ..elementwise.cuda import then_epilogue
+from ..elementwise import cuda as elementwise
+from ..elementwise.spec import then_epilogue
 from ..embedding.spec import check_ids
 from .spec import int8x_out, x_blocks
 
@@ -97,7 +98,7 @@ def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None, then=None, a
                 group,
             ),
         )
-    return then_epilogue(y, then, aux)
+    return then_epilogue(elementwise, y, then, aux)
 
 
 def qembedding(codes, scales, idx, fmt, group_size):
@@ -177,4 +178,4 @@ def qmatmul_int8x(
                 np.int32(group_size),
             ),
         )
-    return then_epilogue(y, then, aux)
+    return then_epilogue(elementwise, y, then, aux)

@@ -40,11 +40,7 @@ def _epilogued(y, add, then, aux, name):
     return), and takes no then= beside it."""
     if add is not None and (tuple(add.shape) != y.shape or add.dtype != y.dtype):
         raise ValueError(f"{name}: add {tuple(add.shape)} {add.dtype}, need {y.shape} {y.dtype}")
-    if then is None:
-        if aux:
-            raise ValueError(f"{name}: aux=True returns y beside then='s outputs: give then=")
-        return y
-    if add is not None:
+    if add is not None and then is not None:
         raise ValueError(f"{name}: then= takes no add=")
     return then_outputs(y, then, aux)
 
