@@ -347,3 +347,15 @@ def test_bench_quant_int8_activations_and_bench_llamacpp_table(bench, capsys, mo
     assert "ours (llama.cpp): int8 1.00x (1.00x)" in out
     peer.report(best, args, peer=False)
     assert "not run" in capsys.readouterr().out
+
+
+def test_check_halves_finds_only_the_stated_difference(capsys):
+    """scripts/check_halves.py over a sample of the fp32 space: no difference but fp16's
+    signaling NaNs, and its refusal."""
+    assert _load("check_halves").main(["--stride", "65537"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["fp32 -> bf16", "fp32 -> fp16"]
+    assert all(line.endswith(" 0 other differences") for line in lines)
+    with pytest.raises(SystemExit) as e:
+        _load("check_halves").main(["--stride", "0"])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: ")

@@ -14,8 +14,8 @@ speed of a scalar loop. Here:
 A signaling fp16 NaN, or an fp32 one rounded to fp16, comes out quiet where NumPy's keeps it
 signaling (the hardware's conversions quiet it): the only bits that differ from NumPy's. Every
 other value gives NumPy's (ml_dtypes') bits: tests/kernels/test_cpu_halves.py checks every
-2-byte value widened and fp32's rounding boundaries (a run over all 2^32 fp32 values found no
-other difference). Below SMALL elements NumPy converts (a compiled call costs more than the
+2-byte value widened and fp32's rounding boundaries, scripts/check_halves.py every fp32 value
+rounded. Below SMALL elements NumPy converts (a compiled call costs more than the
 conversion of a decode step's rows).
 """
 
