@@ -44,7 +44,7 @@ class Emit:
 
     def has(self, feature):
         """Whether the CPU Numba compiles for has feature ("avx512f", "avx512vnni", ...)."""
-        return f"+{feature}" in self.context.codegen().magic_tuple()[2].split(",")
+        return _has(self.context.codegen(), feature)
 
     def dot_bytes(self, acc, u, x):
         """acc <n x i32> + in each lane the four products of u's unsigned bytes and x's signed
@@ -70,6 +70,17 @@ class Emit:
         empty = ir.Constant(ir.VectorType(value.type, n), None)
         first = self.b.insert_element(empty, value, self.lane(0))
         return self.b.shuffle_vector(first, empty, splat(I32, n, 0))
+
+
+def _has(codegen, feature):
+    return f"+{feature}" in codegen.magic_tuple()[2].split(",")
+
+
+def cpu_has(feature):
+    """Whether the CPU Numba compiles for has feature, outside a kernel's IR (Emit.has)."""
+    from numba.core.registry import cpu_target
+
+    return _has(cpu_target.target_context.codegen(), feature)
 
 
 def splat(kind, n, v):

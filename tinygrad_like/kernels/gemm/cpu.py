@@ -29,13 +29,15 @@ import numpy as np
 
 from ...backend.cpu.halves import f32, rounded
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, in_parallel, one_blas_thread
+from ...dtypes import bfloat16
 from ..elementwise import cpu as elementwise
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.cpu import cast as elementwise_cast
 from ..elementwise.cpu import mul as elementwise_mul
 from ..elementwise.spec import then_epilogue
 from .cpu_accumulate import accumulated
-from .cpu_gemv import gemv
+from .cpu_bf16 import HAS_DOT, matmul_bf16
+from .cpu_gemv import GEMV_BELOW, gemv
 
 _GEMM_SPLIT = 1 << 22  # multiply-adds (batch*M*K*N) from which a GEMM uses all the cores
 _LONG_K = 2  # K >= _LONG_K * max(M, N): a long K, cut in two halves
@@ -44,6 +46,9 @@ _LONG_K = 2  # K >= _LONG_K * max(M, N): a long K, cut in two halves
 def _gemm(a, b, bias=None):
     """C (..., M, N) = a (..., M, K) @ b (..., K, N) [+ bias (N,)] in fp32, a and b possibly
     transposed views (BLAS reads them as they are, without a copy), on all the cores."""
+    c = _bf16_gemm(a, b)
+    if c is not None:
+        return c if bias is None else np.add(c, f32(bias), out=c)
     a, b = f32(a), f32(b)
     c = gemv(a, b)  # a decode step's few rows: cpu_gemv.py's compiled GEMVs
     if c is not None:
@@ -60,6 +65,19 @@ def _gemm(a, b, bias=None):
     if bias is not None:
         c += f32(bias)
     return c
+
+
+def _bf16_gemm(a, b):
+    """a @ b by cpu_bf16.py's bf16 dot products where both are bf16, b 2-D, a of at least
+    GEMV_BELOW rows (its batch dimensions merged into them) and the CPU has the instruction;
+    else None (widened, BLAS's)."""
+    if not HAS_DOT or a.dtype != bfloat16 or b.dtype != bfloat16 or b.ndim != 2:
+        return None
+    rows = a.size // a.shape[-1] if a.shape[-1] else 0
+    if rows < GEMV_BELOW:
+        return None
+    c = matmul_bf16(a.reshape(rows, a.shape[-1]), b)
+    return c.reshape(a.shape[:-1] + (b.shape[1],))
 
 
 def _gemm_k_halves(a, b):
@@ -119,7 +137,8 @@ def _epilogue(c, dtype, scale, cast, add, out):
 def _product(a, b, dtype, bias=None, scale=None, cast=None, add=None, out=None):
     """a @ b with the epilogue; into add itself by one accumulating GEMM where that gives the
     same bits (cpu_accumulate.py: a gradient summed in place, the LM head's dW)."""
-    if add is not None and add is out and scale is None and cast is None and bias is None:
+    fp32 = add is not None and add.dtype == np.float32
+    if fp32 and add is out and scale is None and cast is None and bias is None:
         unfused = lambda: rounded(_gemm(a, b), dtype)  # noqa: E731
         done = accumulated(f32(a), f32(b), out, unfused)
         if done is not None:

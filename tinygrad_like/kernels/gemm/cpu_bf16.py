@@ -1,0 +1,231 @@
+"""bf16 GEMMs on the CPU with AVX-512 BF16's dot product (cpu.py's _gemm for bf16 operands):
+C (M, N) fp32 = A (M, K) bf16 @ B (K, N) bf16, no operand widened to fp32 first.
+
+vdpbf16ps multiplies the pair of bf16 values in each 32-bit lane of two registers and adds both
+products to that lane's fp32 accumulator: 32 multiply-adds an instruction on 16 lanes, twice an
+fp32 FMA's (the rate oneDNN's bf16 GEMMs, PyTorch's autocast, run at). A bf16 product is exact
+in fp32 (8 + 8 significant bits), so C differs from the widened fp32 GEMM only in the order of
+its sums, and where the instruction treats subnormal inputs and results as zero.
+
+A tile is MR rows of A by NR columns of B, its MR x 2 registers of fp32 sums kept in registers
+over a block of KC pairs of K (gemm.cu's tile in shared memory, a thread's accumulators in
+registers): each step loads the pairs (B[2p, n], B[2p + 1, n]) of NR columns (two registers),
+and for each row broadcasts A's pair (A[m, 2p], A[m, 2p + 1]) and adds its dot into the row's
+two registers. Every element of C is one fp32 sum over the pairs p = 0, 1, ... in order, carried
+through memory between blocks of K unchanged: the same bits for any core count and any blocking.
+K odd is padded with a zero pair half (0 x 0 adds +0.0).
+
+Layouts: A as its pairs, (M, K / 2) uint32, which a row-major bf16 A already is (read where it
+is); another layout (the transpose in dW = X^T dY) is packed once. B in panels of NR columns,
+(N / NR, K / 2, NR) uint32, packed once a call: a panel's block of KC pairs (32 KB) stays in the
+caches while every row tile of A passes it. A program is one panel (and a range of row tiles
+where there are few panels), as the CUDA kernels' blocks are output tiles. Without AVX-512 BF16
+the same kernel adds the two products of each pair as separate fp32 multiplies and adds (tests
+run it on any CPU); cpu.py calls it only where the instruction is there (HAS_DOT).
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ...backend.cpu.compiled import device, kernel
+from ...backend.cpu.emit import F32, I32, I64, Emit, cpu_has, splat
+from ...backend.cpu.runtime import THREADS
+from ...dtypes import bfloat16
+
+MR, NR = 8, 32  # a tile: rows of A by columns of B (two registers of 16 fp32 sums)
+KC = 256  # pairs of K a block: a panel's block is KC x NR x 4 bytes = 32 KB
+HAS_DOT = cpu_has("avx512bf16")  # vdpbf16ps: cpu.py takes this path for bf16 only then
+
+
+class _BFloat(ir.Type):
+    """LLVM's bfloat, which llvmlite does not name: the dot intrinsic's operand type."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+def _dot(e, acc, a, b):
+    """acc <16 x float> + in each lane the two products of the lane's bf16 pairs in a and b
+    (<16 x i32> each): vdpbf16ps, else widened (a bf16 is the top half of its fp32) and added
+    product by product."""
+    v16, builder = acc.type, e.b
+    if e.has("avx512bf16"):
+        pairs = ir.VectorType(_BFloat(), 32)
+        fn = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(v16, [v16, pairs, pairs]),
+            "llvm.x86.avx512bf16.dpbf16ps.512",
+        )
+        return builder.call(fn, [acc, builder.bitcast(a, pairs), builder.bitcast(b, pairs)])
+
+    def even(x):  # the pair's first value, shifted into an fp32's top half
+        return builder.bitcast(builder.shl(x, splat(I32, 16, 16)), v16)
+
+    def odd(x):
+        return builder.bitcast(builder.and_(x, splat(I32, 16, -65536)), v16)
+
+    acc = builder.fadd(acc, builder.fmul(even(a), even(b)))
+    return builder.fadd(acc, builder.fmul(odd(a), odd(b)))
+
+
+def _tile(context, builder, signature, args):
+    """tile(a, m0, bp, j, p0, p1, c, r0, c0, rows, fresh)'s IR: the tile of rows m0 .. m0 + MR
+    - 1 of A (a (M, K / 2) uint32; rows past M - 1 read row M - 1) by panel j of bp (NB, K / 2 x
+    NR) uint32, over pairs p0 .. p1 - 1, its sums in c (fp32) at rows r0 .. r0 + rows - 1 and
+    columns c0 .. c0 + NR - 1: started from zero (fresh) or from what c holds there."""
+    e = Emit(context, builder, signature.args, args)
+    _, m0, _, j, p0, p1, _, r0, c0, rows, fresh = args
+    v16 = ir.VectorType(F32, 16)
+    last = builder.sub(e.dim(0, 0), ir.Constant(I64, 1))
+    A = []
+    for r in range(MR):
+        m = builder.add(m0, ir.Constant(I64, r))
+        A.append(e.row(0, builder.select(builder.icmp_signed(">", m, last), last, m)))
+    B = e.row(2, j)
+    C = [
+        builder.gep(e.row(6, builder.add(r0, ir.Constant(I64, r))), [e.at(c0, 4)])
+        for r in range(MR)
+    ]
+    here = [builder.icmp_signed("<", ir.Constant(I64, r), rows) for r in range(MR)]
+    acc = [[cgutils.alloca_once_value(builder, ir.Constant(v16, None)) for _ in (0, 1)] for _ in A]
+    resume = builder.icmp_signed("==", fresh, ir.Constant(I64, 0))
+    for r in range(MR):
+        with builder.if_then(builder.and_(resume, here[r])):
+            for h in (0, 1):
+                builder.store(e.load(C[r], ir.Constant(I64, 64 * h), F32, 16), acc[r][h])
+    with cgutils.for_range_slice(builder, p0, p1, ir.Constant(I64, 1)) as (p, _):
+        b = [e.load(B, e.at(p, 4 * NR, 64 * h), I32, 16) for h in (0, 1)]
+        for r in range(MR):
+            a = e.broadcast(e.load(A[r], e.at(p, 4), I32), 16)
+            for h in (0, 1):
+                builder.store(_dot(e, builder.load(acc[r][h]), a, b[h]), acc[r][h])
+    for r in range(MR):
+        with builder.if_then(here[r]):
+            for h in (0, 1):
+                at = builder.gep(C[r], [ir.Constant(I64, 64 * h)])
+                builder.store(
+                    builder.load(acc[r][h]), builder.bitcast(at, v16.as_pointer())
+                ).align = 4
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _tile_dot(typingctx, a, m0, bp, j, p0, p1, c, r0, c0, rows, fresh):
+    return types.void(a, m0, bp, j, p0, p1, c, r0, c0, rows, fresh), _tile
+
+
+@device
+def _pair(lo, hi):
+    return np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
+
+
+@kernel(work=lambda x, pairs: x.size)
+def _pairs(x, pairs):
+    # x (M, K) uint16 (bf16's bits), any strides; pairs (M, K2) uint32: (x[m, 2p], x[m, 2p +
+    # 1]) a word, zero past K. Sixteen rows per program, k outer: a transposed x is read along
+    # its rows, and the sixteen rows of pairs being written stay in L1.
+    M, K = x.shape
+    for block in prange(-(-M // 16)):
+        for p in range(pairs.shape[1]):
+            for m in range(block * 16, min(M, block * 16 + 16)):
+                hi = x[m, 2 * p + 1] if 2 * p + 1 < K else np.uint16(0)
+                pairs[m, p] = _pair(x[m, 2 * p], hi)
+
+
+@kernel(work=lambda x, panels: x.size)
+def _panels(x, panels):
+    # x (K, N) uint16 (bf16's bits), any strides; panels (NB, K2 x NR) uint32: panel j's pair p
+    # of column n at p NR + n % NR, zero past K and N. A panel a program; a whole pair of rows
+    # of a whole panel without a test per element (a row-major x's two runs of NR, vectorized).
+    K, N = x.shape
+    for j in prange(panels.shape[0]):
+        n0 = j * NR
+        width = min(NR, N - n0)
+        for p in range(panels.shape[1] // NR):
+            if width == NR and 2 * p + 1 < K:
+                for q in range(NR):
+                    panels[j, p * NR + q] = _pair(x[2 * p, n0 + q], x[2 * p + 1, n0 + q])
+            else:
+                for q in range(NR):
+                    lo = x[2 * p, n0 + q] if q < width else np.uint16(0)
+                    hi = x[2 * p + 1, n0 + q] if q < width and 2 * p + 1 < K else np.uint16(0)
+                    panels[j, p * NR + q] = _pair(lo, hi)
+
+
+@kernel(work=lambda a, bp, c, parts, transposed: c.size * a.shape[1])
+def _gemm(a, bp, c, parts, transposed):
+    # D (M, N) = A B: a (M, K2) uint32 pairs, bp (NB, K2 x NR) uint32 panels; c fp32, D (M, N)
+    # or, transposed, D^T (N, M). A program is panel t // parts and the t % parts-th range of
+    # row tiles; for each block of KC pairs, every tile of the range. A panel past N's end, or
+    # every panel of a transposed D, sums into a strip of NR columns, copied out at the end.
+    M, K2 = a.shape
+    N = c.shape[0] if transposed else c.shape[1]
+    tiles = -(-M // MR)
+    per = -(-tiles // parts)
+    for t in prange(bp.shape[0] * parts):
+        j, i0 = t // parts, t % parts * per
+        i1 = min(tiles, i0 + per)
+        if i0 >= i1:
+            continue
+        n0, direct = j * NR, (j + 1) * NR <= N and not transposed
+        strip = np.empty((0 if direct else (i1 - i0) * MR, NR), np.float32)
+        for p0 in range(0, K2, KC):
+            fresh, p1 = 1 if p0 == 0 else 0, min(K2, p0 + KC)
+            for i in range(i0, i1):
+                rows = min(MR, M - i * MR)
+                if direct:
+                    _tile_dot(a, i * MR, bp, j, p0, p1, c, i * MR, n0, rows, fresh)
+                else:
+                    _tile_dot(a, i * MR, bp, j, p0, p1, strip, (i - i0) * MR, 0, rows, fresh)
+        if not direct:
+            for q in range(min(NR, N - n0)):
+                for m in range(i0 * MR, min(M, i1 * MR)):
+                    if transposed:
+                        c[n0 + q, m] = strip[m - i0 * MR, q]
+                    else:
+                        c[m, n0 + q] = strip[m - i0 * MR, q]
+
+
+def _rows_are_pairs(x):
+    """Whether x (M, K) bf16's rows are its pairs as they lie (K even, contiguous along K)."""
+    return x.shape[1] % 2 == 0 and x.strides[1] == 2
+
+
+def matmul_bf16(a, b):
+    """C (M, N) fp32 = a (M, K) @ b (K, N), both bf16 (any strides: transposed views too), by
+    the tiles above; C the fp32 sums, for cpu.py's epilogue to round. The operand whose rows
+    are broadcast (A) is a itself, or b^T for C^T = b^T a^T where that packs fewer elements
+    (dW = X^T dY's long dY then a panel operand, read along its rows, not its columns)."""
+    (M, K), N = a.shape, b.shape[1]
+    if a.dtype != bfloat16 or b.dtype != bfloat16 or b.shape[0] != K:
+        raise ValueError(f"matmul_bf16: {a.shape} {a.dtype} @ {b.shape} {b.dtype}")
+    c = np.empty((M, N), np.float32)
+    if K == 0 or M == 0 or N == 0:
+        c[...] = 0
+        return c
+    # elements packed (a strided A's pairs about three times a panel's cost) or copied out
+    normal = b.size + (0 if _rows_are_pairs(a) else 3 * a.size)
+    flipped = a.size + (0 if _rows_are_pairs(b.T) else 3 * b.size) + c.size
+    transposed = flipped < normal
+    if transposed:
+        a, b = b.T, a.T
+    K2 = -(-K // 2)
+    if _rows_are_pairs(a):
+        pairs = a.view(np.uint16).view(np.uint32)
+    else:
+        pairs = np.empty((a.shape[0], K2), np.uint32)
+        _pairs(a.view(np.uint16), pairs)
+    panels = np.empty((-(-b.shape[1] // NR), K2 * NR), np.uint32)
+    _panels(b.view(np.uint16), panels)
+    parts = min(-(-a.shape[0] // MR), -(-4 * THREADS // panels.shape[0]))  # 4 programs a core
+    _gemm(pairs, panels, c, parts, transposed)
+    return c
