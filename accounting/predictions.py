@@ -378,11 +378,11 @@ def _head_blocks(tokens):
     return [(k, min(R, tokens - k * R)) for k in sorted({0, max(last_full, 0), n - 1})]
 
 
-def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
+def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf16):
     """The fused head in its precompute design: each forward block's logits in fp32, made its
-    dlogits in place, then its dX rows and dW share (after block 0 added into the sum by the dW
-    GEMM itself: no (Vp, C) temporary); its backward only scales what it saved (and rounds it,
-    fp16 and bf16)."""
+    dlogits in place (and, bf16, rounded to bf16 for the GEMMs), then its dX rows and dW share
+    (after block 0 added into the sum by the dW GEMM itself where the dlogits are fp32: no (Vp,
+    C) temporary); its backward only scales what it saved (and rounds it, fp16 and bf16)."""
     moments = {}
     for k, r in _head_blocks(N):
         common = before_head + [
@@ -402,12 +402,16 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size):
             ("the block's losses (rows,) fp32", 4 * r),
             ("the block's logits, now its dlogits (rows, Vp) fp32", 4 * r * Vp),
         ]
+        if bf16:  # the dlogits rounded for the GEMMs; the dW shares made in bf16, then summed
+            after += [("the block's dlogits (rows, Vp) bf16", 2 * r * Vp)]
+            share = [("the block's dW share (Vp, C) bf16", 2 * Vp * C)]
+            share += [("block 0's share cast to fp32 (Vp, C)", 0 if k else 4 * Vp * C)]
+        else:  # block 0's share is the sum; a later block's is added by its GEMM
+            share = [("block 0's dW share (Vp, C) fp32", 0 if k else 4 * Vp * C)]
         moments[f"the fused head's forward, block {k}: dX rows"] = after + [
-            ("the block's dX rows (rows, C) fp32, before their copy", 4 * r * C)
+            ("the block's dX rows (rows, C), before their copy", r * C * (2 if bf16 else 4))
         ]
-        moments[f"the fused head's forward, block {k}: dW"] = after + [  # later blocks' shares
-            ("block 0's dW share (Vp, C) fp32", 0 if k else 4 * Vp * C)  # added by their GEMM
-        ]
+        moments[f"the fused head's forward, block {k}: dW"] = after + share
     moments["the fused head's forward: the loss"] = before_head + [
         ("the head's input, the final norm's output (B·T, C)", N * C * size),
         ("the unit dloss (1,) fp32", 4),
@@ -528,7 +532,8 @@ def step_moments(config, batch_size, seq_len, dtype, options, zero=0, world=1):
     if options.lm_head == "plain":
         moments = _plain_head(before_head, all_saved, scalars, loss, N, C, Vp, size)
     elif options.lm_head_design == "precompute":
-        moments = _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size)
+        bf16 = dtypes.as_dtype(dtype) == dtypes.bfloat16
+        moments = _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf16)
     else:
         moments = _recompute_head(all_saved, scalars, N, C, Vp, size)
     moments.update(_block_moments(config, B, T, size, options, saved[0], loss))

@@ -17,12 +17,18 @@ The libraries, each on all the usable cores:
 The head's dW over the blocks: ours (matmul_tn, then an add into the sum, as losses.py does) against
 one GEMM per block that accumulates into the sum (beta = 1) through OpenBLAS's cblas_sgemm,
 MKL's and BLIS's.
+With --dtype bf16 the operands are bf16 and the libraries two: ours (kernels/gemm/cpu_bf16.py's
+AVX-512 BF16 dot products where the CPU has them) and "widened", what cpu.py ran before them:
+both operands widened to fp32 (backend/cpu/halves.py), then NumPy's OpenBLAS. The percentages
+stay of the fp32 peak (a bf16 dot product does twice an FMA's multiply-adds: over 100% is
+possible).
 Every call is timed in interleaved rounds (each round times every library once per shape, so a
 burst of load elsewhere hits them all alike), each sample right after one of the peak's; a
 figure is the best round, its percentage of the peak's best sample, and the spread is the
 median round's time over the best's, per library.
 
     python scripts/bench_gemm.py [--models gpt2-mini,gpt2] [--rounds 5] [--mkl PATH]
+    python scripts/bench_gemm.py --dtype bf16
     taskset -c 0 python scripts/bench_gemm.py    # one core
 """
 
@@ -39,8 +45,8 @@ import numpy as np
 
 from accounting.tables import table
 from nn.config import PRESETS
-from tinygrad_like import kernels, losses, peaks
-from tinygrad_like.backend.cpu import runtime
+from tinygrad_like import dtypes, kernels, losses, peaks
+from tinygrad_like.backend.cpu import halves, runtime
 from tinygrad_like.kernels.gemm import cpu_accumulate
 from training.args import ArgumentParser, user_errors
 
@@ -150,8 +156,16 @@ def numpy_matmul(kind, a, b, out):
     return np.matmul(a, b, out=out)
 
 
-def libraries(mkl):
-    """name -> gemm(kind, a, b, out) of each library found."""
+def widened(kind, a, b, out):
+    """A bf16 GEMM as cpu.py ran it before its bf16 dot products: both operands widened to fp32,
+    then NumPy's OpenBLAS."""
+    return numpy_matmul(kind, halves.f32(a), halves.f32(b), out)
+
+
+def libraries(mkl, dtype="fp32"):
+    """name -> gemm(kind, a, b, out) of each library found (for bf16 operands: ours, widened)."""
+    if dtype == "bf16":
+        return {"ours": ours, "widened": widened}
     found = {"ours": ours, "np.matmul": numpy_matmul}
     if mkl is not None:
         found["MKL"] = cblas_sgemm(mkl.cblas_sgemm, ctypes.c_int)
@@ -238,6 +252,7 @@ def main(argv=None):
     p.add_argument("--models", default="gpt2-mini,gpt2", help=f"of {', '.join(STEP)}")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--mkl", help="path of libmkl_rt.so (default: the mkl wheel's, if installed)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="the operands'")
     args = p.parse_args(argv)
     with user_errors():
         models = args.models.split(",")
@@ -249,10 +264,10 @@ def main(argv=None):
             )
         if args.mkl is not None and not os.path.isfile(args.mkl):
             raise ValueError(f"--mkl {args.mkl}: no such file (give the path of libmkl_rt.so.*)")
-    run(models, args.rounds, find_mkl(args.mkl))
+    run(models, args.rounds, find_mkl(args.mkl), args.dtype)
 
 
-def run(models, rounds, mkl):
+def run(models, rounds, mkl, dtype="fp32"):
     print(machine.format_environment(machine.environment_info(), "fp32 matmul peak"))
     if mkl is not None:
         version = ctypes.create_string_buffer(256)
@@ -269,15 +284,17 @@ def run(models, rounds, mkl):
         np.matmul(*square[:2], out=square[2])
 
     cases = {}
-    libs, sums = libraries(mkl), accumulators(mkl)
+    libs, sums = libraries(mkl, dtype), accumulators(mkl) if dtype == "fp32" else {}
     gemms = [g for model in models for g in step_gemms(model)]
     for label, kind, a, b, calls in gemms:
-        A, B = rng.standard_normal(a, dtype=np.float32), rng.standard_normal(b, dtype=np.float32)
+        A, B = (
+            rng.standard_normal(s, dtype=np.float32).astype(dtypes.BY_NAME[dtype]) for s in (a, b)
+        )
         M, _, N = dims(kind, a, b)
         out = np.empty((M, N), np.float32)
         for name, gemm in libs.items():
             cases[(label, name)] = lambda g=gemm, k=kind, A=A, B=B, out=out: g(k, A, B, out)
-        if label.endswith("head dW"):  # the sum over the step's blocks (the same block each)
+        if label.endswith("head dW") and sums:  # the sum over the step's blocks (the same block)
             dw = np.zeros((M, N), np.float32)
             for name, accumulate in sums.items():
                 cases[(label + " sum", name)] = lambda f=accumulate, p=[(A, B)] * calls, dw=dw: f(
@@ -296,8 +313,9 @@ def run(models, rounds, mkl):
         "load elsewhere only ever lowers a figure)"
     )
     print(table(*gemm_table(gemms, libs, times, peak)))
-    print("\nThe head's dW summed over the step's blocks, GFLOP/s (% of the best peak)")
-    print(table(*sum_table(gemms, sums, times, peak)))
+    if sums:
+        print("\nThe head's dW summed over the step's blocks, GFLOP/s (% of the best peak)")
+        print(table(*sum_table(gemms, sums, times, peak)))
     spreads = {name: [spread(t) for (_, n), t in times.items() if n == name] for name in libs}
     print(
         "\nspread (the median round's time over the best's, median over the GEMMs): "

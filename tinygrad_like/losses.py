@@ -76,6 +76,8 @@ def _precomputed_block(x, weight, rows, targets, unit, n_classes, dx, dw):
         "cross_entropy_fwd_bwd", logits, targets[rows], unit, n_classes=n_classes, out=logits
     )
     with profiler.math("backward"):
+        if x.dtype == dtypes.bfloat16:  # the GEMMs' dtype (bf16 has fp32's range; fp16's
+            dlogits = _as(dlogits, x.dtype)  # loss scale comes later: it keeps fp32)
         return losses, _block_grads(x, weight, rows, dlogits, dx, dw)
 
 
@@ -106,7 +108,9 @@ class LinearCrossEntropy(Function):
     - "precompute" forms the gradients for a unit upstream gradient in the forward, in fp32:
       dX (N, C) and dW (Vp, C), which it saves (4*(N + Vp)*C bytes) instead of x. A block's
       losses and dlogits come from one kernel (cross_entropy_fwd_bwd: one exp per logit, the
-      dlogits written over the logits, labeled forward math as the loss is). The backward
+      dlogits written over the logits, labeled forward math as the loss is); in bf16 the
+      dlogits are rounded to bf16 for the block's two GEMMs (bf16 dot products, as the recompute
+      design's and PyTorch's autocast's), each block's dW share rounded once. The backward
       multiplies them by the upstream gradient and rounds once, so the fp16 loss scale still
       never flushes a small gradient. No extra FLOPs, but the head's two backward GEMMs run in
       the forward phase (labeled backward math)."""
