@@ -36,12 +36,13 @@ def within_fp32_sum_bound(c, a, b):
     return np.all(np.abs(c - a64 @ b64) <= bound)
 
 
+@pytest.mark.parametrize("flip", [None, False, True], ids=["chosen", "as-is", "flipped"])
 @pytest.mark.parametrize("transpose_b", [False, True], ids=["b", "bT"])
 @pytest.mark.parametrize("transpose_a", [False, True], ids=["a", "aT"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_bf16_gemm_is_the_fp32_sum_of_exact_products(shape, transpose_a, transpose_b):
+def test_bf16_gemm_is_the_fp32_sum_of_exact_products(shape, transpose_a, transpose_b, flip):
     a, b = operands(*shape, transpose_a, transpose_b)
-    c = matmul_bf16(a, b)
+    c = matmul_bf16(a, b, flip=flip)
     assert c.dtype == np.float32 and c.shape == (shape[0], shape[2])
     assert within_fp32_sum_bound(c, a, b)
 
@@ -59,13 +60,15 @@ def test_strided_views_and_empty_operands():
 def test_same_bits_for_any_core_count_and_for_the_transpose(shape, monkeypatch):
     """Each element of C is one fp32 sum over the pairs in order, whichever program (and core)
     runs its tile; and a pair's two products are symmetric in A and B, so C^T = B^T A^T gives
-    C's bits (matmul_bf16 may take either orientation: its flipped one here)."""
+    C's bits (matmul_bf16 takes either orientation: both forced, and the transpose's call)."""
     a, b = operands(*shape, False, False, seed=2)
     monkeypatch.setattr(compiled, "SERIAL_BELOW", 0)  # every kernel on all the cores
     parallel = matmul_bf16(a, b)
     monkeypatch.setattr(compiled, "SERIAL_BELOW", 1 << 62)  # every kernel on one
     serial = matmul_bf16(a, b)
     assert parallel.tobytes() == serial.tobytes()
+    for flip in (False, True):
+        assert matmul_bf16(a, b, flip=flip).tobytes() == serial.tobytes()
     assert matmul_bf16(b.T, a.T).T.tobytes() == serial.tobytes()
 
 

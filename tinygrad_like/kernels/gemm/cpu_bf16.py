@@ -37,6 +37,7 @@ from ...dtypes import bfloat16
 
 MR, NR = 8, 32  # a tile: rows of A by columns of B (two registers of 16 fp32 sums)
 KC = 256  # pairs of K a block: a panel's block is KC x NR x 4 bytes = 32 KB
+GROUP = 16  # row tiles taken through all of K together: their rows of A, KC pairs each, 128 KB
 HAS_DOT = cpu_has("avx512bf16")  # vdpbf16ps: cpu.py takes this path for bf16 only then
 
 
@@ -165,34 +166,35 @@ def _panels(x, panels):
 def _gemm(a, bp, c, parts, transposed):
     # D (M, N) = A B: a (M, K2) uint32 pairs, bp (NB, K2 x NR) uint32 panels; c fp32, D (M, N)
     # or, transposed, D^T (N, M). A program is panel t // parts and the t % parts-th range of
-    # row tiles; for each block of KC pairs, every tile of the range. A panel past N's end, or
-    # every panel of a transposed D, sums into a strip of NR columns, copied out at the end.
+    # row tiles, GROUP tiles at a time: for each block of KC pairs, every tile of the group. A
+    # panel past N's end, or every panel of a transposed D, sums into a strip of the group's
+    # rows by NR columns (16 KB: in L1), copied out after the group's last block.
     M, K2 = a.shape
     N = c.shape[0] if transposed else c.shape[1]
     tiles = -(-M // MR)
     per = -(-tiles // parts)
     for t in prange(bp.shape[0] * parts):
-        j, i0 = t // parts, t % parts * per
-        i1 = min(tiles, i0 + per)
-        if i0 >= i1:
-            continue
+        j, first = t // parts, t % parts * per
         n0, direct = j * NR, (j + 1) * NR <= N and not transposed
-        strip = np.empty((0 if direct else (i1 - i0) * MR, NR), np.float32)
-        for p0 in range(0, K2, KC):
-            fresh, p1 = 1 if p0 == 0 else 0, min(K2, p0 + KC)
-            for i in range(i0, i1):
-                rows = min(MR, M - i * MR)
-                if direct:
-                    _tile_dot(a, i * MR, bp, j, p0, p1, c, i * MR, n0, rows, fresh)
-                else:
-                    _tile_dot(a, i * MR, bp, j, p0, p1, strip, (i - i0) * MR, 0, rows, fresh)
-        if not direct:
-            for q in range(min(NR, N - n0)):
-                for m in range(i0 * MR, min(M, i1 * MR)):
-                    if transposed:
-                        c[n0 + q, m] = strip[m - i0 * MR, q]
+        strip = np.empty((0 if direct else GROUP * MR, NR), np.float32)
+        for i0 in range(first, min(tiles, first + per), GROUP):
+            i1 = min(tiles, first + per, i0 + GROUP)
+            for p0 in range(0, K2, KC):
+                fresh, p1 = 1 if p0 == 0 else 0, min(K2, p0 + KC)
+                for i in range(i0, i1):
+                    rows = min(MR, M - i * MR)
+                    if direct:
+                        _tile_dot(a, i * MR, bp, j, p0, p1, c, i * MR, n0, rows, fresh)
                     else:
-                        c[m, n0 + q] = strip[m - i0 * MR, q]
+                        r0 = (i - i0) * MR
+                        _tile_dot(a, i * MR, bp, j, p0, p1, strip, r0, 0, rows, fresh)
+            if not direct:
+                for q in range(min(NR, N - n0)):
+                    for m in range(i0 * MR, min(M, i1 * MR)):
+                        if transposed:
+                            c[n0 + q, m] = strip[m - i0 * MR, q]
+                        else:
+                            c[m, n0 + q] = strip[m - i0 * MR, q]
 
 
 def _rows_are_pairs(x):
@@ -200,11 +202,12 @@ def _rows_are_pairs(x):
     return x.shape[1] % 2 == 0 and x.strides[1] == 2
 
 
-def matmul_bf16(a, b):
+def matmul_bf16(a, b, flip=None):
     """C (M, N) fp32 = a (M, K) @ b (K, N), both bf16 (any strides: transposed views too), by
     the tiles above; C the fp32 sums, for cpu.py's epilogue to round. The operand whose rows
-    are broadcast (A) is a itself, or b^T for C^T = b^T a^T where that packs fewer elements
-    (dW = X^T dY's long dY then a panel operand, read along its rows, not its columns)."""
+    are broadcast (A) is a itself, or b^T for C^T = b^T a^T (flip: None chooses) where a's rows
+    are not its pairs (dW = X^T dY: the LM head's long dY then a panel operand, read along its
+    rows, not across them)."""
     (M, K), N = a.shape, b.shape[1]
     if a.dtype != bfloat16 or b.dtype != bfloat16 or b.shape[0] != K:
         raise ValueError(f"matmul_bf16: {a.shape} {a.dtype} @ {b.shape} {b.dtype}")
@@ -212,11 +215,12 @@ def matmul_bf16(a, b):
     if K == 0 or M == 0 or N == 0:
         c[...] = 0
         return c
-    # elements packed (a strided A's pairs about three times a panel's cost) or copied out
-    normal = b.size + (0 if _rows_are_pairs(a) else 3 * a.size)
-    flipped = a.size + (0 if _rows_are_pairs(b.T) else 3 * b.size) + c.size
-    transposed = flipped < normal
-    if transposed:
+    # A's pairs packed from a strided a (dW's X^T) cost more than a panel's and far more than
+    # a strip's copy-out (measured on the GEMMs of GPT-2's step): flip where a needs them and
+    # b^T does not, or b is the smaller to pack
+    if flip is None:
+        flip = not _rows_are_pairs(a) and (_rows_are_pairs(b.T) or b.size < a.size)
+    if flip:
         a, b = b.T, a.T
     K2 = -(-K // 2)
     if _rows_are_pairs(a):
@@ -227,5 +231,5 @@ def matmul_bf16(a, b):
     panels = np.empty((-(-b.shape[1] // NR), K2 * NR), np.uint32)
     _panels(b.view(np.uint16), panels)
     parts = min(-(-a.shape[0] // MR), -(-4 * THREADS // panels.shape[0]))  # 4 programs a core
-    _gemm(pairs, panels, c, parts, transposed)
+    _gemm(pairs, panels, c, parts, flip)
     return c
