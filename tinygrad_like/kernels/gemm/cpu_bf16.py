@@ -35,6 +35,7 @@ from ...backend.cpu.emit import F32, I32, I64, Emit, cpu_has, splat
 from ...backend.cpu.runtime import THREADS
 from ...dtypes import bfloat16
 
+I16, ONE = ir.IntType(16), ir.Constant(I64, 1)
 MR, NR = 8, 32  # a tile: rows of A by columns of B (two registers of 16 fp32 sums)
 KC = 256  # pairs of K a block: a panel's block is KC x NR x 4 bytes = 32 KB
 GROUP = 16  # row tiles taken through all of K together: their rows of A, KC pairs each, 128 KB
@@ -78,50 +79,82 @@ def _dot(e, acc, a, b):
     return builder.fadd(acc, builder.fmul(odd(a), odd(b)))
 
 
-def _tile(context, builder, signature, args):
-    """tile(a, m0, bp, j, p0, p1, c, r0, c0, rows, fresh)'s IR: the tile of rows m0 .. m0 + MR
-    - 1 of A (a (M, K / 2) uint32; rows past M - 1 read row M - 1) by panel j of bp (NB, K / 2 x
-    NR) uint32, over pairs p0 .. p1 - 1, its sums in c (fp32) at rows r0 .. r0 + rows - 1 and
-    columns c0 .. c0 + NR - 1: started from zero (fresh) or from what c holds there."""
-    e = Emit(context, builder, signature.args, args)
-    _, m0, _, j, p0, p1, _, r0, c0, rows, fresh = args
-    v16 = ir.VectorType(F32, 16)
-    last = builder.sub(e.dim(0, 0), ir.Constant(I64, 1))
-    A = []
-    for r in range(MR):
-        m = builder.add(m0, ir.Constant(I64, r))
-        A.append(e.row(0, builder.select(builder.icmp_signed(">", m, last), last, m)))
-    B = e.row(2, j)
-    C = [
-        builder.gep(e.row(6, builder.add(r0, ir.Constant(I64, r))), [e.at(c0, 4)])
-        for r in range(MR)
+def _b_pairs(e, B, p, rows_b):
+    """The pairs (B[2p, n], B[2p + 1, n]) of the tile's NR columns: two <16 x i32>, loaded from
+    a panel (B: its row, an i8*) or, rows_b, made from B's rows 2p and 2p + 1 themselves (B:
+    (the bits array's argument index, the first column's byte offset)): the two runs of NR
+    bf16 interleaved by a shuffle."""
+    if not rows_b:
+        return [e.load(B, e.at(p, 4 * NR, 64 * h), I32, 16) for h in (0, 1)]
+    index, offset = B
+    two = e.b.mul(p, ir.Constant(I64, 2))
+    lo, hi = (e.load(e.row(index, k), offset, I16, NR) for k in (two, e.b.add(two, ONE)))
+    kind = ir.VectorType(I32, NR)  # a shuffle mask: 16 columns, each its two values
+    return [
+        e.b.bitcast(
+            e.b.shuffle_vector(lo, hi, ir.Constant(kind, [x for n in half for x in (n, NR + n)])),
+            ir.VectorType(I32, 16),
+        )
+        for half in (range(16), range(16, NR))
     ]
-    here = [builder.icmp_signed("<", ir.Constant(I64, r), rows) for r in range(MR)]
-    acc = [[cgutils.alloca_once_value(builder, ir.Constant(v16, None)) for _ in (0, 1)] for _ in A]
-    resume = builder.icmp_signed("==", fresh, ir.Constant(I64, 0))
-    for r in range(MR):
-        with builder.if_then(builder.and_(resume, here[r])):
-            for h in (0, 1):
-                builder.store(e.load(C[r], ir.Constant(I64, 64 * h), F32, 16), acc[r][h])
-    with cgutils.for_range_slice(builder, p0, p1, ir.Constant(I64, 1)) as (p, _):
-        b = [e.load(B, e.at(p, 4 * NR, 64 * h), I32, 16) for h in (0, 1)]
+
+
+def _tile_codegen(rows_b):
+    """The IR of tile(a, m0, b, j, p0, p1, c, r0, c0, rows, fresh): the tile of rows m0 .. m0 +
+    MR - 1 of A (a (M, K / 2) uint32; rows past M - 1 read row M - 1) by columns j NR .. j NR +
+    NR - 1 of B (b: panels (NB, K / 2 x NR) uint32, or with rows_b B's bits (K, N) uint16,
+    contiguous along N), over pairs p0 .. p1 - 1, its sums in c (fp32) at rows r0 .. r0 + rows -
+    1 and columns c0 .. c0 + NR - 1: started from zero (fresh) or from what c holds there."""
+
+    def codegen(context, builder, signature, args):
+        e = Emit(context, builder, signature.args, args)
+        _, m0, _, j, p0, p1, _, r0, c0, rows, fresh = args
+        v16 = ir.VectorType(F32, 16)
+        last = builder.sub(e.dim(0, 0), ONE)
+        A = []
         for r in range(MR):
-            a = e.broadcast(e.load(A[r], e.at(p, 4), I32), 16)
-            for h in (0, 1):
-                builder.store(_dot(e, builder.load(acc[r][h]), a, b[h]), acc[r][h])
-    for r in range(MR):
-        with builder.if_then(here[r]):
-            for h in (0, 1):
-                at = builder.gep(C[r], [ir.Constant(I64, 64 * h)])
-                builder.store(
-                    builder.load(acc[r][h]), builder.bitcast(at, v16.as_pointer())
-                ).align = 4
-    return context.get_dummy_value()
+            m = builder.add(m0, ir.Constant(I64, r))
+            A.append(e.row(0, builder.select(builder.icmp_signed(">", m, last), last, m)))
+        B = (2, e.at(j, 2 * NR)) if rows_b else e.row(2, j)
+        C = [
+            builder.gep(e.row(6, builder.add(r0, ir.Constant(I64, r))), [e.at(c0, 4)])
+            for r in range(MR)
+        ]
+        here = [builder.icmp_signed("<", ir.Constant(I64, r), rows) for r in range(MR)]
+        acc = [
+            [cgutils.alloca_once_value(builder, ir.Constant(v16, None)) for _ in (0, 1)] for _ in A
+        ]
+        resume = builder.icmp_signed("==", fresh, ir.Constant(I64, 0))
+        for r in range(MR):
+            with builder.if_then(builder.and_(resume, here[r])):
+                for h in (0, 1):
+                    builder.store(e.load(C[r], ir.Constant(I64, 64 * h), F32, 16), acc[r][h])
+        with cgutils.for_range_slice(builder, p0, p1, ONE) as (p, _):
+            b = _b_pairs(e, B, p, rows_b)
+            for r in range(MR):
+                a = e.broadcast(e.load(A[r], e.at(p, 4), I32), 16)
+                for h in (0, 1):
+                    builder.store(_dot(e, builder.load(acc[r][h]), a, b[h]), acc[r][h])
+        for r in range(MR):
+            with builder.if_then(here[r]):
+                for h in (0, 1):
+                    at = builder.bitcast(
+                        builder.gep(C[r], [ir.Constant(I64, 64 * h)]), v16.as_pointer()
+                    )
+                    builder.store(builder.load(acc[r][h]), at).align = 4
+        return context.get_dummy_value()
+
+    return codegen
 
 
 @intrinsic
 def _tile_dot(typingctx, a, m0, bp, j, p0, p1, c, r0, c0, rows, fresh):
-    return types.void(a, m0, bp, j, p0, p1, c, r0, c0, rows, fresh), _tile
+    return types.void(a, m0, bp, j, p0, p1, c, r0, c0, rows, fresh), _tile_codegen(False)
+
+
+@intrinsic
+def _tile_dot_rows(typingctx, a, m0, b, j, p0, p1, c, r0, c0, rows, fresh):
+    return types.void(a, m0, b, j, p0, p1, c, r0, c0, rows, fresh), _tile_codegen(True)
 
 
 @device
@@ -162,39 +195,53 @@ def _panels(x, panels):
                     panels[j, p * NR + q] = _pair(lo, hi)
 
 
-@kernel(work=lambda a, bp, c, parts, transposed: c.size * a.shape[1])
-def _gemm(a, bp, c, parts, transposed):
-    # D (M, N) = A B: a (M, K2) uint32 pairs, bp (NB, K2 x NR) uint32 panels; c fp32, D (M, N)
-    # or, transposed, D^T (N, M). A program is panel t // parts and the t % parts-th range of
-    # row tiles, GROUP tiles at a time: for each block of KC pairs, every tile of the group. A
-    # panel past N's end, or every panel of a transposed D, sums into a strip of the group's
-    # rows by NR columns (16 KB: in L1), copied out after the group's last block.
-    M, K2 = a.shape
-    N = c.shape[0] if transposed else c.shape[1]
-    tiles = -(-M // MR)
-    per = -(-tiles // parts)
-    for t in prange(bp.shape[0] * parts):
-        j, first = t // parts, t % parts * per
-        n0, direct = j * NR, (j + 1) * NR <= N and not transposed
-        strip = np.empty((0 if direct else GROUP * MR, NR), np.float32)
-        for i0 in range(first, min(tiles, first + per), GROUP):
-            i1 = min(tiles, first + per, i0 + GROUP)
-            for p0 in range(0, K2, KC):
-                fresh, p1 = 1 if p0 == 0 else 0, min(K2, p0 + KC)
-                for i in range(i0, i1):
-                    rows = min(MR, M - i * MR)
-                    if direct:
-                        _tile_dot(a, i * MR, bp, j, p0, p1, c, i * MR, n0, rows, fresh)
-                    else:
-                        r0 = (i - i0) * MR
-                        _tile_dot(a, i * MR, bp, j, p0, p1, strip, r0, 0, rows, fresh)
-            if not direct:
-                for q in range(min(NR, N - n0)):
-                    for m in range(i0 * MR, min(M, i1 * MR)):
-                        if transposed:
-                            c[n0 + q, m] = strip[m - i0 * MR, q]
+def _gemm_kernel(rows_b):
+    """The GEMM over B's panels, or (rows_b) over B's own rows (K, N) uint16, contiguous along N
+    and N a multiple of NR: the pairs made in the tile, no packing pass. (A closure over a bool:
+    Numba caches one kernel for each.)"""
+
+    def work(a, b, c, parts, transposed):
+        return c.size * a.shape[1]
+
+    @kernel(work=work)
+    def _gemm(a, b, c, parts, transposed):
+        # D (M, N) = A B: a (M, K2) uint32 pairs, b B's panels or rows; c fp32, D (M, N) or,
+        # transposed, D^T (N, M). A program is panel t // parts and the t % parts-th range of
+        # row tiles, GROUP tiles at a time: for each block of KC pairs, every tile of the group.
+        # A panel past N's end, or every panel of a transposed D, sums into a strip of the
+        # group's rows by NR columns (16 KB: in L1), copied out after the group's last block.
+        M, K2 = a.shape
+        N = c.shape[0] if transposed else c.shape[1]
+        tiles = -(-M // MR)
+        per = -(-tiles // parts)
+        panels = b.shape[1] // NR if rows_b else b.shape[0]
+        for t in prange(panels * parts):
+            j, first = t // parts, t % parts * per
+            n0, direct = j * NR, (j + 1) * NR <= N and not transposed
+            strip = np.empty((0 if direct else GROUP * MR, NR), np.float32)
+            for i0 in range(first, min(tiles, first + per), GROUP):
+                i1 = min(tiles, first + per, i0 + GROUP)
+                for p0 in range(0, K2, KC):
+                    fresh, p1 = 1 if p0 == 0 else 0, min(K2, p0 + KC)
+                    for i in range(i0, i1):
+                        rows, m0 = min(MR, M - i * MR), i * MR
+                        out, r0, c0 = (c, m0, n0) if direct else (strip, m0 - i0 * MR, 0)
+                        if rows_b:
+                            _tile_dot_rows(a, m0, b, j, p0, p1, out, r0, c0, rows, fresh)
                         else:
-                            c[m, n0 + q] = strip[m - i0 * MR, q]
+                            _tile_dot(a, m0, b, j, p0, p1, out, r0, c0, rows, fresh)
+                if not direct:
+                    for q in range(min(NR, N - n0)):
+                        for m in range(i0 * MR, min(M, i1 * MR)):
+                            if transposed:
+                                c[n0 + q, m] = strip[m - i0 * MR, q]
+                            else:
+                                c[m, n0 + q] = strip[m - i0 * MR, q]
+
+    return _gemm
+
+
+_GEMM = {rows_b: _gemm_kernel(rows_b) for rows_b in (False, True)}
 
 
 def _rows_are_pairs(x):
@@ -228,8 +275,15 @@ def matmul_bf16(a, b, flip=None):
     else:
         pairs = np.empty((a.shape[0], K2), np.uint32)
         _pairs(a.view(np.uint16), pairs)
-    panels = np.empty((-(-b.shape[1] // NR), K2 * NR), np.uint32)
-    _panels(b.view(np.uint16), panels)
-    parts = min(-(-a.shape[0] // MR), -(-4 * THREADS // panels.shape[0]))  # 4 programs a core
-    _gemm(pairs, panels, c, parts, flip)
+    # B's rows as they lie, paired in the tile, where A is one group of tiles (each block of B
+    # read once: a packing pass would cost as much again); else panels, which every group
+    # reads from the caches (B's rows themselves would be a stride apart, often the same sets)
+    rows_b = a.shape[0] <= GROUP * MR and b.strides[1] == 2 and b.shape[1] % NR == K % 2 == 0
+    if rows_b:
+        b_tiles = b.view(np.uint16)
+    else:
+        b_tiles = np.empty((-(-b.shape[1] // NR), K2 * NR), np.uint32)
+        _panels(b.view(np.uint16), b_tiles)
+    parts = min(-(-a.shape[0] // MR), -(-4 * THREADS // -(-b.shape[1] // NR)))  # 4 a core
+    _GEMM[rows_b](pairs, b_tiles, c, parts, flip)
     return c
