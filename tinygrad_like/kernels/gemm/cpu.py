@@ -1,5 +1,7 @@
 """GEMMs on the CPU (gemm.cu's twin): C (..., M, N) = op(A) (..., M, K) op(B) (..., K, N) in
-fp32 through NumPy's BLAS, 2-byte inputs widened and the result rounded once.
+fp32 through NumPy's BLAS, 2-byte inputs widened and the result rounded once; bf16 operands
+by AVX-512 BF16's dot products where the CPU has them (cpu_bf16.py: no widening, twice an FMA's
+multiply-adds an instruction, as a tensor core's bf16 mma), the result rounded once the same.
 
 Why NumPy's BLAS (OpenBLAS in NumPy's wheels): at the step's own shapes scripts/bench_gemm.py
 found MKL (the `mkl` wheel, through ctypes) and BLIS (the `blis` wheel, single-threaded) no

@@ -5,8 +5,9 @@ two axes where the name says t. Leading dimensions are batch dimensions (B, H), 
 np.matmul's; C is in A's dtype.
 
 cpu.py: NumPy's BLAS in fp32 (2-byte inputs widened, the result rounded once, as a tensor core
-does); cuda.py + gemm.cu: tiled shared-memory fp32 and mma.sync tensor-core fp16/bf16 GEMMs, with
-cuBLAS kept as the yardstick. The epilogue adds bias (N,), then multiplies by scale (one element),
+does; bf16 by AVX-512 BF16's dot products where the CPU has them, cpu_bf16.py); cuda.py +
+gemm.cu: tiled shared-memory fp32 and mma.sync tensor-core fp16/bf16 GEMMs, with cuBLAS kept as
+the yardstick. The epilogue adds bias (N,), then multiplies by scale (one element),
 casts to cast (a dtype) and adds add (C's shape), each rounded as the unfused kernels round: the
 bits of elementwise's mul(C, scale), cast(C, cast), then add(add, C), in place when out is add.
 Or, after the bias, an elementwise kernel declared by its expression with C as its last operand
