@@ -379,10 +379,11 @@ def _head_blocks(tokens):
 
 
 def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf16):
-    """The fused head in its precompute design: each forward block's logits in fp32, made its
-    dlogits in place (and, bf16, rounded to bf16 for the GEMMs), then its dX rows and dW share
-    (after block 0 added into the sum by the dW GEMM itself where the dlogits are fp32: no (Vp,
-    C) temporary); its backward only scales what it saved (and rounds it, fp16 and bf16)."""
+    """The fused head in its precompute design: each forward block's logits in fp32 (bf16 in
+    bf16: the kernel widens them a few rows at a time, its scratch no buffer of the tracker's),
+    made its dlogits in place, then its dX rows and dW share (after block 0 added into the sum
+    by the dW GEMM itself where the dlogits are fp32: no (Vp, C) temporary); its backward only
+    scales what it saved (and rounds it, fp16 and bf16)."""
     moments = {}
     for k, r in _head_blocks(N):
         common = before_head + [
@@ -391,7 +392,7 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf1
             ("the losses of the blocks before (rows,) fp32", 4 * k * losses.HEAD_BLOCK_ROWS),
             ("dW so far (Vp, C) fp32", 4 * Vp * C if k else 0),
         ]
-        if size < 4:  # the logits GEMM's output, cast to fp32
+        if size < 4 and not bf16:  # fp16: the logits GEMM's output, cast to fp32
             moments[f"the fused head's forward, block {k}: the logits' cast"] = common + [
                 ("dX (B·T, C) fp32, made by block 0's first copy", 4 * N * C if k else 0),
                 ("the block's logits (rows, Vp)", r * Vp * size),
@@ -400,10 +401,9 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf1
         after = common + [
             ("dX (B·T, C) fp32", 4 * N * C),
             ("the block's losses (rows,) fp32", 4 * r),
-            ("the block's logits, now its dlogits (rows, Vp) fp32", 4 * r * Vp),
+            ("the block's logits, now its dlogits (rows, Vp)", r * Vp * (2 if bf16 else 4)),
         ]
-        if bf16:  # the dlogits rounded for the GEMMs; the dW shares made in bf16, then summed
-            after += [("the block's dlogits (rows, Vp) bf16", 2 * r * Vp)]
+        if bf16:  # the dW shares made in bf16, then summed in fp32
             share = [("the block's dW share (Vp, C) bf16", 2 * Vp * C)]
             share += [("block 0's share cast to fp32 (Vp, C)", 0 if k else 4 * Vp * C)]
         else:  # block 0's share is the sum; a later block's is added by its GEMM

@@ -66,18 +66,18 @@ def _block_grads(x, weight, rows, dlogits, dx, dw):
 
 
 def _precomputed_block(x, weight, rows, targets, unit, n_classes, dx, dw):
-    """The precompute design's work on one block -> (its losses, dW so far): its logits in fp32,
-    overwritten in place by their dlogits for dloss = unit (one pass, one exp per logit; the
-    loss needs no lse), then its dX rows and dW share. Its own function so that the block's
+    """The precompute design's work on one block -> (its losses, dW so far): its logits (fp32,
+    or bf16 as the GEMMs' dtype: bf16 has fp32's range, where fp16's loss scale comes later),
+    overwritten in place by their dlogits for dloss = unit (one pass, one exp per logit in fp32;
+    the loss needs no lse), then its dX rows and dW share. Its own function so that the block's
     (rows, Vp) buffer is freed before the next block's logits exist."""
-    acc = dtypes.compute_dtype(x.dtype)
-    logits = _as(launch("matmul_nt", x[rows], weight), acc)  # (rows, Vp)
+    logits = launch("matmul_nt", x[rows], weight)  # (rows, Vp)
+    if x.dtype != dtypes.bfloat16:
+        logits = _as(logits, dtypes.compute_dtype(x.dtype))
     losses, dlogits = launch(
         "cross_entropy_fwd_bwd", logits, targets[rows], unit, n_classes=n_classes, out=logits
     )
     with profiler.math("backward"):
-        if x.dtype == dtypes.bfloat16:  # the GEMMs' dtype (bf16 has fp32's range; fp16's
-            dlogits = _as(dlogits, x.dtype)  # loss scale comes later: it keeps fp32)
         return losses, _block_grads(x, weight, rows, dlogits, dx, dw)
 
 
@@ -109,8 +109,9 @@ class LinearCrossEntropy(Function):
       dX (N, C) and dW (Vp, C), which it saves (4*(N + Vp)*C bytes) instead of x. A block's
       losses and dlogits come from one kernel (cross_entropy_fwd_bwd: one exp per logit, the
       dlogits written over the logits, labeled forward math as the loss is); in bf16 the
-      dlogits are rounded to bf16 for the block's two GEMMs (bf16 dot products, as the recompute
-      design's and PyTorch's autocast's), each block's dW share rounded once. The backward
+      logits stay bf16 (widened in the kernel) and the dlogits are rounded to bf16 for the
+      block's two GEMMs (bf16 dot products, as the recompute design's and PyTorch's
+      autocast's), each block's dW share rounded once. The backward
       multiplies them by the upstream gradient and rounds once, so the fp16 loss scale still
       never flushes a small gradient. No extra FLOPs, but the head's two backward GEMMs run in
       the forward phase (labeled backward math)."""
