@@ -16,12 +16,18 @@ through memory between blocks of K unchanged: the same bits for any core count a
 K odd is padded with a zero pair half (0 x 0 adds +0.0).
 
 Layouts: A as its pairs, (M, K / 2) uint32, which a row-major bf16 A already is (read where it
-is); another layout (the transpose in dW = X^T dY) is packed once. B in panels of NR columns,
-(N / NR, K / 2, NR) uint32, packed once a call: a panel's block of KC pairs (32 KB) stays in the
-caches while every row tile of A passes it. A program is one panel (and a range of row tiles
-where there are few panels), as the CUDA kernels' blocks are output tiles. Without AVX-512 BF16
-the same kernel adds the two products of each pair as separate fp32 multiplies and adds (tests
-run it on any CPU); cpu.py calls it only where the instruction is there (HAS_DOT).
+is); another layout is packed once, or, where B^T's rows are pairs or B is the smaller (dW = X^T
+dY), the GEMM runs as C^T = B^T A^T, stored back transposed (a pair's two products are
+symmetric: the same bits). B in panels of NR columns, (N / NR, K / 2, NR) uint32, packed once a
+call: a panel's block of KC pairs (32 KB) stays in the caches while every row tile of A passes
+it; or, where A is one group of row tiles (each block of B read once), B's own rows, each
+step's two runs of NR interleaved by a shuffle. A program is one panel (and a range of row
+tiles where there are few panels), as the CUDA kernels' blocks are output tiles.
+
+Without AVX-512 BF16 the same kernel adds the two products of each pair as separate fp32
+multiplies and adds (tests run it on any CPU): its sums then differ from the instruction's in
+the last place (a third of the elements, on Zen 4) and keep subnormal products, which the
+instruction flushes to zero; cpu.py calls it only where the instruction is there (HAS_DOT).
 """
 
 import numpy as np
