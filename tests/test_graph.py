@@ -377,6 +377,7 @@ def cuda(monkeypatch):
                 for s in map(module.kernel_source, module.kernel_files())
             ]
         )
+        backend.default_device()  # cached from the real environment first, never as cuda
         monkeypatch.setattr(backend, "cuda_available", lambda: True)
         yield module
 
