@@ -10,7 +10,8 @@ fp16 codes that the kernels decode as they read them), after loading it in fp32.
 checkpoint (scripts/quantize.py's --out) loads as it is stored, its weights never in fp32; its
 format is the model's (--weights may name it, never another). --activations int8 quantizes
 the activations too, per block of 32, for int8 and int4 weights: their GEMMs then run on
-integer dot products (llama.cpp's Q8_0 activations; nn/quant.py use_activations). --kv-dtype
+integer dot products (llama.cpp's Q8_0 activations; nn/quant.py use_activations); bf16 rounds
+them to bf16 for bf16 weights (llama.cpp's bf16: a prompt's GEMMs bf16 dot products). --kv-dtype
 sets the KV cache's format: fp32, fp16 or bf16, or fp8_e4m3 / fp8_e5m2 (a byte a key or value
 and an fp32 scale per position of a head, quantized as each position is appended; the
 attention kernel decodes the codes as it reads them). The decode step is captured on its first
@@ -80,7 +81,8 @@ def parse_args(argv=None):
         default="fp32",
         help="fp32 (default): x as it is against the decoded weights; int8: with --weights "
         "int8 or int4, x quantized per block of 32 elements and the GEMMs integer dot products "
-        "(faster on a CPU, logits slightly off the fp32 path's)",
+        "(faster on a CPU, logits slightly off the fp32 path's); bf16: with --weights bf16, x "
+        "rounded to bf16 (a prompt's GEMMs bf16 dot products where the CPU has them)",
     )
     p.add_argument(
         "--stats",
@@ -193,10 +195,16 @@ def check_weights(args, quantized=None, ckpt=None):
 
 
 def check_activations(args):
-    """A ValueError for --activations other than fp32 and int8, or int8 with weights that have
-    no integer dot (fp32, a float format, a --group-size that is not whole blocks of 32)."""
+    """A ValueError for --activations other than fp32, int8 and bf16, int8 with weights that
+    have no integer dot (fp32, a float format, a --group-size that is not whole blocks of 32),
+    or bf16 with weights other than bf16."""
     if args.activations not in ACTIVATIONS:
         raise ValueError(f"--activations {args.activations}: use one of {', '.join(ACTIVATIONS)}")
+    if args.activations == "bf16" and args.weights != "bf16":
+        raise ValueError(
+            f"--activations bf16 needs --weights bf16; {args.weights} weights: leave "
+            "--activations at fp32"
+        )
     if args.activations == "int8":
         if args.weights not in INTEGER_FORMATS:
             raise ValueError(

@@ -50,9 +50,10 @@ def use_activations(model, activations):
     choice never stored in a checkpoint -> model: "fp32", x as it is against the decoded
     weights; "int8", x quantized per block of 32 to int8 codes and dotted with int8 or int4
     weights in integers (llama.cpp's Q8_0 activations: faster on a CPU; the logits of the
-    tests' small GPT-2s within 1% of the fp32 path's). All are checked before any changes: a
-    ValueError for weights that have no integer path (a float format, groups that are not
-    whole blocks of 32)."""
+    tests' small GPT-2s within 1% of the fp32 path's); "bf16", x rounded to bf16 for bf16
+    weights (llama.cpp's bf16). All are checked before any changes: a ValueError for weights
+    that have no such path (int8: a float format, groups that are not whole blocks of 32;
+    bf16: any format but bf16)."""
     weights = {id(m.weight): m.weight for _, m, _ in quantized_modules(model)}
     quantized = [w for w in weights.values() if isinstance(w, QuantizedWeight)]
     if not quantized and activations != "fp32":

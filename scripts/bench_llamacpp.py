@@ -11,7 +11,8 @@ bf16, int8 / q8_0, int4 / q4_0 (ours quantized on load by nn/quant.py, llama.cpp
 own quantizer from the same fp32 weights: int8 keeps one scale per output channel, q8_0 one per
 32 elements; int4 and q4_0 one per 32). Ours int8 and int4 also run with their activations
 quantized to int8 (generate.py --activations int8: the integer dot path llama.cpp's q8_0 and
-q4_0 use).
+q4_0 use), and bf16 with its activations rounded to bf16 (--activations bf16, as llama.cpp's
+bf16).
 
 Each (engine, format, cores) is a worker process pinned to its cores (taskset), holding
 its model loaded; the workers take turns for --rounds rounds and the best round counts (ms a
@@ -37,7 +38,9 @@ import numpy as np
 
 # ours -> llama.cpp's GGUF type of the same weights
 PAIRS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "q8_0", "int4": "q4_0"}
-INTEGER_DOT = ("int8", "int4")  # ours with an int8-activation path (generate.py --activations)
+# ours with an activation path of their own (generate.py --activations): int8 activations for
+# the integer formats (llama.cpp's q8_0 and q4_0 dot products), bf16 for bf16 (its bf16's)
+OWN_ACTIVATIONS = {"int8": "int8", "int4": "int8", "bf16": "bf16"}
 PROMPT, LONG_PROMPT = 64, 512  # the decode's prompt, and the longer prefill timed
 
 
@@ -151,9 +154,9 @@ def llama_cpp(path, cores):
 
 
 def variants(fmt):
-    """Ours runs of a weight format: fp32 activations, and "fmt+int8" (int8 activations) where
-    the format has the integer dot path."""
-    return [fmt] + ([f"{fmt}+int8"] if fmt in INTEGER_DOT else [])
+    """Ours runs of a weight format: fp32 activations, and "fmt+int8" (int8 activations) or
+    "bf16+bf16" where the format has that path (OWN_ACTIVATIONS)."""
+    return [fmt] + ([f"{fmt}+{OWN_ACTIVATIONS[fmt]}"] if fmt in OWN_ACTIVATIONS else [])
 
 
 def has_llama_cpp(python):
@@ -248,7 +251,8 @@ def report(best, args, peer):
     for fmt, cores in ((f, c) for f in ours_formats for c in args.cores):
         theirs = PAIRS[fmt.partition("+")[0]]
         o, t = best["ours", fmt, cores], best.get(("llama.cpp", theirs, cores), [None] * 3)
-        name = fmt.replace("+int8", " (int8 activations)")
+        weights, _, activations = fmt.partition("+")
+        name = f"{weights} ({activations} activations)" if activations else fmt
         cells = pair(o[0], t[0], ms=True) + pair(o[1], t[1]) + pair(o[2], t[2])
         rows.append((f"{name} / {theirs}", cores) + cells)
     if not peer:

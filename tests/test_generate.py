@@ -513,6 +513,21 @@ def test_a_llamas_projections_of_one_input_share_its_int8_codes(monkeypatch):
     assert logits[True].tobytes() == logits[False].tobytes()
 
 
+def test_bf16_activations_keep_the_logits_within_2_percent_of_the_fp32_paths():
+    """bf16 weights meeting x rounded to bf16 (24 rows: a prompt's GEMMs, bf16 dot products
+    where the CPU has them): every logit within 2% of the largest's magnitude, the argmax the
+    same; int8 weights have no bf16 path."""
+    model = quantize_model(randomized(WIDE), "bf16").eval()
+    ids = np.random.default_rng(0).integers(0, WIDE.vocab_size, (2, 12))
+    with tg.no_grad():
+        fp32 = model(ids)[0].numpy()
+        bf16 = use_activations(model, "bf16")(ids)[0].numpy()
+    assert np.abs(bf16 - fp32).max() <= 0.02 * np.abs(fp32).max()
+    assert np.array_equal(bf16.argmax(-1), fp32.argmax(-1))
+    with pytest.raises(ValueError, match="bf16 activations need bf16 weights, not int8"):
+        quantize_model(randomized(CFG), "int8", activations="bf16")
+
+
 def test_int8_activations_are_refused_before_anything_changes():
     """A float format has no integer path: quantize_model refuses before it replaces a weight,
     use_activations before it switches one; an fp32 model has none either."""
@@ -546,13 +561,15 @@ def tiny_checkpoint(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "bf16"])
 def test_generate_py_int8_activations_compiled_give_the_same_tokens(tiny_checkpoint, capsys, fmt):
     """--activations int8: the step captured (quantize_rows and qmatmul_int8x launched through
     kernels.launch) and replayed, generate.py's default, gives the eager step's (--no-compile)
-    greedy tokens, the residual adds fused into qmatmul_int8x (fewer launches on a replay)."""
+    greedy tokens, the residual adds fused into qmatmul_int8x (fewer launches on a replay); the
+    same for bf16 weights and activations (a cast, then qmatmul)."""
     argv = ["--checkpoint", tiny_checkpoint, "--prompt", "!#", "--max-new-tokens", "7"]
-    argv += ["--temperature", "0", "--weights", fmt, "--activations", "int8", "--stats"]
+    activations = "bf16" if fmt == "bf16" else "int8"  # bf16 weights: bf16 activations
+    argv += ["--temperature", "0", "--weights", fmt, "--activations", activations, "--stats"]
     texts = []
     for flags in (["--no-compile"], []):
         code, out, err = generate_py(argv + flags, capsys)
@@ -573,6 +590,7 @@ def test_generate_py_int8_activations_compiled_give_the_same_tokens(tiny_checkpo
         (["--activations", "int8"], "fp32 weights have none"),
         (["--weights", "int4", "--group-size", "16", "--activations", "int8"], "multiple of 32"),
         (["--weights", "int8", "--activations", "int4"], "use one of fp32, int8"),
+        (["--weights", "int8", "--activations", "bf16"], "needs --weights bf16"),
     ],
 )
 def test_generate_py_activations_refuses_in_one_line(tiny_checkpoint, capsys, argv, words):

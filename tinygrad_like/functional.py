@@ -325,7 +325,8 @@ def _inference_only(what, *tensors):
 def _quantized_linear(x, weight, bias, transposed, codes=None):
     """y (..., N) = x (..., K) W^T + bias, W (N, K) the quantized weight's rows, over x
     flattened to (M, K): one qmatmul, or with weight.activations "int8" quantize_rows then
-    qmatmul_int8x (y in x's dtype); codes: quantize_rows' of x, made already (linears)."""
+    qmatmul_int8x (y in x's dtype), "bf16" a cast of x to bf16 then qmatmul; codes:
+    quantize_rows' of x, made already (linears)."""
     if weight.out_axis != (0 if transposed else 1):
         raise ValueError(
             f"linear: a quantized weight stored with out_axis {weight.out_axis} used as "
@@ -338,6 +339,8 @@ def _quantized_linear(x, weight, bias, transposed, codes=None):
     if weight.activations == "int8":
         codes = launch("quantize_rows", x2) if codes is None else codes
         y = launch("qmatmul_int8x", *codes, *w, x2.dtype, bias=b)
+    elif weight.activations == "bf16":  # x rounded to bf16 at the GEMM's input, y in x's dtype
+        y = launch("qmatmul", launch("cast", x2, dtypes.bfloat16), *w, bias=b, dtype=x2.dtype)
     else:
         y = launch("qmatmul", x2, *w, bias=b)
     return Tensor(y.reshape(*x.shape[:-1], y.shape[-1]))

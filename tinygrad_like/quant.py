@@ -23,8 +23,9 @@ class QuantizedWeight(PaddedRows):
     the memory tracker's "weights". activations (ACTIVATIONS): how its GEMM meets x, a run-time
     choice (never stored with the codes): "fp32", x as it is against the decoded weights
     (qmatmul); "int8", int8 and int4 weights only, x quantized per block of 32 and dotted in
-    integers (quantize_rows, then qmatmul_int8x: kernels/quant/spec.py); check_activations
-    says which weights can."""
+    integers (quantize_rows, then qmatmul_int8x: kernels/quant/spec.py); "bf16", bf16 weights
+    only, x rounded to bf16 (llama.cpp's bf16 activations: a prompt's GEMMs are bf16 dot
+    products on a CPU with AVX-512 BF16); check_activations says which weights can."""
 
     requires_grad = False
     grad = None
@@ -75,22 +76,30 @@ class QuantizedWeight(PaddedRows):
         return self
 
 
-ACTIVATIONS = ("fp32", "int8")  # how a quantized GEMM meets x (QuantizedWeight.activations)
+ACTIVATIONS = ("fp32", "int8", "bf16")  # how a quantized GEMM meets x (QuantizedWeight's)
+
+
+def check_bf16_activations(fmt):
+    """A ValueError unless weights of format fmt can meet bf16 activations: bf16 ones only."""
+    if fmt != "bf16":
+        raise ValueError(f"bf16 activations need bf16 weights, not {fmt}: use fp32 activations")
 
 
 def check_activations(qw, activations):
     """A ValueError unless the QuantizedWeight qw can compute with activations (ACTIVATIONS):
-    int8 needs an int8 or int4 weight whose group size is a multiple of 32."""
+    int8 needs an int8 or int4 weight whose group size is a multiple of 32; bf16 a bf16 one."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: use one of {', '.join(ACTIVATIONS)}")
     if activations == "int8":
         check_int8_activations(qw.fmt, qw.group_size)
+    if activations == "bf16":
+        check_bf16_activations(qw.fmt)
 
 
 def split_format(name):
     """A benchmark's weight format name, FMT or FMT+int8 (FMT's weights meeting int8
-    activations) -> (FMT, its activations, fp32 or int8); a ValueError for an unknown FMT or
-    activations its weights cannot meet."""
+    activations; bf16+bf16 likewise) -> (FMT, its activations); a ValueError for an unknown
+    FMT or activations its weights cannot meet."""
     weights, plus, activations = name.partition("+")
     activations = activations if plus else "fp32"
     if weights != "fp32":
@@ -99,6 +108,8 @@ def split_format(name):
         raise ValueError(f"{name}: activations {activations!r}: use one of {ACTIVATIONS}")
     if activations == "int8":
         check_int8_activations(weights, None)
+    if activations == "bf16":
+        check_bf16_activations(weights)
     return weights, activations
 
 

@@ -460,6 +460,32 @@ def test_qmatmul_then_is_the_unfused_activation(device, fmt, M):
         assert as_bytes(got) == as_bytes(device.gelu_fwd(y))
 
 
+@pytest.mark.parametrize("M", [1, 17, 40])  # a decode step's row, a prompt's (tiles, dots)
+def test_qmatmul_of_bf16_activations_into_fp32(device, M):
+    """bf16 activations (x rounded to bf16) against bf16 weights, y in fp32 (dtype=): the fp32
+    sum of exact products, within K ulps of float64 (a prompt's on the CPU: gemm/cpu_bf16.py's
+    dot products where the CPU has them); the meta device gives the same shape and dtype. And
+    dtype=bf16 from fp32 x is that y rounded once."""
+    codes, _, _ = quantized("bf16", 70, 96)
+    x = rand((M, 96), F32, seed=4).astype(BF16)
+    bias = rand(70, F32, seed=5)
+    put = device.asarray
+    y = device.to_numpy(
+        device.qmatmul(put(x), put(codes), None, "bf16", None, put(bias), dtype=F32)
+    )
+    assert y.dtype == F32 and y.shape == (M, 70)
+    w = f64(weight(codes, None, "bf16", None))
+    bound = (96 + 2) * 2.0**-24 * (np.abs(f64(x)) @ np.abs(w).T + np.abs(f64(bias)))
+    assert np.all(np.abs(y - (f64(x) @ w.T + f64(bias))) <= bound)
+    meta = kernels.on("meta")
+    shaped = meta.qmatmul(*map(meta.asarray, (x, codes)), None, "bf16", None, dtype=F32)
+    assert shaped.shape == (M, 70) and shaped.dtype == F32
+    x32 = rand((M, 96), F32, seed=6)
+    wide = device.qmatmul(put(x32), put(codes), None, "bf16", None)
+    narrow = device.qmatmul(put(x32), put(codes), None, "bf16", None, dtype=BF16)
+    assert device.to_numpy(narrow).tobytes() == device.to_numpy(wide).astype(BF16).tobytes()
+
+
 def test_qmatmul_add_must_be_the_outputs_shape_and_dtype(cuda_device):
     """The shape rule (the meta device's qmatmul) and CUDA's qmatmul, which reads add in its
     store, refuse an add that is not y's (M, N) in x's dtype, naming what they got."""

@@ -28,11 +28,13 @@ from ...backend.cpu.compiled import (
     vector_dot,
 )
 from ...backend.cpu.halves import f32, rounded
+from ...dtypes import bfloat16
 from ...formats import FINITE, FORMATS, NAN_ONLY
 from ..elementwise import cpu as elementwise
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.spec import then_epilogue
 from ..embedding.spec import check_ids
+from ..gemm.cpu_bf16 import HAS_DOT, matmul_bf16
 from .cpu_gemv import decode_rows, gemv
 from .cpu_int8x import qmatmul_int8x, quantize_rows  # noqa: F401 (in their own file)
 from .cpu_split import BLOCK_ROWS, DECODE_ONCE_FROM, SERIAL_BELOW, work
@@ -190,20 +192,29 @@ def _qmatmul_rows(codes, scales, group_size, fmt, fields, xs, b, y):
     _qmatmul_kernel(*fields)(codes, scales, group_size, xs, b, y)
 
 
-def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False):
+def qmatmul(
+    x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False, dtype=None
+):
     """W decoded row by row inside the kernel (a prompt's: a tile of rows at a time, then BLAS),
     accumulated in fp32 and rounded once (2-byte x: computed in fp32); then + add (M, N) by
     elementwise's add, written into y itself: a pass over y while it is in the cache (a decode
-    step's M is 1), the bits of the unfused add; or then= (elementwise's then_epilogue)."""
-    codes, scales, group_size, *fields = _kernel_args(codes, scales, fmt, group_size)
-    xs = np.ascontiguousarray(f32(x), dtype=np.float32)
-    b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
-    y = np.empty((x.shape[0], codes.shape[0]), np.float32)
-    if xs.shape[0] >= _TILED_FROM:  # a prompt: tiles of W and BLAS
-        _tiled(xs, (codes, scales, group_size, *fields), FORMATS[fmt].bits, b, y)
+    step's M is 1), the bits of the unfused add; or then= (elementwise's then_epilogue). A
+    prompt of bf16 x against bf16 weights: gemm/cpu_bf16.py's dot products where the CPU has
+    them (W's codes are its bf16 values), no decoding."""
+    if fmt == "bf16" and x.dtype == bfloat16 and HAS_DOT and x.shape[0] >= _TILED_FROM:
+        y = matmul_bf16(x, codes.view(bfloat16).T)
+        if bias is not None:
+            y += f32(bias)
     else:
-        _qmatmul_rows(codes, scales, group_size, fmt, tuple(fields), xs, b, y)
-    y = rounded(y, x.dtype)
+        codes, scales, group_size, *fields = _kernel_args(codes, scales, fmt, group_size)
+        xs = np.ascontiguousarray(f32(x), dtype=np.float32)
+        b = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(f32(bias), np.float32)
+        y = np.empty((x.shape[0], codes.shape[0]), np.float32)
+        if xs.shape[0] >= _TILED_FROM:  # a prompt: tiles of W and BLAS
+            _tiled(xs, (codes, scales, group_size, *fields), FORMATS[fmt].bits, b, y)
+        else:
+            _qmatmul_rows(codes, scales, group_size, fmt, tuple(fields), xs, b, y)
+    y = rounded(y, x.dtype if dtype is None else dtype)
     return then_epilogue(
         elementwise, y if add is None else elementwise_add(add, y, out=y), then, aux
     )

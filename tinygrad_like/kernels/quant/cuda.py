@@ -61,13 +61,23 @@ def _weight(codes, scales, fmt, group_size):
     return cupy.ascontiguousarray(codes), scales, K, np.int32(group_size)
 
 
-def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False):
+def qmatmul(
+    x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False, dtype=None
+):
     """x and bias read as fp32, one warp per row of W, fp32 accumulation, rounded once; add
-    (M, N, x's dtype) added in the kernel's store with the bits of elementwise's add(add, y);
-    then= after it (elementwise's then_epilogue: a second kernel)."""
-    codes, scales, K, group = _weight(codes, scales, fmt, group_size)
+    (M, N, y's dtype) added in the kernel's store with the bits of elementwise's add(add, y);
+    then= after it (elementwise's then_epilogue: a second kernel). A dtype other than x's: x
+    widened to fp32 first (exactly), y rounded to dtype after."""
     if x.dtype not in CTYPES:
         raise TypeError(f"qmatmul takes a floating-point x, got {x.dtype}")
+    if dtype is not None and np.dtype(dtype) != x.dtype:
+        dtype, wide = np.dtype(dtype), x.astype(dtypes.float32)
+        if dtype == dtypes.float32:
+            return qmatmul(wide, codes, scales, fmt, group_size, bias, add, then, aux)
+        y = qmatmul(wide, codes, scales, fmt, group_size, bias).astype(dtype)
+        y = y if add is None else elementwise.add(add, y, out=y)
+        return then_epilogue(elementwise, y, then, aux)
+    codes, scales, K, group = _weight(codes, scales, fmt, group_size)
     if x.ndim != 2 or x.shape[1] != K:
         raise ValueError(f"x {x.shape} must be (M, {K}) for W ({codes.shape[0]}, {K})")
     M, N = x.shape[0], codes.shape[0]

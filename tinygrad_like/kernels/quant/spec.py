@@ -51,21 +51,29 @@ def _epilogued(y, add, then, aux, name):
 # the GEMMs' then= does (kernels/gemm/spec.py); None launches the plain qmatmul.
 
 
+def _qmatmul_shape(
+    x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=0, dtype=None
+):
+    y = Out((x.shape[0], codes.shape[0]), x.dtype if dtype is None else np.dtype(dtype))
+    return _epilogued(y, add, then, aux, "qmatmul")
+
+
 @kernel(
-    shape=lambda x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False: (
-        _epilogued(Out((x.shape[0], codes.shape[0]), x.dtype), add, then, aux, "qmatmul")
-    ),
-    flops=lambda r, x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=0: (
+    shape=_qmatmul_shape,
+    flops=lambda r, x, codes, scales, fmt, group_size, bias=None, add=None, *_, then=None, **kw: (
         (2 * x.shape[-1] + (bias is not None) + (add is not None)) * r.size
         + then_counts(r, then)[0]
     ),
     exps=lambda r, *args, then=None, **kwargs: then_counts(r, then)[1],
     epilogue=("add", "then"),
 )
-def qmatmul(x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False):
-    """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in x's dtype, W (N, K) decoded from codes and
+def qmatmul(
+    x, codes, scales, fmt, group_size, bias=None, add=None, then=None, aux=False, dtype=None
+):
+    """x (M, K) @ W^T (+ bias (N,)) -> (M, N) in dtype (None: x's; a bf16 x, the activations
+    rounded at the GEMM's input, gives fp32 with dtype=fp32), W (N, K) decoded from codes and
     scales inside the kernel (w = code value x its group's scale), fp32 accumulation; then
-    [+ add (M, N), x's dtype] with the bits of elementwise's add(add, y) on that rounded y, or
+    [+ add (M, N), y's dtype] with the bits of elementwise's add(add, y) on that rounded y, or
     [then[0](*then[1], y)'s outputs (and y: aux)]. FLOPs: 2 K per element of y, one more each
     for the bias and the add, and then='s."""
 
