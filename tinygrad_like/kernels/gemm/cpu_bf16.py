@@ -260,7 +260,7 @@ def matmul_bf16(a, b, flip=None):
     the tiles above; C the fp32 sums, for cpu.py's epilogue to round. The operand whose rows
     are broadcast (A) is a itself, or b^T for C^T = b^T a^T (flip: None chooses) where a's rows
     are not its pairs (dW = X^T dY: the LM head's long dY then a panel operand, read along its
-    rows, not across them)."""
+    rows, not across them), or where b's panels would cost more than a's (a prompt's x W^T)."""
     (M, K), N = a.shape, b.shape[1]
     if a.dtype != bfloat16 or b.dtype != bfloat16 or b.shape[0] != K:
         raise ValueError(f"matmul_bf16: {a.shape} {a.dtype} @ {b.shape} {b.dtype}")
@@ -270,9 +270,13 @@ def matmul_bf16(a, b, flip=None):
         return c
     # A's pairs packed from a strided a (dW's X^T) cost more than a panel's and far more than
     # a strip's copy-out (measured on the GEMMs of GPT-2's step): flip where a needs them and
-    # b^T does not, or b is the smaller to pack
-    if flip is None:
-        flip = not _rows_are_pairs(a) and (_rows_are_pairs(b.T) or b.size < a.size)
+    # b^T does not, or b is the smaller to pack; where neither needs them, flip when b's panels
+    # cost more than a's and C's copy-out, about six panel elements an element of C (measured:
+    # a prompt's few rows of x against a weight W^T flip, the LM head's logits do not)
+    if flip is None and not _rows_are_pairs(a):
+        flip = _rows_are_pairs(b.T) or b.size < a.size
+    elif flip is None:
+        flip = _rows_are_pairs(b.T) and b.size > a.size + 6 * c.size
     if flip:
         a, b = b.T, a.T
     K2 = -(-K // 2)
