@@ -273,10 +273,11 @@ def matmul_bf16(a, b, flip=None):
     # b^T does not, or b is the smaller to pack; where neither needs them, flip when b's panels
     # cost more than a's and C's copy-out, about six panel elements an element of C (measured:
     # a prompt's few rows of x against a weight W^T flip, the LM head's logits do not)
-    if flip is None and not _rows_are_pairs(a):
-        flip = _rows_are_pairs(b.T) or b.size < a.size
-    elif flip is None:
-        flip = _rows_are_pairs(b.T) and b.size > a.size + 6 * c.size
+    if flip is None:
+        if _rows_are_pairs(a):
+            flip = _rows_are_pairs(b.T) and b.size > a.size + 6 * c.size
+        else:
+            flip = _rows_are_pairs(b.T) or b.size < a.size
     if flip:
         a, b = b.T, a.T
     K2 = -(-K // 2)

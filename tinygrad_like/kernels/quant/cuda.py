@@ -71,10 +71,8 @@ def qmatmul(
     if x.dtype not in CTYPES:
         raise TypeError(f"qmatmul takes a floating-point x, got {x.dtype}")
     if dtype is not None and np.dtype(dtype) != x.dtype:
-        dtype, wide = np.dtype(dtype), x.astype(dtypes.float32)
-        if dtype == dtypes.float32:
-            return qmatmul(wide, codes, scales, fmt, group_size, bias, add, then, aux)
-        y = qmatmul(wide, codes, scales, fmt, group_size, bias).astype(dtype)
+        wide = x.astype(dtypes.float32)
+        y = qmatmul(wide, codes, scales, fmt, group_size, bias).astype(dtype, copy=False)
         y = y if add is None else elementwise.add(add, y, out=y)
         return then_epilogue(elementwise, y, then, aux)
     codes, scales, K, group = _weight(codes, scales, fmt, group_size)
