@@ -79,6 +79,7 @@ from accounting.measure import random_batch
 from accounting.tables import table
 from nn import GPT2Config
 from tinygrad_like import backend, peaks
+from tinygrad_like.kernels.gemm.cpu import use_training_pool
 from tinygrad_like.profiler import format_census
 from training.args import (
     ArgumentParser,
@@ -243,6 +244,10 @@ def run(args, results, log=print):
     # the peak first: measured (on a machine with no cache yet) before --threads limits BLAS
     peak, peak_name = mfu.device_peak(args.device, args.dtype)
     torch = None if args.no_torch else import_torch(args.device, args.dtype, log)
+    if args.device == "cpu" and not args.no_train:
+        # as examples/train_gpt2.py trains in this dtype; after torch has loaded: where both
+        # use the one libgomp and Numba's pool loaded it first, PyTorch's step ran 1.5-6x slower
+        use_training_pool(args.dtype)
     transformers = None if (args.no_hf or torch is None) else hf_generate.import_transformers()
     if torch is not None and transformers is None and not args.no_hf:
         log("transformers not installed: Hugging Face generate skipped (pip install transformers)")

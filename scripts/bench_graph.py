@@ -33,6 +33,7 @@ from optim import AdamW, LossScaler
 from optim import step as optim_step
 from tinygrad_like import backend, peaks
 from tinygrad_like.backend.cpu.compiled import use_pool
+from tinygrad_like.kernels.gemm.cpu import use_training_pool
 from training.args import ArgumentParser, user_errors
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "fp4_e2m1")
@@ -171,6 +172,8 @@ def main(argv=None):
     formats = args.formats.split(",")
     if args.part == "decode" and args.pool:  # as generate.py runs quantized weights
         use_pool("omp")
+    if args.part == "training":  # as examples/train_gpt2.py trains in this dtype
+        use_training_pool(args.dtype)
     if args.json:  # a pinned worker's answer: one line of JSON
         if args.part == "training":
             unfused, fused = training_rows(args.rounds, "cpu", args.dtype)

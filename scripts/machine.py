@@ -6,6 +6,7 @@ import os
 import platform
 import time
 
+import numba
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -40,6 +41,7 @@ def environment_info(torch=None, device="cpu"):
         "affinity_cpus": peaks.usable_cores(),
         "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
         "blas": _blas_info(),
+        "numba_pool": numba.config.THREADING_LAYER,  # compiled.py use_pool's (first kernel's)
         "load_average": loadavg(),
     }
     if torch is not None:
@@ -111,6 +113,7 @@ def format_environment(info, peak_name):
     ]
     for lib in info["blas"]["libraries"]:
         lines.append(f"  {lib.get('internal_api')}: " + _blas_words(lib))
+    lines.append(f"  compiled kernels' pool: {info['numba_pool']} (compiled.py use_pool)")
     env = info["env"]
     lines.append(
         "  BLAS variables: "

@@ -32,6 +32,7 @@ from tinygrad_like.distributed import (
     say_past_the_launcher,
 )
 from tinygrad_like.files import atomic_write, file_sha256
+from tinygrad_like.kernels.gemm.cpu import use_training_pool
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
 from . import checkpoint
@@ -94,6 +95,8 @@ class Trainer:
         self.rank0 = self.comm.rank == 0
         self.device = cfg.device  # resolved where the command line was read (training/cli.py)
         self.dtype = dtypes.as_dtype(cfg.dtype)
+        if self.device == "cpu":  # before the first parallel kernel fixes the pool
+            use_training_pool(cfg.dtype)
         self.options = ExecutionOptions.of(cfg)
         self.resume_state = None
         self.resumed_from = None  # the checkpoint folder a resumed run was loaded from

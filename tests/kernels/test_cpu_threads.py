@@ -300,3 +300,36 @@ def test_the_pool_changes_the_speed_never_the_bits():
         assert asked == used  # the pool asked for runs the kernels (or omp fell back, said so)
         found[used] = bits
     assert len(set(found.values())) == 1
+
+
+TRAINING_POOL_SCRIPT = """
+import os, sys
+from tinygrad_like.kernels.gemm.cpu import use_training_pool
+sys.stdout.write(use_training_pool(sys.argv[1]) + " " + str("GOMP_SPINCOUNT" in os.environ))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_a_training_step_takes_the_pool_of_whoever_runs_its_gemms(dtype):
+    """OpenMP's pool where the step's GEMMs are cpu_bf16.py's compiled loops (bf16 on a CPU with
+    the dot product), the workqueue where they are OpenBLAS's; libgomp's spin count is left to
+    its default for training, and no GOMP_SPINCOUNT is left behind for a later library."""
+    import subprocess
+    import sys
+
+    from tinygrad_like.kernels.gemm.cpu_bf16 import HAS_DOT
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("NUMBA_THREADING_LAYER", "GOMP_SPINCOUNT")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINING_POOL_SCRIPT, dtype],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    pool, spin_left = done.stdout.split()
+    compiled_gemms = HAS_DOT and dtype == "bf16"
+    assert pool in (("omp", "workqueue") if compiled_gemms else ("workqueue",))  # no libgomp: wq
+    assert spin_left == "False"

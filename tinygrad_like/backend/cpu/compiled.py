@@ -60,25 +60,32 @@ HANDOFF = {"workqueue": 1.0, "omp": 1 / 32}  # a parallel launch's cost, relativ
 _handoff = [HANDOFF.get(numba.config.THREADING_LAYER, 1.0)]
 
 
-def use_pool(name):
+def use_pool(name, spin=10_000):
     """Hand parallel kernels to `name`'s threads ("omp" or "workqueue") -> the layer in use.
     Call it before the first parallel kernel runs (the layer is fixed then; a later call changes
     nothing), and where NUMBA_THREADING_LAYER is not set; OpenMP where libgomp loads, else the
-    workqueue stays. Its threads spin GOMP_SPINCOUNT turns after a kernel (10,000 unless set),
-    then sleep: a decode's next kernel finds them awake, and an OpenBLAS call soon after does not
-    wait long for its cores (GPT-2 124M fp32 decode on 2 cores, OpenBLAS's GEMVs: 20.8 ms a
-    token with the workqueue, 24.2 at 10,000 turns, 46.1 at 100,000; int8, qmatmul's compiled
-    GEMVs: 11.1, 7.0 and 9.2 ms; AMD EPYC Zen 4, 2026-12-06)."""
+    workqueue stays. OpenMP's threads spin `spin` turns after a kernel, then sleep (None:
+    libgomp's own count; a GOMP_SPINCOUNT the user set wins either way): a decode's next kernel
+    finds them awake, and with few turns an OpenBLAS call soon after (a prompt's sgemm) does not
+    wait long for its cores. libgomp reads the count once, as it loads, for everything in the
+    process that uses it: PyTorch's OpenMP too where it shares the library (scripts/bench.py's
+    peers). Measured choices: docs/performance.md, "Which pool a step runs on"."""
     from numba.np.ufunc import parallel
 
     if parallel._is_initialized or "NUMBA_THREADING_LAYER" in os.environ:
         return numba.config.THREADING_LAYER
     if name == "omp":
-        os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # read by libgomp as it loads
+        # set for the moment libgomp loads: a process this one starts keeps its own default
+        ours = spin is not None and "GOMP_SPINCOUNT" not in os.environ
+        if ours:
+            os.environ["GOMP_SPINCOUNT"] = str(spin)
         try:
             from numba.np.ufunc import omppool  # noqa: F401 (loads libgomp)
         except ImportError:
             return numba.config.THREADING_LAYER
+        finally:
+            if ours:
+                del os.environ["GOMP_SPINCOUNT"]
     numba.config.THREADING_LAYER = name
     _handoff[0] = HANDOFF[name]
     return name
