@@ -33,23 +33,32 @@ def _splits(a, b, out, dtype):
 
 
 def _binary(ufunc):
-    """a (op) b with NumPy broadcasting; either side may be a Python scalar. A large a with a b
-    of its shape or one value (the residual adds, dW summed over the LM head's row blocks,
-    gradients scaled in place) runs in flat blocks, one per core."""
+    """a (op) b with NumPy broadcasting; either side may be a Python scalar; 2-byte operands
+    in fp32, the result rounded once. A large a with a b of its shape or one value (the
+    residual adds, dW summed over the LM head's row blocks, gradients scaled in place) runs in
+    flat blocks, one per core, each chunk's 2-byte operands widened (and its 2-byte result
+    rounded) in the cache: the bits of widening the whole arrays, one pass over memory."""
 
     def kernel(a, b, out=None):
         dtype = np.result_type(*[x.dtype for x in (a, b) if isinstance(x, np.ndarray)])
-        if dtype in (dtypes.float16, dtypes.bfloat16):
-            return rounded(np.asarray(ufunc(f32(a), f32(b))), dtype, out)
+        half = dtype in (dtypes.float16, dtypes.bfloat16)
         if not _splits(a, b, out, dtype):
+            if half:
+                return rounded(np.asarray(ufunc(f32(a), f32(b))), dtype, out)
             return np.asarray(ufunc(a, b, out=out))  # asarray: 0-d results stay arrays
         out = np.empty(a.shape, dtype) if out is None else out
         fa, fo = a.reshape(-1), out.reshape(-1)
         fb = b.reshape(-1) if isinstance(b, np.ndarray) else b  # (n,), (1,) or a scalar
         one = not isinstance(b, np.ndarray) or b.size == 1
-        in_parallel(
-            fa.size, lambda lo, hi: ufunc(fa[lo:hi], fb if one else fb[lo:hi], out=fo[lo:hi])
-        )
+
+        def chunk(lo, hi):
+            y = f32(fb if one else fb[lo:hi])
+            if half:
+                rounded(ufunc(f32(fa[lo:hi]), y), dtype, fo[lo:hi])
+            else:
+                ufunc(fa[lo:hi], y, out=fo[lo:hi])
+
+        in_parallel(fa.size, chunk)
         return out
 
     kernel.__name__ = ufunc.__name__
