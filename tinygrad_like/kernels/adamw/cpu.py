@@ -5,8 +5,10 @@ fused AdamW update over the flat fp32 buffers, in cache-sized chunks, one block 
 import numpy as np
 from numba import prange
 
+from ... import dtypes
 from ...backend.cpu.compiled import kernel, row_dot
-from ...backend.cpu.halves import f32
+from ...backend.cpu.halves import HALVES, f32, rounded
+from ...backend.cpu.runtime import in_parallel
 
 _NORM_PART = 1 << 18  # elements per partial sum of grad_norm_sq (1 MB of fp32)
 
@@ -24,13 +26,21 @@ def grad_norm_sq(grad):
     """Partial sums over fixed parts of _NORM_PART elements (adamw.cu's blocks), then the
     partials in order: the parts depend only on the size, so the sum is the same for any core
     count. inf/nan in the gradient make it non-finite, so the same number serves clipping and
-    the overflow check."""
-    g = np.ascontiguousarray(f32(grad))
-    # partial sums over fixed parts, then the partials in order: the parts depend only on the
-    # size, so the result is the same for any core count
-    partials = np.zeros(-(-g.shape[0] // _NORM_PART), dtype=g.dtype)
-    _sum_squares(g, partials)
-    return np.array([np.sum(partials)], dtype=g.dtype)
+    the overflow check. A 2-byte gradient is widened a part at a time, in the cache (the same
+    sums as widening it whole)."""
+    g = np.ascontiguousarray(grad).reshape(-1)
+    acc = dtypes.compute_dtype(g.dtype)
+    partials = np.zeros(-(-g.shape[0] // _NORM_PART), dtype=acc)
+    if g.dtype == acc:
+        _sum_squares(g, partials)
+    else:
+
+        def parts(lo, hi):  # each part's one partial, its kernel on this block's core
+            for p in range(lo, hi):
+                _sum_squares(f32(g[p * _NORM_PART : (p + 1) * _NORM_PART]), partials[p : p + 1])
+
+        in_parallel(partials.shape[0], parts, chunk_rows=1)
+    return np.array([np.sum(partials)], dtype=acc)
 
 
 @kernel
@@ -88,8 +98,20 @@ def adamw_step(master, grad, m, v, working, norm_sq, hyper):
         h.lr / bc1,
         1 / np.sqrt(bc2),
     )
-    # 2-byte gradients are widened first, and the working copy refreshed from master after
-    g = np.ascontiguousarray(f32(grad), dtype=master.dtype)
-    _adamw(master, g, m, v, h.n_decay if h.weight_decay else 0, *[acc(s) for s in scalars])
-    if working is not None:
-        working[...] = master
+    n_decay, scalars = h.n_decay if h.weight_decay else 0, [acc(s) for s in scalars]
+    if grad.dtype == master.dtype or grad.dtype not in HALVES:
+        _adamw(master, np.ascontiguousarray(grad, dtype=master.dtype), m, v, n_decay, *scalars)
+        if working is not None:
+            rounded(master, working.dtype, out=working)
+        return
+
+    # a 2-byte gradient: widened a chunk at a time, and that chunk's working copy rounded from
+    # master while it is in the cache, one pass over the buffers (each element's update is
+    # its own: the bits of widening the whole gradient first)
+    def chunk(lo, hi):
+        decayed = min(max(n_decay - lo, 0), hi - lo)  # the chunk's first elements decay
+        _adamw(master[lo:hi], f32(grad[lo:hi]), m[lo:hi], v[lo:hi], decayed, *scalars)
+        if working is not None:
+            rounded(master[lo:hi], working.dtype, out=working[lo:hi])
+
+    in_parallel(master.shape[0], chunk)
