@@ -72,3 +72,21 @@ def test_conversions_inside_a_block_of_in_parallel_run_on_its_core():
     runtime.in_parallel(8, body, chunk_rows=1, blocks=2)
     assert not runtime.in_block()
     assert out.tobytes() == x.astype(dtypes.bfloat16).tobytes()
+
+
+@pytest.mark.parametrize("ufunc", [np.add, np.subtract, np.multiply, np.divide])
+@pytest.mark.parametrize("one", [False, True], ids=["b of a's shape", "b one element"])
+def test_bf16_binary_gives_the_bits_of_widening_then_rounding(ufunc, one):
+    """halves.bf16_binary (elementwise's add, sub, mul and div of bf16s in one pass) against
+    both operands widened, ufunc in fp32, then rounded: every bf16 value against random ones,
+    infinities, NaNs, subnormals and zeros of both signs included, a divisor of 0 too."""
+    a = every(dtypes.bfloat16)
+    rng = np.random.default_rng(2)
+    b = rng.integers(0, 1 << 16, a.size if not one else 1, dtype=np.uint32).astype(np.uint16)
+    b = b.view(dtypes.bfloat16)
+    if not one:
+        b[:4] = np.array([0.0, -0.0, np.inf, np.nan], np.float32).astype(dtypes.bfloat16)
+    with np.errstate(all="ignore"):
+        want = ufunc(a.astype(np.float32), b.astype(np.float32)).astype(dtypes.bfloat16)
+        got = halves.bf16_binary(ufunc, a, b, np.empty(a.shape, dtypes.bfloat16))
+    assert got.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()

@@ -360,6 +360,16 @@ def f32_from_bits(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
+@intrinsic
+def bits_from_f32(typingctx, x):
+    """The uint32 bits of fp32 x (CUDA's __float_as_uint)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
 def _converts_half(context):
     """Whether the CPU Numba compiles for converts fp16 itself: x86 with F16C, or AArch64. On
     another CPU LLVM lowers fpext from half to a call to compiler-rt's __extendhfsf2, which

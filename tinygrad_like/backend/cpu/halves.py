@@ -26,7 +26,14 @@ from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from ... import dtypes
-from .compiled import _converts_half, f32_from_f16_bits, kernel
+from .compiled import (
+    _converts_half,
+    bits_from_f32,
+    device,
+    f32_from_bits,
+    f32_from_f16_bits,
+    kernel,
+)
 
 SMALL = 1 << 12  # fewer elements than this: NumPy's conversion
 HALVES = (np.dtype(dtypes.bfloat16), np.dtype(dtypes.float16))
@@ -51,17 +58,40 @@ def _bf16_widened(bits, out):
         out[i] = np.uint32(bits[i]) << np.uint32(16)
 
 
+@device
+def _bf16_bits(w):
+    """The bf16 bits of the fp32 whose bits are w (uint32): the top 16 after adding half an ulp
+    of bf16 less one, plus the kept last bit (ties to even); a NaN its sign's quiet NaN."""
+    if w & np.uint32(0x7FFFFFFF) > np.uint32(0x7F800000):
+        return np.uint16(((w >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0))
+    even = (w >> np.uint32(16)) & np.uint32(1)
+    return np.uint16((w + np.uint32(0x7FFF) + even) >> np.uint32(16))
+
+
 @kernel
 def _bf16_rounded(bits, out):
-    """out (n,) uint16: the bf16 bits of the fp32s whose bits are bits (n,) uint32: the top 16
-    after adding half an ulp of bf16 less one, plus the kept last bit (ties to even)."""
+    """out (n,) uint16: the bf16 bits of the fp32s whose bits are bits (n,) uint32."""
     for i in prange(bits.size):
-        w = np.uint32(bits[i])
-        if w & np.uint32(0x7FFFFFFF) > np.uint32(0x7F800000):  # NaN: its sign's quiet NaN
-            out[i] = np.uint16(((w >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0))
+        out[i] = _bf16_bits(np.uint32(bits[i]))
+
+
+@kernel
+def _bf16_binary(a, b, out, op):
+    """out (n,) = a (n,) (op) b (n,) or b (1,), all the bits of bf16s: each pair widened, added
+    (op 0), subtracted (1), multiplied (2) or divided (3) in fp32, the result rounded once."""
+    step = np.intp(b.size != 1)  # b's index: i, or 0 for all i
+    for i in prange(out.size):
+        x = f32_from_bits(np.int32(a[i]) << np.int32(16))
+        y = f32_from_bits(np.int32(b[i * step]) << np.int32(16))
+        if op == 0:
+            z = x + y
+        elif op == 1:
+            z = x - y
+        elif op == 2:
+            z = x * y
         else:
-            even = (w >> np.uint32(16)) & np.uint32(1)
-            out[i] = np.uint16((w + np.uint32(0x7FFF) + even) >> np.uint32(16))
+            z = x / y
+        out[i] = _bf16_bits(bits_from_f32(z))
 
 
 @kernel
@@ -114,6 +144,17 @@ def rounded(a, dtype, out=None):
     else:
         _f16_rounded(flat, into)
     return result
+
+
+_OPS = {np.add: 0, np.subtract: 1, np.multiply: 2, np.divide: 3}
+
+
+def bf16_binary(ufunc, a, b, out):
+    """out = ufunc(a, b) for bf16 a and b (of a's shape, or one element) into bf16 out, all
+    C-contiguous: one compiled pass, the bits of widening both, ufunc in fp32 and rounding."""
+    bits = lambda x: x.reshape(-1).view(np.uint16)  # noqa: E731
+    _bf16_binary(bits(a), bits(b), bits(out), _OPS[ufunc])
+    return out
 
 
 def converted(a, dtype):

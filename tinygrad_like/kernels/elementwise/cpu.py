@@ -8,7 +8,7 @@ core (runtime.in_parallel).
 import numpy as np
 
 from ... import dtypes
-from ...backend.cpu.halves import converted, f32, rounded
+from ...backend.cpu.halves import bf16_binary, converted, f32, rounded
 from ...backend.cpu.runtime import CHUNK, in_parallel
 from . import numba_source
 from .expr import TRANSCENDENTAL, device_kernels, evaluate
@@ -47,6 +47,8 @@ def _binary(ufunc):
                 return rounded(np.asarray(ufunc(f32(a), f32(b))), dtype, out)
             return np.asarray(ufunc(a, b, out=out))  # asarray: 0-d results stay arrays
         out = np.empty(a.shape, dtype) if out is None else out
+        if dtype == dtypes.bfloat16 and getattr(b, "dtype", None) == dtype == out.dtype:
+            return bf16_binary(ufunc, a, b, out)
         fa, fo = a.reshape(-1), out.reshape(-1)
         fb = b.reshape(-1) if isinstance(b, np.ndarray) else b  # (n,), (1,) or a scalar
         one = not isinstance(b, np.ndarray) or b.size == 1
