@@ -59,7 +59,7 @@ def _bf16_widened(bits, out):
 
 
 @device
-def _bf16_bits(w):
+def bf16_bits(w):
     """The bf16 bits of the fp32 whose bits are w (uint32): the top 16 after adding half an ulp
     of bf16 less one, plus the kept last bit (ties to even); a NaN its sign's quiet NaN."""
     if w & np.uint32(0x7FFFFFFF) > np.uint32(0x7F800000):
@@ -72,7 +72,7 @@ def _bf16_bits(w):
 def _bf16_rounded(bits, out):
     """out (n,) uint16: the bf16 bits of the fp32s whose bits are bits (n,) uint32."""
     for i in prange(bits.size):
-        out[i] = _bf16_bits(np.uint32(bits[i]))
+        out[i] = bf16_bits(np.uint32(bits[i]))
 
 
 @kernel
@@ -91,7 +91,7 @@ def _bf16_binary(a, b, out, op):
             z = x * y
         else:
             z = x / y
-        out[i] = _bf16_bits(bits_from_f32(z))
+        out[i] = bf16_bits(bits_from_f32(z))
 
 
 @kernel

@@ -6,8 +6,17 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import device, exp, kernel, row_dot, row_max, row_sum
-from ...backend.cpu.halves import f32, rounded
+from ...backend.cpu.compiled import (
+    bits_from_f32,
+    device,
+    exp,
+    f32_from_bits,
+    kernel,
+    row_dot,
+    row_max,
+    row_sum,
+)
+from ...backend.cpu.halves import bf16_bits, f32, rounded
 from .spec import check_targets
 
 
@@ -32,7 +41,8 @@ def softmax_causal_bwd(probs, dprobs, scale):
 # precompute design) runs cross_entropy_fwd_bwd instead: both in one pass, one exp per logit.
 # One row per prange iteration, as softmax.cu's block per row; the exps of a row are summed over
 # fixed lanes (compiled.row_sum), so the forward's and fwd_bwd's sums, and losses, are the same
-# bits. 2-byte logits are widened to fp32 a block of rows at a time, dlogits rounded once.
+# bits. 2-byte logits are widened to fp32 a row or a block of rows at a time, dlogits rounded
+# once.
 
 
 @device
@@ -46,45 +56,80 @@ def _exp_sum(x, shift, e, total):
     return row_sum(e) if total else e.dtype.type(0)
 
 
+@device
+def _ce_row(x, e, t, V, dloss, shift, forward, backward):
+    """One row of the cross-entropy: x (V,) its logits, e (V,) where its exps and then its
+    dlogits go (x itself to work in place), t its target (< 0: ignored), shift its lse (the
+    backward alone) -> (loss, lse), 0 where not asked for. Forward only: the loss and the
+    lse; backward only: dlogits from shift; both: the loss and dlogits from one exp per logit
+    (e / s is the softmax)."""
+    A = x.dtype.type
+    m, picked = A(0), A(0)
+    if forward:
+        m = row_max(x)
+        picked = x[max(t, 0)]  # both read before the exps overwrite x (in place)
+        shift = m
+    s = _exp_sum(x, shift, e, forward)
+    coef = dloss if t >= 0 else A(0)
+    loss, lse = A(0), A(0)
+    if forward:
+        lse = np.log(s) + m
+        loss = lse - picked if t >= 0 else A(0)
+        coef = coef / s
+    if backward:
+        for c in range(V):
+            e[c] *= coef
+        if t >= 0:
+            e[t] -= dloss  # minus the one-hot target
+    return loss, lse
+
+
 @kernel
 def _ce(logits, targets, V, dloss, lse_in, losses, lse_out, dlogits, forward, backward, in_place):
-    # forward only: losses, lse_out; backward only: dlogits from lse_in; both: losses and
-    # dlogits from one exp per logit (e / s is the softmax). logits (N, Vp), the first V read;
-    # in_place: dlogits is logits.
+    # _ce_row over the rows of logits (N, Vp), the first V read; in_place: dlogits is logits.
+    # Each call site names its own e, so that the in-place one passes x itself (_exp_sum).
     A = logits.dtype.type
     for row in prange(logits.shape[0]):
         x, t = logits[row, :V], targets[row]
-        d = dloss if t >= 0 else A(0)
-        m, picked, shift = A(0), A(0), lse_in[row]  # backward only: softmax from the lse
-        if forward:
-            m = row_max(x)
-            picked = x[max(t, 0)]  # both read before the exps overwrite x (in place)
-            shift = m
         if in_place:
-            s = _exp_sum(x, shift, x, forward)
+            loss, lse = _ce_row(x, x, t, V, dloss, lse_in[row], forward, backward)
         elif backward:
-            s = _exp_sum(x, shift, dlogits[row, :V], forward)
+            loss, lse = _ce_row(x, dlogits[row, :V], t, V, dloss, lse_in[row], forward, backward)
         else:
-            s = _exp_sum(x, shift, np.empty(V, A), forward)
-        coef = d
+            loss, lse = _ce_row(x, np.empty(V, A), t, V, dloss, lse_in[row], forward, backward)
         if forward:
-            lse = np.log(s) + m
-            losses[row] = lse - picked if t >= 0 else A(0)
-            lse_out[row] = lse
-            coef = d / s
+            losses[row], lse_out[row] = loss, lse
         if backward:
-            e = dlogits[row, :V]
-            for c in range(V):
-                e[c] *= coef
-            if t >= 0:
-                e[t] -= dloss  # minus the one-hot target
             dlogits[row, V:] = 0  # no gradient to padding
 
 
-# 2-byte logits are widened to fp32 this many rows at a time (13 MB at Vp = 50,304: in the last
-# level cache while its exps are taken and its dlogits rounded back), never all N rows at
-# once; fp32 logits are read where they are, every row in one launch.
+# Other 2-byte logits (fp16, or bf16 into fp32 dlogits) are widened to fp32 this many rows at
+# a time (13 MB at Vp = 50,304), never all N rows at once; fp32 logits are read where they
+# are, every row in one launch; bf16 logits into bf16 dlogits a row at a time (_ce_bf16).
 _WIDEN_ROWS = 64
+_BF16_ROWS = 8  # rows of bf16 logits per prange iteration, one scratch row (Vp fp32) for all
+
+
+@kernel
+def _ce_bf16(bits, targets, V, dloss, lse_in, losses, lse_out, dbits, forward, backward):
+    # _ce_row over bf16 logits, their bits (N, Vp) uint16, dlogits' bits into dbits (N, Vp)
+    # uint16 when backward: each row widened into an fp32 scratch row (in the core's cache),
+    # worked in place there and rounded back, one pass over the bf16 arrays; the bits of
+    # widening the logits, _ce in place, and rounding dlogits.
+    N, Vp = bits.shape
+    for block in prange((N + _BF16_ROWS - 1) // _BF16_ROWS):
+        x = np.empty(Vp, np.float32)
+        for row in range(block * _BF16_ROWS, min(block * _BF16_ROWS + _BF16_ROWS, N)):
+            for c in range(Vp):
+                x[c] = f32_from_bits(np.int32(bits[row, c]) << np.int32(16))
+            xs = x[:V]
+            loss, lse = _ce_row(xs, xs, targets[row], V, dloss, lse_in[row], forward, backward)
+            if forward:
+                losses[row], lse_out[row] = loss, lse
+            if backward:
+                x[V:] = 0  # no gradient to padding
+                for c in range(Vp):
+                    dbits[row, c] = bf16_bits(bits_from_f32(x[c]))
 
 
 def _cross_entropy(
@@ -106,6 +151,13 @@ def _cross_entropy(
         _ce(x, targets, V, d, lse_in, losses, lse_out, dl, forward, backward, dl is x)
         return losses, lse_out, dl if backward else None
     dl = None if not backward else out if out is not None else np.empty((N, Vp), logits.dtype)
+    if logits.dtype == dtypes.bfloat16 and (
+        dl is None or (dl.dtype == logits.dtype and dl.flags.c_contiguous)
+    ):
+        bits = np.ascontiguousarray(logits).view(np.uint16)
+        dbits = np.empty((0, Vp), np.uint16) if dl is None else dl.view(np.uint16)
+        _ce_bf16(bits, targets, V, d, lse_in, losses, lse_out, dbits, forward, backward)
+        return losses, lse_out, dl
     for lo in range(0, N, _WIDEN_ROWS):
         rows = slice(lo, min(lo + _WIDEN_ROWS, N))
         x = f32(logits[rows])  # (rows, Vp) fp32, its dlogits written over it
