@@ -246,7 +246,7 @@ def run(args, results, log=print):
     torch = None if args.no_torch else import_torch(args.device, args.dtype, log)
     if args.device == "cpu" and not args.no_train:
         # as examples/train_gpt2.py trains in this dtype; after torch has loaded: where both
-        # use the one libgomp and Numba's pool loaded it first, PyTorch's step ran 1.5-6x slower
+        # use the one libgomp and Numba's pool loaded it first, PyTorch's step ran 2-7x slower
         use_training_pool(args.dtype)
     transformers = None if (args.no_hf or torch is None) else hf_generate.import_transformers()
     if torch is not None and transformers is None and not args.no_hf:
