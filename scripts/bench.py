@@ -79,7 +79,7 @@ from accounting.measure import random_batch
 from accounting.tables import table
 from nn import GPT2Config
 from tinygrad_like import backend, peaks
-from tinygrad_like.kernels.gemm.cpu import use_training_pool
+from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 from tinygrad_like.profiler import format_census
 from training.args import (
     ArgumentParser,

@@ -33,7 +33,7 @@ from optim import AdamW, LossScaler
 from optim import step as optim_step
 from tinygrad_like import backend, peaks
 from tinygrad_like.backend.cpu.compiled import use_pool
-from tinygrad_like.kernels.gemm.cpu import use_training_pool
+from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 from training.args import ArgumentParser, user_errors
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "fp4_e2m1")

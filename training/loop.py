@@ -32,7 +32,7 @@ from tinygrad_like.distributed import (
     say_past_the_launcher,
 )
 from tinygrad_like.files import atomic_write, file_sha256
-from tinygrad_like.kernels.gemm.cpu import use_training_pool
+from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
 from . import checkpoint

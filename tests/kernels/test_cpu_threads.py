@@ -304,7 +304,7 @@ def test_the_pool_changes_the_speed_never_the_bits():
 
 TRAINING_POOL_SCRIPT = """
 import os, sys
-from tinygrad_like.kernels.gemm.cpu import use_training_pool
+from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 sys.stdout.write(use_training_pool(sys.argv[1]) + " " + str("GOMP_SPINCOUNT" in os.environ))
 """
 

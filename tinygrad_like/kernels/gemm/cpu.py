@@ -29,10 +29,9 @@ import math
 
 import numpy as np
 
-from ...backend.cpu.compiled import use_pool
 from ...backend.cpu.halves import f32, rounded
 from ...backend.cpu.runtime import BLAS_QUIET, THREADS, in_parallel, one_blas_thread
-from ...dtypes import as_dtype, bfloat16
+from ...dtypes import bfloat16
 from ..elementwise import cpu as elementwise
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.cpu import cast as elementwise_cast
@@ -68,18 +67,6 @@ def _gemm(a, b, bias=None):
     if bias is not None:
         c += f32(bias)
     return c
-
-
-def use_training_pool(dtype):
-    """Hand a training step's parallel kernels to the pool that suits who runs its GEMMs
-    (backend/cpu/compiled.py use_pool) -> the pool. OpenMP's where they are cpu_bf16.py's
-    compiled loops (bf16 where the CPU has the dot product): each of the step's launches then
-    finds its threads awake, which spin libgomp's own count. Numba's workqueue where they are
-    OpenBLAS's (fp32, 2-byte inputs widened): its threads sleep at once and leave the cores to
-    OpenBLAS's. Measured both ways: docs/performance.md, "Which pool a step runs on"."""
-    if HAS_DOT and as_dtype(dtype) == bfloat16:
-        return use_pool("omp", spin=None)
-    return use_pool("workqueue")
 
 
 def _bf16_gemm(a, b):

@@ -36,10 +36,10 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ...backend.cpu.compiled import device, kernel
+from ...backend.cpu.compiled import device, kernel, use_pool
 from ...backend.cpu.emit import F32, I32, I64, Emit, cpu_has, splat
 from ...backend.cpu.runtime import THREADS
-from ...dtypes import bfloat16
+from ...dtypes import as_dtype, bfloat16
 
 I16, ONE = ir.IntType(16), ir.Constant(I64, 1)
 MR, NR = 8, 32  # a tile: rows of A by columns of B (two registers of 16 fp32 sums)
@@ -298,3 +298,16 @@ def matmul_bf16(a, b, flip=None):
     parts = min(-(-a.shape[0] // MR), -(-4 * THREADS // -(-b.shape[1] // NR)))  # 4 a core
     _GEMM[rows_b](pairs, b_tiles, c, parts, flip)
     return c
+
+
+def use_training_pool(dtype):
+    """Hand a training step's parallel kernels to the pool that suits who runs its GEMMs
+    (backend/cpu/compiled.py use_pool) -> the pool. OpenMP's where they are this module's
+    compiled loops (bf16 where the CPU has the dot product: cpu.py routes them here): each of
+    the step's launches then finds its threads awake, which spin libgomp's own count. Numba's
+    workqueue where they are OpenBLAS's (fp32, 2-byte inputs widened): its threads sleep at
+    once and leave the cores to OpenBLAS's. Measured both ways: docs/performance.md, "Which
+    pool a step runs on"."""
+    if HAS_DOT and as_dtype(dtype) == bfloat16:
+        return use_pool("omp", spin=None)
+    return use_pool("workqueue")
