@@ -105,9 +105,12 @@ LANES = 16  # the accumulators of a row sum: one AVX-512 register of fp32, two o
 
 
 # Below this many elements of its first argument a kernel runs on one core: a parallel launch
-# costs about 110 µs of thread dispatch (measured: layernorm_fwd of one 128-wide row, 110 µs
-# parallel against 0.9 µs serial), more than a decode step's rows take to compute.
-SERIAL_BELOW = 1 << 15
+# costs about 110 µs of the workqueue's thread dispatch (measured: layernorm_fwd of one
+# 128-wide row, 110 µs parallel against 0.9 µs serial), so a kernel goes parallel from about
+# twice that in work at a nanosecond or so an element (gpt2-mini's 1024 x 128 layernorms, adds
+# and fills had been slower on two cores than on one: docs/performance.md, "Which pool a step
+# runs on"); OpenMP's hand-off is HANDOFF's fraction of it.
+SERIAL_BELOW = 1 << 18
 
 
 def _jit(fn, parallel, fastmath=False):
