@@ -244,7 +244,7 @@ def run(args, results, log=print):
     # the peak first: measured (on a machine with no cache yet) before --threads limits BLAS
     peak, peak_name = mfu.device_peak(args.device, args.dtype)
     torch = None if args.no_torch else import_torch(args.device, args.dtype, log)
-    if args.device == "cpu" and not args.no_train:
+    if not backend.get(args.device).GPU and not args.no_train:  # the CPU (meta is refused)
         # as examples/train_gpt2.py trains in this dtype; after torch has loaded: where both
         # use the one libgomp and Numba's pool loaded it first, PyTorch's step ran 2-7x slower
         use_training_pool(args.dtype)

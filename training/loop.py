@@ -95,7 +95,8 @@ class Trainer:
         self.rank0 = self.comm.rank == 0
         self.device = cfg.device  # resolved where the command line was read (training/cli.py)
         self.dtype = dtypes.as_dtype(cfg.dtype)
-        if self.device == "cpu":  # before the first parallel kernel fixes the pool
+        be = backend.get(self.device)
+        if be.HOLDS_VALUES and not be.GPU:  # the CPU: before its first kernel fixes the pool
             use_training_pool(cfg.dtype)
         self.options = ExecutionOptions.of(cfg)
         self.resume_state = None
