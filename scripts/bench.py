@@ -79,7 +79,6 @@ from accounting.measure import random_batch
 from accounting.tables import table
 from nn import GPT2Config
 from tinygrad_like import backend, peaks
-from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 from tinygrad_like.profiler import format_census
 from training.args import (
     ArgumentParser,
@@ -244,15 +243,21 @@ def run(args, results, log=print):
     # the peak first: measured (on a machine with no cache yet) before --threads limits BLAS
     peak, peak_name = mfu.device_peak(args.device, args.dtype)
     torch = None if args.no_torch else import_torch(args.device, args.dtype, log)
-    if not backend.get(args.device).GPU and not args.no_train:  # the CPU (meta is refused)
-        # as examples/train_gpt2.py trains in this dtype; after torch has loaded: where both
-        # use the one libgomp and Numba's pool loaded it first, PyTorch's step ran 2-7x slower
-        use_training_pool(args.dtype)
     transformers = None if (args.no_hf or torch is None) else hf_generate.import_transformers()
     if torch is not None and transformers is None and not args.no_hf:
         log("transformers not installed: Hugging Face generate skipped (pip install transformers)")
     machine.set_threads(args.threads, torch)
     config = GPT2Config.from_preset(args.model)
+    model, opt, scaler = build_ours(
+        config,
+        args.device,
+        args.dtype,
+        args.seed,
+        args.lr,
+        args.weight_decay,
+        args.grad_clip,
+        **options_from_args(args),
+    )  # before the environment: it picks the pool the environment names
     env = machine.environment_info(torch, args.device)
     results.update(
         args=vars(args),
@@ -270,16 +275,6 @@ def run(args, results, log=print):
             "GFLOP/s (for reference; MFU always divides by NumPy's)"
         )
 
-    model, opt, scaler = build_ours(
-        config,
-        args.device,
-        args.dtype,
-        args.seed,
-        args.lr,
-        args.weight_decay,
-        args.grad_clip,
-        **options_from_args(args),
-    )
     n_params = model.num_parameters()
     B, T = args.batch_size, args.seq_len
     fpt = config.flops_per_token(T)

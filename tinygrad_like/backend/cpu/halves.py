@@ -126,17 +126,21 @@ def f32(a):
 
 
 def rounded(a, dtype, out=None):
-    """Round a computed result once to the output dtype (into out when given)."""
+    """Round a computed result once to the output dtype (into out when given). A value past the
+    format's range becomes inf on every path, without NumPy's warning (an fp16 step's overflow
+    is what its loss scaler looks for)."""
     dtype = np.dtype(dtype)
     fast = a.dtype == np.float32 and dtype in HALVES and a.size >= SMALL
     fast = fast and (dtype == dtypes.bfloat16 or _HARDWARE_HALF)
     if out is not None and not (
         fast and out.dtype == dtype and out.flags.c_contiguous and out.shape == a.shape
     ):
-        out[...] = a
+        with np.errstate(over="ignore"):
+            out[...] = a
         return out
     if not fast:
-        return a if a.dtype == dtype else a.astype(dtype)
+        with np.errstate(over="ignore"):
+            return a if a.dtype == dtype else a.astype(dtype)
     result = np.empty(a.shape, dtype) if out is None else out
     flat, into = np.ascontiguousarray(a).reshape(-1), result.reshape(-1).view(np.uint16)
     if dtype == dtypes.bfloat16:
