@@ -259,6 +259,21 @@ def test_flash_attention_split_over_heads_matches_one_block(rng, monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
+def _in_a_fresh_process(script, arg):
+    """script's stdout, run with arg by a new Python whose pool no kernel has fixed yet, without
+    this one's NUMBA_THREADING_LAYER or GOMP_SPINCOUNT."""
+    import subprocess
+    import sys
+
+    unset = ("NUMBA_THREADING_LAYER", "GOMP_SPINCOUNT")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    run = subprocess.run(
+        [sys.executable, "-c", script, arg], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
 POOL_SCRIPT = """
 import sys
 import numpy as np
@@ -283,20 +298,9 @@ def test_the_pool_changes_the_speed_never_the_bits():
     """compiled.use_pool picks the threads a parallel kernel is handed to, once per process:
     OpenMP's (a decode's cheap hand-off, where libgomp loads) or Numba's workqueue (the
     default); the kernels give the same bits on either."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
     found = {}
     for pool in ("workqueue", "omp"):
-        done = subprocess.run(
-            [sys.executable, "-c", POOL_SCRIPT, pool],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        )
-        asked, used, bits = done.stdout.split()
+        asked, used, bits = _in_a_fresh_process(POOL_SCRIPT, pool).split()
         assert asked == used  # the pool asked for runs the kernels (or omp fell back, said so)
         found[used] = bits
     assert len(set(found.values())) == 1
@@ -314,22 +318,9 @@ def test_a_training_step_takes_the_pool_of_whoever_runs_its_gemms(dtype):
     """OpenMP's pool where the step's GEMMs are cpu_bf16.py's compiled loops (bf16 on a CPU with
     the dot product), the workqueue where they are OpenBLAS's; libgomp's spin count is left to
     its default for training, and no GOMP_SPINCOUNT is left behind for a later library."""
-    import subprocess
-    import sys
-
     from tinygrad_like.kernels.gemm.cpu_bf16 import HAS_DOT
 
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("NUMBA_THREADING_LAYER", "GOMP_SPINCOUNT")
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", TRAINING_POOL_SCRIPT, dtype],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    pool, spin_left = done.stdout.split()
+    pool, spin_left = _in_a_fresh_process(TRAINING_POOL_SCRIPT, dtype).split()
     compiled_gemms = HAS_DOT and dtype == "bf16"
     assert pool in (("omp", "workqueue") if compiled_gemms else ("workqueue",))  # no libgomp: wq
     assert spin_left == "False"
