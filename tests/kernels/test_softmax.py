@@ -275,6 +275,25 @@ def test_fwd_bwd_in_place_is_the_copys_bits(device, dtype, N, V, Vp):
         assert device.to_numpy(a).tobytes() == device.to_numpy(b).tobytes()
 
 
+@pytest.mark.parametrize("N,V,Vp", [(33, 50257, 50304), (9, 50, 64)], ids=label)
+def test_cpu_bf16_cross_entropy_a_row_at_a_time_is_the_widened_logits_bits(N, V, Vp):
+    """bf16 logits into bf16 dlogits run a row at a time (softmax/cpu.py's _ce_bf16): the bits of
+    widening the logits, the fp32 kernel, then rounding dlogits, for the forward, the backward
+    and both in one pass (padding columns, ignored targets)."""
+    _, logits, targets = padded(BF16, N, V, Vp)
+    wide, dloss = f64(logits).astype(F32), np.array([0.25], F32)
+    got_losses, got_lse = cpu.cross_entropy_fwd(logits, targets, V)
+    want_losses, want_lse = cpu.cross_entropy_fwd(wide, targets, V)
+    assert got_losses.tobytes() == want_losses.tobytes() and got_lse.tobytes() == want_lse.tobytes()
+    got = cpu.cross_entropy_bwd(logits, got_lse, targets, dloss, V)
+    want = cpu.cross_entropy_bwd(wide, want_lse, targets, dloss, V).astype(BF16)
+    assert got.dtype == BF16 and got.tobytes() == want.tobytes()
+    got = cpu.cross_entropy_fwd_bwd(logits, targets, dloss, V)
+    want = cpu.cross_entropy_fwd_bwd(wide, targets, dloss, V)
+    assert got[0].tobytes() == want[0].tobytes()
+    assert got[1].tobytes() == want[1].astype(BF16).tobytes()
+
+
 def test_cpu_half_rows_widened_in_blocks_match_one_block(monkeypatch):
     """2-byte scores are widened a block of whole (Tq, Tk) matrices at a time (the causal rule
     reads row % Tq): blocks of 3 matrices give the bits of one block of all 12."""
