@@ -559,3 +559,18 @@ def test_cpu_swiglu_saturates_without_nan():
     dg, du = cpu.swiglu_bwd(g, np.ones_like(g), np.ones_like(g))
     assert np.isfinite(y).all() and np.isfinite(dg).all() and np.isfinite(du).all()
     np.testing.assert_array_equal(y[[0, 2, 4]], [0.0, 0.0, 1000.0])
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=dtypes.name)
+@pytest.mark.parametrize("shape", [(1024, 768), (3, 70000), (24581, 7), (1, 9000), (0, 7), (5, 3)])
+def test_cpu_sum_of_half_columns_is_numpys(dtype, shape):
+    """A 2-byte matrix's columns (a bias's gradient) summed by elementwise/cpu.py's
+    _column_sums: the bits of NumPy's fp32 sum rounded, infinities, NaN and zeros of both signs
+    included, keepdims too."""
+    a = (np.random.default_rng(3).standard_normal(shape, dtype=F32) * 10).astype(dtype)
+    if shape == (5, 3):
+        a[:, 0], a[0, 1], a[:, 2], a[3, 2] = np.inf, np.nan, -0.0, 0.0
+    want = np.asarray(np.sum(a, axis=0, dtype=F32)).astype(dtype)
+    assert cpu.sum(a, axis=0).tobytes() == want.tobytes()
+    kept = cpu.sum(a, axis=0, keepdims=True)
+    assert kept.shape == (1, shape[1]) and kept.tobytes() == want.tobytes()

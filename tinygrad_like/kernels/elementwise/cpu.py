@@ -6,9 +6,11 @@ core (runtime.in_parallel).
 """
 
 import numpy as np
+from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.halves import bf16_binary, converted, f32, rounded
+from ...backend.cpu.compiled import f32_from_bits, f32_from_f16_bits, kernel
+from ...backend.cpu.halves import HALVES, bf16_binary, converted, f32, rounded
 from ...backend.cpu.runtime import CHUNK, in_parallel
 from . import numba_source
 from .expr import TRANSCENDENTAL, device_kernels, evaluate
@@ -184,10 +186,41 @@ _add = add  # sum's epilogue, whose add= parameter hides the kernel's name
 
 def sum(a, axis=None, keepdims=False, add=None, out=None):
     """NumPy's sum with an fp32 (fp64 for fp64) accumulator, rounded to a's dtype; then
-    add(add, sum) [into out], the unfused add's bits."""
-    total = np.sum(a, axis=axis, keepdims=keepdims, dtype=dtypes.compute_dtype(a.dtype))
-    total = rounded(np.asarray(total), a.dtype)
+    add(add, sum) [into out], the unfused add's bits. The columns of a 2-byte (N, C >= 2)
+    matrix (a bias's gradient) by _column_sums, whose order is NumPy's there: NumPy converts a
+    2-byte array an element at a time as it sums."""
+    acc = dtypes.compute_dtype(a.dtype)
+    if a.dtype in HALVES and a.ndim == 2 and axis in (0, (0,)) and a.shape[1] >= 2:
+        total = np.empty(a.shape[1], acc)
+        _column_sums(np.ascontiguousarray(a).view(np.uint16), a.dtype == dtypes.bfloat16, total)
+        total = total.reshape(1, -1) if keepdims else total
+    else:
+        total = np.asarray(np.sum(a, axis=axis, keepdims=keepdims, dtype=acc))
+    total = rounded(total, a.dtype)
     return total if add is None else _add(add, total, out=out)
+
+
+@kernel(work=lambda bits, bf16, total: bits.size)
+def _column_sums(bits, bf16, total):
+    # total (C,) fp32 = the sum over the rows of the 2-byte (N, C) matrix whose bits are bits,
+    # each column from 0 in row order, as NumPy's axis-0 reduction adds a 2-byte array into an
+    # fp32 sum (a column of -0 sums to +0), a block of columns per iteration, widened as read
+    N, C = bits.shape
+    for block in prange((C + _COLUMNS - 1) // _COLUMNS):
+        lo, hi = block * _COLUMNS, min(block * _COLUMNS + _COLUMNS, C)
+        total[lo:hi] = 0
+        for i in range(N):
+            row = bits[i, lo:hi]
+            sums = total[lo:hi]
+            if bf16:  # a loop of its own for each format, so that LLVM vectorizes both
+                for j in range(row.shape[0]):
+                    sums[j] += f32_from_bits(np.int32(row[j]) << np.int32(16))
+            else:
+                for j in range(row.shape[0]):
+                    sums[j] += f32_from_f16_bits(np.int32(row[j]))
+
+
+_COLUMNS = 256  # columns of _column_sums per prange iteration: 1 KB of sums
 
 
 def _elementwise(x, *others, body):
