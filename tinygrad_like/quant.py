@@ -79,9 +79,13 @@ class QuantizedWeight(PaddedRows):
 ACTIVATIONS = ("fp32", "int8", "bf16")  # how a quantized GEMM meets x (QuantizedWeight's)
 
 
-def check_bf16_activations(fmt):
-    """A ValueError unless weights of format fmt can meet bf16 activations: bf16 ones only."""
-    if fmt != "bf16":
+def _check_weights_meet(activations, fmt, group_size):
+    """A ValueError where weights of format fmt (group size group_size, None: not known yet)
+    have no path for activations: int8 needs int8 or int4 weights in whole blocks of 32
+    (check_int8_activations), bf16 needs bf16 weights."""
+    if activations == "int8":
+        check_int8_activations(fmt, group_size)
+    if activations == "bf16" and fmt != "bf16":
         raise ValueError(f"bf16 activations need bf16 weights, not {fmt}: use fp32 activations")
 
 
@@ -90,10 +94,7 @@ def check_activations(qw, activations):
     int8 needs an int8 or int4 weight whose group size is a multiple of 32; bf16 a bf16 one."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: use one of {', '.join(ACTIVATIONS)}")
-    if activations == "int8":
-        check_int8_activations(qw.fmt, qw.group_size)
-    if activations == "bf16":
-        check_bf16_activations(qw.fmt)
+    _check_weights_meet(activations, qw.fmt, qw.group_size)
 
 
 def split_format(name):
@@ -106,10 +107,7 @@ def split_format(name):
         get_format(weights)
     if activations not in ACTIVATIONS:
         raise ValueError(f"{name}: activations {activations!r}: use one of {ACTIVATIONS}")
-    if activations == "int8":
-        check_int8_activations(weights, None)
-    if activations == "bf16":
-        check_bf16_activations(weights)
+    _check_weights_meet(activations, weights, None)
     return weights, activations
 
 
