@@ -16,7 +16,7 @@ while it lives.
 """
 
 from nn import LlamaConfig
-from tinygrad_like import backend
+from tinygrad_like import backend, gemm_library
 from tinygrad_like.distributed import sent_bytes
 from tinygrad_like.memory import PERSISTENT
 from tinygrad_like.profiler import GEMMS, PHASES, format_census
@@ -137,8 +137,9 @@ def format_report(m: Measurement, budget_bytes=None, counts_only=False) -> str:
         note = "meta device: the step was counted, not run; no times, no census by time"
         return "\n\n".join([head] + sections + [f"-- ({note})"])
     peaks = m.machine  # read once for the whole report (and raised by its GEMMs, if they beat it)
-    if not be.GPU:  # Numba's first calls; a GPU's (NVRTC's) compiles are not counted
+    if not be.GPU:  # Numba's first calls (a GPU's, NVRTC's, are not counted); the BLAS
         sections.append("-- " + m.compiles.describe())
+        sections.append("-- " + gemm_library.in_use().describe())
     sections += [
         "-- " + peaks.describe() + (f"\n  {m.peak_note}" if m.peak_note else ""),
         format_census(

@@ -256,8 +256,9 @@ def run(args, results, log=print):
         args.lr,
         args.weight_decay,
         args.grad_clip,
+        (args.batch_size, args.seq_len),
         **options_from_args(args),
-    )  # before the environment: it picks the pool the environment names
+    )  # before the environment: it picks the pool and the GEMM library the environment names
     env = machine.environment_info(torch, args.device)
     results.update(
         args=vars(args),

@@ -11,7 +11,8 @@ The libraries, each on all the usable cores:
              cut in two halves on two cores);
   np.matmul  NumPy's OpenBLAS called directly, the operands as the step lays them out;
   MKL        cblas_sgemm of the `mkl` wheel's libmkl_rt through ctypes (--mkl PATH, or the
-             wheel installed beside NumPy);
+             wheel installed beside NumPy), set up as the kernels run it (cpu_blas.load_mkl:
+             reproducible mode, threads asleep when idle);
   BLIS       blis.py.gemm of the `blis` wheel (one thread: the wheel is built without
              threads).
 The head's dW over the blocks: ours (matmul_tn, then an add into the sum, as losses.py does) against
@@ -28,12 +29,12 @@ figure is the best round, its percentage of the peak's best sample, and the spre
 median round's time over the best's, per library.
 
     python scripts/bench_gemm.py [--models gpt2-mini,gpt2] [--rounds 5] [--mkl PATH]
+    (in fp32 it ends with the library the trainer would choose for each model's step)
     python scripts/bench_gemm.py --dtype bf16
     taskset -c 0 python scripts/bench_gemm.py    # one core
 """
 
 import ctypes
-import importlib.metadata
 import math
 import os
 import statistics
@@ -45,9 +46,9 @@ import numpy as np
 
 from accounting.tables import table
 from nn.config import PRESETS
-from tinygrad_like import dtypes, kernels, losses, peaks
+from tinygrad_like import dtypes, gemm_library, kernels, peaks
 from tinygrad_like.backend.cpu import halves, runtime
-from tinygrad_like.kernels.gemm import cpu_accumulate
+from tinygrad_like.kernels.gemm import cpu_blas
 from training.args import ArgumentParser, user_errors
 
 cpu = kernels.on("cpu")  # our GEMMs, uncounted
@@ -67,58 +68,18 @@ def dims(kind, a, b):
 
 
 def step_gemms(name):
-    """[(label, kind, a's shape, b's shape, calls per step)] of one preset's training step."""
-    config = PRESETS[name]
-    B, T = STEP[name]
-    tokens, C, L = B * T, config.n_embd, config.n_layer
-    rows, Vp = losses.HEAD_BLOCK_ROWS, config.padded_vocab_size
-    gemms = []
-    for layer, (k, n) in {
-        "qkv": (C, 3 * C),
-        "attn proj": (C, C),
-        "fc": (C, 4 * C),
-        "mlp proj": (4 * C, C),
-    }.items():
-        gemms += [
-            (f"{layer} X W", "nn", (tokens, k), (k, n), L),
-            (f"{layer} dX", "nt", (tokens, n), (k, n), L),
-            (f"{layer} dW", "tn", (tokens, k), (tokens, n), L),
-        ]
-    blocks = -(-tokens // rows)
-    gemms += [
-        ("head logits", "nt", (rows, C), (Vp, C), blocks),
-        ("head dX", "nn", (rows, Vp), (Vp, C), blocks),
-        ("head dW", "tn", (rows, Vp), (rows, C), blocks),
-    ]
-    return [(f"{name} {label}", kind, a, b, n) for label, kind, a, b, n in gemms]
+    """[(label, kind, a's shape, b's shape, calls per step)] of one preset's training step
+    (gemm_library.step_gemms, the rows gemm_library.py chooses a BLAS by)."""
+    rows = gemm_library.step_gemms(PRESETS[name], *STEP[name])
+    return [(f"{name} {label}", *rest) for label, *rest in rows]
 
 
 # ---------------------------------------------------------------- the libraries
 
 
-def find_mkl(path):
-    """libmkl_rt through ctypes (from path, or the `mkl` wheel's files), its threads set to the
-    usable cores; None without it."""
-    if path is None:
-        try:
-            files = importlib.metadata.files("mkl") or []
-        except importlib.metadata.PackageNotFoundError:
-            return None
-        found = [f.locate() for f in files if os.path.basename(str(f)).startswith("libmkl_rt.so")]
-        if not found:
-            return None
-        path = str(found[0])
-    # its OpenMP threads sleep as soon as a call ends, as OpenBLAS's do here (runtime.BLAS_QUIET),
-    # rather than spinning on the cores the next library's timing runs on
-    os.environ.setdefault("KMP_BLOCKTIME", "0")
-    lib = ctypes.CDLL(path)
-    lib.MKL_Set_Num_Threads(peaks.usable_cores())
-    return lib
-
-
 def by_kind(sgemm):
     """gemm(kind, a, b, out, beta) = op(a) op(b) + beta out over the kernels' sgemm(a, b, out,
-    beta) (kernels/gemm/cpu_accumulate.py), the operands as the step lays them out, transposed
+    beta) (kernels/gemm/cpu_blas.py), the operands as the step lays them out, transposed
     where the kind says."""
     return lambda kind, a, b, out, beta=0.0: sgemm(
         a.T if kind == "tn" else a, b.T if kind == "nt" else b, out, beta
@@ -128,12 +89,13 @@ def by_kind(sgemm):
 def cblas_sgemm(function, index):
     """A library's ctypes cblas_sgemm (its ints `index`: c_int, or c_int64 for an ILP64 BLAS) as
     by_kind's gemm."""
-    return by_kind(cpu_accumulate.cblas_sgemm(function, index))
+    return by_kind(cpu_blas.cblas_sgemm(function, index))
 
 
 def openblas_sgemm():
-    """NumPy's OpenBLAS's own cblas_sgemm, the kernels' (cpu_accumulate.SGEMM), or None."""
-    return by_kind(cpu_accumulate.SGEMM) if cpu_accumulate.SGEMM is not None else None
+    """NumPy's OpenBLAS's own cblas_sgemm, the kernels' (cpu_blas.OPENBLAS_SGEMM), or None."""
+    sgemm = cpu_blas.OPENBLAS_SGEMM
+    return by_kind(sgemm) if sgemm is not None else None
 
 
 def blis_sgemm():
@@ -264,7 +226,7 @@ def main(argv=None):
             )
         if args.mkl is not None and not os.path.isfile(args.mkl):
             raise ValueError(f"--mkl {args.mkl}: no such file (give the path of libmkl_rt.so.*)")
-    run(models, args.rounds, find_mkl(args.mkl), args.dtype)
+    run(models, args.rounds, cpu_blas.load_mkl(args.mkl), args.dtype)
 
 
 def run(models, rounds, mkl, dtype="fp32"):
@@ -321,6 +283,11 @@ def run(models, rounds, mkl, dtype="fp32"):
         "\nspread (the median round's time over the best's, median over the GEMMs): "
         + ", ".join(f"{name} {statistics.median(s):.0%}" for name, s in spreads.items())
     )
+    if dtype == "fp32":  # what the trainer would pick here, measured afresh (and cached)
+        print("\nThe choice the trainer makes (gemm_library.choose, measured again):")
+        for model in models:
+            choice = gemm_library.choose(PRESETS[model], *STEP[model], remeasure=True)
+            print(f"  {model} B, T = {STEP[model]}: {choice.describe()}")
 
 
 def gemm_table(gemms, libs, times, peak):

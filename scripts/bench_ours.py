@@ -12,19 +12,24 @@ from nn import GPT2
 from optim import AdamW, LossScaler
 from optim.step import train_on
 from tinygrad_like import backend, no_grad
+from tinygrad_like.gemm_library import choose as choose_gemm_library
 from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 from tinygrad_like.profiler import Profiler
 
 
 # |initial loss, ours - PyTorch's| allowed: both compute the same function, rounded alike
 def build_ours(
-    config, device="cpu", dtype="fp32", seed=0, lr=1e-4, weight_decay=0.1, grad_clip=1.0, **options
-):
+    config, device="cpu", dtype="fp32", seed=0, lr=1e-4, weight_decay=0.1, grad_clip=1.0,
+    batch=None, **options,
+):  # fmt: skip
     """Our model (options: attention, lm_head, recompute) and AdamW, and the fp16 loss scaler
     (None in fp32 and bf16). On the CPU the trainer's pool first (before the first kernel;
-    after torch has loaded its libgomp in bench.py: docs/performance.md, "Which pool")."""
+    after torch has loaded its libgomp in bench.py: docs/performance.md, "Which pool"), and
+    its GEMM library for a step of batch (B, T) (gemm_library.py), when given."""
     if not backend.get(device).GPU:
         use_training_pool(dtype)
+        if batch is not None:
+            choose_gemm_library(config, *batch)
     model = GPT2(config, seed=seed, device=device, **options).flatten_parameters(dtype)
     opt = AdamW(
         model.named_parameters(),

@@ -10,7 +10,7 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from tinygrad_like import backend, peaks
+from tinygrad_like import backend, gemm_library, peaks
 
 BLAS_ENV = peaks.BLAS_ENV + ("OMP_WAIT_POLICY",)  # the peaks' variables, and OpenMP's spinning
 QUIET = peaks.QUIET  # a step is "quiet" while other processes use under 10% of the CPUs
@@ -42,6 +42,7 @@ def environment_info(torch=None, device="cpu"):
         "env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
         "blas": _blas_info(),
         "numba_pool": numba.config.THREADING_LAYER,  # compiled.py use_pool's (first kernel's)
+        "gemm_library": gemm_library.in_use().describe(),
         "load_average": loadavg(),
     }
     if torch is not None:
@@ -114,6 +115,7 @@ def format_environment(info, peak_name):
     for lib in info["blas"]["libraries"]:
         lines.append(f"  {lib.get('internal_api')}: " + _blas_words(lib))
     lines.append(f"  compiled kernels' pool: {info['numba_pool']} (compiled.py use_pool)")
+    lines.append(f"  ours' {info['gemm_library']}")
     env = info["env"]
     lines.append(
         "  BLAS variables: "

@@ -32,6 +32,7 @@ from tinygrad_like.distributed import (
     say_past_the_launcher,
 )
 from tinygrad_like.files import atomic_write, file_sha256
+from tinygrad_like.gemm_library import choose as choose_gemm_library
 from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 from tinygrad_like.memory import PERSISTENT, TRACKER
 
@@ -96,7 +97,8 @@ class Trainer:
         self.device = cfg.device  # resolved where the command line was read (training/cli.py)
         self.dtype = dtypes.as_dtype(cfg.dtype)
         be = backend.get(self.device)
-        if be.HOLDS_VALUES and not be.GPU:  # the CPU: before its first kernel fixes the pool
+        on_cpu = be.HOLDS_VALUES and not be.GPU
+        if on_cpu:  # the CPU: before its first kernel fixes the pool
             use_training_pool(cfg.dtype)
         self.options = ExecutionOptions.of(cfg)
         self.resume_state = None
@@ -104,6 +106,8 @@ class Trainer:
         with self._errors_said_once():
             self.model, weights = self._build_model()
             self.model.config.check_context(cfg.seq_len, "--seq-len")
+            config, B, T = self.model.config, cfg.batch_size, cfg.seq_len
+            self.gemm_library = on_cpu and choose_gemm_library(config, B, T)  # the CPU's BLAS
             vocab = self.model.config.vocab_size
             shard = dict(rank=self.comm.rank, world=self.comm.size)
             self.train_data = DataLoader(
@@ -469,6 +473,8 @@ class Trainer:
             + (f"; {R} ranks ({self.comm.engine}), ZeRO-{cfg.zero}" if R > 1 else "")
         )
         say(memory)
+        if self.gemm_library:  # the CPU's, by measurement (gemm_library.py)
+            say(self.gemm_library.describe())
         say(
             f"MFU divides 6N + 12LCT = {self.flops_per_token / 1e6:.1f} MFLOP/token by the "
             f"{peak_name}" + (f" (per rank, x {R})" if R > 1 else "")

@@ -1,24 +1,24 @@
 """GEMMs on the CPU (gemm.cu's twin): C (..., M, N) = op(A) (..., M, K) op(B) (..., K, N) in
-fp32 through NumPy's BLAS, 2-byte inputs widened and the result rounded once; bf16 operands
-by AVX-512 BF16's dot products where the CPU has them (cpu_bf16.py: no widening, twice an FMA's
+fp32 through a BLAS, 2-byte inputs widened and the result rounded once; bf16 operands by
+AVX-512 BF16's dot products where the CPU has them (cpu_bf16.py: no widening, twice an FMA's
 multiply-adds an instruction, as a tensor core's bf16 mma), the result rounded once the same.
 
-Why NumPy's BLAS (OpenBLAS in NumPy's wheels): at the step's own shapes scripts/bench_gemm.py
-found MKL (the `mkl` wheel, through ctypes) and BLIS (the `blis` wheel, single-threaded) no
-faster on an AMD EPYC (docs/performance.md, "The GEMMs"), so neither is worth a dependency. A
-GEMM that adds into its own output (add= and out= the same array: the fused head's dW summed
-over its blocks) is one cblas_sgemm with beta = 1 where that gives the unfused bits
-(cpu_accumulate.py): no add pass, no (Vp, C) temporary per block.
+Which BLAS (cpu_blas.py): NumPy's (OpenBLAS in NumPy's wheels), or MKL where the `mkl` extra is
+installed and this machine measured it faster at the training step's own GEMM shapes
+(tinygrad_like/gemm_library.py: OpenBLAS on an AMD EPYC, MKL 2-16% slower there). A GEMM that
+adds into its own output (add= and out= the same array: the fused head's dW summed over its
+blocks) is one cblas_sgemm with beta = 1 where that gives the unfused bits (cpu_accumulate.py):
+no add pass, no (Vp, C) temporary per block.
 
-How they use the cores. With OpenBLAS's idle workers asleep (runtime.BLAS_QUIET), a GEMM is one
-threaded OpenBLAS call: it hands its parts to its workers without a wake-up and join of our
-thread pool, which costs a sizeable fraction of a layer's GEMM. A long K (K >= 2 max(M, N): the
-LM head's dX, the layers' dW) is cut in two halves, one per core, summed afterwards: each core
-then reads half of the long operand, and the halves are independent calls (OpenBLAS's own
-threads wait for each other at every K block by spinning, which stalls when another process
-holds a core). Without a way to put the workers to sleep (another BLAS, an OpenBLAS without
-those symbols) a GEMM is split along M or N by us at one BLAS thread, or the row kernels after
-it would share their cores with spinning workers.
+How they use the cores. With the BLAS's idle workers asleep (runtime.BLAS_QUIET for OpenBLAS),
+a GEMM is one threaded BLAS call: it hands its parts to its workers without a wake-up and join
+of our thread pool, which costs a sizeable fraction of a layer's GEMM. A long K (K >= 2 max(M,
+N): the LM head's dX, the layers' dW) is cut in two halves, one per core, summed afterwards:
+each core then reads half of the long operand, and the halves are independent calls (OpenBLAS's
+own threads wait for each other at every K block by spinning, which stalls when another process
+holds a core). Without a way to put the workers to sleep (an OpenBLAS without those symbols) a
+GEMM is split along M or N by us at one BLAS thread, or the row kernels after it would share
+their cores with spinning workers.
 Every element of C is one BLAS dot product over K (OpenBLAS threads split M and N only), or the
 fixed sum of its two halves whatever the core count. One BLAS thread count gives the same bits
 every time; on some CPUs (an AMD EPYC, for one) OpenBLAS's threaded kernels round apart from its
@@ -30,13 +30,14 @@ import math
 import numpy as np
 
 from ...backend.cpu.halves import f32, rounded
-from ...backend.cpu.runtime import BLAS_QUIET, THREADS, in_parallel, one_blas_thread
+from ...backend.cpu.runtime import THREADS, in_parallel
 from ...dtypes import bfloat16
 from ..elementwise import cpu as elementwise
 from ..elementwise.cpu import add as elementwise_add
 from ..elementwise.cpu import cast as elementwise_cast
 from ..elementwise.cpu import mul as elementwise_mul
 from ..elementwise.spec import then_epilogue
+from . import cpu_blas
 from .cpu_accumulate import accumulated
 from .cpu_bf16 import HAS_DOT, matmul_bf16
 from .cpu_gemv import GEMV_BELOW, gemv
@@ -60,8 +61,8 @@ def _gemm(a, b, bias=None):
     big = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2])) * M * K * N >= _GEMM_SPLIT
     if big and K >= _LONG_K * max(M, N):
         c = _gemm_k_halves(a, b)
-    elif BLAS_QUIET:
-        c = np.matmul(a, b)  # OpenBLAS threads it (below its own threshold it does not)
+    elif cpu_blas.quiet():
+        c = cpu_blas.matmul(a, b)  # the BLAS threads it (below its own threshold it does not)
     else:
         c = _gemm_split(a, b, big)
     if bias is not None:
@@ -90,9 +91,9 @@ def _gemm_k_halves(a, b):
 
     def half(lo, hi):
         for i in range(lo, hi):
-            parts[i] = np.matmul(a[..., halves[i]], b[..., halves[i], :])
+            parts[i] = cpu_blas.matmul(a[..., halves[i]], b[..., halves[i], :])
 
-    with one_blas_thread():
+    with cpu_blas.one_thread():
         in_parallel(2, half, chunk_rows=1, blocks=min(2, THREADS))
     return np.add(parts[0], parts[1], out=parts[0])
 
@@ -106,13 +107,13 @@ def _gemm_split(a, b, big):
     )
 
     def columns(lo, hi):
-        np.matmul(a, b[..., lo:hi], out=c[..., lo:hi])
+        cpu_blas.matmul(a, b[..., lo:hi], out=c[..., lo:hi])
 
     def rows(lo, hi):
-        np.matmul(a[..., lo:hi, :], b, out=c[..., lo:hi, :])
+        cpu_blas.matmul(a[..., lo:hi, :], b, out=c[..., lo:hi, :])
 
     n, part = (N, columns) if N > M else (M, rows)
-    with one_blas_thread():
+    with cpu_blas.one_thread():
         in_parallel(n, part, chunk_rows=n, blocks=THREADS if big else 1)
     return c
 

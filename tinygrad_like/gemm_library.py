@@ -1,0 +1,163 @@
+"""Which BLAS the CPU's fp32 GEMMs run on, chosen on each machine by measurement: NumPy's
+OpenBLAS and, with the `mkl` extra (`pip install -e '.[mkl]'`), Intel's MKL
+(kernels/gemm/cpu_blas.py). Each is timed at a training step's own GEMMs (step_gemms: every
+linear layer's forward X W, dX = dY W^T and dW = X^T dY, and the fused LM head's three per block
+of rows) as the step calls them (cpu.matmul, matmul_nt, matmul_tn: the same splits across the
+cores), in interleaved rounds, each GEMM's best round weighted by its calls per step; the faster
+library is used. Why measure rather than name a vendor: at these shapes MKL was 2-16% slower than
+OpenBLAS on an AMD EPYC and, by PyTorch's GEMMs, well ahead on an Intel Xeon
+(docs/performance.md, "The GEMMs"); a BLAS's speed is a fact of the machine, as the peaks are.
+
+The choice and its figures are cached beside the peaks (peaks.cache_path: the same folder and
+machine fingerprint), one entry per step shape, so a machine measures once; TG_BLAS=openblas or
+TG_BLAS=mkl chooses without measuring.
+"""
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import kernels, losses, peaks
+from .files import atomic_write, read_small
+from .kernels.gemm import cpu_blas
+
+CHOOSE = "TG_BLAS"  # the environment variable that names the library, not measured
+ROUNDS = 3  # interleaved rounds: a GEMM's time is its best
+CACHE_BYTES = 1 << 20
+_chosen = []  # the Choice this process made last, for the reports that name it
+
+
+@dataclass
+class Choice:
+    library: str  # the library the GEMMs run on
+    how: str  # "measured", "cached" (measured before on this machine), "TG_BLAS" or "the only one"
+    seconds: dict = field(default_factory=dict)  # library -> the step's GEMMs' seconds
+    gemms: int = 0  # the distinct GEMMs timed
+    when: str = ""  # when they were measured (UTC)
+
+    def describe(self):
+        """One line for a report."""
+        names = {"openblas": "OpenBLAS", "mkl": "MKL"}
+        if not self.seconds:
+            hint = "; pip install -e '.[mkl]' adds MKL" if self.how.startswith("the only") else ""
+            return f"GEMM library: {names[self.library]} ({self.how}{hint})"
+        times = ", ".join(f"{names[k]} {v * 1e3:,.1f} ms" for k, v in self.seconds.items())
+        return (
+            f"GEMM library: {names[self.library]}, the faster at this step's {self.gemms} GEMM "
+            f"shapes ({times} a step; {self.how} {self.when}; {CHOOSE}= chooses)"
+        )
+
+
+def step_gemms(config, B, T):
+    """[(label, kind, a's shape, b's shape, calls per step)] of a GPT-2 or Llama training step's
+    GEMMs (nn: a (M, K) b (K, N); nt: b (N, K); tn: a (K, M)), as functions.Linear and the fused
+    head (losses.py) lay out their operands. A Llama's q, k and v count as one GEMM of their
+    summed width, its gate and up projections as two of its MLP's width."""
+    tokens, C, L = B * T, config.n_embd, config.n_layer
+    rows, Vp = losses.HEAD_BLOCK_ROWS, config.padded_vocab_size
+    F = getattr(config, "intermediate_size", None)  # a Llama's MLP width (GPT-2's: 4 C)
+    gemms = []
+    for layer, (k, n), calls in (
+        ("qkv", (C, C + 2 * config.n_kv_head * config.head_dim), L),
+        ("attn proj", (C, C), L),
+        ("fc", (C, F or 4 * C), 2 * L if F else L),
+        ("mlp proj", (F or 4 * C, C), L),
+    ):
+        gemms += [
+            (f"{layer} X W", "nn", (tokens, k), (k, n), calls),
+            (f"{layer} dX", "nt", (tokens, n), (k, n), calls),
+            (f"{layer} dW", "tn", (tokens, k), (tokens, n), calls),
+        ]
+    blocks = -(-tokens // rows)
+    rows = min(rows, tokens)
+    return gemms + [
+        ("head logits", "nt", (rows, C), (Vp, C), blocks),
+        ("head dX", "nn", (rows, Vp), (Vp, C), blocks),
+        ("head dW", "tn", (rows, Vp), (rows, C), blocks),
+    ]
+
+
+def choose(config, B, T, remeasure=False):
+    """Pick the library for a step of this model and batch (TG_BLAS, the cache, or a
+    measurement of a few seconds), use it from now on -> Choice."""
+    available = cpu_blas.available()
+    named = os.environ.get(CHOOSE)
+    if named:
+        if named not in cpu_blas.LIBRARIES:
+            raise ValueError(f"{CHOOSE}={named}: name one of {', '.join(cpu_blas.LIBRARIES)}")
+        if named not in available:
+            raise ValueError(f"{CHOOSE}={named}: not installed (pip install -e '.[{named}]')")
+        choice = Choice(named, CHOOSE)
+    elif len(available) == 1:
+        choice = Choice(available[0], "the only one installed")
+    else:
+        path = peaks.cache_path("cpu").with_name(f"blas-{peaks.cache_path('cpu').stem}.json")
+        gemms = step_gemms(config, B, T)
+        key = json.dumps([row[1:] for row in gemms])  # the step's shapes and calls
+        cached = {} if remeasure else _read(path)
+        if key in cached and set(cached[key]["seconds"]) == set(available):
+            choice = Choice(**{**cached[key], "how": "cached"})
+        else:
+            choice = measure(gemms, available)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps({**_read(path), key: asdict(choice)}, indent=1).encode())
+    cpu_blas.use(choice.library)
+    _chosen[:] = [choice]
+    return choice
+
+
+def chosen():
+    """The Choice this process made last, or None (its GEMMs on NumPy's OpenBLAS)."""
+    return _chosen[0] if _chosen else None
+
+
+def in_use():
+    """The Choice the GEMMs run on now, for a report: the last one made, or NumPy's default."""
+    return chosen() or Choice(cpu_blas.used(), "NumPy's; none chosen in this process")
+
+
+def measure(gemms, libraries):
+    """Time each library at gemms (step_gemms' rows) -> Choice of the faster."""
+    cpu = kernels.on("cpu")
+    run = {"nn": cpu.matmul, "nt": cpu.matmul_nt, "tn": cpu.matmul_tn}
+    rng = np.random.default_rng(0)
+    operands = [
+        (run[kind], rng.standard_normal(a, np.float32), rng.standard_normal(b, np.float32), n)
+        for _, kind, a, b, n in gemms
+    ]
+    best = {lib: [float("inf")] * len(operands) for lib in libraries}
+    for _ in range(ROUNDS):
+        for lib in libraries:
+            cpu_blas.use(lib)
+            for i, (gemm, a, b, _) in enumerate(operands):
+                start = time.perf_counter()
+                gemm(a, b)
+                best[lib][i] = min(best[lib][i], time.perf_counter() - start)
+    seconds = {lib: sum(t * n for t, (*_, n) in zip(best[lib], operands)) for lib in libraries}
+    return Choice(
+        min(seconds, key=seconds.get),
+        "measured",
+        seconds,
+        len(gemms),
+        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )
+
+
+def _read(path):
+    """The cache file's entries (step shape -> Choice's fields), {} when missing or unsound."""
+    try:
+        found = json.loads(read_small(path, CACHE_BYTES))
+    except (OSError, ValueError):
+        return {}
+    sound = isinstance(found, dict) and all(
+        isinstance(v, dict)
+        and v.get("library") in cpu_blas.LIBRARIES
+        and isinstance(v.get("seconds"), dict)
+        and all(isinstance(s, (int, float)) for s in v["seconds"].values())
+        and set(v) == {f for f in Choice.__dataclass_fields__}
+        for v in found.values()
+    )
+    return found if sound else {}

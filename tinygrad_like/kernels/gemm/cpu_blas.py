@@ -1,0 +1,184 @@
+"""The BLAS behind the CPU's fp32 GEMMs (cpu.py): NumPy's OpenBLAS, or Intel's MKL (the `mkl`
+wheel, `pip install -e '.[mkl]'`) where this machine measured it faster at the training step's
+own GEMM shapes (tinygrad_like/gemm_library.py chooses, once per machine, and calls use()).
+
+Both are called through the same CBLAS wrapper (cblas_sgemm, ctypes) where a GEMM accumulates
+(cpu_accumulate.py), and MKL's for every 2-D GEMM, on the operands where they lie (a transpose, a
+slice of rows or columns). MKL is set up so that it behaves as OpenBLAS does here:
+- threads: its OpenMP threads sleep as soon as a call ends (KMP_BLOCKTIME=0, set when MKL
+  loads, for the process: Intel's OpenMP reads it when its threads start), as OpenBLAS's do
+  (runtime.BLAS_QUIET), so that a row kernel after a GEMM has its core; a GEMM is one threaded
+  call, and within one_thread() (a long K's halves, one per core) one thread;
+- bits: conditional numerical reproducibility (MKL_CBWR_AUTO) and no dynamic thread count, so
+  that a thread count gives the same bits run after run on one machine (MKL's default picks
+  its code path and its threads' split as it goes).
+A GEMM MKL's CBLAS cannot take as it lies (a batch of matrices, an empty one, operands in no
+BLAS layout) stays NumPy's.
+"""
+
+import ctypes
+import importlib.metadata
+import os
+
+import numpy as np
+
+from ...backend.cpu.runtime import BLAS_QUIET, OPENBLAS, THREADS, one_blas_thread
+
+LIBRARIES = ("openblas", "mkl")
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
+_MKL_CBWR_AUTO, _MKL_CBWR_SUCCESS = 2, 0  # mkl_cbwr.h
+
+
+def cblas_sgemm(function, index):
+    """function, a library's cblas_sgemm (its ints `index`: c_int, or c_int64 for an ILP64
+    BLAS), as sgemm(a, b, out, beta): out (M, N) = a @ b + beta out, a (M, K) and b (K, N) fp32
+    in a BLAS layout (in_blas_layout), out's rows too (unit column stride), read where they
+    are."""
+    function.argtypes = [ctypes.c_int] * 3 + [index] * 3 + [ctypes.c_float, ctypes.c_void_p, index]
+    function.argtypes += [ctypes.c_void_p, index, ctypes.c_float, ctypes.c_void_p, index]
+    function.restype = None
+
+    def sgemm(a, b, out, beta=0.0):
+        (M, K), N = a.shape, b.shape[1]
+        (ta, lda), (tb, ldb) = layout(a), layout(b)
+        ldc = max(1, out.strides[0] // out.itemsize, N)
+        function(ROW_MAJOR, ta, tb, M, N, K, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
+                 beta, out.ctypes.data, ldc)  # fmt: skip
+        return out
+
+    return sgemm
+
+
+def in_blas_layout(x):
+    """Whether a 2-D array is one BLAS reads as it lies: rows (or columns, a transpose) of unit
+    stride, a leading dimension past the other's extent."""
+    (r, c), (sr, sc), size = x.shape, x.strides, x.itemsize
+    return (sc == size and sr >= size * max(1, c)) or (sr == size and sc >= size * max(1, r))
+
+
+def layout(x):
+    """(CBLAS's transpose flag, leading dimension) of a 2-D array in a BLAS layout, row-major."""
+    (r, c), (sr, sc), size = x.shape, x.strides, x.itemsize
+    if sc == size and sr >= size * max(1, c):
+        return NO_TRANS, max(1, sr // size, c)
+    return TRANS, max(1, sc // size, r)  # a column-major array: the transpose of a row-major one
+
+
+def _openblas():
+    """NumPy's OpenBLAS's own cblas_sgemm (scipy-openblas's ILP64 names), or None."""
+    lib = OPENBLAS.dynlib if OPENBLAS else None
+    for name in ("scipy_cblas_sgemm64_", "cblas_sgemm64_", "cblas_sgemm"):
+        function = getattr(lib, name, None) if lib is not None else None
+        if function is not None:
+            return cblas_sgemm(function, ctypes.c_int64 if "64" in name else ctypes.c_int)
+    return None
+
+
+def load_mkl(path=None):
+    """libmkl_rt (at path, or the installed `mkl` wheel's), set up as the module's docstring
+    says, or None."""
+    if path is None:
+        try:
+            files = importlib.metadata.files("mkl") or []
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        found = [f.locate() for f in files if os.path.basename(str(f)).startswith("libmkl_rt.so")]
+        if not found:
+            return None
+        path = found[0]
+    os.environ.setdefault("KMP_BLOCKTIME", "0")
+    lib = ctypes.CDLL(str(path))
+    if lib.MKL_CBWR_Set(_MKL_CBWR_AUTO) != _MKL_CBWR_SUCCESS:
+        return None  # no reproducible mode: not a BLAS this project runs on
+    lib.MKL_Set_Dynamic(0)
+    lib.MKL_Set_Num_Threads(THREADS)
+    return lib
+
+
+class _Library:
+    """A BLAS as cpu.py calls it: sgemm(a, b, out, beta) (None: NumPy's matmul only), whether
+    its idle threads sleep (quiet), and how to hold it to one thread."""
+
+    def __init__(self, name, sgemm, quiet, set_threads):
+        self.name, self.sgemm, self.quiet, self.set_threads = name, sgemm, quiet, set_threads
+
+
+OPENBLAS_SGEMM = _openblas()  # NumPy's OpenBLAS's cblas_sgemm (or None), as sgemm(a, b, out, beta)
+_OPENBLAS = _Library("openblas", OPENBLAS_SGEMM, BLAS_QUIET, None)
+_mkl = None  # the MKL library, loaded on first use (False: not installed)
+_used = _OPENBLAS
+
+
+def available():
+    """The names of the libraries this installation can run."""
+    return tuple(name for name in LIBRARIES if name == "openblas" or _mkl_library() is not None)
+
+
+def _mkl_library():
+    global _mkl
+    if _mkl is None:
+        lib = load_mkl()
+        sgemm = None if lib is None else cblas_sgemm(lib.cblas_sgemm, ctypes.c_int)
+        _mkl = False if lib is None else _Library("mkl", sgemm, True, lib.MKL_Set_Num_Threads)
+    return _mkl or None
+
+
+def use(name):
+    """Run the GEMMs on library `name` (one of available()) from now on."""
+    global _used
+    if name not in available():
+        raise ValueError(f"BLAS {name!r} is not installed here (have: {', '.join(available())})")
+    _used = _mkl_library() if name == "mkl" else _OPENBLAS
+
+
+def used():
+    """The name of the library the GEMMs run on."""
+    return _used.name
+
+
+def quiet():
+    """Whether the library's idle threads sleep, so that a GEMM may be one threaded call."""
+    return _used.quiet
+
+
+def sgemm():
+    """The library's sgemm(a, b, out, beta) over 2-D fp32 operands in a BLAS layout, or None."""
+    return _used.sgemm
+
+
+def matmul(a, b, out=None):
+    """a @ b in fp32 (np.matmul's shapes) by the library in use."""
+    if _used.name == "openblas" or not _fits(a, b, out):
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((a.shape[0], b.shape[1]), np.float32)
+    return _used.sgemm(a, b, out)
+
+
+def _fits(a, b, out):
+    """Whether MKL's CBLAS takes a @ b into out as they lie: 2-D, not empty, fp32, in BLAS
+    layouts."""
+    arrays = (a, b) if out is None else (a, b, out)
+    return (
+        a.ndim == b.ndim == 2
+        and a.size > 0
+        and b.size > 0
+        and all(x.dtype == np.float32 and in_blas_layout(x) for x in arrays)
+        and (out is None or out.strides[1] == out.itemsize)
+    )
+
+
+class one_thread:
+    """with one_thread(): the library's GEMMs in the block run on the calling thread only (the
+    kernels that split their work across the cores themselves: runtime.one_blas_thread)."""
+
+    def __enter__(self):
+        self.openblas = one_blas_thread()
+        self.openblas.__enter__()
+        if _used.set_threads is not None:
+            _used.set_threads(1)
+
+    def __exit__(self, *exc):
+        if _used.set_threads is not None:
+            _used.set_threads(THREADS)
+        self.openblas.__exit__(*exc)
