@@ -470,3 +470,17 @@ def test_cuda_timer_and_pool_watcher(cuda, cuda_device):
     assert report["used_bytes"] == start
     assert report["peak_used_bytes"] >= start + (1 << 20)
     assert report["pool_total_bytes"] >= report["used_bytes"]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)
+@pytest.mark.parametrize("kernel", ["matmul", "matmul_nt"])
+def test_cpu_decode_gemv_of_2_byte_weights_gives_the_widened_bits(kernel, dtype):
+    """A decode step's GEMM (one row of x) against a 2-byte W: matmul_nt's W (N, K) (a tied LM
+    head) read as its 2-byte codes, each widened in registers (no widened copy of W per call),
+    matmul's (K, N) widened first: either way the fp32 GEMV's bits on the widened operands,
+    rounded once."""
+    x = rand((1, 100), F32, seed=1).astype(dtype)
+    w = rand((40, 100) if kernel == "matmul_nt" else (100, 40), F32, seed=2).astype(dtype)
+    want = getattr(cpu, kernel)(x.astype(F32), w.astype(F32)).astype(dtype)
+    got = getattr(cpu, kernel)(x, w)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

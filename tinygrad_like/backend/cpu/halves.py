@@ -115,6 +115,8 @@ def f32(a):
         return a
     if a.size < SMALL:
         return a.astype(np.float32)
+    if a.ndim >= 2 and not a.flags.c_contiguous and a.swapaxes(-1, -2).flags.c_contiguous:
+        return f32(a.swapaxes(-1, -2)).swapaxes(-1, -2)  # a transpose: widened where it lies
     a = np.ascontiguousarray(a)
     out = np.empty(a.shape, np.float32)
     flat = a.reshape(-1).view(np.uint16)

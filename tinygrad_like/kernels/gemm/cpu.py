@@ -52,10 +52,10 @@ def _gemm(a, b, bias=None):
     c = _bf16_gemm(a, b)
     if c is not None:
         return c if bias is None else np.add(c, f32(bias), out=c)
-    a, b = f32(a), f32(b)
     c = gemv(a, b)  # a decode step's few rows: cpu_gemv.py's compiled GEMVs
     if c is not None:
         return c if bias is None else np.add(c, f32(bias), out=c)
+    a, b = f32(a), f32(b)
     (M, K), N = a.shape[-2:], b.shape[-1]
     # multiply-adds: batch x M x K x N (a's batch or b's, whichever broadcasts over the other)
     big = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2])) * M * K * N >= _GEMM_SPLIT

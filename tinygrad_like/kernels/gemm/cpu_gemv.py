@@ -1,14 +1,16 @@
-"""The decode step's fp32 GEMMs on the CPU (cpu.py's _gemm with fewer than GEMV_BELOW rows of
-A): compiled GEMVs instead of BLAS, whose sgemv streamed GPT-2's weights well below one core's
-read bandwidth (docs/decode.md: the figures). Two layouts of B (K, N):
+"""The decode step's GEMMs on the CPU (cpu.py's _gemm with fewer than GEMV_BELOW rows of A, fp32
+or 2-byte operands): compiled GEMVs instead of BLAS, whose sgemv streamed GPT-2's weights well
+below one core's read bandwidth (docs/decode.md: the figures). Two layouts of B (K, N):
 - B the transpose of a C-contiguous W (N, K) (matmul_nt: the tied LM head, x @ wte^T): each
   element of C a row of W dotted with a row of A, kernels/quant/cpu_gemv.py's GEMV with fp32
-  as its unquantized format (sixteen lanes and four sums, added in a fixed tree);
-- B C-contiguous (K, N) (matmul: GPT-2's Conv1D weights): _columns, K in two fixed halves, one
-  a program, each streaming its rows of B in order into a partial C: p[m, n] = (..((a[m, k0]
-  b[k0, n]) + a[m, k0 + 1] b[k0 + 1, n]) + ...), each product and sum rounded on its own (its
-  vectors run across n: no lanes to add), then C = p0 + p1, the same bits for any core count or
-  vector width (two cores each read half of B, one long run of memory each).
+  as its unquantized format (sixteen lanes and four sums, added in a fixed tree), a bf16 or
+  fp16 W read as its 2-byte codes;
+- B C-contiguous (K, N) (matmul: GPT-2's Conv1D weights, a 2-byte one widened as it is read):
+  _columns, K in two fixed halves, one a program, each streaming its rows of B in order into a
+  partial C: p[m, n] = (..((a[m, k0] b[k0, n]) + a[m, k0 + 1] b[k0 + 1, n]) + ...), each
+  product and sum rounded on its own (its vectors run across n: no lanes to add), then C = p0
+  + p1, the same bits for any core count or vector width (two cores each read half of B, one
+  long run of memory each).
 Either gives each element of C one core's fixed order; neither is BLAS's, so a decode step's
 C differs from a prompt's in the last bits, as sgemv's and sgemm's do.
 """
@@ -16,7 +18,10 @@ C differs from a prompt's in the last bits, as sgemv's and sgemm's do.
 import numpy as np
 from numba import prange
 
-from ...backend.cpu.compiled import kernel
+from ... import dtypes
+from ...backend.cpu.compiled import f32_from_bits, f32_from_f16_bits, kernel
+from ...backend.cpu.halves import f32
+from ...formats import FORMATS
 from ..quant.cpu_gemv import gemv as row_gemv
 from ..quant.cpu_split import SERIAL_BELOW
 
@@ -24,43 +29,72 @@ GEMV_BELOW = 4  # rows of A (a decode step's batch) below which a GEMM is a GEMV
 # _columns' widest C: its sums stay in L1 (16 KB a row of A). Blocks of columns of a wider one
 # (8 KB of each row of B, then the next row's) ran at a third of BLAS's rate: BLAS takes it.
 COLUMNS = 4096
+# a 2-byte W's fields for quant's GEMV, which decodes them as its bf16 and fp16 weights
+_FIELDS = {
+    np.dtype(dtypes.bfloat16): FORMATS["bf16"].fields,
+    np.dtype(dtypes.float16): FORMATS["fp16"].fields,
+}
 
 
-@kernel(serial_below=SERIAL_BELOW, work=lambda a, b, partial: b.size)  # qmatmul's GEMV rule
-def _columns(a, b, partial):
-    # a (M, K), b (K, N) fp32, M < GEMV_BELOW, N <= COLUMNS; partial (P, M, N) fp32: the sums
-    # over P contiguous ranges of k (gemv's: two halves), one a program, each streaming its
-    # rows of b in order (one long run of memory) into its partial rows, which stay in L1; the
-    # caller adds them.
-    M, K = a.shape
-    P = partial.shape[0]
-    for p in prange(P):
-        acc = partial[p]
-        acc[...] = 0
-        for k in range(p * K // P, (p + 1) * K // P):
-            row = b[k]
-            for m in range(M):
-                x, sums = a[m, k], acc[m]
-                for j in range(row.shape[0]):
-                    sums[j] += x * row[j]
+def _columns_kernel(code):
+    """_columns for b's elements as fp32 (code 0), or as the bits (uint16) of bf16 (1) or fp16
+    (2), each widened where it is read: the widened values, the same sums."""
+
+    @kernel(serial_below=SERIAL_BELOW, work=lambda a, b, partial: b.size)  # qmatmul's rule
+    def _columns(a, b, partial):
+        # a (M, K), b (K, N), M < GEMV_BELOW, N <= COLUMNS; partial (P, M, N) fp32: the sums
+        # over P contiguous ranges of k (gemv's: two halves), one a program, each streaming its
+        # rows of b in order (one long run of memory) into its partial rows, which stay in L1;
+        # the caller adds them.
+        M, K = a.shape
+        P = partial.shape[0]
+        for p in prange(P):
+            acc = partial[p]
+            acc[...] = 0
+            for k in range(p * K // P, (p + 1) * K // P):
+                row = b[k]
+                for m in range(M):
+                    x, sums = a[m, k], acc[m]
+                    for j in range(row.shape[0]):
+                        if code == 1:
+                            w = f32_from_bits(np.int32(row[j]) << np.int32(16))
+                        elif code == 2:
+                            w = f32_from_f16_bits(np.int32(row[j]))
+                        else:
+                            w = row[j]
+                        sums[j] += x * w
+
+    return _columns
+
+
+_COLUMNS = {
+    np.dtype(np.float32): _columns_kernel(0),
+    np.dtype(dtypes.bfloat16): _columns_kernel(1),
+    np.dtype(dtypes.float16): _columns_kernel(2),
+}
 
 
 def gemv(a, b):
-    """C (..., M, N) = a (..., M, K) @ b (K, N), fp32, where a has fewer than GEMV_BELOW rows
+    """C (..., M, N) = a (..., M, K) @ b (K, N) in fp32, where a has fewer than GEMV_BELOW rows
     in all and b's layout has a compiled GEMV (above; (K, N) up to COLUMNS columns) -> C, else
-    None (BLAS's)."""
+    None (BLAS's). a and b fp32 or 2-byte floats: a widened (a few rows); a 2-byte b read as it
+    is stored, each element widened in registers (quant's bf16 and fp16 weights' decode): the
+    fp32 GEMV's bits on the widened values, without a widened copy of b per call."""
     rows = a.size // a.shape[-1] if a.shape[-1] else 0
-    if b.ndim != 2 or not 0 < rows < GEMV_BELOW or (a.dtype, b.dtype) != (np.float32,) * 2:
+    floats = (np.float32, dtypes.bfloat16, dtypes.float16)
+    if b.ndim != 2 or not 0 < rows < GEMV_BELOW or a.dtype not in floats or b.dtype not in floats:
         return None
     if not (b.T.flags.c_contiguous or (b.flags.c_contiguous and b.shape[1] <= COLUMNS)):
         return None
-    x = np.ascontiguousarray(a).reshape(rows, a.shape[-1])
+    x = np.ascontiguousarray(f32(a)).reshape(rows, a.shape[-1])
     c = np.empty((rows, b.shape[1]), np.float32)
-    if b.T.flags.c_contiguous:  # W (N, K) read by rows: fp32 codes, no scales
-        none = np.empty((b.shape[1], 0), np.float32)
-        row_gemv(b.T, none, b.shape[0], 32, (0, 0, 0), x, np.zeros(0, np.float32), c)
+    if b.T.flags.c_contiguous:  # W (N, K) read by rows, fp32 or 2-byte codes, no scales
+        w, none = b.T, np.empty((b.shape[1], 0), np.float32)
+        bits, fields = (32, (0, 0, 0)) if w.dtype == np.float32 else (16, _FIELDS[w.dtype])
+        codes = w if bits == 32 else w.view(np.uint16)
+        row_gemv(codes, none, b.shape[0], bits, fields, x, np.zeros(0, np.float32), c)
     else:
         halves = np.empty((2, rows, b.shape[1]), np.float32)  # one a core on two cores
-        _columns(x, b, halves)
+        _COLUMNS[b.dtype](x, b if b.dtype == np.float32 else b.view(np.uint16), halves)
         np.add(halves[0], halves[1], out=c)
     return c.reshape(a.shape[:-1] + (b.shape[1],))
