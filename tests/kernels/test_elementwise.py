@@ -269,7 +269,9 @@ def copy(put, dtype):
 
 
 def fill(put, dtype):
-    return put(np.full((5, 40, 17), 7, dtype)), 0.0
+    """A value whose bits are not all zero (a 2-byte float's fill writes them through a uint16
+    view)."""
+    return put(np.full((5, 40, 17), 7, dtype)), -1.5
 
 
 def concat(put, dtype):

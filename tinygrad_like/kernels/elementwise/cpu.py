@@ -161,12 +161,16 @@ def copy(dst, src):
 
 def fill(dst, value):
     """A contiguous dst (the flat gradient buffers) is filled in blocks, one per core: one
-    core's memset reaches only part of the machine's write bandwidth."""
+    core's memset reaches only part of the machine's write bandwidth. A 2-byte float's buffer
+    takes the value's bits through a uint16 view (the bits NumPy's fill writes; ml_dtypes'
+    bf16 fill runs an element at a time, at a fifth of a memset's rate)."""
     flat = dst.reshape(-1) if dst.flags.c_contiguous else None
     if flat is None:
         dst.fill(value)
-    else:
-        in_parallel(flat.shape[0], lambda lo, hi: flat[lo:hi].fill(value), chunk_rows=1 << 20)
+        return dst
+    if flat.dtype in HALVES:
+        flat, value = flat.view(np.uint16), np.array(value, flat.dtype).view(np.uint16)
+    in_parallel(flat.shape[0], lambda lo, hi: flat[lo:hi].fill(value), chunk_rows=1 << 20)
     return dst
 
 
