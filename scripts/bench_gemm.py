@@ -29,7 +29,7 @@ figure is the best round, its percentage of the peak's best sample, and the spre
 median round's time over the best's, per library.
 
     python scripts/bench_gemm.py [--models gpt2-mini,gpt2] [--rounds 5] [--mkl PATH]
-    (in fp32 it ends with the library the trainer would choose for each model's step)
+    (it ends with the library the trainer would choose for each model's step in that dtype)
     python scripts/bench_gemm.py --dtype bf16
     taskset -c 0 python scripts/bench_gemm.py    # one core
 """
@@ -283,11 +283,10 @@ def run(models, rounds, mkl, dtype="fp32"):
         "\nspread (the median round's time over the best's, median over the GEMMs): "
         + ", ".join(f"{name} {statistics.median(s):.0%}" for name, s in spreads.items())
     )
-    if dtype == "fp32":  # what the trainer would pick here, measured afresh (and cached)
-        print("\nThe choice the trainer makes (gemm_library.choose, measured again):")
-        for model in models:
-            choice = gemm_library.choose(PRESETS[model], *STEP[model], remeasure=True)
-            print(f"  {model} B, T = {STEP[model]}: {choice.describe()}")
+    print("\nThe choice the trainer makes (gemm_library.choose, measured again):")
+    for model in models:  # what the trainer would pick here, measured afresh (and cached)
+        choice = gemm_library.choose(PRESETS[model], *STEP[model], dtype, remeasure=True)
+        print(f"  {model} B, T = {STEP[model]}: {choice.describe()}")
 
 
 def gemm_table(gemms, libs, times, peak):

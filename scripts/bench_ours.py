@@ -29,7 +29,7 @@ def build_ours(
     if not backend.get(device).GPU:
         use_training_pool(dtype)
         if batch is not None:
-            choose_gemm_library(config, *batch)
+            choose_gemm_library(config, *batch, dtype)
     model = GPT2(config, seed=seed, device=device, **options).flatten_parameters(dtype)
     opt = AdamW(
         model.named_parameters(),

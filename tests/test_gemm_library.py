@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nn.config import from_preset
-from tinygrad_like import gemm_library, kernels
+from tinygrad_like import dtypes, gemm_library, kernels
 from tinygrad_like.kernels.gemm import cpu_blas
 
 F32 = np.float32
@@ -77,9 +77,10 @@ def test_the_faster_library_is_measured_once_and_cached(monkeypatch, tmp_path, r
     monkeypatch.setattr(cpu_blas, "use", lambda name: None)
     measured = []
 
-    def measure(gemms, libraries):
+    def measure(gemms, libraries, operands):
         measured.append(gemms)
-        return gemm_library.Choice("openblas", "measured", {"openblas": 1.0, "mkl": 2.0}, 15, "t")
+        seconds = {"openblas": 1.0, "mkl": 2.0}
+        return gemm_library.Choice("openblas", "measured", seconds, 15, "t", operands)
 
     monkeypatch.setattr(gemm_library, "measure", measure)
     config = from_preset("gpt2-tiny")
@@ -91,11 +92,14 @@ def test_the_faster_library_is_measured_once_and_cached(monkeypatch, tmp_path, r
     )
     gemm_library.choose(config, 4, 16)
     assert len(measured) == 2  # other shapes: measured for themselves
+    bf16 = gemm_library.choose(config, 2, 16, "bf16")
+    assert len(measured) == 3 and "15 bf16 GEMM shapes" in bf16.describe()  # other operands
+    assert gemm_library.choose(config, 2, 16, "fp16").how == "cached"  # fp16 widens to fp32
     (cache,) = tmp_path.glob("tinygrad_like/blas-*.json")
-    assert len(json.loads(cache.read_text())) == 2
+    assert len(json.loads(cache.read_text())) == 3
     cache.write_text('{"x": {"library": "blis"}}')  # unsound: measured again
     gemm_library.choose(config, 2, 16)
-    assert len(measured) == 3
+    assert len(measured) == 4
 
 
 def test_the_step_gemms_are_the_models():
@@ -137,3 +141,10 @@ def test_mkl_gemms_are_close_and_reproducible(restore_openblas):
     for a, b, out in _cases():
         got = cpu_blas.matmul(a, b, out=out)
         np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    # bf16 operands: MKL's bf16 GEMM, the products of the bf16 values summed in fp32
+    a, b = (_rand(s, i).astype(dtypes.bfloat16) for i, s in ((6, (64, 256)), (7, (256, 48))))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    got = cpu.matmul(a, b)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-1)
+    assert cpu_blas.bf16_matmul(a, b).tobytes() == cpu_blas.bf16_matmul(a, b).tobytes()
+    np.testing.assert_allclose(cpu_blas.bf16_matmul(a, b), want, rtol=1e-4, atol=1e-3)

@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import kernels, losses, peaks
+from . import dtypes, kernels, losses, peaks
 from .files import atomic_write, read_small
 from .kernels.gemm import cpu_blas
+from .kernels.gemm.cpu_bf16 import HAS_DOT
 
 CHOOSE = "TG_BLAS"  # the environment variable that names the library, not measured
 ROUNDS = 3  # interleaved rounds: a GEMM's time is its best
@@ -37,17 +38,22 @@ class Choice:
     seconds: dict = field(default_factory=dict)  # library -> the step's GEMMs' seconds
     gemms: int = 0  # the distinct GEMMs timed
     when: str = ""  # when they were measured (UTC)
+    operands: str = "fp32"  # the GEMMs' operands: fp32 (an fp32 or fp16 step's), or bf16
 
     def describe(self):
         """One line for a report."""
         names = {"openblas": "OpenBLAS", "mkl": "MKL"}
+        if self.operands == "bf16":  # without MKL's bf16 GEMM, cpu.py's own (or widened)
+            names["openblas"] = "ours" if HAS_DOT else "OpenBLAS (widened)"
         if not self.seconds:
             hint = "; pip install -e '.[mkl]' adds MKL" if self.how.startswith("the only") else ""
             return f"GEMM library: {names[self.library]} ({self.how}{hint})"
         times = ", ".join(f"{names[k]} {v * 1e3:,.1f} ms" for k, v in self.seconds.items())
+        names["openblas"] += " (bf16 dot products)" if names["openblas"] == "ours" else ""
         return (
-            f"GEMM library: {names[self.library]}, the faster at this step's {self.gemms} GEMM "
-            f"shapes ({times} a step; {self.how} {self.when}; {CHOOSE}= chooses)"
+            f"GEMM library: {names[self.library]}, the faster at this step's {self.gemms} "
+            f"{self.operands} GEMM shapes ({times} a step; {self.how} {self.when}; {CHOOSE}= "
+            "chooses)"
         )
 
 
@@ -80,9 +86,12 @@ def step_gemms(config, B, T):
     ]
 
 
-def choose(config, B, T, remeasure=False):
-    """Pick the library for a step of this model and batch (TG_BLAS, the cache, or a
-    measurement of a few seconds), use it from now on -> Choice."""
+def choose(config, B, T, dtype="fp32", remeasure=False):
+    """Pick the library for a step of this model, batch and dtype (TG_BLAS, the cache, or a
+    measurement of a few seconds), use it from now on -> Choice. A bf16 step's GEMMs are timed
+    on bf16 operands (MKL's bf16 GEMM against cpu.py's own), an fp32 or fp16 step's on fp32
+    (fp16 operands are widened for the BLAS)."""
+    operands = "bf16" if dtypes.name(dtypes.as_dtype(dtype)) == "bf16" else "fp32"
     available = cpu_blas.available()
     named = os.environ.get(CHOOSE)
     if named:
@@ -90,18 +99,18 @@ def choose(config, B, T, remeasure=False):
             raise ValueError(f"{CHOOSE}={named}: name one of {', '.join(cpu_blas.LIBRARIES)}")
         if named not in available:
             raise ValueError(f"{CHOOSE}={named}: not installed (pip install -e '.[{named}]')")
-        choice = Choice(named, CHOOSE)
+        choice = Choice(named, CHOOSE, operands=operands)
     elif len(available) == 1:
-        choice = Choice(available[0], "the only one installed")
+        choice = Choice(available[0], "the only one installed", operands=operands)
     else:
         path = peaks.cache_path("cpu").with_name(f"blas-{peaks.cache_path('cpu').stem}.json")
         gemms = step_gemms(config, B, T)
-        key = json.dumps([row[1:] for row in gemms])  # the step's shapes and calls
+        key = json.dumps([operands] + [row[1:] for row in gemms])  # the step's GEMMs
         cached = {} if remeasure else _read(path)
         if key in cached and set(cached[key]["seconds"]) == set(available):
             choice = Choice(**{**cached[key], "how": "cached"})
         else:
-            choice = measure(gemms, available)
+            choice = measure(gemms, available, operands)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, json.dumps({**_read(path), key: asdict(choice)}, indent=1).encode())
     cpu_blas.use(choice.library)
@@ -119,31 +128,28 @@ def in_use():
     return chosen() or Choice(cpu_blas.used(), "NumPy's; none chosen in this process")
 
 
-def measure(gemms, libraries):
-    """Time each library at gemms (step_gemms' rows) -> Choice of the faster."""
+def measure(gemms, libraries, operands="fp32"):
+    """Time each library at gemms (step_gemms' rows), their operands of that dtype -> Choice of
+    the faster."""
     cpu = kernels.on("cpu")
     run = {"nn": cpu.matmul, "nt": cpu.matmul_nt, "tn": cpu.matmul_tn}
     rng = np.random.default_rng(0)
-    operands = [
-        (run[kind], rng.standard_normal(a, np.float32), rng.standard_normal(b, np.float32), n)
+    dtype = dtypes.as_dtype(operands)
+    arrays = [
+        (run[kind], *(rng.standard_normal(s, np.float32).astype(dtype) for s in (a, b)), n)
         for _, kind, a, b, n in gemms
     ]
-    best = {lib: [float("inf")] * len(operands) for lib in libraries}
+    best = {lib: [float("inf")] * len(arrays) for lib in libraries}
     for _ in range(ROUNDS):
         for lib in libraries:
             cpu_blas.use(lib)
-            for i, (gemm, a, b, _) in enumerate(operands):
+            for i, (gemm, a, b, _) in enumerate(arrays):
                 start = time.perf_counter()
                 gemm(a, b)
                 best[lib][i] = min(best[lib][i], time.perf_counter() - start)
-    seconds = {lib: sum(t * n for t, (*_, n) in zip(best[lib], operands)) for lib in libraries}
-    return Choice(
-        min(seconds, key=seconds.get),
-        "measured",
-        seconds,
-        len(gemms),
-        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    )
+    seconds = {lib: sum(t * n for t, (*_, n) in zip(best[lib], arrays)) for lib in libraries}
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return Choice(min(seconds, key=seconds.get), "measured", seconds, len(gemms), when, operands)
 
 
 def _read(path):
@@ -156,6 +162,7 @@ def _read(path):
         isinstance(v, dict)
         and v.get("library") in cpu_blas.LIBRARIES
         and isinstance(v.get("seconds"), dict)
+        and v.get("operands") in ("fp32", "bf16")
         and all(isinstance(s, (int, float)) for s in v["seconds"].values())
         and set(v) == {f for f in Choice.__dataclass_fields__}
         for v in found.values()

@@ -107,7 +107,7 @@ class Trainer:
             self.model, weights = self._build_model()
             self.model.config.check_context(cfg.seq_len, "--seq-len")
             config, B, T = self.model.config, cfg.batch_size, cfg.seq_len
-            self.gemm_library = on_cpu and choose_gemm_library(config, B, T)  # the CPU's BLAS
+            self.gemm_library = on_cpu and choose_gemm_library(config, B, T, cfg.dtype)
             vocab = self.model.config.vocab_size
             shard = dict(rank=self.comm.rank, world=self.comm.size)
             self.train_data = DataLoader(

@@ -71,15 +71,20 @@ def _gemm(a, b, bias=None):
 
 
 def _bf16_gemm(a, b):
-    """a @ b by cpu_bf16.py's bf16 dot products where both are bf16, b 2-D, a of at least
-    GEMV_BELOW rows (its batch dimensions merged into them) and the CPU has the instruction;
-    else None (widened, BLAS's)."""
-    if not HAS_DOT or a.dtype != bfloat16 or b.dtype != bfloat16 or b.ndim != 2:
+    """a @ b where both are bf16, b 2-D and a of at least GEMV_BELOW rows (its batch
+    dimensions merged into them): by the BLAS's bf16 GEMM where this machine chose one
+    (cpu_blas.py: MKL's), else by cpu_bf16.py's bf16 dot products where the CPU has the
+    instruction; else None (widened, BLAS's)."""
+    if a.dtype != bfloat16 or b.dtype != bfloat16 or b.ndim != 2:
         return None
     rows = a.size // a.shape[-1] if a.shape[-1] else 0
     if rows < GEMV_BELOW:
         return None
-    c = matmul_bf16(a.reshape(rows, a.shape[-1]), b)
+    a2 = a.reshape(rows, a.shape[-1])
+    c = cpu_blas.bf16_matmul(a2, b)
+    if c is None and not HAS_DOT:
+        return None
+    c = matmul_bf16(a2, b) if c is None else c
     return c.reshape(a.shape[:-1] + (b.shape[1],))
 
 

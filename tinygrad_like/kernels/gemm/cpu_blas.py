@@ -1,6 +1,9 @@
-"""The BLAS behind the CPU's fp32 GEMMs (cpu.py): NumPy's OpenBLAS, or Intel's MKL (the `mkl`
-wheel, `pip install -e '.[mkl]'`) where this machine measured it faster at the training step's
-own GEMM shapes (tinygrad_like/gemm_library.py chooses, once per machine, and calls use()).
+"""The BLAS behind the CPU's GEMMs (cpu.py): NumPy's OpenBLAS, or Intel's MKL (the `mkl` wheel,
+`pip install -e '.[mkl]'`) where this machine measured it faster at the training step's own
+GEMM shapes (tinygrad_like/gemm_library.py chooses, once per machine, and calls use()): MKL's
+sgemm for fp32 operands and its bf16 GEMM for bf16 ones (AMX tiles on Xeons that have them, by
+Intel's documentation: not measured here), where OpenBLAS leaves those to cpu_bf16.py's dot
+products.
 
 Both are called through the same CBLAS wrapper (cblas_sgemm, ctypes) where a GEMM accumulates
 (cpu_accumulate.py), and MKL's for every 2-D GEMM, on the operands where they lie (a transpose, a
@@ -31,9 +34,10 @@ _MKL_CBWR_AUTO, _MKL_CBWR_SUCCESS = 2, 0  # mkl_cbwr.h
 
 def cblas_sgemm(function, index):
     """function, a library's cblas_sgemm (its ints `index`: c_int, or c_int64 for an ILP64
-    BLAS), as sgemm(a, b, out, beta): out (M, N) = a @ b + beta out, a (M, K) and b (K, N) fp32
+    BLAS), as sgemm(a, b, out, beta): out (M, N) fp32 = a @ b + beta out, a (M, K) and b (K, N)
     in a BLAS layout (in_blas_layout), out's rows too (unit column stride), read where they
-    are."""
+    are; fp32 operands, or bf16 ones for MKL's cblas_gemm_bf16bf16f32, whose arguments are
+    cblas_sgemm's."""
     function.argtypes = [ctypes.c_int] * 3 + [index] * 3 + [ctypes.c_float, ctypes.c_void_p, index]
     function.argtypes += [ctypes.c_void_p, index, ctypes.c_float, ctypes.c_void_p, index]
     function.restype = None
@@ -96,15 +100,17 @@ def load_mkl(path=None):
 
 
 class _Library:
-    """A BLAS as cpu.py calls it: sgemm(a, b, out, beta) (None: NumPy's matmul only), whether
-    its idle threads sleep (quiet), and how to hold it to one thread."""
+    """A BLAS as cpu.py calls it: sgemm(a, b, out, beta) (None: NumPy's matmul only), its bf16
+    GEMM of the same form (bf16 operands, fp32 out; None: cpu.py's own), whether its idle
+    threads sleep (quiet), and how to hold it to one thread."""
 
-    def __init__(self, name, sgemm, quiet, set_threads):
-        self.name, self.sgemm, self.quiet, self.set_threads = name, sgemm, quiet, set_threads
+    def __init__(self, name, sgemm, bf16, quiet, set_threads):
+        self.name, self.sgemm, self.bf16 = name, sgemm, bf16
+        self.quiet, self.set_threads = quiet, set_threads
 
 
 OPENBLAS_SGEMM = _openblas()  # NumPy's OpenBLAS's cblas_sgemm (or None), as sgemm(a, b, out, beta)
-_OPENBLAS = _Library("openblas", OPENBLAS_SGEMM, BLAS_QUIET, None)
+_OPENBLAS = _Library("openblas", OPENBLAS_SGEMM, None, BLAS_QUIET, None)
 _mkl = None  # the MKL library, loaded on first use (False: not installed)
 _used = _OPENBLAS
 
@@ -118,13 +124,20 @@ def _mkl_library():
     global _mkl
     if _mkl is None:
         lib = load_mkl()
-        sgemm = None if lib is None else cblas_sgemm(lib.cblas_sgemm, ctypes.c_int)
-        _mkl = False if lib is None else _Library("mkl", sgemm, True, lib.MKL_Set_Num_Threads)
+        if lib is None:
+            _mkl = False
+        else:  # cblas_gemm_bf16bf16f32 takes cblas_sgemm's arguments, its A and B bf16
+            sgemm, bf16 = (
+                cblas_sgemm(f, ctypes.c_int) for f in (lib.cblas_sgemm, lib.cblas_gemm_bf16bf16f32)
+            )
+            _mkl = _Library("mkl", sgemm, bf16, True, lib.MKL_Set_Num_Threads)
     return _mkl or None
 
 
 def use(name):
-    """Run the GEMMs on library `name` (one of available()) from now on."""
+    """Run the GEMMs on library `name` (one of available()) from now on: its sgemm for fp32
+    operands (and widened 2-byte ones), its bf16 GEMM, if it has one, for bf16 operands (else
+    cpu.py's own: openblas names NumPy's BLAS and this project's kernels alone)."""
     global _used
     if name not in available():
         raise ValueError(f"BLAS {name!r} is not installed here (have: {', '.join(available())})")
@@ -155,15 +168,23 @@ def matmul(a, b, out=None):
     return _used.sgemm(a, b, out)
 
 
-def _fits(a, b, out):
-    """Whether MKL's CBLAS takes a @ b into out as they lie: 2-D, not empty, fp32, in BLAS
-    layouts."""
-    arrays = (a, b) if out is None else (a, b, out)
+def bf16_matmul(a, b):
+    """a (M, K) @ b (K, N), bf16 operands, -> C fp32 by the library's bf16 GEMM, or None where
+    it has none (or the operands are not in a BLAS layout): cpu.py's own then."""
+    if _used.bf16 is None or not _fits(a, b, None, a.dtype):
+        return None
+    return _used.bf16(a, b, np.empty((a.shape[0], b.shape[1]), np.float32))
+
+
+def _fits(a, b, out, dtype=np.float32):
+    """Whether the library's CBLAS takes a @ b into out as they lie: 2-D, not empty, operands
+    of dtype and out fp32, in BLAS layouts."""
     return (
         a.ndim == b.ndim == 2
         and a.size > 0
         and b.size > 0
-        and all(x.dtype == np.float32 and in_blas_layout(x) for x in arrays)
+        and all(x.dtype == dtype and in_blas_layout(x) for x in (a, b))
+        and (out is None or (out.dtype == np.float32 and in_blas_layout(out)))
         and (out is None or out.strides[1] == out.itemsize)
     )
 
