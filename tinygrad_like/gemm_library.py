@@ -1,12 +1,13 @@
-"""Which BLAS the CPU's fp32 GEMMs run on, chosen on each machine by measurement: NumPy's
-OpenBLAS and, with the `mkl` extra (`pip install -e '.[mkl]'`), Intel's MKL
-(kernels/gemm/cpu_blas.py). Each is timed at a training step's own GEMMs (step_gemms: every
-linear layer's forward X W, dX = dY W^T and dW = X^T dY, and the fused LM head's three per block
-of rows) as the step calls them (cpu.matmul, matmul_nt, matmul_tn: the same splits across the
-cores), in interleaved rounds, each GEMM's best round weighted by its calls per step; the faster
-library is used. Why measure rather than name a vendor: at these shapes MKL was 2-16% slower than
-OpenBLAS on an AMD EPYC and, by PyTorch's GEMMs, well ahead on an Intel Xeon
-(docs/performance.md, "The GEMMs"); a BLAS's speed is a fact of the machine, as the peaks are.
+"""Which BLAS the CPU's GEMMs run on, chosen on each machine by measurement: NumPy's OpenBLAS
+and, with the `mkl` extra (`pip install -e '.[mkl]'`), Intel's MKL (kernels/gemm/cpu_blas.py;
+for a bf16 step, MKL's bf16 GEMM against this project's own). Each is timed at a training
+step's own GEMMs (step_gemms: every linear layer's forward X W, dX = dY W^T and dW = X^T dY, and
+the fused LM head's three per block of rows) as the step calls them (cpu.matmul, matmul_nt,
+matmul_tn: the same splits across the cores), in interleaved rounds, each GEMM's best round
+weighted by its calls per step; the faster library is used. Why measure rather than name a
+vendor: at these shapes MKL was 2-16% slower than OpenBLAS on an AMD EPYC and, by PyTorch's
+GEMMs, well ahead on an Intel Xeon (docs/performance.md, "The GEMMs"); a BLAS's speed is a fact
+of the machine, as the peaks are.
 
 The choice and its figures are cached beside the peaks (peaks.cache_path: the same folder and
 machine fingerprint), one entry per step shape, so a machine measures once; TG_BLAS=openblas or
@@ -103,7 +104,8 @@ def choose(config, B, T, dtype="fp32", remeasure=False):
     elif len(available) == 1:
         choice = Choice(available[0], "the only one installed", operands=operands)
     else:
-        path = peaks.cache_path("cpu").with_name(f"blas-{peaks.cache_path('cpu').stem}.json")
+        peaks_file = peaks.cache_path("cpu")
+        path = peaks_file.with_name(f"blas-{peaks_file.stem}.json")
         gemms = step_gemms(config, B, T)
         key = json.dumps([operands] + [row[1:] for row in gemms])  # the step's GEMMs
         cached = {} if remeasure else _read(path)

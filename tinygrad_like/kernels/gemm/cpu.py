@@ -5,7 +5,8 @@ multiply-adds an instruction, as a tensor core's bf16 mma), the result rounded o
 
 Which BLAS (cpu_blas.py): NumPy's (OpenBLAS in NumPy's wheels), or MKL where the `mkl` extra is
 installed and this machine measured it faster at the training step's own GEMM shapes
-(tinygrad_like/gemm_library.py: OpenBLAS on an AMD EPYC, MKL 2-16% slower there). A GEMM that
+(tinygrad_like/gemm_library.py: OpenBLAS on an AMD EPYC, MKL 2-16% slower there), a bf16
+step's bf16 GEMMs then MKL's rather than cpu_bf16.py's where that measured faster. A GEMM that
 adds into its own output (add= and out= the same array: the fused head's dW summed over its
 blocks) is one cblas_sgemm with beta = 1 where that gives the unfused bits (cpu_accumulate.py):
 no add pass, no (Vp, C) temporary per block.
