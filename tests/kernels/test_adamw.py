@@ -178,3 +178,16 @@ def test_cpu_weight_decay_only_on_the_first_n_decay():
     cpu.adamw_step(master, grad, zeros, zeros.copy(), None, cpu.grad_norm_sq(grad), hyper)
     np.testing.assert_allclose(master[:5], before[:5] * (1 - 0.1 * 0.5), rtol=1e-6)
     np.testing.assert_array_equal(master[5:], before[5:])
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
+def test_cpu_half_norm_is_the_widened_gradients(dtype):
+    """A 2-byte gradient's norm² (widened a part at a time inside one compiled launch) has the
+    bits of the widened gradient's, over parts and a ragged last one; inf stays inf."""
+    from tinygrad_like.kernels.adamw import cpu as adamw_cpu
+
+    g = rand((5 * adamw_cpu._NORM_PART // 2 + 3,), F32).astype(dtype)
+    want = cpu.grad_norm_sq(g.astype(F32))
+    assert cpu.grad_norm_sq(g).tobytes() == want.tobytes()
+    g[7] = np.inf
+    assert np.isinf(cpu.grad_norm_sq(g)[0])

@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import kernel, row_dot
+from ...backend.cpu.compiled import f32_from_bits, f32_from_f16_bits, kernel, row_dot
 from ...backend.cpu.halves import HALVES, f32, rounded
 from ...backend.cpu.runtime import in_parallel
 
@@ -22,6 +22,22 @@ def _sum_squares(g, partials):
         partials[p] = row_dot(part, part)
 
 
+@kernel
+def _sum_squares_half(bits, partials, half):
+    # bits (n,) uint16, a bf16 (or, where half, fp16) gradient's: _sum_squares' parts, each
+    # widened into a scratch row of its own in the cache, then the same row_dot (the sums of
+    # widening the gradient whole), all in one launch
+    for p in prange(partials.shape[0]):
+        part = bits[p * _NORM_PART : (p + 1) * _NORM_PART]
+        wide = np.empty(part.shape[0], np.float32)
+        for i in range(part.shape[0]):
+            if half:
+                wide[i] = f32_from_f16_bits(np.int32(part[i]))
+            else:
+                wide[i] = f32_from_bits(np.int32(part[i]) << np.int32(16))
+        partials[p] = row_dot(wide, wide)
+
+
 def grad_norm_sq(grad):
     """Partial sums over fixed parts of _NORM_PART elements (adamw.cu's blocks), then the
     partials in order: the parts depend only on the size, so the sum is the same for any core
@@ -34,12 +50,7 @@ def grad_norm_sq(grad):
     if g.dtype == acc:
         _sum_squares(g, partials)
     else:
-
-        def parts(lo, hi):  # each part's one partial, its kernel on this block's core
-            for p in range(lo, hi):
-                _sum_squares(f32(g[p * _NORM_PART : (p + 1) * _NORM_PART]), partials[p : p + 1])
-
-        in_parallel(partials.shape[0], parts, chunk_rows=1)
+        _sum_squares_half(g.view(np.uint16), partials, g.dtype == dtypes.float16)
     return np.array([np.sum(partials)], dtype=acc)
 
 
