@@ -116,6 +116,13 @@ def test_the_step_gemms_are_the_models():
     assert flops == 6 * B * T * (12 * L * C * C + V * C)
 
 
+def test_a_near_tie_keeps_openblas():
+    """MKL only where it is clearly faster, so that noise does not flip a machine's choice."""
+    assert gemm_library.faster({"openblas": 1.0, "mkl": 0.95}) == "openblas"
+    assert gemm_library.faster({"openblas": 1.0, "mkl": 0.8}) == "mkl"
+    assert gemm_library.faster({"openblas": 0.8, "mkl": 1.0}) == "openblas"
+
+
 def test_measure_times_each_library_at_the_gemms(restore_openblas):
     gemms = gemm_library.step_gemms(from_preset("gpt2-tiny"), 2, 16)
     choice = gemm_library.measure(gemms, ("openblas",))
