@@ -28,9 +28,10 @@ def accumulated(a, b, out, unfused):
         return None
     if not (a.dtype == b.dtype == out.dtype == np.float32 and out.flags.c_contiguous):
         return None
-    if not (cpu_blas.in_blas_layout(a) and cpu_blas.in_blas_layout(b)):
+    layouts = cpu_blas.layout(a), cpu_blas.layout(b)
+    if None in layouts:
         return None
-    key = (cpu_blas.used(), *a.shape, b.shape[1], cpu_blas.layout(a)[0], cpu_blas.layout(b)[0])
+    key = (cpu_blas.used(), *a.shape, b.shape[1], layouts[0][0], layouts[1][0])
     if key not in _SAME_BITS:  # the first call: both ways, compared
         tried = sgemm(a, b, out.copy(), 1.0)
         elementwise_add(out, unfused(), out=out)

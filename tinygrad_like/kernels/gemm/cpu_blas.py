@@ -53,19 +53,21 @@ def cblas_sgemm(function, index):
     return sgemm
 
 
-def in_blas_layout(x):
-    """Whether a 2-D array is one BLAS reads as it lies: rows (or columns, a transpose) of unit
-    stride, a leading dimension past the other's extent."""
-    (r, c), (sr, sc), size = x.shape, x.strides, x.itemsize
-    return (sc == size and sr >= size * max(1, c)) or (sr == size and sc >= size * max(1, r))
-
-
 def layout(x):
-    """(CBLAS's transpose flag, leading dimension) of a 2-D array in a BLAS layout, row-major."""
+    """(CBLAS's transpose flag, leading dimension) of a 2-D array as BLAS reads it where it lies:
+    rows of unit stride (row-major), or columns (a transpose), a leading dimension past the
+    other's extent; None in any other layout."""
     (r, c), (sr, sc), size = x.shape, x.strides, x.itemsize
     if sc == size and sr >= size * max(1, c):
         return NO_TRANS, max(1, sr // size, c)
-    return TRANS, max(1, sc // size, r)  # a column-major array: the transpose of a row-major one
+    if sr == size and sc >= size * max(1, r):
+        return TRANS, max(1, sc // size, r)  # column-major: the transpose of a row-major array
+    return None
+
+
+def in_blas_layout(x):
+    """Whether BLAS reads a 2-D array as it lies (layout)."""
+    return layout(x) is not None
 
 
 def _openblas():
@@ -184,9 +186,14 @@ def _fits(a, b, out, dtype=np.float32):
         and a.size > 0
         and b.size > 0
         and all(x.dtype == dtype and in_blas_layout(x) for x in (a, b))
-        and (out is None or (out.dtype == np.float32 and in_blas_layout(out)))
-        and (out is None or out.strides[1] == out.itemsize)
+        and (out is None or (out.dtype == np.float32 and _rows(out)))
     )
+
+
+def _rows(out):
+    """Whether out is row-major as CBLAS writes C (unit column stride)."""
+    found = layout(out)
+    return found is not None and found[0] == NO_TRANS
 
 
 class one_thread:
