@@ -331,25 +331,23 @@ def test_decode_sweep_refuses_bad_batches(capsys):
     assert e.value.code == 2 and "--batches" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "kv_dtype, itemsize",
-    [("bf16", 2), ("fp32", 4), ("fp8_e4m3", 1 + 4 / 128), ("fp8_e5m2", 1 + 4 / 128)],
-)
-def test_the_reference_7bs_cache_beside_its_weights_in_80_gb(kv_dtype, itemsize):
-    """Counted on the meta device: 2 L Hkv D itemsize bytes per token (512 KiB in bf16, 16 KiB
-    per layer; an fp8 cache's codes and its scales, one fp32 per position of a head: 2 L Hkv
-    (D + 4), 264 KiB, 8,448 bytes per layer), and the positions that fit beside the bf16
-    weights in 80 GB."""
+def test_the_reference_7bs_cache_beside_its_weights_in_80_gb():
+    """Counted on the meta device, for each KV cache dtype: 2 L Hkv D itemsize bytes per token
+    (512 KiB in bf16, 16 KiB per layer; an fp8 cache's codes and its scales, one fp32 per
+    position of a head: 2 L Hkv (D + 4), 264 KiB, 8,448 bytes per layer), and the positions that
+    fit beside the bf16 weights in 80 GB. (One test: each count settles the tracker, a full
+    garbage collection, seconds in a worker that has run many tests.)"""
     c = from_preset("llama-7b")
-    got = decode.kv_budget(c, "bf16", kv_dtype, 80e9)
-    assert got["weights"] == 2 * predictions.stored_elements(c)
-    assert (
-        got["kv_per_token"] == 2 * 32 * 32 * 128 * itemsize == c.kv_cache_bytes_per_token(itemsize)
-    )
-    assert got["kv_per_token_per_layer"] == 2 * 32 * 128 * itemsize
-    assert got["tokens_that_fit"] == int((80e9 - got["weights"]) // got["kv_per_token"])
-    assert got["tokens_that_fit"] == {2: 126_882, 4: 63_441}.get(itemsize, 246_075)
-    gqa = decode.kv_budget(from_preset("llama-7b", num_key_value_heads=8), "bf16", kv_dtype)
+    itemsizes = {"bf16": 2, "fp32": 4, "fp8_e4m3": 1 + 4 / 128, "fp8_e5m2": 1 + 4 / 128}
+    for kv_dtype, itemsize in itemsizes.items():
+        got = decode.kv_budget(c, "bf16", kv_dtype, 80e9)
+        assert got["weights"] == 2 * predictions.stored_elements(c)
+        per_token = 2 * 32 * 32 * 128 * itemsize
+        assert got["kv_per_token"] == per_token == c.kv_cache_bytes_per_token(itemsize)
+        assert got["kv_per_token_per_layer"] == 2 * 32 * 128 * itemsize
+        assert got["tokens_that_fit"] == int((80e9 - got["weights"]) // got["kv_per_token"])
+        assert got["tokens_that_fit"] == {2: 126_882, 4: 63_441}.get(itemsize, 246_075)
+    gqa = decode.kv_budget(from_preset("llama-7b", num_key_value_heads=8), "bf16", "fp8_e4m3")
     assert gqa["kv_per_token"] * 4 == got["kv_per_token"]
     assert all(n in decode.format_kv_budget(c, "llama-7b") for n in ("126,882", "246,075"))
 
