@@ -288,8 +288,19 @@ qw = quantize(w, "int8")
 y = cpu.layernorm_fwd(x, np.ones(256, np.float32), np.zeros(256, np.float32))[0]
 x1 = rng.standard_normal((1, 768), dtype=np.float32)
 q = cpu.qmatmul(x1, qw.codes, qw.scales, "int8", qw.group_size)
+a = rng.standard_normal((2, 4, 256, 32), dtype=np.float32)
+o = cpu.flash_attention_fwd(a, a, a, 0.2)[0]  # its kv heads in one in_parallel block a core
+import threading
+from tinygrad_like.backend.cpu.runtime import in_parallel
+threads = set()
+in_parallel(2, lambda lo, hi: threads.add(threading.get_ident()), blocks=2)
+try:
+    in_parallel(2, lambda lo, hi: 1 / lo, blocks=2)  # block 0 divides by zero
+except ZeroDivisionError:
+    threads.add("raised")
 import numba
-sys.stdout.write(layer + " " + numba.threading_layer() + " " + (y.tobytes() + q.tobytes()).hex())
+bits = (y.tobytes() + q.tobytes() + o.tobytes()).hex()
+sys.stdout.write(f"{layer} {numba.threading_layer()} {bits} {len(threads)}")
 """
 
 
@@ -297,11 +308,13 @@ sys.stdout.write(layer + " " + numba.threading_layer() + " " + (y.tobytes() + q.
 def test_the_pool_changes_the_speed_never_the_bits():
     """compiled.use_pool picks the threads a parallel kernel is handed to, once per process:
     OpenMP's (a decode's cheap hand-off, where libgomp loads) or Numba's workqueue (the
-    default); the kernels give the same bits on either."""
+    default); the kernels give the same bits on either. runtime.in_parallel's blocks run on two
+    threads under either (OpenMP's own under OpenMP), and a block's error reaches the caller."""
     found = {}
     for pool in ("workqueue", "omp"):
-        asked, used, bits = _in_a_fresh_process(POOL_SCRIPT, pool).split()
+        asked, used, bits, threads = _in_a_fresh_process(POOL_SCRIPT, pool).split()
         assert asked == used  # the pool asked for runs the kernels (or omp fell back, said so)
+        assert threads == "3"  # two threads' idents and "raised"
         found[used] = bits
     assert len(set(found.values())) == 1
 

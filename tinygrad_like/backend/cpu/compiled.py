@@ -20,8 +20,10 @@ import hashlib
 import math
 import os
 import sys
+import threading
 import time
 import types as types_module
+import warnings
 from pathlib import Path
 
 import numba
@@ -32,6 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ... import compiles
+from . import runtime
 from .runtime import THREADS, in_block
 
 
@@ -99,6 +102,66 @@ def _start_pool():
     (runtime.THREADS: taskset, an MPI rank's binding), at the first parallel kernel."""
     numba.set_num_threads(max(1, min(THREADS, numba.config.NUMBA_NUM_THREADS)))
     _started[0] = True
+
+
+# runtime.in_parallel's blocks (NumPy calls, single-threaded BLAS, serial kernels) on the pool's
+# own threads when it is OpenMP's: its threads spin a while after each kernel (libgomp's count,
+# milliseconds at its default), and a thread of in_parallel's own beside one ran at half speed
+# (a bf16 GPT-2 step's flash attention, adds and AdamW, all blocks, 1.5-2x slower after an
+# OpenMP kernel than under the workqueue). A prange of object-mode calls: each spinning thread
+# takes a block in microseconds, and nothing else competes for its core.
+_job = [None]  # the blocks running: job(i) for i in range(blocks)
+_pool_free = threading.Lock()  # held by the caller whose blocks run
+_failed = []  # what a block raised, raised again by the caller
+
+
+def _run_block(i):
+    try:
+        _job[0](i)
+    except BaseException as e:  # noqa: BLE001 (raised again on the calling thread)
+        _failed.append(e)
+
+
+@numba.njit(parallel=True, nogil=True)  # not cached: Numba cannot load object mode in a prange
+def _blocks_on_omp(blocks):
+    for i in numba.prange(blocks):
+        with numba.objmode():
+            _run_block(i)
+
+
+def _run_blocks(blocks, job):
+    """runtime.blocks_on_pool's runner: job(i) for each block on OpenMP's threads -> True, or
+    False (not OpenMP's pool, or its threads busy with another caller's blocks)."""
+    if numba.config.THREADING_LAYER != "omp" or not _pool_free.acquire(blocking=False):
+        return False
+    try:
+        return _blocks_on_pool(blocks, job)
+    finally:
+        _pool_free.release()
+
+
+def _blocks_on_pool(blocks, job):
+    if not _started[0]:
+        _start_pool()
+    if not _blocks_on_omp.overloads:  # about 0.4 s once a process, counted as a kernel's is
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():  # that object mode holds the GIL: each block lets it
+            warnings.simplefilter("ignore", numba.NumbaWarning)  # go in its NumPy calls and
+            _blocks_on_omp.compile((types.int64,))  # serial kernels, as on any other thread
+        compiles.add(time.perf_counter() - t0)
+    _job[0] = job
+    try:
+        _blocks_on_omp(blocks)
+    finally:
+        _job[0] = None
+    if _failed:
+        error = _failed[0]
+        _failed.clear()
+        raise error
+    return True
+
+
+runtime.blocks_on_pool[0] = _run_blocks
 
 
 LANES = 16  # the accumulators of a row sum: one AVX-512 register of fp32, two of AVX2

@@ -121,6 +121,10 @@ _pool = None
 
 
 _block = threading.local()  # .inside: this thread runs a block of in_parallel
+# run(blocks, job) -> whether it ran job(0) ... job(blocks - 1) on the compiled kernels' pool
+# (compiled.py sets it: OpenMP's, whose threads spin after each kernel and would otherwise
+# share the cores with this module's threads); False: this module's threads run them
+blocks_on_pool = [None]
 
 
 def in_block():
@@ -149,9 +153,12 @@ def in_parallel(n, body, per_row=1, chunk_rows=None, blocks=None):
     if blocks == 1:
         block(0, n)
         return
+    edges = [n * i // blocks for i in range(blocks + 1)]
+    if not in_block() and blocks_on_pool[0] is not None:
+        if blocks_on_pool[0](blocks, lambda i: block(edges[i], edges[i + 1])):
+            return
     if _pool is None:
         _pool = ThreadPoolExecutor(THREADS - 1, thread_name_prefix="tg-cpu")
-    edges = [n * i // blocks for i in range(blocks + 1)]
     jobs = [_pool.submit(block, lo, hi) for lo, hi in zip(edges[1:], edges[2:])]
     block(edges[0], edges[1])
     for job in jobs:
