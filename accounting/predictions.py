@@ -381,9 +381,9 @@ def _head_blocks(tokens):
 def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf16):
     """The fused head in its precompute design: each forward block's logits in fp32 (bf16 in
     bf16: the kernel widens them a few rows at a time, its scratch no buffer of the tracker's),
-    made its dlogits in place, then its dX rows and dW share (after block 0 added into the sum
-    by the dW GEMM itself where the dlogits are fp32: no (Vp, C) temporary); its backward only
-    scales what it saved (and rounds it, fp16 and bf16)."""
+    made its dlogits in place, then its dX rows and dW share (after block 0 added into the fp32
+    sum by the dW GEMM itself, a bf16 share rounded and cast in its epilogue: no (Vp, C)
+    temporary); its backward only scales what it saved (and rounds it, fp16 and bf16)."""
     moments = {}
     for k, r in _head_blocks(N):
         common = before_head + [
@@ -403,11 +403,8 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf1
             ("the block's losses (rows,) fp32", 4 * r),
             ("the block's logits, now its dlogits (rows, Vp)", r * Vp * (2 if bf16 else 4)),
         ]
-        if bf16:  # the dW shares made in bf16, then summed in fp32
-            share = [("the block's dW share (Vp, C) bf16", 2 * Vp * C)]
-            share += [("block 0's share cast to fp32 (Vp, C)", 0 if k else 4 * Vp * C)]
-        else:  # block 0's share is the sum; a later block's is added by its GEMM
-            share = [("block 0's dW share (Vp, C) fp32", 0 if k else 4 * Vp * C)]
+        # block 0's share is the sum; a later block's is added by its GEMM
+        share = [("block 0's dW share (Vp, C) fp32", 0 if k else 4 * Vp * C)]
         moments[f"the fused head's forward, block {k}: dX rows"] = after + [
             ("the block's dX rows (rows, C), before their copy", r * C * (2 if bf16 else 4))
         ]
@@ -428,8 +425,8 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf1
 
 def _recompute_head(all_saved, scalars, N, C, Vp, size):
     """The fused head in its recompute design: each backward block's logits again, their
-    dlogits, its dX rows and its dW share, summed in fp32 (block 0's share cast to it; a later
-    block's added by its GEMM where dlogits are fp32, else made, then added)."""
+    dlogits, its dX rows and its dW share, summed in fp32 (block 0's share cast to it, a later
+    block's added, by the dW GEMM's epilogue)."""
     moments = {}
     for k, r in _head_blocks(N)[:2]:  # the first, and the largest after it
         common = (
@@ -445,13 +442,18 @@ def _recompute_head(all_saved, scalars, N, C, Vp, size):
             ("dW so far (Vp, C) fp32", 4 * Vp * C if k else 0),
         ]
         moments[f"the fused head's backward, block {k}: dW"] = common + [
-            # a later fp32 block's share is added into the sum by its GEMM (its epilogue)
-            ("the block's dW share (Vp, C)", Vp * C * size if not k or size < 4 else 0),
-            (
-                "dW so far, or block 0's share cast, (Vp, C) fp32",
-                4 * Vp * C if k or size < 4 else 0,
-            ),
+            # a later block's share is added into the sum by its GEMM (its epilogue)
+            ("dW so far, or block 0's share, (Vp, C) fp32", 4 * Vp * C),
         ]
+    moments["the fused head's backward: dW rounded to the weights' dtype"] = (
+        all_saved
+        + scalars
+        + [
+            ("dx (B·T, C)", N * C * size),
+            ("dW (Vp, C) fp32", 4 * Vp * C),
+            ("dW rounded (Vp, C)", Vp * C * size if size < 4 else 0),
+        ]
+    )
     return moments
 
 

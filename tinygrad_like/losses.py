@@ -55,14 +55,15 @@ def _row_blocks(n):
 def _block_grads(x, weight, rows, dlogits, dx, dw):
     """One block's share of the head's gradients from its dlogits (rows, Vp): writes the block's
     rows of dX (N, C) = dlogits wte and returns dW (Vp, C) += dlogits^T x[rows], summed in the
-    compute dtype (the first block's, dw None, starts the sum)."""
+    compute dtype (the first block's, dw None, starts the sum): the GEMM's epilogue rounds the
+    block's share once to dlogits' dtype, casts it to the compute dtype (bf16's fp32) and adds
+    it into the sum in place."""
     launch("copy", dx[rows], launch("matmul", dlogits, weight))  # (rows, C)
-    if dw is not None and dw.dtype == dlogits.dtype:  # the GEMM adds into the sum itself
-        return launch("matmul_tn", dlogits, x[rows], add=dw, out=dw)
-    dw_rows = launch("matmul_tn", dlogits, x[rows])  # (Vp, C)
+    acc = dtypes.compute_dtype(dlogits.dtype)
+    cast = {} if acc == dlogits.dtype else {"cast": acc}  # (none given: what a fusion may add)
     if dw is None:
-        return _as(dw_rows, dtypes.compute_dtype(dw_rows.dtype))
-    return launch("add", dw, dw_rows, out=dw)
+        return launch("matmul_tn", dlogits, x[rows], **cast)  # (Vp, C)
+    return launch("matmul_tn", dlogits, x[rows], **cast, add=dw, out=dw)
 
 
 def _precomputed_block(x, weight, rows, targets, unit, n_classes, dx, dw):

@@ -280,6 +280,27 @@ def test_cpu_accumulating_gemm_gives_the_unfused_bits(k):
         assert key in cpu_accumulate._SAME_BITS
 
 
+@pytest.mark.parametrize(
+    "kernel, k, m, n",
+    [("matmul_tn", 37, 300, 45), ("matmul_tn", 40, 24, 256), ("matmul_tn", 70, 96, 100)]
+    + [("matmul", 64, 40, 96)],
+)
+def test_cpu_bf16_gemm_cast_to_fp32_is_the_unfused_cast_and_add(kernel, k, m, n):
+    """bf16 operands with cast=fp32 [and add=g, out=g fp32], the bf16 step's LM head dW summed
+    in fp32 over its blocks: cpu_bf16.py rounds and widens each sum as it stores it (flipped
+    into a transposed C, straight, with a ragged last panel); the bits of the GEMM rounded to
+    bf16, elementwise's cast to fp32, then its add."""
+    shapes = {"matmul_tn": ((k, m), (k, n)), "matmul": ((m, k), (k, n))}[kernel]
+    a, b = (rand(shape, BF16, seed=i) for i, shape in enumerate(shapes))
+    gemm = getattr(cpu, kernel)
+    c = cpu.cast(gemm(a, b), F32)
+    assert gemm(a, b, cast=F32).tobytes() == c.tobytes()
+    g = rand((m, n), F32, seed=3)
+    want = cpu.add(g, c).tobytes()
+    assert gemm(a, b, cast=F32, add=g, out=g) is g
+    assert g.tobytes() == want
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)
 @pytest.mark.parametrize("kernel", sorted(FP32_GEMMS))
 def test_cpu_half_rounds_once(kernel, dtype):

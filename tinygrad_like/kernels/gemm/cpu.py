@@ -71,22 +71,27 @@ def _gemm(a, b, bias=None):
     return c
 
 
-def _bf16_gemm(a, b):
+def _bf16_gemm(a, b, out=None, add=False):
     """a @ b where both are bf16, b 2-D and a of at least GEMV_BELOW rows (its batch
     dimensions merged into them): by the BLAS's bf16 GEMM where this machine chose one
     (cpu_blas.py: MKL's), else by cpu_bf16.py's bf16 dot products where the CPU has the
-    instruction; else None (widened, BLAS's)."""
+    instruction; else None (widened, BLAS's). out (fp32, C's shape, contiguous): C rounded to
+    bf16, widened and written (add: added) into out by cpu_bf16.py alone (else None)."""
     if a.dtype != bfloat16 or b.dtype != bfloat16 or b.ndim != 2:
         return None
     rows = a.size // a.shape[-1] if a.shape[-1] else 0
     if rows < GEMV_BELOW:
         return None
-    a2 = a.reshape(rows, a.shape[-1])
+    a2, shape = a.reshape(rows, a.shape[-1]), a.shape[:-1] + (b.shape[1],)
+    if out is not None:
+        if not HAS_DOT or cpu_blas.has_bf16() or not out.flags.c_contiguous:
+            return None
+        return matmul_bf16(a2, b, out=out.reshape(rows, b.shape[1]), add=add).reshape(shape)
     c = cpu_blas.bf16_matmul(a2, b)
     if c is None and not HAS_DOT:
         return None
     c = matmul_bf16(a2, b) if c is None else c
-    return c.reshape(a.shape[:-1] + (b.shape[1],))
+    return c.reshape(shape)
 
 
 def _gemm_k_halves(a, b):
@@ -145,13 +150,20 @@ def _epilogue(c, dtype, scale, cast, add, out):
 
 def _product(a, b, dtype, bias=None, scale=None, cast=None, add=None, out=None):
     """a @ b with the epilogue; into add itself by one accumulating GEMM where that gives the
-    same bits (cpu_accumulate.py: a gradient summed in place, the LM head's dW)."""
+    same bits (cpu_accumulate.py: a gradient summed in place, the LM head's dW in fp32), or,
+    bf16 operands cast to fp32 [and added into add], by cpu_bf16.py's GEMM rounding and
+    widening its sums as it stores them (a bf16 step's LM head dW, summed in fp32)."""
     fp32 = add is not None and add.dtype == np.float32
-    if fp32 and add is out and scale is None and cast is None and bias is None:
+    plain = bias is None and scale is None and add is out
+    if fp32 and plain and cast is None:
         unfused = lambda: rounded(_gemm(a, b), dtype)  # noqa: E731
         done = accumulated(f32(a), f32(b), out, unfused)
         if done is not None:
             return done
+    if plain and dtype == bfloat16 and cast is not None and np.dtype(cast) == np.float32:
+        into = out if out is not None else np.empty(a.shape[:-1] + b.shape[-1:], np.float32)
+        if _bf16_gemm(a, b, into, add is not None) is not None:
+            return into
     return _epilogue(_gemm(a, b, bias), dtype, scale, cast, add, out)
 
 

@@ -36,8 +36,9 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ...backend.cpu.compiled import device, kernel, use_pool
+from ...backend.cpu.compiled import bits_from_f32, device, f32_from_bits, kernel, use_pool
 from ...backend.cpu.emit import F32, I32, I64, Emit, cpu_has, splat
+from ...backend.cpu.halves import bf16_bits
 from ...backend.cpu.runtime import THREADS
 from ...dtypes import as_dtype, bfloat16
 
@@ -168,6 +169,12 @@ def _pair(lo, hi):
     return np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
 
 
+@device
+def _bf16_widened(v):
+    """fp32 v rounded to bf16 (halves.rounded's bits) and widened back: exact."""
+    return f32_from_bits(np.int32(bf16_bits(bits_from_f32(v))) << np.int32(16))
+
+
 @kernel(work=lambda x, pairs: x.size)
 def _pairs(x, pairs):
     # x (M, K) uint16 (bf16's bits), any strides; pairs (M, K2) uint32: (x[m, 2p], x[m, 2p +
@@ -206,16 +213,18 @@ def _gemm_kernel(rows_b):
     and N a multiple of NR: the pairs made in the tile, no packing pass. (A closure over a bool:
     Numba caches one kernel for each.)"""
 
-    def work(a, b, c, parts, transposed):
+    def work(a, b, c, parts, transposed, widened):
         return c.size * a.shape[1]
 
     @kernel(work=work)
-    def _gemm(a, b, c, parts, transposed):
+    def _gemm(a, b, c, parts, transposed, widened):
         # D (M, N) = A B: a (M, K2) uint32 pairs, b B's panels or rows; c fp32, D (M, N) or,
         # transposed, D^T (N, M). A program is panel t // parts and the t % parts-th range of
         # row tiles, GROUP tiles at a time: for each block of KC pairs, every tile of the group.
-        # A panel past N's end, or every panel of a transposed D, sums into a strip of the
-        # group's rows by NR columns (16 KB: in L1), copied out after the group's last block.
+        # A panel past N's end, or every panel of a transposed D, or every panel when widened,
+        # sums into a strip of the group's rows by NR columns (16 KB: in L1), copied out after
+        # the group's last block; widened (1, or 2 to add to what c holds): each sum rounded
+        # to bf16 and widened back as it is copied out.
         M, K2 = a.shape
         N = c.shape[0] if transposed else c.shape[1]
         tiles = -(-M // MR)
@@ -223,7 +232,7 @@ def _gemm_kernel(rows_b):
         panels = b.shape[1] // NR if rows_b else b.shape[0]
         for t in prange(panels * parts):
             j, first = t // parts, t % parts * per
-            n0, direct = j * NR, (j + 1) * NR <= N and not transposed
+            n0, direct = j * NR, (j + 1) * NR <= N and not transposed and not widened
             strip = np.empty((0 if direct else GROUP * MR, NR), np.float32)
             for i0 in range(first, min(tiles, first + per), GROUP):
                 i1 = min(tiles, first + per, i0 + GROUP)
@@ -239,10 +248,11 @@ def _gemm_kernel(rows_b):
                 if not direct:
                     for q in range(min(NR, N - n0)):
                         for m in range(i0 * MR, min(M, i1 * MR)):
-                            if transposed:
-                                c[n0 + q, m] = strip[m - i0 * MR, q]
-                            else:
-                                c[m, n0 + q] = strip[m - i0 * MR, q]
+                            r, col = (n0 + q, m) if transposed else (m, n0 + q)
+                            v = strip[m - i0 * MR, q]
+                            if widened:
+                                v = _bf16_widened(v)
+                            c[r, col] = c[r, col] + v if widened == 2 else v
 
     return _gemm
 
@@ -255,18 +265,25 @@ def _rows_are_pairs(x):
     return x.shape[1] % 2 == 0 and x.strides[1] == 2
 
 
-def matmul_bf16(a, b, flip=None):
+def matmul_bf16(a, b, flip=None, out=None, add=False):
     """C (M, N) fp32 = a (M, K) @ b (K, N), both bf16 (any strides: transposed views too), by
-    the tiles above; C the fp32 sums, for cpu.py's epilogue to round. The operand whose rows
+    the tiles above; C the fp32 sums, for cpu.py's epilogue to round; or, given out (M, N) fp32
+    C-contiguous, C rounded to bf16 and widened back into out (add: added to what out holds),
+    the bits of that epilogue (rounded, cast to fp32, added) without a pass over an fp32 C of
+    its own (the fused LM head's dW, summed in fp32 over its blocks). The operand whose rows
     are broadcast (A) is a itself, or b^T for C^T = b^T a^T (flip: None chooses) where a's rows
     are not its pairs (dW = X^T dY: the LM head's long dY then a panel operand, read along its
     rows, not across them), or where b's panels would cost more than a's (a prompt's x W^T)."""
     (M, K), N = a.shape, b.shape[1]
     if a.dtype != bfloat16 or b.dtype != bfloat16 or b.shape[0] != K:
         raise ValueError(f"matmul_bf16: {a.shape} {a.dtype} @ {b.shape} {b.dtype}")
-    c = np.empty((M, N), np.float32)
+    c = np.empty((M, N), np.float32) if out is None else out
+    widened = 0 if out is None else 2 if add else 1
     if K == 0 or M == 0 or N == 0:
-        c[...] = 0
+        if widened == 2:
+            np.add(c, np.float32(0), out=c)  # what adding a C of zeros gives
+        else:
+            c[...] = 0
         return c
     # A's pairs packed from a strided a (dW's X^T) cost more than a panel's and far more than
     # a strip's copy-out (measured on the GEMMs of GPT-2's step): flip where a needs them and
@@ -296,7 +313,7 @@ def matmul_bf16(a, b, flip=None):
         b_tiles = np.empty((-(-b.shape[1] // NR), K2 * NR), np.uint32)
         _panels(b.view(np.uint16), b_tiles)
     parts = min(-(-a.shape[0] // MR), -(-4 * THREADS // -(-b.shape[1] // NR)))  # 4 a core
-    _GEMM[rows_b](pairs, b_tiles, c, parts, flip)
+    _GEMM[rows_b](pairs, b_tiles, c, parts, flip, widened)
     return c
 
 

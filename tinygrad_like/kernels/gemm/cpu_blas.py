@@ -170,6 +170,11 @@ def matmul(a, b, out=None):
     return _used.sgemm(a, b, out)
 
 
+def has_bf16():
+    """Whether the library in use has a bf16 GEMM of its own (MKL's), which cpu.py calls."""
+    return _used.bf16 is not None
+
+
 def bf16_matmul(a, b):
     """a (M, K) @ b (K, N), bf16 operands, -> C fp32 by the library's bf16 GEMM, or None where
     it has none (or the operands are not in a BLAS layout): cpu.py's own then."""
