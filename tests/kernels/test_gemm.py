@@ -370,15 +370,16 @@ def test_then_epilogues_are_the_unfused_kernels(device, dtype, shape):
     "dtype, to", [(BF16, F32), (F32, BF16)], ids=["bf16 to fp32", "fp32 to bf16"]
 )
 @pytest.mark.parametrize("kernel", sorted(FP32_GEMMS))
-def test_cast_epilogue_is_the_unfused_cast(device, kernel, dtype, to):
+@pytest.mark.parametrize("scaled", [True, False], ids=["scaled", "unscaled"])
+def test_cast_epilogue_is_the_unfused_cast(device, kernel, dtype, to, scaled):
     """cast= has the bits of the GEMM (times its scale) then elementwise's cast, then its add
-    (into add itself with out=add): a bf16 step's logits widened for the loss, the LM head's fp32
-    dW scaled and cast to the bf16 gradient it accumulates into."""
+    (into add itself with out=add): the LM head's fp32 dW scaled and cast to the bf16 gradient
+    it accumulates into; a bf16 step's head dW shares cast and summed in fp32."""
     sa, sb, _ = FP32_GEMMS[kernel]
     a, b = device.asarray(rand(sa, dtype, seed=1)), device.asarray(rand(sb, dtype, seed=2))
     gemm, as_bytes = getattr(device, kernel), lambda x: device.to_numpy(x).tobytes()
-    scale = device.asarray(np.asarray(0.37, dtype))
-    c = device.cast(device.mul(gemm(a, b), scale), to)
+    scale = device.asarray(np.asarray(0.37, dtype)) if scaled else None
+    c = device.cast(device.mul(gemm(a, b), scale) if scaled else gemm(a, b), to)
     assert as_bytes(gemm(a, b, scale=scale, cast=to)) == as_bytes(c)
     grad = rand(c.shape, to, seed=3)
     want = as_bytes(device.add(device.asarray(grad), c))
