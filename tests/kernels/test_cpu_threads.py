@@ -337,3 +337,17 @@ def test_a_training_step_takes_the_pool_of_whoever_runs_its_gemms(dtype):
     compiled_gemms = HAS_DOT and dtype == "bf16"
     assert pool in (("omp", "workqueue") if compiled_gemms else ("workqueue",))  # no libgomp: wq
     assert spin_left == "False"
+
+
+def test_a_kernel_compiles_on_a_thread_of_its_own():
+    """A kernel's compile runs on a new thread (compiled._jit): Numba keeps a frame of some
+    compiles alive after them, and a frame its callers', whose arrays then outlived the call (a
+    step's measured peak changed with what the process had compiled before it: test_predictions
+    run in its file's order). The compile's result and its error come back to the caller."""
+    import threading
+
+    from tinygrad_like.backend.cpu.compiled import _on_a_thread_of_its_own
+
+    assert _on_a_thread_of_its_own(threading.get_ident) != threading.get_ident()
+    with pytest.raises(ZeroDivisionError):
+        _on_a_thread_of_its_own(lambda: 1 / 0)

@@ -196,13 +196,35 @@ def _jit(fn, parallel, fastmath=False):
     def counted(signature):  # its compiles (and disk-cache loads) into tinygrad_like.compiles
         before, t0 = len(jitted.overloads), time.perf_counter()
         try:
-            return compile_variant(signature)
+            return _on_a_thread_of_its_own(compile_variant, signature)
         finally:
             if len(jitted.overloads) > before:
                 compiles.add(time.perf_counter() - t0)
 
     jitted.compile = counted
     return jitted
+
+
+def _on_a_thread_of_its_own(fn, *args):
+    """fn(*args) run on a new thread -> its result, or its exception raised here. For Numba's
+    compiler: it keeps a frame of a compile alive after it (found by the memory tracker), and a
+    frame holds its callers' frames, whose locals are the arrays of the call that compiled; a
+    thread's frames hold none of this one's (a step's peak otherwise depended on which kernels
+    the process had compiled before it)."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 (raised again on the calling thread)
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="tg-compile")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _check_cells(fn):
