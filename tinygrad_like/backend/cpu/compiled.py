@@ -508,6 +508,13 @@ def f32_from_f16_bits(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
+@device
+def f32_from_bf16_bits(bits):
+    """The fp32 value of the bf16 whose bits are bits (its top half, exact: the twin of
+    f32_from_f16_bits)."""
+    return f32_from_bits(np.int32(bits) << np.int32(16))
+
+
 def exp(x):
     """e^x (math.exp); in fp32 a polynomial LLVM can vectorize, within 2 ulps of expf."""
     return math.exp(x)

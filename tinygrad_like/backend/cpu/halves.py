@@ -30,7 +30,7 @@ from .compiled import (
     _converts_half,
     bits_from_f32,
     device,
-    f32_from_bits,
+    f32_from_bf16_bits,
     f32_from_f16_bits,
     kernel,
 )
@@ -81,8 +81,8 @@ def _bf16_binary(a, b, out, op):
     (op 0), subtracted (1), multiplied (2) or divided (3) in fp32, the result rounded once."""
     step = np.intp(b.size != 1)  # b's index: i, or 0 for all i
     for i in prange(out.size):
-        x = f32_from_bits(np.int32(a[i]) << np.int32(16))
-        y = f32_from_bits(np.int32(b[i * step]) << np.int32(16))
+        x = f32_from_bf16_bits(a[i])
+        y = f32_from_bf16_bits(b[i * step])
         if op == 0:
             z = x + y
         elif op == 1:

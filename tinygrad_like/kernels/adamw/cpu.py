@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import f32_from_bits, f32_from_f16_bits, kernel, row_dot
+from ...backend.cpu.compiled import f32_from_bf16_bits, f32_from_f16_bits, kernel, row_dot
 from ...backend.cpu.halves import HALVES, f32, rounded
 from ...backend.cpu.runtime import in_parallel
 
@@ -34,7 +34,7 @@ def _sum_squares_half(bits, partials, half):
             if half:
                 wide[i] = f32_from_f16_bits(np.int32(part[i]))
             else:
-                wide[i] = f32_from_bits(np.int32(part[i]) << np.int32(16))
+                wide[i] = f32_from_bf16_bits(part[i])
         partials[p] = row_dot(wide, wide)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import f32_from_bits, f32_from_f16_bits, kernel
+from ...backend.cpu.compiled import f32_from_bf16_bits, f32_from_f16_bits, kernel
 from ...backend.cpu.halves import HALVES, bf16_binary, converted, f32, rounded
 from ...backend.cpu.runtime import CHUNK, in_parallel
 from . import numba_source
@@ -218,7 +218,7 @@ def _column_sums(bits, bf16, total):
             sums = total[lo:hi]
             if bf16:  # a loop of its own for each format, so that LLVM vectorizes both
                 for j in range(row.shape[0]):
-                    sums[j] += f32_from_bits(np.int32(row[j]) << np.int32(16))
+                    sums[j] += f32_from_bf16_bits(row[j])
             else:
                 for j in range(row.shape[0]):
                     sums[j] += f32_from_f16_bits(np.int32(row[j]))

@@ -71,22 +71,25 @@ def _gemm(a, b, bias=None):
     return c
 
 
-def _bf16_gemm(a, b, out=None, add=False):
+def _bf16_gemm(a, b, widened=False, out=None, add=False):
     """a @ b where both are bf16, b 2-D and a of at least GEMV_BELOW rows (its batch
     dimensions merged into them): by the BLAS's bf16 GEMM where this machine chose one
     (cpu_blas.py: MKL's), else by cpu_bf16.py's bf16 dot products where the CPU has the
-    instruction; else None (widened, BLAS's). out (fp32, C's shape, contiguous): C rounded to
-    bf16, widened and written (add: added) into out by cpu_bf16.py alone (else None)."""
+    instruction; else None (widened, BLAS's). widened: C rounded to bf16 and widened back into
+    out (fp32, C's shape, contiguous; a new one when None; add: added to what it holds), by
+    cpu_bf16.py alone (else None)."""
     if a.dtype != bfloat16 or b.dtype != bfloat16 or b.ndim != 2:
         return None
     rows = a.size // a.shape[-1] if a.shape[-1] else 0
     if rows < GEMV_BELOW:
         return None
     a2, shape = a.reshape(rows, a.shape[-1]), a.shape[:-1] + (b.shape[1],)
-    if out is not None:
-        if not HAS_DOT or cpu_blas.has_bf16() or not out.flags.c_contiguous:
+    if widened:
+        if not HAS_DOT or cpu_blas.has_bf16() or not (out is None or out.flags.c_contiguous):
             return None
-        return matmul_bf16(a2, b, out=out.reshape(rows, b.shape[1]), add=add).reshape(shape)
+        out = np.empty(shape, np.float32) if out is None else out
+        matmul_bf16(a2, b, out=out.reshape(rows, b.shape[1]), add=add)
+        return out
     c = cpu_blas.bf16_matmul(a2, b)
     if c is None and not HAS_DOT:
         return None
@@ -161,9 +164,9 @@ def _product(a, b, dtype, bias=None, scale=None, cast=None, add=None, out=None):
         if done is not None:
             return done
     if plain and dtype == bfloat16 and cast is not None and np.dtype(cast) == np.float32:
-        into = out if out is not None else np.empty(a.shape[:-1] + b.shape[-1:], np.float32)
-        if _bf16_gemm(a, b, into, add is not None) is not None:
-            return into
+        done = _bf16_gemm(a, b, widened=True, out=out, add=add is not None)
+        if done is not None:
+            return done
     return _epilogue(_gemm(a, b, bias), dtype, scale, cast, add, out)
 
 

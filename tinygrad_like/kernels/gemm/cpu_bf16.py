@@ -36,7 +36,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ...backend.cpu.compiled import bits_from_f32, device, f32_from_bits, kernel, use_pool
+from ...backend.cpu.compiled import bits_from_f32, device, f32_from_bf16_bits, kernel, use_pool
 from ...backend.cpu.emit import F32, I32, I64, Emit, cpu_has, splat
 from ...backend.cpu.halves import bf16_bits
 from ...backend.cpu.runtime import THREADS
@@ -170,9 +170,9 @@ def _pair(lo, hi):
 
 
 @device
-def _bf16_widened(v):
-    """fp32 v rounded to bf16 (halves.rounded's bits) and widened back: exact."""
-    return f32_from_bits(np.int32(bf16_bits(bits_from_f32(v))) << np.int32(16))
+def _through_bf16(v):
+    """fp32 v rounded to bf16 (halves.rounded's bits), as the fp32 it stands for."""
+    return f32_from_bf16_bits(bf16_bits(bits_from_f32(v)))
 
 
 @kernel(work=lambda x, pairs: x.size)
@@ -251,7 +251,7 @@ def _gemm_kernel(rows_b):
                             r, col = (n0 + q, m) if transposed else (m, n0 + q)
                             v = strip[m - i0 * MR, q]
                             if widened:
-                                v = _bf16_widened(v)
+                                v = _through_bf16(v)
                             c[r, col] = c[r, col] + v if widened == 2 else v
 
     return _gemm

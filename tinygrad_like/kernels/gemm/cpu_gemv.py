@@ -19,7 +19,7 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
-from ...backend.cpu.compiled import f32_from_bits, f32_from_f16_bits, kernel
+from ...backend.cpu.compiled import f32_from_bf16_bits, f32_from_f16_bits, kernel
 from ...backend.cpu.halves import f32
 from ...formats import FORMATS
 from ..quant.cpu_gemv import gemv as row_gemv
@@ -57,7 +57,7 @@ def _columns_kernel(code):
                     x, sums = a[m, k], acc[m]
                     for j in range(row.shape[0]):
                         if code == 1:
-                            w = f32_from_bits(np.int32(row[j]) << np.int32(16))
+                            w = f32_from_bf16_bits(row[j])
                         elif code == 2:
                             w = f32_from_f16_bits(np.int32(row[j]))
                         else:

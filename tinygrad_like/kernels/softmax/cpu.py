@@ -10,7 +10,7 @@ from ...backend.cpu.compiled import (
     bits_from_f32,
     device,
     exp,
-    f32_from_bits,
+    f32_from_bf16_bits,
     kernel,
     row_dot,
     row_max,
@@ -121,7 +121,7 @@ def _ce_bf16(bits, targets, V, dloss, lse_in, losses, lse_out, dbits, forward, b
         x = np.empty(Vp, np.float32)
         for row in range(block * _BF16_ROWS, min(block * _BF16_ROWS + _BF16_ROWS, N)):
             for c in range(Vp):
-                x[c] = f32_from_bits(np.int32(bits[row, c]) << np.int32(16))
+                x[c] = f32_from_bf16_bits(bits[row, c])
             xs = x[:V]
             loss, lse = _ce_row(xs, xs, targets[row], V, dloss, lse_in[row], forward, backward)
             if forward:
