@@ -77,7 +77,14 @@ class KVCache:
 
     def advance(self, tokens):
         """The positions stored grow by tokens (host state: a captured step's replay runs it
-        in its place, kernels.on_host)."""
+        in its place, kernels.on_host), or ValueError past the cache's max_len: on CUDA the
+        attention reads the positions on the device only, so this is their check there (a
+        replayed CUDA graph has written its step by then)."""
+        if self.length + tokens > self.max_len:
+            raise ValueError(
+                f"the KV cache holds {self.max_len} positions: {self.length} stored and "
+                f"{tokens} more do not fit (make the cache longer)"
+            )
         self.length += tokens
 
     def _write(self, layer, k, v, positions):
@@ -160,13 +167,16 @@ class CausalLM(Module):
 
     # ---- the pieces of forward
     def _positions(self, idx, cache, cache_position=None):
-        """idx (B, T) checked -> (idx as a host int array, or the meta device's shape-only
-        one, B, T, the tokens' positions (T,) int64: cache_position when given (a device array,
-        as a captured decode step passes its own), else the cache's next T positions on the
-        model's device, or 0 ... T - 1 on the host without a cache)."""
+        """idx (B, T) checked -> (idx: an array of some device as it is (a Tensor's data),
+        host data as a NumPy array; B, T, the tokens' positions (T,) int64: cache_position when
+        given (a device array, as a captured decode step passes its own), else the cache's next
+        T positions on the model's device, or 0 ... T - 1 on the host without a cache). Device
+        ids stay there: a captured step's replay reads its input buffer, and a CUDA graph's
+        capture may not copy from the host."""
         name = type(self).__name__
-        if backend.holds_values(idx):
-            idx = np.asarray(idx.numpy() if isinstance(idx, Tensor) else idx)
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        if not backend.is_array(idx):
+            idx = np.asarray(idx)
         if idx.ndim != 2:
             raise ValueError(f"{name} expects token ids of shape (B, T), got {idx.shape}")
         B, T = idx.shape
@@ -179,7 +189,8 @@ class CausalLM(Module):
                 f"{self.config.n_positions}: shorten it (or --seq-len)"
             )
         if cache_position is None and cache is None:
-            cache_position = _first_positions(T)
+            be = backend.get(self.get_input_embeddings().weight.device)
+            cache_position = _first_positions(T, be)
         elif cache_position is None:
             be = backend.get(self.get_input_embeddings().weight.device)
             cache_position = be.asarray(np.arange(start, start + T))
@@ -199,7 +210,8 @@ class CausalLM(Module):
             x = x[:, -1:, :]  # (B, 1, C)
         V = self.config.vocab_size
         if targets is not None:
-            targets = np.asarray(targets) if backend.holds_values(targets) else targets
+            if not backend.is_array(targets):  # host data (a list); arrays stay on their device
+                targets = np.asarray(targets)
             if targets.shape != (B, T):
                 raise ValueError(f"targets of shape {targets.shape} do not match ids {(B, T)}")
             if self.options.lm_head == "fused":
@@ -335,12 +347,13 @@ class CausalLM(Module):
 
 
 @functools.lru_cache(maxsize=None)
-def _first_positions(T):
-    """0 ... T - 1 on the host, read-only: the same array at every call (a captured training
-    step's kernels read it as a constant)."""
+def _first_positions(T, be):
+    """0 ... T - 1, the same array at every call (a captured training step's kernels read it as
+    a constant): on the host, read-only, where the device's memory is the host's or holds no
+    values (meta), else copied once to the device (be: its backend module)."""
     positions = np.arange(T)
     positions.flags.writeable = False
-    return positions
+    return positions if be.HOST_MEMORY or not be.HOLDS_VALUES else be.asarray(positions)
 
 
 def _non_finite(dtype, tokens):

@@ -12,6 +12,16 @@ device's opt-in limit, SHARED_OPTIN) and records it in LAUNCHES. By default it c
 (outputs keep what they held); with installed(execute=True) it then runs the kernel on the CPU
 (tests/cuda_on_cpu: the .cu source compiled with the C++ compiler, on the arrays' buffers).
 
+Streams, CUDA graphs and memory pools as far as a step's capture needs them: `with stream:` makes
+a stream current; between stream.begin_capture() and end_capture() nothing launched on it runs:
+kernels (their arguments packed then, as the GPU freezes them), CuPy's functions, ufuncs and
+setitems on device arrays become the nodes of a _Graph, run in order by graph.launch(); a read
+of a device array by the host (asnumpy, int(), float(), bool(), .item(), .get()), a copy from
+the host, a synchronize or a graph launch inside a capture raises, as CUDA refuses them there.
+Memory allocated while cupy.cuda.using_allocator(pool.malloc) is in effect is kept by the pool
+(never reused: a real pool reuses what was freed, in the capture's stream order); a graph whose
+node finds its memory freed since the capture raises.
+
 installed() puts the stand-in in sys.modules, imports a fresh tinygrad_like.backend.cuda package
 over it (and, as kernels.on(device) asks for them, fresh kernels/<family>/cuda.py modules), and
 restores sys.modules (and os.environ) afterwards.
@@ -23,6 +33,7 @@ import os
 import re
 import sys
 import types
+import weakref
 from typing import NamedTuple
 from unittest import mock
 
@@ -42,7 +53,7 @@ class Launch(NamedTuple):
     source: str  # the module's CUDA source
 
 
-LAUNCHES = []  # every launch that passed the checks, in order
+LAUNCHES = []  # every launch that passed the checks, in order (not those inside a capture)
 EXECUTE = [False]  # run the kernels (installed(execute=True)); else only check the launches
 STATIC_SHARED_MAX = 48 * 1024  # what a block may use without opting in
 SHARED_OPTIN = 232448  # the device's opt-in limit per block: sm_90's 227 KB (sm_80: 166912)
@@ -81,19 +92,100 @@ class ndarray(np.ndarray):
     def data(self):
         return _Pointer(self.__array_interface__["data"][0])
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = [np.asarray(x) if isinstance(x, ndarray) else x for x in inputs]
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, ndarray) else o for o in out)
+        run = lambda: getattr(ufunc, method)(*plain, **kwargs)  # noqa: E731
+        if _capture() is None:
+            return _device(run()) if out is None else (out[0] if len(out) == 1 else out)
+        if out is not None:  # written in place: at the graph's launch only
+            _capture().nodes.append(_Node(run, inputs + out, ufunc.__name__))
+            return out[0] if len(out) == 1 else out
+        return _captured(run, inputs, ufunc.__name__)
+
+    def __setitem__(self, key, value):
+        if _capture() is None:
+            return np.ndarray.__setitem__(self, key, value)
+        keys = key if isinstance(key, tuple) else (key,)
+        node = lambda: np.ndarray.__setitem__(self, key, value)  # noqa: E731
+        _capture().nodes.append(_Node(node, (self, value, *keys), "setitem"))
+
+    def copy(self, order="C"):
+        return self.astype(self.dtype, order=order)
+
+    def astype(self, dtype, order="K", copy=True):
+        if not copy and np.dtype(dtype) == self.dtype:
+            return self
+        run = lambda: np.ndarray.astype(self, dtype, order=order)  # noqa: E731
+        return _device(run()) if _capture() is None else _captured(run, (self,), "astype")
+
+    def fill(self, value):
+        if _capture() is None:
+            return np.ndarray.fill(self, value)
+        _capture().nodes.append(_Node(lambda: np.ndarray.fill(self, value), (self,), "fill"))
+
+    def _host_read(name):  # a method factory, run in the class body
+        def read(self, *args):
+            _refuse_in_capture(f"{name}() of a device array (a device-to-host read)")
+            return getattr(np.ndarray, name)(self, *args)
+
+        return read
+
+    __int__, __float__, __bool__, __index__ = map(
+        _host_read, ("__int__", "__float__", "__bool__", "__index__")
+    )
+    item, tolist = _host_read("item"), _host_read("tolist")
+    del _host_read
+
+    def get(self):
+        return asnumpy(self)
+
+    @property
+    def base(self):
+        """The device array this one is a view of, else None: the NumPy array a device array
+        was made from (its memory, as it were) is not one."""
+        base = np.ndarray.base.__get__(self)
+        return base if isinstance(base, ndarray) else None
+
+    @property
+    def __cuda_array_interface__(self):
+        """CuPy's: what says, to backend.of and to NumPy's callers, that this is a device array."""
+        face = self.__array_interface__
+        return {**face, "version": 3, "stream": 1}
+
 
 def _device(x):
-    """NumPy results (arrays, 0-d scalars, tuples of them) as device arrays, as CuPy returns."""
+    """NumPy results (arrays, 0-d scalars, tuples of them) as device arrays, as CuPy returns; a
+    new one in the memory of the allocator in effect (using_allocator), if any."""
     if isinstance(x, (np.ndarray, np.generic)):
-        return np.asarray(x).view(ndarray)
+        # memory NumPy just made (a device array made by the stand-in is a view of its memory,
+        # and owns none: one that does is new, e.g. np.empty_like's): the allocator's
+        x = np.asarray(x) if not isinstance(x, ndarray) else x
+        if _ALLOCATORS and np.ndarray.base.__get__(x) is None:
+            block = _ALLOCATORS[-1](max(x.nbytes, 1)).memory[: x.nbytes]
+            held = block.view(x.dtype).reshape(x.shape)
+            np.copyto(held, x)
+            x = held
+        return x if isinstance(x, ndarray) else x.view(ndarray)
     if isinstance(x, (tuple, list)):
         return type(x)(_device(i) for i in x)
     return x
 
 
+_NO_NODE = {"empty", "empty_like", "broadcast_to"}  # no values computed: no node in a graph
+
+
 def _on_device(fn):
     def wrapped(*args, **kwargs):
-        return _device(fn(*args, **kwargs))
+        run = lambda: fn(*args, **kwargs)  # noqa: E731
+        if _capture() is None or fn.__name__ in _NO_NODE:
+            return _device(run())
+        if kwargs.get("out") is not None:
+            _capture().nodes.append(_Node(run, (*args, kwargs["out"]), fn.__name__))
+            return kwargs["out"]
+        return _captured(run, args, fn.__name__)
 
     wrapped.__name__ = fn.__name__
     return wrapped
@@ -101,10 +193,15 @@ def _on_device(fn):
 
 def asarray(a, dtype=None):
     """A copy on the "device", unless a is already a device array of that dtype (as CuPy)."""
-    return _device(np.asarray(a, dtype) if isinstance(a, ndarray) else np.array(a, dtype))
+    if not isinstance(a, ndarray):
+        _refuse_in_capture("a copy from the host")
+        return _device(np.array(a, dtype))
+    same = dtype is None or np.dtype(dtype) == a.dtype
+    return a if same else a.astype(dtype)
 
 
 def asnumpy(a):
+    _refuse_in_capture("asnumpy (a device-to-host copy)")
     return np.array(a)
 
 
@@ -114,7 +211,151 @@ def ascontiguousarray(a, dtype=None):
     same = dtype is None or np.dtype(dtype) == a.dtype
     if isinstance(a, ndarray) and a.ndim and a.flags.c_contiguous and same:
         return a
-    return _device(np.ascontiguousarray(a, dtype))
+    if not isinstance(a, ndarray):
+        _refuse_in_capture("a copy from the host")
+    run = lambda: np.ascontiguousarray(a, dtype)  # noqa: E731
+    return _device(run()) if _capture() is None else _captured(run, (a,), "ascontiguousarray")
+
+
+def _as_strided(x, shape, strides):
+    """A view of a contiguous device array x, whose base is x (as CuPy's; NumPy's own keeps a
+    helper object between them)."""
+    return np.ndarray.__new__(ndarray, shape, x.dtype, buffer=x, strides=strides)
+
+
+# ---------------------------------------------------------------- streams, graphs, pools
+
+_STREAMS = []  # the streams made current by `with stream:`, innermost last
+_ALLOCATORS = []  # the allocators in effect (using_allocator), innermost last
+
+
+class _Node(NamedTuple):
+    """A graph's node: run() computes it; arrays: the device arrays it reads or writes; memory:
+    weak references to what owns their bytes (end_capture makes them)."""
+
+    run: object
+    arrays: tuple
+    what: str  # for the messages: the kernel, or CuPy's function
+    memory: tuple = ()
+
+
+def _memory_of(a):
+    """The NumPy array that owns a device array's bytes (a pool's block, or what NumPy made)."""
+    while isinstance(a, np.ndarray) and np.ndarray.base.__get__(a) is not None:
+        a = np.ndarray.base.__get__(a)
+    return a
+
+
+class _Graph:
+    """cupy.cuda.Graph: the nodes a capture recorded, run in order by launch()."""
+
+    def __init__(self):
+        self.nodes = []
+        self.launches = 0  # how often it was launched (the tests count them)
+
+    def launch(self, stream=None):
+        _refuse_in_capture("a graph launch")
+        for node in self.nodes:
+            if any(memory() is None for memory in node.memory):
+                raise LaunchError(
+                    f"a graph's node ({node.what}) reads or writes memory freed since the "
+                    "capture: allocate what a captured step makes from a pool the graph keeps"
+                )
+            node.run()
+        self.launches += 1
+
+
+def _capture():
+    """The graph the current stream is capturing into, or None."""
+    return _STREAMS[-1].graph if _STREAMS else None
+
+
+def _refuse_in_capture(what):
+    if _capture() is not None:
+        raise LaunchError(f"{what} inside a stream capture: CUDA refuses it there")
+
+
+def _captured(run, inputs, what):
+    """A computation inside a capture: its result's shape and dtype found by running it now on
+    whatever its inputs hold (values computed later are not there yet), its memory the
+    allocator's; the node computes it again into that memory at each launch."""
+    with np.errstate(all="ignore"):  # values not computed yet: any garbage, overflows too
+        result = _device(run())
+    node = _Node(lambda: np.copyto(np.asarray(result), run()), (*inputs, result), what)
+    _capture().nodes.append(node)
+    return result
+
+
+def _keep_memory(graph):
+    """Each node's arrays as weak references to their memory (checked at launch): a node holds
+    no array alive, as a GPU's graph holds pointers only."""
+    for i, node in enumerate(graph.nodes):
+        held = [_memory_of(a) for a in node.arrays if isinstance(a, ndarray)]
+        graph.nodes[i] = _Node(node.run, (), node.what, tuple(weakref.ref(m) for m in held))
+
+
+class _Stream:
+    """cupy.cuda.Stream: `with stream:` makes it current; begin_capture() ... end_capture() records
+    what is launched on it into a _Graph instead of running it."""
+
+    def __init__(self, null=False, non_blocking=False, ptds=False):
+        self.null, self.graph = null, None
+
+    def __enter__(self):
+        _STREAMS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _STREAMS.pop()
+
+    def begin_capture(self, mode=None):
+        if self.null:
+            raise LaunchError("cannot capture on the default (legacy) stream")
+        if self.graph is not None:
+            raise LaunchError("the stream is capturing already")
+        self.graph = _Graph()
+
+    def end_capture(self):
+        if self.graph is None:
+            raise LaunchError("the stream is not capturing")
+        graph, self.graph = self.graph, None
+        _keep_memory(graph)
+        return graph
+
+    def is_capturing(self):
+        return self.graph is not None
+
+    def synchronize(self):
+        _refuse_in_capture("a stream synchronize")
+
+
+class _Block(NamedTuple):
+    memory: np.ndarray  # uint8 bytes
+
+
+class _MemoryPool:
+    """cupy.cuda.MemoryPool: malloc(nbytes) gives a block the pool keeps as long as it lives."""
+
+    def __init__(self):
+        self.blocks = []
+
+    def malloc(self, nbytes):
+        self.blocks.append(_Block(np.empty(nbytes, np.uint8)))
+        return self.blocks[-1]
+
+    def used_bytes(self):
+        return sum(b.memory.nbytes for b in self.blocks)
+
+    total_bytes = used_bytes
+
+
+@contextlib.contextmanager
+def _using_allocator(allocator=None):
+    _ALLOCATORS.append(allocator)
+    try:
+        yield
+    finally:
+        _ALLOCATORS.pop()
 
 
 _ARRAY_FUNCTIONS = (
@@ -236,19 +477,27 @@ class Kernel:
                 (self._pointer if p.pointer else self._scalar)(arg, p)
             except LaunchError as e:
                 raise LaunchError(f"{self.name}, argument {i} ({p.name}): {e}") from None
-        LAUNCHES.append(Launch(self.name, grid, block, args, self.source))
-        if EXECUTE[0]:
-            import cuda_on_cpu
+        if _capture() is None:  # a captured launch is its graph's node, which holds no array
+            LAUNCHES.append(Launch(self.name, grid, block, args, self.source))
+        packed = [  # what the GPU freezes in a captured launch: pointers and scalars' bytes
+            int(a.data.ptr if isinstance(a, ndarray) else a).to_bytes(8, "little")
+            if p.pointer
+            else a.tobytes()
+            for a, p in zip(args, self.params)
+        ]
 
-            packed = [
-                int(a.data.ptr if isinstance(a, ndarray) else a).to_bytes(8, "little")
-                if p.pointer
-                else a.tobytes()
-                for a, p in zip(args, self.params)
-            ]
-            cuda_on_cpu.launch(
-                self.source, self.names, self.name, grid, block, int(shared_mem), packed
-            )
+        def run():
+            if EXECUTE[0]:
+                import cuda_on_cpu
+
+                cuda_on_cpu.launch(
+                    self.source, self.names, self.name, grid, block, int(shared_mem), packed
+                )
+
+        if _capture() is not None:
+            _capture().nodes.append(_Node(run, args, self.name))
+        else:
+            run()
 
     def _shared(self, shared_mem):
         optin = DEVICE_ATTRIBUTES[97]
@@ -343,7 +592,7 @@ class _Device:
         self.id = id
 
     def synchronize(self):
-        pass
+        _refuse_in_capture("a device synchronize")
 
 
 class _MemoryHook:
@@ -370,9 +619,13 @@ def _modules():
     cupy.ndarray, cupy.int64 = ndarray, np.int64
     cupy.asarray, cupy.asnumpy, cupy.RawModule = asarray, asnumpy, RawModule
     cupy.ascontiguousarray = ascontiguousarray
+    cupy.LAUNCHES = LAUNCHES  # the stand-in's own: what the tests count (no CuPy has it)
     cupy.get_default_memory_pool = _Pool
+    cupy.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
     cuda = types.ModuleType("cupy.cuda")
     cuda.Device, cuda.Event = _Device, _Event
+    cuda.Stream, cuda.MemoryPool, cuda.using_allocator = _Stream, _MemoryPool, _using_allocator
+    cuda.get_current_stream = lambda: _STREAMS[-1] if _STREAMS else _NULL_STREAM
     cuda.get_elapsed_time = lambda start, end: 0.0
     cuda.runtime = types.SimpleNamespace(  # no device: a stand-in must never pass for a GPU
         getDeviceCount=lambda: 0,
@@ -386,6 +639,7 @@ def _modules():
     return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory_hook": memory_hook}
 
 
+_NULL_STREAM = _Stream(null=True)
 _CUDA = "tinygrad_like.backend.cuda"
 _KERNELS = "tinygrad_like.kernels."  # + <family>.cuda: the CUDA kernels, over the same CuPy
 _CUPY = ("cupy", "cupy.cuda", "cupy.cuda.memory_hook")

@@ -409,21 +409,64 @@ def test_a_fused_training_step_on_cuda_is_the_eager_step_bit_for_bit(cuda, famil
     assert {f.kernel for f in captured.program.fusions} >= {"matmul", "matmul_tn"}
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_a_fused_decode_step_on_cuda_is_the_eager_step_bit_for_bit(cuda, family):
+@pytest.mark.parametrize(
+    "family, weights, kv_dtype",
+    [("gpt2", None, None), ("llama", None, None), ("gpt2", "int8", "fp8_e4m3")],
+)
+def test_a_decode_step_on_cuda_replays_as_one_cuda_graph_with_the_eager_bits(
+    cuda, family, weights, kv_dtype
+):
     """The decode step on the CUDA backend, captured (its residual adds folded into gemm.cu's
-    epilogue) and eager: the same logits."""
+    epilogue) and replayed as one CUDA graph: the attention reads the cache's length from the
+    positions on the device, the token ids are not read by the host in the capture, so every
+    kernel of a token is the graph's (none launched from Python after the capture) and the
+    logits are the eager step's, bit for bit, at positions that move. Without a GPU the graph is
+    the stand-in's (tests/fake_cupy.py): nothing launched inside the capture runs, a host read
+    there fails, each node runs again at each launch on what the capture froze."""
     logits = []
     for compiled in (False, True):
-        model = model_of(family)
+        model = model_of(family, weights=weights)
         model.to(device="cuda")
-        cache = KVCache(model.config, 1, 9, model.get_input_embeddings().weight)
+        cache = KVCache(model.config, 1, 10, model.get_input_embeddings().weight, kv_dtype)
         step = model.decode_step(cache)
         token = step(cuda.asarray(np.array([[1, 2, 3]])), cuda.asarray(np.arange(3)))
         run = graph.compile(step) if compiled else step
-        for _ in range(5):
+        for i in range(6):
             feed = cuda.asarray(cuda.to_numpy(token[:, -1]).argmax(-1)[:, None])
+            launched = len(getattr(cuda.xp, "LAUNCHES", ()))  # the stand-in's record
             token = run(feed, cuda.asarray(np.array([cache.length])))
+            if compiled and i >= 3:  # two recordings, then the capture, then graph launches
+                assert len(getattr(cuda.xp, "LAUNCHES", ())) == launched
             logits.append(cuda.to_numpy(token).tobytes())
-    assert logits[:5] == logits[5:]
+    assert logits[:6] == logits[6:]
+    assert run.program.graph is not None
     assert run.program.launches < run.program.eager_launches
+
+
+def test_a_full_kv_cache_refuses_another_position():
+    """KVCache.advance, a host call of every decode step, is where a CUDA graph's positions are
+    checked (its attention reads them on the device only)."""
+    model = model_of("gpt2")
+    cache = KVCache(model.config, 1, 4, model.get_input_embeddings().weight)
+    cache.advance(3)
+    cache.advance(1)
+    with pytest.raises(ValueError, match="the KV cache holds 4 positions: 4 stored and 1 more"):
+        cache.advance(1)
+    assert cache.length == 4
+
+
+def test_a_training_step_on_cuda_says_why_it_is_not_one_graph(cuda, capsys):
+    """AdamW's kernel takes this step's scalars from a host call: frozen in a graph they would be
+    stale, so the step's kernels are launched one by one (and the step says so once)."""
+    model = model_of("gpt2")
+    model.to(device="cuda")
+    model.flatten_parameters("fp32")
+    optimizer = AdamW(model.named_parameters(), lr=1e-3)
+    step = graph.compile(lambda x, y: device_step(model, optimizer, [(x, y)], None))
+    ids = cuda.asarray(np.random.default_rng(0).integers(0, 53, (2, 9)))
+    for _ in range(4):
+        step(ids[:, :-1].copy(), ids[:, 1:].copy())
+    assert step.program.graph is None
+    said = capsys.readouterr().err
+    assert said.count("launched one by one, not as one graph") == 1
+    assert "takes a value a host call makes" in said

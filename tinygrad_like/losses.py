@@ -167,9 +167,10 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
     array at every call of a captured step), 1 / the count of the others (the mean's factor,
     counted by a host call that a captured step's replay runs again), V = n_classes or Vp).
     The meta device's targets have a shape only: none is taken as ignored."""
-    t = targets.numpy() if isinstance(targets, Tensor) else targets
+    t = targets.data if isinstance(targets, Tensor) else targets
     meta = not backend.holds_values(t)  # the meta device's targets: a shape, no ids
-    t = t if meta else np.asarray(t)
+    if not (meta or backend.is_array(t)):
+        t = np.asarray(t)  # host data: a list
     V = Vp if n_classes is None else n_classes
     if not 0 < V <= Vp:
         raise ValueError(f"{fn}: n_classes {V} must be in [1, {Vp}] for {what}")
@@ -180,15 +181,16 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
     if meta:  # int64, as np.where below makes
         t = t if t.dtype == np.int64 else backend.of(t).empty((N,), np.int64)
         return t, kernels.on_host(_inverse_count, t, fn, ignore_index), V
-    ignored = t == ignore_index
-    bad = t[~ignored & ((t < 0) | (t >= V))]  # -1 is a class id like any other unless ignored
+    ids = backend.of(t).to_numpy(t)  # read on the host to be checked (a copy from a GPU)
+    ignored = ids == ignore_index
+    bad = ids[~ignored & ((ids < 0) | (ids >= V))]  # -1 is a class id unless it is ignored
     if bad.size:
         raise ValueError(
             f"target id {int(bad[0])} out of range for vocab {V} (ignore_index is {ignore_index})"
         )
     if ignore_index != -1 or t.dtype != np.int64:
-        t = np.where(ignored, -1, t).astype(np.int64)
-    t = backend.of(like.data).asarray(t)
+        t = np.where(ignored, -1, ids).astype(np.int64)
+    t = backend.of(like.data).asarray(t)  # targets already on like's device stay the same array
     return t, kernels.on_host(_inverse_count, t, fn, ignore_index), V
 
 

@@ -181,8 +181,6 @@ def test_kernel(case, check):
     "change, words",
     [
         (dict(fmt="int8"), "the quantized ones are fp8_e4m3, fp8_e5m2"),
-        (dict(positions=np.arange(28, 31)), "consecutive positions in [0, L = 30)"),
-        (dict(positions=np.array([4, 6, 7])), "consecutive positions in [0, L = 30)"),
         (dict(positions=np.arange(4)), "Tq positions"),
         (dict(q=np.zeros((1, 3, 3, 16), F32)), "H a multiple of Hkv"),
         (dict(k_scales=np.zeros((1, 2, 29), F32)), "scales (B, Hkv, L)"),
@@ -197,6 +195,20 @@ def test_qattention_refuses_arguments_that_do_not_fit(device, change, words):
     kw.update({k: a for k, a in change.items() if not hasattr(a, "shape")})
     with pytest.raises(ValueError, match=re.escape(words)):
         device.qattention(**args, **kw)
+
+
+@pytest.mark.parametrize("at", [np.arange(28, 31), np.array([4, 6, 7])], ids=["past L", "a gap"])
+def test_cpu_attention_refuses_positions_it_cannot_attend_at(at):
+    """The CPU reads the positions on the host and checks them; CUDA never reads them there (so
+    that a decode step can be a CUDA graph): nn/lm.py's KVCache.advance raises when it is full."""
+    kc, ks, vc, vs = quantized_cache(1, 2, 30, 16, "fp8_e4m3")
+    q = np.zeros((1, 4, 3, 16), F32)
+    words = re.escape("consecutive positions in [0, L = 30)")
+    with pytest.raises(ValueError, match=words):
+        cpu.qattention(q, kc, ks, vc, vs, "fp8_e4m3", at, 0.25)
+    k = np.zeros((1, 2, 30, 16), F32)
+    with pytest.raises(ValueError, match=words):
+        cpu.kv_attention(q, k, k, at, 0.25)
 
 
 def test_cpu_qattention_in_a_two_byte_dtype_is_the_fp32_result_rounded():

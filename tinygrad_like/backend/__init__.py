@@ -61,8 +61,12 @@ def get(device: str):
 
 
 def of(array):
-    """The backend that owns an array (NumPy arrays live on the CPU, MetaArrays on meta,
-    everything else on CUDA)."""
+    """The backend that owns an array (an array with __cuda_array_interface__ lives on CUDA,
+    other NumPy arrays on the CPU, MetaArrays on meta, everything else on CUDA)."""
+    if type(array) is cpu.np.ndarray:  # the common case first: a launch asks at every call
+        return cpu
+    if hasattr(array, "__cuda_array_interface__"):
+        return get("cuda")
     if isinstance(array, (cpu.np.ndarray, cpu.np.generic)):
         return cpu
     return meta if isinstance(array, meta.MetaArray) else get("cuda")

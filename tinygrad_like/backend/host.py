@@ -11,6 +11,7 @@ FACTS = (
     "HOLDS_VALUES",  # its arrays have values to read back; its kernels run and are timed
     "GPU",  # a GPU: a GPU run's training defaults, datasheet peaks, ranks over NCCL
     "HOST_MEMORY",  # its memory is the host's: a machine's ranks and host copies share it
+    "GRAPHS",  # it keeps graphs of launches of its own (CUDA graphs): capture_graph
 )
 
 
@@ -51,6 +52,14 @@ def total_bytes():
     """The device's memory (None: it has none of its own)."""
 
 
+def capture_graph(run):
+    """run() recorded as one graph of the device (a CUDA graph) -> (launcher, run()'s result):
+    launcher() runs what run() launched again, as one unit, on the same buffers (what run()
+    allocated kept for the graph alone); run() itself launches nothing. Only where GRAPHS is
+    True; elsewhere NotImplementedError (a captured step's replay launches its kernels one by
+    one from Python: graph/capture.py)."""
+
+
 HOST = (
     supported_dtypes,
     asarray,
@@ -61,4 +70,5 @@ HOST = (
     require_values,
     available_bytes,
     total_bytes,
+    capture_graph,
 )

@@ -6,7 +6,8 @@ kernels, the next step of a compiler, are to come from the same capture), wraps 
 fn(*inputs) -> an array or a tuple of arrays, whose inputs are arrays of one device. The first
 call with inputs of a shape runs fn eagerly, recording; the second runs it eagerly again,
 recording, and checks the two (capture.py); every later call copies its inputs into the buffers
-the first two ran on and replays the kernels. A call whose inputs have another shape or dtype is
+the first two ran on and replays the kernels (on a device that keeps graphs, as one graph where
+the step allows it: device_graph.py). A call whose inputs have another shape or dtype is
 captured anew, and says so once. What changes between calls must reach the kernels as the
 contents of an input (token ids, positions), never as a Python value the step computes: a step
 that passes one (capture.py names the launch) runs eagerly from then on, and says so once, as
@@ -17,6 +18,7 @@ import sys
 
 from .. import backend, kernels
 from .capture import Mismatch, Program, Recording
+from .device_graph import graphed
 from .fuse import fuse
 
 
@@ -97,6 +99,8 @@ class Capture:
                 return result  # computed eagerly, as every later call will be
             if self.fuse:
                 fuse(self.program)
+            if self.program.device.GRAPHS:
+                self.program.graph = graphed(self.program)
             self.recordings = None
         return result
 

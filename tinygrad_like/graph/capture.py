@@ -113,6 +113,7 @@ class Program:
         self.where = "the step's result"
         self.result = self._describe(result1, result2)
         self.recorded = list(self.steps)  # the launches as recorded, before any fusion
+        self.graph = None  # replay() as one device graph (device_graph.py), where one is made
         self.planned()
 
     @property
@@ -243,13 +244,16 @@ class Program:
         buffers. timers: a list each kernel's timer (the device's) is appended to (a replay's
         host time is its seconds minus its kernels'); a profiler that times launches gets
         them when no caller asks. The steps run as one function generated at the first replay
-        (replay.py), after fuse.py has had its say."""
-        if not hasattr(self, "_replay"):
-            self._replay = generate(self.steps, self.result, self.device.start_timer)
+        (replay.py), after fuse.py has had its say; untimed, as one device graph where graph
+        holds one (device_graph.py, on a device that keeps graphs)."""
         if timers is None and profiler.timing_wanted():
             timers = []
         for prof in profiler.active():
             prof.replays.append(profiler.Replay(self, timers))
+        if timers is None and self.graph is not None:
+            return self.graph()
+        if not hasattr(self, "_replay"):
+            self._replay = generate(self.steps, self.result, self.device.start_timer)
         return self._replay(timers)
 
 

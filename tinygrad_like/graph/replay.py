@@ -15,22 +15,23 @@ from .. import backend
 from ..memory import root
 
 
-def generate(steps, result, timer):
-    """-> replay(timers): the steps run in order -> the step's result (built of this run's
-    buffers). timers: None, or a list each kernel's timer (timer(), the device's) is appended
-    to, in a second generated function made when first asked for."""
+def generate(steps, result, timer, given=()):
+    """-> replay(timers, *arrays): the steps run in order -> the step's result (built of this
+    run's buffers). timers: None, or a list each kernel's timer (timer(), the device's) is
+    appended to, in a second generated function made when first asked for. given: the values
+    (v) made before these steps (device_graph.py: by a graph's launch), passed as arrays."""
     made = {}
 
-    def replay(timers=None):
+    def replay(timers=None, *arrays):
         timed = timers is not None
         if timed not in made:
-            made[timed] = _function(steps, result, timer, timed)
-        return made[timed](timers)
+            made[timed] = _function(steps, result, timer, timed, given)
+        return made[timed](timers, *arrays)
 
     return replay
 
 
-def _function(steps, result, timer, timed):
+def _function(steps, result, timer, timed, given=()):
     scope = {"_view_of": _view_of, "root": root, "timer": timer}
     constant = _Constants(scope)
     lines = []
@@ -55,7 +56,8 @@ def _function(steps, result, timer, timed):
             held = f"root(outs[{i}])" if shape is None else f"outs[{i}].reshape({constant(shape)})"
             lines.append(f"v{v} = {held}")
     lines.append(f"return {_argument(result, constant)}")
-    source = "def replay(timers):\n" + "".join(f"    {line}\n" for line in lines)
+    parameters = "".join(f", v{v}" for v in given)
+    source = f"def replay(timers{parameters}):\n" + "".join(f"    {line}\n" for line in lines)
     exec(compile(source, "<replay>", "exec"), scope)
     return scope["replay"]
 
@@ -95,7 +97,7 @@ def _view_of(buffer, shape, strides, offset):
     """The view (shape, strides) at a byte offset of buffer, a contiguous array: NumPy's own
     constructor on the CPU (a tenth of as_strided's time), as_strided on a GPU, and on the meta
     device an array of that shape, strides and offset whose base is buffer (no bytes behind it)."""
-    if isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous:
+    if type(buffer) is np.ndarray and buffer.flags.c_contiguous:
         return np.ndarray(shape, buffer.dtype, buffer, offset, strides)
     be = backend.of(buffer)
     if not be.HOLDS_VALUES:

@@ -8,10 +8,12 @@ import numpy as np
 
 from .runtime import (  # noqa: F401
     GPU,
+    GRAPHS,
     HOLDS_VALUES,
     HOST_MEMORY,
     asarray,
     available_bytes,
+    capture_graph,
     empty,
     require_values,
     start_timer,

@@ -55,6 +55,7 @@ def supported_dtypes():
 HOLDS_VALUES = True  # its arrays have values to read back; its kernels run, and are timed
 GPU = False  # the training defaults of a CPU run; ranks talk over MPI
 HOST_MEMORY = True  # its memory is the host's: the ranks of one machine and host copies share it
+GRAPHS = False  # a replay launches each kernel from Python (graph/replay.py)
 
 
 def require_values(what):
@@ -77,6 +78,11 @@ def available_bytes():
 def total_bytes():
     """The machine's memory."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def capture_graph(run):
+    """The CPU keeps no graphs (GRAPHS is False)."""
+    raise NotImplementedError("the CPU keeps no graphs: replay the step from Python")
 
 
 # ---------------------------------------------------------------- arrays and timing (HOST)

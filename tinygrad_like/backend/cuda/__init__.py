@@ -8,11 +8,13 @@ import cupy
 
 from .runtime import (  # noqa: F401
     GPU,
+    GRAPHS,
     HOLDS_VALUES,
     HOST_MEMORY,
     PoolWatcher,
     asarray,
     available_bytes,
+    capture_graph,
     device_name,
     empty,
     instances,

@@ -54,6 +54,7 @@ def supported_dtypes():
 HOLDS_VALUES = True  # its arrays have values to read back; its kernels run, and are timed
 GPU = True  # a GPU run's training defaults; one GPU per rank, ranks talk over NCCL
 HOST_MEMORY = False  # a GPU's memory of its own, one GPU per rank
+GRAPHS = True  # a captured step replays as one CUDA graph where it can (capture_graph)
 
 
 def require_values(what):
@@ -113,6 +114,40 @@ class _Timer:
 
 def start_timer():
     return _Timer()
+
+
+_capturing = []  # the streams capture_graph is capturing on now
+
+
+def capturing():
+    """Whether a graph is being captured: the checks that read a device value on the host (a
+    token id's range) are skipped then, as CUDA refuses the read; a replayed graph's inputs are
+    the caller's to keep valid, as those of a CUDA graph in PyTorch."""
+    return bool(_capturing)
+
+
+def capture_graph(run):
+    """run() captured on a stream of its own (CuPy's begin_capture, relaxed mode: a pool may
+    grow inside it) into one CUDA graph; everything run() allocates comes from a memory pool of
+    the graph's own, which no later allocation shares (a buffer freed inside run() is reused
+    inside it, in the stream's order: what the graph's own order makes safe). A host read of a
+    device value inside run() fails the capture (CUDA refuses it). -> (launcher, run()'s result):
+    launcher() launches the graph on the current stream."""
+    pool, stream = cupy.cuda.MemoryPool(), cupy.cuda.Stream(non_blocking=True)
+    with cupy.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        _capturing.append(stream)
+        try:
+            result = run()
+        finally:
+            _capturing.pop()
+            graph = stream.end_capture()
+
+    def launcher():
+        graph.launch(cupy.cuda.get_current_stream())
+
+    launcher.pool, launcher.graph = pool, graph  # its memory lives as long as the launcher
+    return launcher, result
 
 
 class PoolWatcher(MemoryHook):

@@ -12,10 +12,12 @@ from . import array as xp  # noqa: F401 (the array module, for code that must ma
 from .array import MetaArray, NoValues  # noqa: F401
 from .runtime import (  # noqa: F401
     GPU,
+    GRAPHS,
     HOLDS_VALUES,
     HOST_MEMORY,
     asarray,
     available_bytes,
+    capture_graph,
     empty,
     require_values,
     start_timer,

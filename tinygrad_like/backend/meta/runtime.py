@@ -21,6 +21,7 @@ def supported_dtypes():
 HOLDS_VALUES = False  # shapes only: nothing to read back, no weights drawn, nothing run or timed
 GPU = False  # counts any machine's step: the CPU's training defaults
 HOST_MEMORY = False  # it allocates nothing
+GRAPHS = False  # nothing runs on it
 
 
 def require_values(what):
@@ -34,6 +35,11 @@ def available_bytes():
 
 def total_bytes():
     """None: it has no memory of its own."""
+
+
+def capture_graph(run):
+    """The meta device keeps no graphs (GRAPHS is False)."""
+    raise NotImplementedError("the meta device keeps no graphs: replay the step from Python")
 
 
 # ---------------------------------------------------------------- arrays and timing (HOST)

@@ -5,16 +5,18 @@ each id's rows in a fixed order (deterministic, no atomics).
 import cupy
 import numpy as np
 
-from ...backend.cuda.runtime import BLOCK, compiled
+from ...backend.cuda.runtime import BLOCK, capturing, compiled
 from .spec import check_ids
 
 
 def embedding_fwd(weight, idx):
     """Ids out of range raise spec.check_ids's ValueError (one device min/max, read by the host)
-    before the launch: the kernel does no bounds check."""
+    before the launch: the kernel does no bounds check. Not inside a graph's capture, where the
+    host may not read them (runtime.capturing)."""
     weight = cupy.ascontiguousarray(weight)
     idx = cupy.ascontiguousarray(idx, dtype=cupy.int64)
-    check_ids(idx, weight.shape[0])
+    if not capturing():
+        check_ids(idx, weight.shape[0])
     out = cupy.empty(idx.shape + weight.shape[1:], dtype=weight.dtype)
     if idx.size:
         compiled("embedding.cu", "embedding_fwd", weight.dtype)(

@@ -1,7 +1,7 @@
-"""An fp8 KV cache on CUDA (kvcache.cu): kv_quantize, one warp per row of the positions
-appended; qattention, one block per (batch, head, query) row, decoding the cache's codes as it
-reads them. The layout is spec.py's: codes (B, Hkv, L, D) uint8, scales
-(B, Hkv, L) fp32.
+"""A KV cache on CUDA (kvcache.cu): kv_write, CuPy's scatter; kv_quantize, one warp per row of
+the positions appended; kv_attention and qattention, one block per (batch, head, query) row,
+qattention decoding an fp8 cache's codes as it reads them. Neither attention reads the positions
+on the host. The layout is spec.py's: codes (B, Hkv, L, D) uint8, scales (B, Hkv, L) fp32.
 """
 
 from functools import lru_cache
@@ -10,9 +10,8 @@ import cupy
 import numpy as np
 
 from ... import dtypes
-from ...backend.cuda.runtime import BLOCK, CTYPES, blocks_for, compiled
+from ...backend.cuda.runtime import BLOCK, CTYPES, blocks_for, check_same_dtype, compiled
 from ...formats import FORMATS
-from ..attention.cuda import flash_attention_fwd
 from .spec import check_kv_attention, check_kv_format, check_positions, check_write
 
 KEYS = 64  # kvcache.cu's KV_KEYS: the scores of one block of keys in shared memory
@@ -67,40 +66,49 @@ def kv_write(cache, new, positions):
 
 
 def kv_attention(q, k, v, positions, scale):
-    """attention.cu's flash kernels on the cache cut to its length, which the host reads from
-    positions (one sync: a decode step so launched cannot yet be captured in a CUDA graph)."""
-    length = check_positions("kv_attention", q, k, positions)
-    return flash_attention_fwd(q, k[:, :, :length], v[:, :, :length], scale)[0]
+    """One block per query row over the whole cache, its length read from positions on the
+    device (no host read: a decode step can be captured in a CUDA graph)."""
+    check_positions("kv_attention", q, k, positions, read=False)
+    check_same_dtype(q, k, v)
+    return _attend("kv_attention", q, (k, v), (), positions, dtypes.compute_dtype(q.dtype), scale)
 
 
 def qattention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions, scale):
-    """One block per query row; the cache's length read by the host from positions (one sync,
-    as kv_attention's)."""
-    length = check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions)
+    """One block per query row, as kv_attention, decoding the codes as it reads them."""
+    check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions, read=False)
     if q.dtype not in CTYPES:
         raise TypeError(f"qattention takes a floating-point q, got {q.dtype}")
+    caches = (k_codes, k_scales, v_codes, v_scales)
+    table = (_values(fmt, cupy.cuda.Device().id),)
+    return _attend("qattention", q, caches, table, positions, dtypes.float32, scale)
+
+
+def _attend(kernel, q, caches, table, positions, acc, scale):
+    """Launch kvcache.cu's kernel (attend_row): one block per (b, h, i) row of q (B, H, Tq, D),
+    the caches (B, Hkv, L, ...) contiguous, shared memory (table, q, o, a block's scores) in
+    acc."""
     B, H, Tq, D = q.shape
-    Hkv, L = k_codes.shape[1], k_codes.shape[2]
+    Hkv, L = caches[0].shape[1], caches[0].shape[2]
     q = cupy.ascontiguousarray(q)  # GPT-2's is a transposed view
-    caches = [cupy.ascontiguousarray(a) for a in (k_codes, k_scales, v_codes, v_scales)]
+    caches = tuple(cupy.ascontiguousarray(a) for a in caches)
     out = cupy.empty(q.shape, dtype=q.dtype)
     if out.size:
-        smem = (256 + 2 * D + KEYS) * 4
-        compiled("kvcache.cu", "qattention", q.dtype)(
+        smem = (256 * len(table) + 2 * D + KEYS) * acc.itemsize
+        compiled("kvcache.cu", kernel, q.dtype)(
             (B * H * Tq,),
             (BLOCK,),
             (
                 q,
                 *caches,
-                _values(fmt, cupy.cuda.Device().id),
+                *table,
                 out,
                 np.int32(H),
                 np.int32(H // Hkv),
                 np.int32(Tq),
                 np.int32(L),
-                np.int32(length),
+                cupy.ascontiguousarray(positions),
                 np.int32(D),
-                np.float32(scale),
+                acc.type(scale),
             ),
             shared_mem=smem,
         )

@@ -16,8 +16,9 @@ never a dequantized copy.
 cpu.py: kv_attention runs attention's kernels on the cache cut to its length (a decode step's one
 compiled (batch, head, query) row per program); qattention one row per program, each key decoded
 into a row and dotted, the online softmax of attention's decode rows (kernels/attention/cpu.py
-softmax_block). cuda.py + kvcache.cu: one block per (batch, query head, query); kv_write a CuPy
-scatter.
+softmax_block). cuda.py + kvcache.cu: both attentions one block per (batch, query head, query),
+the cache's length read from the positions on the device, never on the host (check_positions'
+read=False); kv_write a CuPy scatter.
 """
 
 import numpy as np
@@ -149,17 +150,23 @@ def check_kv_format(fmt):
         raise ValueError(f"a KV cache in {fmt!r}: the quantized ones are {', '.join(KV_FORMATS)}")
 
 
-def check_positions(what, q, cache, positions):
+def check_positions(what, q, cache, positions, read=True):
     """-> the cache's length for an attention of q (B, H, Tq, D) at positions over a cache
     (B, Hkv, L, ...), or a ValueError (the kernels index the cache by these shapes, with no
     bounds check): q and the cache of one B and D, H a multiple of Hkv, positions (Tq,)
-    consecutive, the last below L."""
+    consecutive, the last below L. read=False (a device that never reads the positions on the
+    host, so that a step can be captured as a CUDA graph): the shapes only, -> None; the
+    positions' values are then the caller's to keep in range (nn/lm.py's KVCache.advance)."""
     shapes = f"{what}: q {q.shape}, cache {cache.shape}, positions {positions.shape}"
     if q.ndim != 4 or cache.ndim != 4 or positions.shape != (q.shape[2],) or not q.shape[2]:
         raise ValueError(f"{shapes}: need q (B, H, Tq, D), a cache (B, Hkv, L, D), Tq positions")
     (B, H, Tq, D), (_, Hkv, L, _) = q.shape, cache.shape
     if cache.shape[0] != B or cache.shape[3] != D or not Hkv or H % Hkv:
         raise ValueError(f"{shapes}: need one B and D, and H a multiple of Hkv")
+    if positions.dtype != np.int64:
+        raise TypeError(f"{shapes}: positions must be int64, got {positions.dtype}")
+    if not read:
+        return None
     at = host_positions(positions)
     first, length = int(at[0]), int(at[-1]) + 1
     consecutive = length - first == Tq and (Tq < 3 or bool((np.diff(at) == 1).all()))
@@ -168,7 +175,7 @@ def check_positions(what, q, cache, positions):
     return length
 
 
-def check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions):
+def check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions, read=True):
     """-> the cache's length, or a ValueError unless qattention's arguments fit: fmt one of
     KV_FORMATS, codes (B, Hkv, L, D) and scales (B, Hkv, L) alike for K and V, positions as
     check_positions says."""
@@ -178,4 +185,4 @@ def check_kv_attention(q, k_codes, k_scales, v_codes, v_scales, fmt, positions):
             f"qattention: codes {k_codes.shape} and {v_codes.shape}, scales {k_scales.shape} "
             f"and {v_scales.shape}: need codes (B, Hkv, L, D) and scales (B, Hkv, L) for K and V"
         )
-    return check_positions("qattention", q, k_codes, positions)
+    return check_positions("qattention", q, k_codes, positions, read)

@@ -9,7 +9,7 @@ import cupy
 import numpy as np
 
 from ... import dtypes
-from ...backend.cuda.runtime import BLOCK, CTYPES, NULL, blocks_for, compiled
+from ...backend.cuda.runtime import BLOCK, CTYPES, NULL, blocks_for, capturing, compiled
 from ..elementwise import cuda as elementwise
 from ..elementwise.spec import then_epilogue
 from ..embedding.spec import check_ids
@@ -110,10 +110,12 @@ def qmatmul(
 
 
 def qembedding(codes, scales, idx, fmt, group_size):
-    """Ids out of range raise check_ids's ValueError before the launch (no bounds check there)."""
+    """Ids out of range raise check_ids's ValueError before the launch (no bounds check there),
+    but inside a graph's capture (runtime.capturing), as embedding_fwd's."""
     codes, scales, K, group = _weight(codes, scales, fmt, group_size)
     idx = cupy.ascontiguousarray(idx, dtype=cupy.int64)
-    check_ids(idx, codes.shape[0])
+    if not capturing():
+        check_ids(idx, codes.shape[0])
     out = cupy.empty(idx.shape + (K,), dtype=dtypes.float32)
     if out.size:
         compiled("quant.cu", "qembedding", codes.dtype, FORMATS[fmt][0])(
