@@ -39,6 +39,7 @@ class Captured:
     replay_seconds: float = None  # the step replayed
     replay_kernel_seconds: float = None
     fused: list = None  # Program.fused_census(): per kind of fused launch (counted steps only)
+    graphs: int = None  # device graphs launched per replayed step (None: its launches from Python)
 
     @property
     def eager_host(self):
@@ -63,6 +64,7 @@ def _counts(program, counted=True):
         program.bytes if counted else None,
         sum(f.saved for f in program.fusions),
         fused=program.fused_census() if counted else None,
+        graphs=program.graph.graphs if program.graph is not None else None,
     )
 
 

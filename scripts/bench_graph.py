@@ -113,8 +113,11 @@ def decode_table(rows):
             )
         )
     columns = ("model", "weights", "launches (fused)", "eager ms", "host ms", "replayed ms")
-    columns += ("host ms",)
-    return table(columns + ("speedup",), out, "llrrrrrr")
+    columns += ("host ms", "speedup")
+    if any(c.graphs is not None for *_, c in rows):  # a device that keeps graphs (CUDA)
+        out = [(*row, "-" if c.graphs is None else c.graphs) for row, (*_, c) in zip(out, rows)]
+        columns += ("graphs a step",)
+    return table(columns, out, "llrrrrrr" + "r" * (len(columns) - 8))
 
 
 def training_table(unfused, fused):

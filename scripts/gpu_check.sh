@@ -36,8 +36,7 @@
 #   mlp-block       20  scripts/mlp_block.py --device cuda --dtype bf16: lab 5's table and its
 #                       six predictions on the GPU (the machine peaks measured first, ~5 s)
 #   graph           25  scripts/bench_graph.py --device cuda: the decode step eager against its
-#                       captured replay (gpt2-mini fp32, GPT-2 124M bf16); a replay is still a
-#                       launch per kernel from Python (no CUDA graph yet)
+#                       captured replay, one CUDA graph a token (gpt2-mini fp32, GPT-2 124M bf16)
 # The caps sum to 435 s (415 s when the first headers try works): give the device 465 s.
 #
 # PARTS=nccl,train bash scripts/gpu_check.sh reruns only some parts: a comma-separated list of

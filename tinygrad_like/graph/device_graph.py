@@ -1,80 +1,111 @@
-"""A captured step replayed as one graph of its device (a CUDA graph: the backend's
-capture_graph, on a device whose GRAPHS is True): one launch a call for all its kernels, where
-capture.py's replay launches each from Python.
+"""A captured step replayed as graphs of its device (CUDA graphs: the backend's capture_graph,
+on a device whose GRAPHS is True): each run of its launches one graph launch a call, where
+capture.py's replay launches every kernel from Python.
 
-A graph freezes each kernel's arguments, so a step is replayed so only where nothing a kernel
-takes changes between calls but the contents of its buffers (the step's inputs, which Capture
-copies into its buffers before each call, and what its kernels write): no launch may take a
-host call's result (AdamW's scalars of the step, a mean's 1 / count: still launched one by one,
-and said once), and every host call must be able to run after the graph: none may take an
-array that a launch after it reads or writes (a KV cache's length grown on the host, which no
-kernel reads, can; a collective on the gradients, which AdamW reads next, cannot). A call then
-launches the graph, runs the host calls in their order on the graph's buffers, and returns the
-step's result copied out of them (the next launch writes them again).
+A graph freezes each kernel's arguments, so only launches whose arguments change between calls
+in their buffers' contents alone can be in one: the step's inputs (Capture copies each call's
+into its buffers), what its kernels write. A launch that takes a host call's result (AdamW's
+scalars of the step, a mean's 1 / count, the fp16 loss scale) is launched from Python, and a
+host call runs in its place: the step is cut there, into runs of launches each captured as one
+graph (the decode step of GPT-2 and Llama: one graph; a training step: a few, between its
+host calls and the launches that take their results). What a launch from Python makes for a
+later graph is copied into the buffer that graph was captured on (its first call's), each call.
 
-Its buffers are the graph's own (capture_graph keeps what the capture allocated): the memory of
-the step's live peak or more, for as long as the graph lives, as a CUDA graph's pool in PyTorch.
+A call launches the parts in order (the first call captures each graph, then launches it: a
+capture runs nothing) and returns the step's result copied out of the graphs' buffers (the next
+call writes them again). The graphs' buffers are their own (capture_graph keeps what a capture
+allocated): the memory of the step's live peak or more, for as long as the step lives, as a CUDA
+graph's pool in PyTorch.
 """
 
 import sys
 
 from ..memory import root
-from .capture import arguments, values
+from .capture import arguments, made
 from .replay import generate
 
 
 def graphed(program):
-    """-> replay() of program as one device graph, captured at its first call, or None (and
-    the reason printed once) where program cannot be replayed so (the module's docstring)."""
-    why = refusal(program.steps)
-    if why is not None:
+    """-> replay() of program as graphs where its launches allow (the module's docstring), or
+    None where none can be one; what is launched from Python instead is said once."""
+    parts = _parts(_deferred(program.steps))
+    if not any(graph for graph, _ in parts):
+        return None
+    apart = [s.name for graph, steps in parts if not graph for s in steps if s[0] == "launch"]
+    if apart:
+        graphs = sum(graph for graph, _ in parts)
         print(
-            f"compile: the step's kernels are launched one by one, not as one graph: {why}",
+            f"compile: the step replays as {graphs} graphs, launching {', '.join(apart)} from "
+            "Python between them (each takes a value a host call makes, which a graph would "
+            "freeze)",
             file=sys.stderr,
         )
-        return None
-    launches = [s for s in program.steps if s[0] == "launch"]
-    hosts = [s for s in program.steps if s[0] == "host"]
-    needed = sorted(
-        {v for s in hosts for d in arguments(s) for v in values(d)} | set(values(program.result))
-    )
-    out = ("seq", tuple, tuple(("value", v, None) for v in needed))
     timer = program.device.start_timer
-    run, after = generate(launches, out, timer), generate(hosts, program.result, timer, needed)
-    graph = []  # (its launcher, the needed values' buffers), made at the first call
+    result = sorted(_names(program.result))
+    later = [set(result)]  # per part: the names the parts after it (and the result) use
+    for _, steps in reversed(parts[1:]):
+        later.insert(0, later[0] | _uses(steps))
+    plans = []  # per part: (graph?, its function, the names it takes, the names it gives)
+    for (graph, steps), wanted in zip(parts, later):
+        makes = set().union(*map(_defines, steps))
+        given = sorted(_uses(steps) - makes)
+        gives = sorted(makes & wanted)
+        out = ("seq", tuple, tuple(_description(n) for n in gives))
+        plans.append((graph, generate(steps, out, timer, given), given, gives))
+    build = generate([], program.result, timer, result)
+    made_once = []  # per part, its first call's: (launcher or None, the buffers it gives)
 
     def replay():
-        if not graph:
-            graph.append(program.device.capture_graph(run))
-        launcher, buffers = graph[0]
-        launcher()
-        return _copied(after(None, *buffers))
+        env = {}
+        for p, (graph, run, given, gives) in enumerate(plans):
+            taken = [env[n] for n in given]
+            if p == len(made_once):  # the first call: capture, or keep what it made
+                if graph:
+                    made_once.append(program.device.capture_graph(lambda: run(None, *taken)))
+                else:
+                    made_once.append((None, run(None, *taken)))
+                    env.update(zip(gives, made_once[p][1]))
+                    continue
+            launcher, buffers = made_once[p]
+            if graph:
+                launcher()
+            else:  # into the buffers the graphs after it were captured on
+                for name, buffer, new in zip(gives, buffers, run(None, *taken)):
+                    if hasattr(buffer, "nbytes") and new is not buffer:
+                        buffer[...] = new
+                    elif not hasattr(buffer, "nbytes"):
+                        buffer = new  # a host call's result: no buffer
+                    env[name] = buffer
+                continue
+            env.update(zip(gives, buffers))
+        return _copied(build(None, *[env[n] for n in result]))
 
+    replay.graphs = sum(graph for graph, _ in parts)  # graph launches a call
     return replay
 
 
-def refusal(steps):
-    """Why these steps cannot be one device graph, or None where they can."""
-    if not any(s[0] == "launch" for s in steps):
-        return "the step launches nothing"
-    for s in steps:
-        if s[0] == "launch" and any(_hosted(d) for d in arguments(s)):
-            return f"{s.name} takes a value a host call makes, which a graph would freeze"
-    for h, s in enumerate(steps):
-        if s[0] != "host":
+def _deferred(steps):
+    """steps with each host call moved past the launches after it (not past another host call)
+    where none of them takes its result or an array it takes: a KV cache's length grown on the
+    host, which no kernel reads, then cuts no graph in two."""
+    steps = list(steps)
+    for i in range(len(steps) - 1, -1, -1):
+        if steps[i][0] != "host":
             continue
-        taken = set().union(*map(_arrays, arguments(s)))
-        for later in steps[h + 1 :]:
-            if later[0] == "launch" and taken & set().union(*map(_arrays, arguments(later))):
-                return (
-                    f"the host call {s[1].__name__} takes an array that {later.name} reads or "
-                    "writes after it"
-                )
-    return None
+        j = i + 1
+        while j < len(steps) and steps[j][0] == "launch" and _free(steps[i], steps[j]):
+            j += 1
+        steps.insert(j - 1, steps.pop(i))
+    return steps
 
 
-def _hosted(d):
-    return d[0] == "hosted" or (d[0] == "seq" and any(_hosted(x) for x in d[2]))
+def _free(host, launch):
+    """Whether the host call may run after the launch: the launch takes neither its result nor
+    an array it takes."""
+    if f"h{host[3]}" in set().union(*map(_names, arguments(launch))):
+        return False
+    taken = set().union(*map(_arrays, arguments(host)))
+    return not taken & set().union(*map(_arrays, arguments(launch)))
 
 
 def _arrays(d):
@@ -86,6 +117,46 @@ def _arrays(d):
     if d[0] == "seq":
         return set().union(*map(_arrays, d[2]))
     return set()
+
+
+def _parts(steps):
+    """[(graph?, steps)]: the steps cut into runs of launches a graph can hold (True) and the
+    rest, each in order."""
+    parts = []
+    for s in steps:
+        graph = s[0] == "launch" and not any(_hosted(d) for d in arguments(s))
+        if parts and parts[-1][0] == graph:
+            parts[-1][1].append(s)
+        else:
+            parts.append((graph, [s]))
+    return parts
+
+
+def _hosted(d):
+    return d[0] == "hosted" or (d[0] == "seq" and any(_hosted(x) for x in d[2]))
+
+
+def _names(d):
+    """The names a description refers to: "v3" for a value, "h1" for a host call's result."""
+    if d[0] == "value":
+        return {f"v{d[1]}"}
+    if d[0] == "hosted":
+        return {f"h{d[1]}"}
+    if d[0] == "seq":
+        return set().union(*map(_names, d[2]))
+    return set()
+
+
+def _uses(steps):
+    return set().union(*(_names(d) for s in steps for d in arguments(s)))
+
+
+def _defines(step):
+    return {f"h{step[3]}"} if step[0] == "host" else {f"v{v}" for v in made(step)}
+
+
+def _description(name):
+    return ("value", int(name[1:]), None) if name[0] == "v" else ("hosted", int(name[1:]))
 
 
 def _copied(x):

@@ -16,10 +16,11 @@ from ..memory import root
 
 
 def generate(steps, result, timer, given=()):
-    """-> replay(timers, *arrays): the steps run in order -> the step's result (built of this
+    """-> replay(timers, *given): the steps run in order -> the step's result (built of this
     run's buffers). timers: None, or a list each kernel's timer (timer(), the device's) is
-    appended to, in a second generated function made when first asked for. given: the values
-    (v) made before these steps (device_graph.py: by a graph's launch), passed as arrays."""
+    appended to, in a second generated function made when first asked for. given: the names of
+    what earlier steps made ("v3": a value, "h1": a host call's result), passed in that order
+    (device_graph.py runs a step in parts)."""
     made = {}
 
     def replay(timers=None, *arrays):
@@ -56,7 +57,7 @@ def _function(steps, result, timer, timed, given=()):
             held = f"root(outs[{i}])" if shape is None else f"outs[{i}].reshape({constant(shape)})"
             lines.append(f"v{v} = {held}")
     lines.append(f"return {_argument(result, constant)}")
-    parameters = "".join(f", v{v}" for v in given)
+    parameters = "".join(f", {name}" for name in given)
     source = f"def replay(timers{parameters}):\n" + "".join(f"    {line}\n" for line in lines)
     exec(compile(source, "<replay>", "exec"), scope)
     return scope["replay"]

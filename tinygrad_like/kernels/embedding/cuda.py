@@ -28,11 +28,12 @@ def embedding_fwd(weight, idx):
 def embedding_bwd(dout, idx, num_embeddings):
     """Repeated ids summed in increasing position, the order of the CPU twin's stable sort, by
     one block per id: deterministic. Ids are checked as in embedding_fwd (a negative one would
-    write before dweight)."""
+    write before dweight), not inside a capture."""
     C = dout.shape[-1]
     dout = cupy.ascontiguousarray(dout).reshape(-1, C)
     flat = cupy.ascontiguousarray(idx, dtype=cupy.int64).reshape(-1)
-    check_ids(flat, num_embeddings)
+    if not capturing():
+        check_ids(flat, num_embeddings)
     n = flat.size
     keys = cupy.sort(flat * n + cupy.arange(n, dtype=cupy.int64))  # unique: id-major, then position
     dweight = cupy.zeros((num_embeddings, C), dtype=dout.dtype)

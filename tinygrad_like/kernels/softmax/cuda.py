@@ -6,7 +6,14 @@ import cupy
 import numpy as np
 
 from ... import dtypes
-from ...backend.cuda.runtime import acc_type, as_rows, check_same_dtype, compiled, launch_per_row
+from ...backend.cuda.runtime import (
+    acc_type,
+    as_rows,
+    capturing,
+    check_same_dtype,
+    compiled,
+    launch_per_row,
+)
 from .spec import check_targets
 
 
@@ -55,7 +62,8 @@ def _loss_rows(logits, targets, n_classes):
     N, Vp = logits.shape
     V = Vp if n_classes is None else n_classes
     targets = cupy.ascontiguousarray(targets, dtype=cupy.int64)
-    check_targets(targets, V)
+    if not capturing():  # a host read, refused inside a graph's capture (runtime.capturing)
+        check_targets(targets, V)
     return logits, targets, N, V, Vp
 
 
