@@ -321,9 +321,10 @@ def _family(config, batch_size, seq_len, size, attention):
 
 
 def _loss_chain(dtype, world):
-    """The 0-d fp32 ops the step runs on the loss before backward (optim/step.py): the
-    division by the ranks (world > 1), the fp16 loss scale. Each saves its array operand."""
-    return (world > 1) + (dtypes.as_dtype(dtype) == dtypes.float16)
+    """The 0-d fp32 arrays the ops the step runs on the loss before backward (optim/step.py)
+    save: the division by the ranks (world > 1) its array operand, the fp16 loss scale both
+    (the loss and the scale, a device array: optim/scaler.py)."""
+    return (world > 1) + 2 * (dtypes.as_dtype(dtype) == dtypes.float16)
 
 
 def predicted_activation_bytes(config, seq_len, dtype, options):
@@ -388,7 +389,7 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf1
     for k, r in _head_blocks(N):
         common = before_head + [
             ("the head's input, the final norm's output (B·T, C)", N * C * size),
-            ("the unit dloss (1,) fp32", 4),
+            ("the mean's 1 / count, the unit dloss (1,) fp32", 4),
             ("the losses of the blocks before (rows,) fp32", 4 * k * losses.HEAD_BLOCK_ROWS),
             ("dW so far (Vp, C) fp32", 4 * Vp * C if k else 0),
         ]
@@ -411,7 +412,7 @@ def _precompute_head(before_head, all_saved, loss, upstream, N, C, Vp, size, bf1
         moments[f"the fused head's forward, block {k}: dW"] = after + share
     moments["the fused head's forward: the loss"] = before_head + [
         ("the head's input, the final norm's output (B·T, C)", N * C * size),
-        ("the unit dloss (1,) fp32", 4),
+        ("the mean's 1 / count, the unit dloss (1,) fp32", 4),
         ("dX (B·T, C) and dW (Vp, C) fp32", 4 * (N + Vp) * C),
         ("the losses (B·T,) fp32 and their concatenation", 8 * N),
         ("their sum, 0-d fp32", 4),
@@ -528,7 +529,10 @@ def step_moments(config, batch_size, seq_len, dtype, options, zero=0, world=1):
         state += [("the full gradient buffer (ZeRO-2)", stored_elements(config) * size)]
     saved = _saved_lines(config, B, T, dtype, options, world)
     before_head, all_saved = saved[:3], saved[:4]  # the chain's scalars: counted below
-    loss = [("the loss (and the fp16 scaled loss), 0-d fp32", 4 * (1 + fp16))]
+    loss = [  # alive until the backward is done (the loss's record holds the 1 / count)
+        ("the loss (and the fp16 scaled loss), 0-d fp32", 4 * (1 + fp16)),
+        ("the mean's 1 / count, 0-d fp32 (losses.inverse_count)", 4),
+    ]
     upstream = [("the head's upstream gradient, 0-d fp32", 4)] if _loss_chain(dtype, world) else []
     scalars = loss + upstream + [("dloss = upstream / count, 0-d fp32", 4)]
     if options.lm_head == "plain":

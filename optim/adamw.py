@@ -45,7 +45,8 @@ import numpy as np
 
 from tinygrad_like import Tensor, autograd, backend, dtypes, kernels, profiler
 from tinygrad_like.distributed import Communicator
-from tinygrad_like.kernels.adamw.spec import Hyper
+from tinygrad_like.kernels.adamw.spec import N_CONSTANTS, Hyper
+from tinygrad_like.kernels.adamw.spec import constants as adamw_constants
 from tinygrad_like.memory import TRACKER
 
 
@@ -109,6 +110,7 @@ class AdamW:
         self.v = kernels.launch("fill", be.empty((size,), dtypes.float32), 0)
         TRACKER.register(self.m, "adam_m")
         TRACKER.register(self.v, "adam_v")
+        self.constants = be.empty((N_CONSTANTS,), np.float64)  # each step's, on the device
         self.grad = None  # what the backward accumulates into: all numel elements
         self.grad_shard = None  # the reduced gradient of this rank's shard (step())
         if self.zero == 2:  # what a rank keeps: its shard, copied out of the reduce-scatter
@@ -147,7 +149,9 @@ class AdamW:
     def _reduce_gradients(self):
         """Sum the gradients over the ranks -> grad_shard, the sum of this rank's shard."""
         if not self.zero:
-            kernels.on_host(self.comm.all_reduce, self.grad, "gradients")
+            # a world of one has nothing to sum: no host call (which would cut a CUDA graph)
+            if self.comm.size > 1:
+                kernels.on_host(self.comm.all_reduce, self.grad, "gradients")
             self.grad_shard = self.grad
             return
         self.grad_shard = kernels.on_host(self.comm.reduce_scatter, self.grad, "gradients")
@@ -171,7 +175,7 @@ class AdamW:
             self.be.require_values("the fp16 loss scaler's overflow skip")
         if lr is not None:
             self.lr = lr
-        hyper = kernels.on_host(self._hyper, scaler)
+        hyper = kernels.on_host(self._hyper, scaler, self.constants)
         lo, hi = self.shard
         with profiler.phase("optimizer"), autograd.no_grad():
             self._reduce_gradients()
@@ -181,15 +185,29 @@ class AdamW:
             master = self.master[lo:hi] if self.working is None else self.master
             working = None if self.working is None else self.working[lo:hi]
             kernels.launch(
-                "adamw_step", master, self.grad_shard, self.m, self.v, working, norm_sq, hyper
+                "adamw_step",
+                master,
+                self.grad_shard,
+                self.m,
+                self.v,
+                working,
+                norm_sq,
+                self.constants,
             )
             if self.zero:
                 weights = self.master if self.working is None else self.working
                 kernels.on_host(self.comm.all_gather, weights, "weights")
         return kernels.on_host(self._finish, norm_sq, scaler, hyper)
 
-    def _hyper(self, scaler):
-        """This step's scalars (adamw.spec.Hyper): lr, the step's number, 1 / the loss scale."""
+    def _hyper(self, scaler, constants):
+        """This step's scalars (adamw.spec.Hyper: lr, the step's number, 1 / the loss scale),
+        written into constants, the device buffer adamw_step reads (spec.constants), -> them."""
+        hyper = self._scalars(scaler)
+        if self.be.HOLDS_VALUES:
+            constants[...] = self.be.asarray(adamw_constants(hyper))
+        return hyper
+
+    def _scalars(self, scaler):
         lo, hi = self.shard
         b1, b2 = self.betas
         return Hyper(

@@ -11,7 +11,9 @@ scaled gradient would flush to zero. The trainer stops there (training/loop.py),
 many skipped steps in a row (skips_in_a_row), whichever comes first.
 """
 
-from tinygrad_like import kernels
+import numpy as np
+
+from tinygrad_like import Tensor, backend, dtypes, kernels
 
 MIN_SCALE = 2.0**-24
 
@@ -28,6 +30,7 @@ class LossScaler:
         if init_scale <= 0:
             raise ValueError(f"loss scale must be positive, got {init_scale}")
         self.scale = float(init_scale)
+        self._on_device = None  # S where the step's kernels read it (scale_loss)
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval, self.dynamic = growth_interval, dynamic
         self.good_steps = 0
@@ -35,12 +38,18 @@ class LossScaler:
         self.skips_in_a_row = 0
 
     def scale_loss(self, loss):
-        """loss * S, the tensor to call backward() on. S is read by a host call, which a
-        captured training step's replay runs again (S changes between steps)."""
-        return loss * kernels.on_host(self.current_scale)
+        """loss * S, the tensor to call backward() on. S is a (,) fp32 array on loss's device,
+        written by a host call (which a captured step's replay runs again) before the step's
+        launches: S changes between steps, and a CUDA graph of the step reads each step's."""
+        be = backend.of(loss.data)
+        if self._on_device is None or backend.of(self._on_device) is not be:
+            self._on_device = be.empty((), dtypes.float32)
+        kernels.on_host(self._write_scale, self._on_device)
+        return loss * Tensor(self._on_device)
 
-    def current_scale(self):
-        return self.scale
+    def _write_scale(self, buffer):
+        if backend.of(buffer).HOLDS_VALUES:
+            buffer[...] = backend.of(buffer).asarray(np.float32(self.scale))
 
     def update(self, overflow: bool):
         if overflow:

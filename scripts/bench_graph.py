@@ -13,6 +13,7 @@ A benchmark, not a test: its figures are the machine's (docs/performance.md name
     python scripts/bench_graph.py --cores 0 0,1 --part decode
     python scripts/bench_graph.py --cores 0 0,1 --part training --rounds 5
     python scripts/bench_graph.py --device cuda --part decode --formats bf16   # gpu_check.sh
+    python scripts/bench_graph.py --device cuda --part training --rounds 2     # gpu_check.sh
 """
 
 import argparse
@@ -143,7 +144,11 @@ def training_table(unfused, fused):
         for way, launches, nbytes, seconds, host in ways
     ]
     columns = ("step", "launches", "MB moved", "ms", "host ms", "host share", "speed")
-    return table(columns, rows, "lrrrrrr")
+    if fused.graphs is not None:  # a device that keeps graphs (CUDA): graph launches a step
+        graphs = ["-", unfused.graphs, fused.graphs]
+        rows = [(*row, n) for row, n in zip(rows, graphs)]
+        columns += ("graphs a step",)
+    return table(columns, rows, "lrrrrrr" + "r" * (len(columns) - 7))
 
 
 def pinned(cores, args, part):

@@ -22,7 +22,7 @@ import numpy as np
 
 from accounting.tables import table
 from tinygrad_like import backend, dtypes, kernels
-from tinygrad_like.kernels.adamw.spec import Hyper
+from tinygrad_like.kernels.adamw.spec import Hyper, constants
 from training.args import ArgumentParser, check_dtype, user_errors
 
 try:  # --help and the one-line error on a machine without a GPU need no CuPy
@@ -136,7 +136,7 @@ def memory_cases(dtype):
     v = cupy.abs(v)
     working = None if dtype == dtypes.float32 else master.astype(dtype)
     norm_sq = gpu.grad_norm_sq(grad)
-    adamw = Hyper(
+    adamw = Hyper(  # as AdamW writes them to the device each step
         lr=6e-4,
         beta1=0.9,
         beta2=0.95,
@@ -147,6 +147,7 @@ def memory_cases(dtype):
         inv_scale=1.0,
         max_norm=1.0,
     )
+    adamw = cupy.asarray(constants(adamw))
     stats = 2 * BT * 4  # mean and rstd
     rows, rows4, scores = f"{BT}x{C}", f"{BT}x{4 * C}", f"{B}x{H}x{T}x{T}"
     cases = [

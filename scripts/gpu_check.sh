@@ -37,7 +37,9 @@
 #                       six predictions on the GPU (the machine peaks measured first, ~5 s)
 #   graph           25  scripts/bench_graph.py --device cuda: the decode step eager against its
 #                       captured replay, one CUDA graph a token (gpt2-mini fp32, GPT-2 124M bf16)
-# The caps sum to 435 s (415 s when the first headers try works): give the device 465 s.
+#   graph-train     25  the same for gpt2-mini's fp32 training step (B = 8, T = 128): eager, the
+#                       replay, and the fused replay, one CUDA graph a step
+# The caps sum to 460 s (440 s when the first headers try works): give the device 490 s.
 #
 # PARTS=nccl,train bash scripts/gpu_check.sh reruns only some parts: a comma-separated list of
 # part names, where a name also selects the parts it begins (train: train-bf16; pytest: both
@@ -53,7 +55,7 @@ if [ $# -ne 0 ]; then
     exit 2
 fi
 ALL_PARTS=(setup versions gpu headers compile pytest-kernels pytest-rest bench-kernels bench-torch
-           train-bf16 nccl mlp-block graph)
+           train-bf16 nccl mlp-block graph graph-train)
 GATES=" setup versions gpu headers "  # always run
 
 selects() {  # selects ENTRY NAME: whether a PARTS entry names this part or a prefix of it
@@ -337,4 +339,5 @@ part nccl nccl
 part mlp-block capped 18 "$PY" scripts/mlp_block.py --device cuda --dtype bf16
 part graph capped 23 "$PY" scripts/bench_graph.py --device cuda --part decode --formats bf16 \
     --repeats 5
+part graph-train capped 23 "$PY" scripts/bench_graph.py --device cuda --part training --rounds 2
 summary

@@ -98,12 +98,13 @@ class ndarray(np.ndarray):
         if out is not None:
             kwargs["out"] = tuple(np.asarray(o) if isinstance(o, ndarray) else o for o in out)
         run = lambda: getattr(ufunc, method)(*plain, **kwargs)  # noqa: E731
+        if out is None:
+            return _device(run()) if _capture() is None else _captured(run, inputs, ufunc.__name__)
         if _capture() is None:
-            return _device(run()) if out is None else (out[0] if len(out) == 1 else out)
-        if out is not None:  # written in place: at the graph's launch only
+            run()
+        else:  # written in place: at the graph's launch only
             _capture().nodes.append(_Node(run, inputs + out, ufunc.__name__))
-            return out[0] if len(out) == 1 else out
-        return _captured(run, inputs, ufunc.__name__)
+        return out[0] if len(out) == 1 else out
 
     def __setitem__(self, key, value):
         if _capture() is None:

@@ -31,13 +31,13 @@ GATES = ["setup", "versions", "gpu", "headers"]
         ("nccl,train", GATES + ["train-bf16", "nccl"]),
         ("pytest", GATES + ["pytest-kernels", "pytest-rest"]),
         ("mlp-block", GATES + ["mlp-block"]),
-        ("graph", GATES + ["graph"]),
+        ("graph", GATES + ["graph", "graph-train"]),
         ("gpu", GATES),
         (
             None,
             GATES
             + ["compile", "pytest-kernels", "pytest-rest", "bench-kernels", "bench-torch"]
-            + ["train-bf16", "nccl", "mlp-block", "graph"],
+            + ["train-bf16", "nccl", "mlp-block", "graph", "graph-train"],
         ),
     ],
 )

@@ -67,6 +67,7 @@ class Context:
 
     def __init__(self):
         self.saved = ()
+        self.needs_input_grad = ()  # per input: whether a gradient flows to it (set by apply)
 
     def save_for_backward(self, *arrays):
         self.saved = arrays
@@ -95,6 +96,7 @@ class Function:
             out = cls.forward(ctx, *args, **kwargs)
             return tuple(map(Tensor, out)) if isinstance(out, tuple) else Tensor(out)
         record = Record(cls, inputs)
+        ctx.needs_input_grad = tuple(e is not None for e in record.edges)  # PyTorch's name
         with kernels.sink_to(record):
             out = cls.forward(ctx, *args, **kwargs)
         outs = out if isinstance(out, tuple) else (out,)

@@ -85,9 +85,10 @@ class Mul(Function):
     def backward(ctx, g):
         a, b = ctx.saved
         ma, mb = ctx.metas
+        wants_a, wants_b = ctx.needs_input_grad  # a constant array operand (a loss scale) gets none
         return (
-            _unbroadcast(launch("mul", g, b), *ma) if ma else None,
-            _unbroadcast(launch("mul", g, a), *mb) if mb else None,
+            _unbroadcast(launch("mul", g, b), *ma) if ma and wants_a else None,
+            _unbroadcast(launch("mul", g, a), *mb) if mb and wants_b else None,
         )
 
 

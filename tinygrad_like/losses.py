@@ -6,7 +6,7 @@ functional.py exports), which check the operands in PyTorch's words.
 
 import numpy as np
 
-from . import backend, dtypes, kernels, profiler
+from . import backend, dtypes, profiler
 from .autograd import Function, is_grad_enabled
 from .functions import _as
 from .kernels import launch
@@ -21,7 +21,8 @@ class CrossEntropy(Function):
     fp16 loss scale) folded in before rounding."""
 
     @staticmethod
-    def forward(ctx, logits, targets, inv_count, n_classes):
+    def forward(ctx, logits, targets, n_classes):
+        inv_count = launch("inverse_count", targets, dtypes.compute_dtype(logits.dtype))
         losses, lse = launch("cross_entropy_fwd", logits, targets, n_classes=n_classes)
         ctx.save_for_backward(logits, lse, targets)
         ctx.inv_count, ctx.n_classes = inv_count, n_classes
@@ -32,7 +33,7 @@ class CrossEntropy(Function):
         logits, lse, targets = ctx.saved
         dloss = launch("mul", g, ctx.inv_count)  # (,) fp32, stays on the device
         dlogits = launch("cross_entropy_bwd", logits, lse, targets, dloss, n_classes=ctx.n_classes)
-        return dlogits, None, None, None
+        return dlogits, None, None
 
 
 # The fused LM head works through x (N, C) in blocks of this many rows. A block's logits and
@@ -118,13 +119,14 @@ class LinearCrossEntropy(Function):
       the forward phase (labeled backward math)."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, inv_count, n_classes, design):
+    def forward(ctx, x, weight, targets, n_classes, design):
+        inv_count = launch("inverse_count", targets, dtypes.compute_dtype(x.dtype))
         ctx.inv_count, ctx.n_classes, ctx.design = inv_count, n_classes, design
         precompute = design == "precompute"
         if precompute:  # dlogits and both gradients in fp32, for dloss = 1 / count
             acc = dtypes.compute_dtype(x.dtype)
             dx, dw = backend.of(x).empty(x.shape, acc), None
-            unit = launch("fill", backend.of(x).empty((1,), acc), inv_count)
+            unit = inv_count.reshape(1)
             ctx.dtypes = x.dtype, weight.dtype
         losses, lses = [], []
         for rows in _row_blocks(x.shape[0]):
@@ -148,13 +150,13 @@ class LinearCrossEntropy(Function):
                 _as(launch("mul", grad, g, out=grad), dtype)  # record frees them next),
                 for grad, dtype in zip(ctx.saved, ctx.dtypes)
             )  # then round once
-            return dx, dw, None, None, None, None
+            return dx, dw, None, None, None
         x, weight, lse, targets = ctx.saved
         dloss = launch("mul", g, ctx.inv_count)  # (,) fp32, stays on the device
         dx, dw = backend.of(x).empty(x.shape, x.dtype), None
         for rows in _row_blocks(x.shape[0]):
             dw = _recomputed_block(x, weight, rows, lse, targets, dloss, ctx.n_classes, dx, dw)
-        return dx, _as(dw, weight.dtype), None, None, None, None
+        return dx, _as(dw, weight.dtype), None, None, None
 
 
 # ---------------------------------------------------------------- the functional API
@@ -164,9 +166,10 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
     """Check the targets of a cross-entropy over the first n_classes of Vp columns for N rows
     (what: the operand that has them, for the messages) -> (targets (N,) int64 on like's
     device with ignore_index as -1 (the targets themselves when they already are: the same
-    array at every call of a captured step), 1 / the count of the others (the mean's factor,
-    counted by a host call that a captured step's replay runs again), V = n_classes or Vp).
-    The meta device's targets have a shape only: none is taken as ignored."""
+    array at every call of a captured step), V = n_classes or Vp). The checks read the targets
+    on the host, in eager calls only: the mean's 1 / count is counted on the device by the
+    loss's forward (inverse_count), so a captured step's replay reads no target on the host.
+    The meta device's targets have a shape only."""
     t = targets.data if isinstance(targets, Tensor) else targets
     meta = not backend.holds_values(t)  # the meta device's targets: a shape, no ids
     if not (meta or backend.is_array(t)):
@@ -180,7 +183,7 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
         raise TypeError(f"{fn}: targets must be integer class ids, got {t.dtype}")
     if meta:  # int64, as np.where below makes
         t = t if t.dtype == np.int64 else backend.of(t).empty((N,), np.int64)
-        return t, kernels.on_host(_inverse_count, t, fn, ignore_index), V
+        return t, V
     ids = backend.of(t).to_numpy(t)  # read on the host to be checked (a copy from a GPU)
     ignored = ids == ignore_index
     bad = ids[~ignored & ((ids < 0) | (ids >= V))]  # -1 is a class id unless it is ignored
@@ -188,23 +191,14 @@ def _class_targets(fn, what, targets, N, Vp, n_classes, ignore_index, like):
         raise ValueError(
             f"target id {int(bad[0])} out of range for vocab {V} (ignore_index is {ignore_index})"
         )
-    if ignore_index != -1 or t.dtype != np.int64:
-        t = np.where(ignored, -1, ids).astype(np.int64)
-    t = backend.of(like.data).asarray(t)  # targets already on like's device stay the same array
-    return t, kernels.on_host(_inverse_count, t, fn, ignore_index), V
-
-
-def _inverse_count(t, fn, ignore_index):
-    """1 / the targets of t (N,) that are not -1 (ignored), read on the host; on the meta
-    device, whose targets have no values, all N count."""
-    if not backend.holds_values(t):
-        return 1.0 / t.shape[0]
-    count = int((backend.of(t).to_numpy(t) >= 0).sum())
-    if count == 0:
+    if ignored.all():
         raise ValueError(
             f"{fn}: every target is ignored ({ignore_index}), so the mean is undefined"
         )
-    return 1.0 / count
+    if ignore_index != -1 or t.dtype != np.int64:
+        t = np.where(ignored, -1, ids).astype(np.int64)
+    t = backend.of(like.data).asarray(t)  # targets already on like's device stay the same array
+    return t, V
 
 
 def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
@@ -220,21 +214,20 @@ def cross_entropy(logits, targets, ignore_index=-1, n_classes=None):
             "logits.reshape(-1, V) and targets.reshape(-1)"
         )
     N, Vp = logits.shape
-    t, inv_count, V = _class_targets(
+    t, V = _class_targets(
         "cross_entropy", f"logits {logits.shape}", targets, N, Vp, n_classes, ignore_index, logits
     )
-    return CrossEntropy.apply(logits, t, inv_count, V)
+    return CrossEntropy.apply(logits, t, V)
 
 
 def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, design="precompute"):
     """cross_entropy(linear(x, weight, transposed=True), targets, ignore_index, n_classes) as
     one record that never holds the logits of the whole batch: x (N, C), weight (Vp, C) (the
     tied LM head's wte), targets (N,). design: one of HEAD_DESIGNS (see LinearCrossEntropy).
-    "precompute" is the default, the faster: a gpt2-mini training step (B = 8, T = 128, fp32,
-    one core of an Intel Xeon, model 207) takes 660 ms of CPU time with it, 785 ms with
-    "recompute" (its extra GEMM) and 618 ms with the plain head, whose peak is 258 MB higher.
-    When no backward can follow (no_grad, or nothing needs a gradient) only the loss is
-    computed, whatever the design."""
+    "precompute" is the default: it makes each block's logits once, where "recompute" makes them
+    again in the backward (its extra GEMM; docs/memory.md compares the designs). When no
+    backward can follow (no_grad, or nothing needs a gradient) only the loss is computed,
+    whatever the design."""
     if design not in HEAD_DESIGNS:
         raise ValueError(f"unknown design {design!r}: use one of {', '.join(HEAD_DESIGNS)}")
     if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1]:
@@ -242,7 +235,7 @@ def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, de
             f"linear_cross_entropy: input {x.shape} @ weight {weight.shape}^T: "
             "need x (N, C) and weight (Vp, C)"
         )
-    t, inv_count, V = _class_targets(
+    t, V = _class_targets(
         "linear_cross_entropy",
         f"input {x.shape}",
         targets,
@@ -254,4 +247,4 @@ def linear_cross_entropy(x, weight, targets, ignore_index=-1, n_classes=None, de
     )
     if not (is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         design = "recompute"  # its forward is the loss alone
-    return LinearCrossEntropy.apply(x, weight, t, inv_count, V, design)
+    return LinearCrossEntropy.apply(x, weight, t, V, design)

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from tinygrad_like.kernels.adamw.spec import Hyper
+from tinygrad_like.kernels.adamw.spec import Hyper, constants, hyper_of
 
 from .check import BF16, F16, F32, F64, FLOATS, Case, cases, cpu, f64, gpu_only, rand
 
@@ -33,9 +33,11 @@ def not_finite(results, grad):
     assert not np.isfinite(results[0][0])
 
 
-def adamw_ref(master, grad, m, v, working, norm_sq, h):
-    """The textbook AdamW in float64 with the Hyper h -> master, m, v (and working, the master
-    rounded); the arguments as they were when norm_sq is not finite (an overflow)."""
+def adamw_ref(master, grad, m, v, working, norm_sq, c):
+    """The textbook AdamW in float64 with the Hyper of the constants c -> master, m, v (and
+    working, the master rounded); the arguments as they were when norm_sq is not finite (an
+    overflow)."""
+    h = hyper_of(c)
     if not np.isfinite(norm_sq[0]):
         return tuple(a for a in (master, m, v, working) if a is not None)
     master, m, v = (f64(a) for a in (master, m, v))
@@ -60,7 +62,7 @@ def buffers(put, P, G, max_norm, bad):
     working = put(master.astype(G)) if G != P else None
     arrays = [put(a) for a in (master, grad, m, v)]
     hyper = Hyper(**HP, inv_scale=1 / 1024, max_norm=max_norm)
-    return (*arrays[:4], working, put(cpu.grad_norm_sq(grad)), hyper)
+    return (*arrays[:4], working, put(cpu.grad_norm_sq(grad)), put(constants(hyper)))
 
 
 def adamw_case(P, G, max_norm, bad=None):
@@ -154,10 +156,10 @@ def test_cpu_three_steps_follow_the_reference(working_dtype, max_norm):
     for step in (1, 2, 3):
         grad = (scale * rand(N, F32, seed=step)).astype(working_dtype or F32)
         norm_sq, grad_before = cpu.grad_norm_sq(grad), grad.copy()
-        hyper = Hyper(**dict(hp, step=step))
-        cpu.adamw_step(master, grad, m, v, working, norm_sq, hyper)
+        c = constants(Hyper(**dict(hp, step=step)))
+        cpu.adamw_step(master, grad, m, v, working, norm_sq, c)
         assert grad.tobytes() == grad_before.tobytes()
-        ref = adamw_ref(*ref[:1], grad, *ref[1:], None, norm_sq, hyper)
+        ref = adamw_ref(*ref[:1], grad, *ref[1:], None, norm_sq, c)
         for got, want in zip((master, m, v), ref):
             assert got.dtype == F32
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
@@ -175,7 +177,8 @@ def test_cpu_weight_decay_only_on_the_first_n_decay():
     hyper = Hyper(
         0.1, 0.9, 0.999, 1e-8, weight_decay=0.5, n_decay=5, step=1, inv_scale=1.0, max_norm=0
     )
-    cpu.adamw_step(master, grad, zeros, zeros.copy(), None, cpu.grad_norm_sq(grad), hyper)
+    norm_sq = cpu.grad_norm_sq(grad)
+    cpu.adamw_step(master, grad, zeros, zeros.copy(), None, norm_sq, constants(hyper))
     np.testing.assert_allclose(master[:5], before[:5] * (1 - 0.1 * 0.5), rtol=1e-6)
     np.testing.assert_array_equal(master[5:], before[5:])
 

@@ -25,6 +25,14 @@ import numpy as np
 import pytest
 
 from tinygrad_like import dtypes, formats, kernels, quant
+from tinygrad_like.kernels.adamw.spec import (
+    DECAY,
+    INV_SQRT_BC2,
+    LR_BC1,
+    N_CONSTANTS,
+    constants,
+    hyper_of,
+)
 from tinygrad_like.kernels.elementwise import cuda_source
 from tinygrad_like.kernels.elementwise import spec as elementwise
 from tinygrad_like.kernels.record import KERNELS
@@ -37,7 +45,7 @@ KERNELS_DIR = Path(kernels.__file__).parent  # kernels/<family>/<family>.cu
 # Run by CuPy itself on CUDA (copies, fills, concatenation, sums, index gradients, max, a KV
 # cache's scatter).
 NO_CUSTOM_KERNEL = {
-    *("contiguous", "copy", "fill", "concat", "index_bwd", "sum", "kv_write"),
+    *("contiguous", "copy", "fill", "concat", "index_bwd", "sum", "kv_write", "inverse_count"),
     *("amax", "argmax", "amax_bwd", "max_bwd"),
 }
 # fp64 GEMMs and casts from fp64 go to cuBLAS / astype: no launch of ours.
@@ -316,23 +324,21 @@ def test_flash_attention_refuses_heads_that_do_not_group(gpu, stand_in, launches
 
 @pytest.mark.parametrize("P,G", [(F32, F16), (F32, F64), (F64, F64)], ids=ids)
 def test_adamw_constants_are_rounded_once_to_the_master_dtype(gpu, stand_in, launches, P, G):
-    """cpu.adamw_step keeps decay, lr/bc1 and 1/sqrt(bc2) in the master's dtype (acc(...)); the
-    kernel gets the same values (in fp64 runs, not fp32 roundings of them)."""
-    *bufs, h = test_adamw.buffers(stand_in.asarray, P, G, 1.0, None)
-    gpu.adamw_step(*bufs, h)
+    """cpu.adamw_step rounds decay, lr/bc1 and 1/sqrt(bc2) from spec.constants' fp64 vector to
+    the master's dtype (acc(...)); the kernel gets that same fp64 vector, on the device (a CUDA
+    graph of the step reads each step's), and rounds each once to P as it reads it
+    (adamw.cu)."""
+    *bufs, c = test_adamw.buffers(stand_in.asarray, P, G, 1.0, None)
+    gpu.adamw_step(*bufs, c)
     (launch,) = [la for la in launches if la.name.startswith("adamw_step")]
+    h = hyper_of(np.asarray(c))
+    got = launch.args[-1]
+    assert got.dtype == np.float64 and got.shape == (N_CONSTANTS,)
+    np.testing.assert_array_equal(np.asarray(got), constants(h))
     lr, beta1, beta2, step = h.lr, h.beta1, h.beta2, h.step
-    acc = P.type
-    want = (
-        acc(1 - lr * h.weight_decay),
-        acc(lr / (1 - beta1**step)),
-        acc(1 / np.sqrt(1 - beta2**step)),
-    )
-    got = launch.args[-3:]
-    assert [type(g) for g in got] == [acc] * 3 and got == want
+    want = (1 - lr * h.weight_decay, lr / (1 - beta1**step), 1 / np.sqrt(1 - beta2**step))
+    assert tuple(np.asarray(got)[[DECAY, LR_BC1, INV_SQRT_BC2]]) == want  # fp64, unrounded
     assert launch.args[5].dtype == dtypes.compute_dtype(G)  # norm_sq as grad_norm_sq gave it
-    if P == F64:
-        assert got != tuple(acc(np.float32(c)) for c in want)
 
 
 # ---------------------------------------------------------------- the stand-in refuses mismatches
@@ -363,16 +369,16 @@ def test_a_widened_int_is_refused(gpu, stand_in, monkeypatch):
 
 
 def test_swapped_arguments_are_refused(gpu, stand_in, monkeypatch):
-    """adamw_step's n_decay (long long) and inv_scale (double) swapped. (Two arguments of one
-    type swapped would pass: packing cannot tell them apart.)"""
-    *bufs, hyper = test_adamw.buffers(stand_in.asarray, F32, BF16, 1.0, None)
+    """adamw_step's n (long long) and constants (double*) swapped. (Two arguments of one type
+    swapped would pass: packing cannot tell them apart.)"""
+    *bufs, c = test_adamw.buffers(stand_in.asarray, F32, BF16, 1.0, None)
     _tamper(
         stand_in,
         monkeypatch,
-        lambda args: args[:7] + (args[8], args[7]) + args[9:] if len(args) > 9 else args,
+        lambda args: args[:6] + (args[7], args[6]) if len(args) == 8 else args,
     )
-    with pytest.raises(fake_cupy.LaunchError, match="n_decay"):
-        gpu.adamw_step(*bufs, hyper)
+    with pytest.raises(fake_cupy.LaunchError, match="argument 6"):
+        gpu.adamw_step(*bufs, c)
 
 
 def test_bad_pointers_and_scalars_are_refused(stand_in):

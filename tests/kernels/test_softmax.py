@@ -13,7 +13,7 @@ from tinygrad_like import Tensor, dtypes, kernels, profiler
 from tinygrad_like import functional as F
 from tinygrad_like.kernels.softmax import cpu as softmax_cpu
 
-from .check import BF16, EPS, F16, F32, FLOATS, cases, cpu, f64, label, rand
+from .check import BF16, EPS, F16, F32, F64, FLOATS, cases, cpu, f64, label, rand
 
 HALF = [F16, BF16]
 
@@ -180,6 +180,18 @@ def nothing_from_padding_or_ignored_rows(results, logits, *rest, n_classes=None,
     assert n_classes is None or not dlogits[:, n_classes:].any()
 
 
+def counted(put, dtype, N, ignored):
+    """N targets in [0, 50), `ignored` of them -1."""
+    targets = np.random.default_rng(3).integers(0, 50, N)
+    targets[:ignored] = -1
+    return put(targets), dtype
+
+
+def inverse_count_ref(targets, dtype):
+    """1 / the count in fp64, rounded once to dtype: bit for bit."""
+    return np.asarray(np.float64(1.0) / np.count_nonzero(targets >= 0), dtype)
+
+
 ROWS_CE = ["gpt2", (33, 50257, 50304), (5, 11, 64), (1, 7, 8)]
 IN_PLACE = [(5, 11, 64, "in place"), (1, 7, 8, "in place")]
 CE = {
@@ -189,6 +201,13 @@ CE = {
 }
 
 CASES = [
+    *cases(
+        "inverse_count",
+        counted,
+        [(d, N, k) for d in (F32, F64) for N, k in ((1, 0), (7, 3), (1024, 1000))],
+        ref=inverse_count_ref,
+        exact=True,
+    ),
     *cases(
         "softmax_causal_fwd",
         causal,

@@ -4,12 +4,13 @@ capture.py's replay launches every kernel from Python.
 
 A graph freezes each kernel's arguments, so only launches whose arguments change between calls
 in their buffers' contents alone can be in one: the step's inputs (Capture copies each call's
-into its buffers), what its kernels write. A launch that takes a host call's result (AdamW's
-scalars of the step, a mean's 1 / count, the fp16 loss scale) is launched from Python, and a
-host call runs in its place: the step is cut there, into runs of launches each captured as one
-graph (the decode step of GPT-2 and Llama: one graph; a training step: a few, between its
-host calls and the launches that take their results). What a launch from Python makes for a
-later graph is copied into the buffer that graph was captured on (its first call's), each call.
+into its buffers), what its kernels write, the device values the host writes by a host call
+(AdamW's constants of the step, the fp16 loss scale). A launch that takes a host call's result
+itself is launched from Python; a host call runs in its place, or before or after the launches
+next to it that touch nothing it takes: the step is cut into runs of launches, each captured as
+one graph (the decode step of GPT-2 and Llama, and a training step: one graph). What a launch
+from Python makes for a later graph is copied into the buffer that graph was captured on (its
+first call's), each call.
 
 A call launches the parts in order (the first call captures each graph, then launches it: a
 capture runs nothing) and returns the step's result copied out of the graphs' buffers (the next
@@ -28,7 +29,7 @@ from .replay import generate
 def graphed(program):
     """-> replay() of program as graphs where its launches allow (the module's docstring), or
     None where none can be one; what is launched from Python instead is said once."""
-    parts = _parts(_deferred(program.steps))
+    parts = _parts(_moved(program.steps))
     if not any(graph for graph, _ in parts):
         return None
     apart = [s.name for graph, steps in parts if not graph for s in steps if s[0] == "launch"]
@@ -53,59 +54,54 @@ def graphed(program):
         out = ("seq", tuple, tuple(_description(n) for n in gives))
         plans.append((graph, generate(steps, out, timer, given), given, gives))
     build = generate([], program.result, timer, result)
-    made_once = []  # per part, its first call's: (launcher or None, the buffers it gives)
+    first = []  # per part, from its first call: (its graph's launcher or None, what it gave)
 
     def replay():
         env = {}
         for p, (graph, run, given, gives) in enumerate(plans):
             taken = [env[n] for n in given]
-            if p == len(made_once):  # the first call: capture, or keep what it made
-                if graph:
-                    made_once.append(program.device.capture_graph(lambda: run(None, *taken)))
-                else:
-                    made_once.append((None, run(None, *taken)))
-                    env.update(zip(gives, made_once[p][1]))
-                    continue
-            launcher, buffers = made_once[p]
             if graph:
+                if p == len(first):  # a capture runs nothing: launched after it, as always
+                    first.append(program.device.capture_graph(lambda: run(None, *taken)))
+                launcher, outs = first[p]
                 launcher()
-            else:  # into the buffers the graphs after it were captured on
-                for name, buffer, new in zip(gives, buffers, run(None, *taken)):
-                    if hasattr(buffer, "nbytes") and new is not buffer:
-                        buffer[...] = new
-                    elif not hasattr(buffer, "nbytes"):
-                        buffer = new  # a host call's result: no buffer
-                    env[name] = buffer
-                continue
-            env.update(zip(gives, buffers))
+            else:
+                outs = run(None, *taken)
+                if p == len(first):
+                    first.append((None, outs))
+                else:  # into the buffers the graphs after it were captured on
+                    outs = [_into(kept, new) for kept, new in zip(first[p][1], outs)]
+            env.update(zip(gives, outs))
         return _copied(build(None, *[env[n] for n in result]))
 
     replay.graphs = sum(graph for graph, _ in parts)  # graph launches a call
     return replay
 
 
-def _deferred(steps):
-    """steps with each host call moved past the launches after it (not past another host call)
-    where none of them takes its result or an array it takes: a KV cache's length grown on the
-    host, which no kernel reads, then cuts no graph in two."""
+def _moved(steps):
+    """steps with each host call moved before the launches before it, or else past the launches
+    after it (never past another host call), over those that take neither its result nor an
+    array it takes nor make one: AdamW's constants written for the step, or a KV cache's length
+    grown on the host, which no kernel reads, then cut no graph in two."""
     steps = list(steps)
-    for i in range(len(steps) - 1, -1, -1):
-        if steps[i][0] != "host":
-            continue
-        j = i + 1
-        while j < len(steps) and steps[j][0] == "launch" and _free(steps[i], steps[j]):
-            j += 1
-        steps.insert(j - 1, steps.pop(i))
+    for s in [s for s in steps if s[0] == "host"]:
+        i = j = next(n for n, x in enumerate(steps) if x is s)
+        while j > 0 and steps[j - 1][0] == "launch" and _free(s, steps[j - 1]):
+            j -= 1
+        if j == i:
+            while j + 1 < len(steps) and steps[j + 1][0] == "launch" and _free(s, steps[j + 1]):
+                j += 1
+        steps.insert(j, steps.pop(i))
     return steps
 
 
 def _free(host, launch):
-    """Whether the host call may run after the launch: the launch takes neither its result nor
-    an array it takes."""
+    """Whether the host call and the launch may run in either order: the launch takes neither
+    the host call's result nor an array it takes, nor makes one."""
     if f"h{host[3]}" in set().union(*map(_names, arguments(launch))):
         return False
-    taken = set().union(*map(_arrays, arguments(host)))
-    return not taken & set().union(*map(_arrays, arguments(launch)))
+    touched = set().union(*map(_arrays, arguments(launch)), {("v", v) for v in made(launch)})
+    return not set().union(*map(_arrays, arguments(host))) & touched
 
 
 def _arrays(d):
@@ -157,6 +153,16 @@ def _defines(step):
 
 def _description(name):
     return ("value", int(name[1:]), None) if name[0] == "v" else ("hosted", int(name[1:]))
+
+
+def _into(kept, new):
+    """kept (a buffer a graph reads) holding new's values -> kept; a host call's result that is
+    no array -> new."""
+    if not hasattr(kept, "nbytes"):
+        return new
+    if new is not kept:
+        kept[...] = new
+    return kept
 
 
 def _copied(x):

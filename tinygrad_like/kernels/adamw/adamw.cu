@@ -29,18 +29,23 @@ __global__ void sum_partials(const T* x, acc_t<T>* out, long long n) {
 // (norm = sqrt(norm_sq) inv_scale; no clip when max_norm == 0), computed in double with the
 // operations of adamw/cpu.py's Python floats and rounded once to P, as its acc(g_coef);
 // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; the first n_decay weights are multiplied by
-// decay = 1 - lr wd; then w -= lr_bc1 * m / (sqrt(v) inv_sqrt_bc2 + eps). Each P scalar is
-// rounded by cuda.py from the Python float once, to P, as adamw/cpu.py rounds it (acc(...), or NumPy
-// rounding a Python float operand to the array's dtype); inv_scale and max_norm stay double.
+// decay = 1 - lr wd; then w -= lr_bc1 * m / (sqrt(v) inv_sqrt_bc2 + eps). The scalars come from
+// c, spec.constants' fp64 vector on the device (written by the host before the step: a CUDA
+// graph of the step reads each step's), each P scalar rounded once from it to P, as adamw/cpu.py
+// rounds the same fp64 values; inv_scale and max_norm stay double. c's layout is spec.py's:
+// lr, beta1, beta2, eps, weight_decay, n_decay, step, inv_scale, max_norm, then decay, lr_bc1,
+// inv_sqrt_bc2, 1 - beta1, 1 - beta2.
 template <typename P, typename G>
 __global__ void adamw_step(P* master, const G* grad, P* m, P* v, G* working,
-                           const acc_t<G>* norm_sq, long long n, long long n_decay,
-                           double inv_scale, double max_norm, P beta1, P one_minus_beta1, P beta2,
-                           P one_minus_beta2, P eps, P decay, P lr_bc1, P inv_sqrt_bc2) {
+                           const acc_t<G>* norm_sq, long long n, const double* c) {
     const long long i = global_index();
     if (i >= n) return;
     const double scaled_norm_sq = norm_sq[0];  // exact, as adamw/cpu.py's float(norm_sq[0])
     if (!isfinite(scaled_norm_sq)) return;
+    const double inv_scale = c[7], max_norm = c[8];
+    const long long n_decay = (long long)c[5];
+    const P beta1 = P(c[1]), beta2 = P(c[2]), eps = P(c[3]), decay = P(c[9]), lr_bc1 = P(c[10]);
+    const P inv_sqrt_bc2 = P(c[11]), one_minus_beta1 = P(c[12]), one_minus_beta2 = P(c[13]);
     double coef = inv_scale;
     if (max_norm > 0) {  // _rn: no FMA contraction, so coef is bit-identical to adamw/cpu.py's
         const double norm = __dmul_rn(sqrt(scaled_norm_sq), inv_scale);

@@ -9,6 +9,7 @@ from ... import dtypes
 from ...backend.cpu.compiled import f32_from_bf16_bits, f32_from_f16_bits, kernel, row_dot
 from ...backend.cpu.halves import HALVES, f32, rounded
 from ...backend.cpu.runtime import in_parallel
+from .spec import DECAY, INV_SQRT_BC2, LR_BC1, ONE_MINUS_BETA1, ONE_MINUS_BETA2, hyper_of
 
 _NORM_PART = 1 << 18  # elements per partial sum of grad_norm_sq (1 MB of fp32)
 
@@ -84,30 +85,29 @@ def _adamw(
         m[i], v[i], master[i] = mi, vi, w
 
 
-def adamw_step(master, grad, m, v, working, norm_sq, hyper):
+def adamw_step(master, grad, m, v, working, norm_sq, constants):
     """adamw.cu's update: the skip and the clipping coefficient decided here from norm_sq (one
     host read), then one compiled pass over the elements, the working copy refreshed after."""
     scaled_norm_sq = float(norm_sq[0])
     if not np.isfinite(scaled_norm_sq):
         return
-    h = hyper
+    c = constants
+    h = hyper_of(c)
     g_coef = h.inv_scale
     if h.max_norm > 0:
         norm = np.sqrt(scaled_norm_sq) * h.inv_scale
         g_coef *= min(1.0, h.max_norm / (norm + 1e-6))
-    # the bias corrections fold into two scalars: update = lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
-    bc1, bc2 = 1 - h.beta1**h.step, 1 - h.beta2**h.step
     acc = master.dtype.type
     scalars = (
         g_coef,
         h.beta1,
-        1 - h.beta1,
+        c[ONE_MINUS_BETA1],
         h.beta2,
-        1 - h.beta2,
+        c[ONE_MINUS_BETA2],
         h.eps,
-        1 - h.lr * h.weight_decay if h.weight_decay else 1.0,
-        h.lr / bc1,
-        1 / np.sqrt(bc2),
+        c[DECAY],
+        c[LR_BC1],
+        c[INV_SQRT_BC2],
     )
     n_decay, scalars = h.n_decay if h.weight_decay else 0, [acc(s) for s in scalars]
     if grad.dtype == master.dtype or grad.dtype not in HALVES:

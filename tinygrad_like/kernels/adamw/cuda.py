@@ -26,14 +26,13 @@ def grad_norm_sq(grad):
     return out
 
 
-def adamw_step(master, grad, m, v, working, norm_sq, hyper):
-    """norm_sq stays on the device: the kernel skips the step when it is inf/nan and derives the
-    clipping coefficient from it, so nothing here waits for the GPU."""
+def adamw_step(master, grad, m, v, working, norm_sq, constants):
+    """norm_sq and the step's constants stay on the device: the kernel skips the step when
+    norm_sq is inf/nan and derives the clipping coefficient from it, so nothing here waits for
+    the GPU, and a CUDA graph of the step reads each step's constants."""
     for a in (master, grad, m, v) + (() if working is None else (working,)):
         if not a.flags.c_contiguous or a.size != master.size:
             raise ValueError("adamw_step updates flat contiguous buffers of one size in place")
-    h, P = hyper, master.dtype.type  # every constant rounded once to P, as the CPU twin's acc
-    bc1, bc2 = 1 - h.beta1**h.step, 1 - h.beta2**h.step
     norm_sq = cupy.ascontiguousarray(norm_sq, dtype=dtypes.compute_dtype(grad.dtype))
     launch_flat(
         "adamw.cu",
@@ -47,15 +46,5 @@ def adamw_step(master, grad, m, v, working, norm_sq, hyper):
         NULL if working is None else working,
         norm_sq,
         np.int64(master.size),
-        np.int64(h.n_decay),
-        np.float64(h.inv_scale),
-        np.float64(h.max_norm),
-        P(h.beta1),
-        P(1 - h.beta1),
-        P(h.beta2),
-        P(1 - h.beta2),
-        P(h.eps),
-        P(1 - h.lr * h.weight_decay),
-        P(h.lr / bc1),
-        P(1 / np.sqrt(bc2)),
+        cupy.ascontiguousarray(constants, dtype=np.float64),
     )

@@ -193,6 +193,12 @@ def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
     return losses, dlogits
 
 
+def inverse_count(targets, dtype):
+    """NumPy's count of the targets >= 0, then 1 / it in fp64, rounded once (cuda.py: CuPy's)."""
+    with np.errstate(divide="ignore"):
+        return np.asarray(np.float64(1.0) / np.count_nonzero(targets >= 0), dtype)
+
+
 # ---------------------------------------------------------------- softmax over any dim
 # The rows of x (..., C): functional.softmax / log_softmax move the dim last, and the naive
 # attention's causal softmax is over the rows of its (..., Tq, Tk) scores. softmax.cu's twins:

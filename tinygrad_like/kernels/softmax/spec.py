@@ -8,7 +8,9 @@ cpu.py: one row per program of a compiled loop, as softmax.cu's warp per row; cu
 softmax.cu: one warp (or block, for a vocabulary's row) per row.
 """
 
-from ..record import kernel, like, like_arg, per_element, per_row
+import numpy as np
+
+from ..record import Out, kernel, like, like_arg, per_element, per_row
 
 
 def _classes(logits, n_classes):
@@ -68,6 +70,13 @@ def cross_entropy_bwd(logits, lse, targets, dloss, n_classes=None):
 def cross_entropy_fwd_bwd(logits, targets, dloss, n_classes=None, out=None):
     """cross_entropy_fwd's losses and cross_entropy_bwd's dlogits in one pass -> (losses (N,)
     fp32, dlogits (N, Vp)); dlogits are written into out when given (which may be logits)."""
+
+
+@kernel(shape=lambda targets, dtype: Out((), np.dtype(dtype)), flops=per_element(1))
+def inverse_count(targets, dtype):
+    """targets (N,) int64 -> (,) in dtype: 1 / the number of targets that are not -1 (ignored),
+    computed in fp64 and rounded once (a mean's factor; on the device, so that a captured step
+    needs no host read of its targets: inf when every target is ignored)."""
 
 
 @kernel(shape=like_arg(0), flops=per_element(5), exps=per_element(1))
