@@ -40,6 +40,7 @@ class Captured:
     replay_kernel_seconds: float = None
     fused: list = None  # Program.fused_census(): per kind of fused launch (counted steps only)
     graphs: int = None  # device graphs launched per replayed step (None: its launches from Python)
+    graph_bytes: int = None  # the device memory those graphs keep (their pools: the arena's twin)
 
     @property
     def eager_host(self):
@@ -65,6 +66,7 @@ def _counts(program, counted=True):
         sum(f.saved for f in program.fusions),
         fused=program.fused_census() if counted else None,
         graphs=program.graph.graphs if program.graph is not None else None,
+        graph_bytes=program.graph.nbytes() if program.graph is not None else None,
     )
 
 

@@ -116,9 +116,16 @@ def decode_table(rows):
     columns = ("model", "weights", "launches (fused)", "eager ms", "host ms", "replayed ms")
     columns += ("host ms", "speedup")
     if any(c.graphs is not None for *_, c in rows):  # a device that keeps graphs (CUDA)
-        out = [(*row, "-" if c.graphs is None else c.graphs) for row, (*_, c) in zip(out, rows)]
-        columns += ("graphs a step",)
+        out = [(*row, *_graph_cells(c)) for row, (*_, c) in zip(out, rows)]
+        columns += ("graphs a step", "graph MB")
     return table(columns, out, "llrrrrrr" + "r" * (len(columns) - 8))
+
+
+def _graph_cells(c):
+    """The graphs a replayed step launches and the device memory they keep (their pools)."""
+    if c.graphs is None:
+        return "-", "-"
+    return c.graphs, f"{c.graph_bytes / 1e6:,.1f}"
 
 
 def training_table(unfused, fused):
@@ -144,10 +151,10 @@ def training_table(unfused, fused):
         for way, launches, nbytes, seconds, host in ways
     ]
     columns = ("step", "launches", "MB moved", "ms", "host ms", "host share", "speed")
-    if fused.graphs is not None:  # a device that keeps graphs (CUDA): graph launches a step
-        graphs = ["-", unfused.graphs, fused.graphs]
-        rows = [(*row, n) for row, n in zip(rows, graphs)]
-        columns += ("graphs a step",)
+    if fused.graphs is not None:  # a device that keeps graphs (CUDA): beside the plan's arena
+        cells = [("-", "-"), _graph_cells(unfused), _graph_cells(fused)]
+        rows = [(*row, *cell) for row, cell in zip(rows, cells)]
+        columns += ("graphs a step", "graph MB")
     return table(columns, rows, "lrrrrrr" + "r" * (len(columns) - 7))
 
 

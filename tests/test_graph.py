@@ -458,6 +458,7 @@ def test_the_accounting_on_cuda_counts_one_graph_a_step(cuda):
     optimizer = AdamW(model.named_parameters(), lr=1e-3)
     found = captured.training(model, optimizer, (ids[:, :-1], ids[:, 1:]), None, repeats=1)
     assert found.graphs == 1 and found.launches < found.eager_launches
+    assert found.graph_bytes >= found.live_bytes  # the graph's pool holds the step's buffers
 
 
 def test_a_launch_that_takes_a_host_value_runs_from_python_between_two_graphs(cuda, capsys):

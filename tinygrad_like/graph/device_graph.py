@@ -75,6 +75,8 @@ def graphed(program):
         return _copied(build(None, *[env[n] for n in result]))
 
     replay.graphs = sum(graph for graph, _ in parts)  # graph launches a call
+    # the device memory the graphs keep (their pools), once captured
+    replay.nbytes = lambda: sum(launcher.nbytes() for launcher, _ in first if launcher)
     return replay
 
 

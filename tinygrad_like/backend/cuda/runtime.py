@@ -146,7 +146,7 @@ def capture_graph(run):
     def launcher():
         graph.launch(cupy.cuda.get_current_stream())
 
-    launcher.pool, launcher.graph = pool, graph  # its memory lives as long as the launcher
+    launcher.graph, launcher.nbytes = graph, pool.total_bytes  # the pool lives with launcher
     return launcher, result
 
 
