@@ -170,7 +170,7 @@ class CausalLM(Module):
         """idx (B, T) checked -> (idx: an array of some device as it is (a Tensor's data),
         host data as a NumPy array; B, T, the tokens' positions (T,) int64: cache_position when
         given (a device array, as a captured decode step passes its own), else the cache's next
-        T positions on the model's device, or 0 ... T - 1 on the host without a cache). Device
+        T positions on the model's device, or without a cache 0 ... T - 1 (_first_positions). Device
         ids stay there: a captured step's replay reads its input buffer, and a CUDA graph's
         capture may not copy from the host."""
         name = type(self).__name__
@@ -188,12 +188,12 @@ class CausalLM(Module):
                 f"sequence of {start + T} tokens is longer than the context of "
                 f"{self.config.n_positions}: shorten it (or --seq-len)"
             )
-        if cache_position is None and cache is None:
+        if cache_position is None:
             be = backend.get(self.get_input_embeddings().weight.device)
-            cache_position = _first_positions(T, be)
-        elif cache_position is None:
-            be = backend.get(self.get_input_embeddings().weight.device)
-            cache_position = be.asarray(np.arange(start, start + T))
+            if cache is None:
+                cache_position = _first_positions(T, be)
+            else:
+                cache_position = be.asarray(np.arange(start, start + T))
         return idx, B, T, cache_position
 
     def _head(self, x, weight, targets, last_only):

@@ -6,8 +6,8 @@ kernels, the next step of a compiler, are to come from the same capture), wraps 
 fn(*inputs) -> an array or a tuple of arrays, whose inputs are arrays of one device. The first
 call with inputs of a shape runs fn eagerly, recording; the second runs it eagerly again,
 recording, and checks the two (capture.py); every later call copies its inputs into the buffers
-the first two ran on and replays the kernels (on a device that keeps graphs, as one graph where
-the step allows it: device_graph.py). A call whose inputs have another shape or dtype is
+the first two ran on and replays the kernels (on a device that keeps graphs, as CUDA graphs:
+device_graph.py). A call whose inputs have another shape or dtype is
 captured anew, and says so once. What changes between calls must reach the kernels as the
 contents of an input (token ids, positions), never as a Python value the step computes: a step
 that passes one (capture.py names the launch) runs eagerly from then on, and says so once, as
