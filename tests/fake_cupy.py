@@ -252,7 +252,6 @@ class _Graph:
 
     def __init__(self):
         self.nodes = []
-        self.launches = 0  # how often it was launched (the tests count them)
 
     def launch(self, stream=None):
         _refuse_in_capture("a graph launch")
@@ -263,7 +262,6 @@ class _Graph:
                     "capture: allocate what a captured step makes from a pool the graph keeps"
                 )
             node.run()
-        self.launches += 1
 
 
 def _capture():
@@ -288,8 +286,9 @@ def _captured(run, inputs, what):
 
 
 def _keep_memory(graph):
-    """Each node's arrays as weak references to their memory (checked at launch): a node holds
-    no array alive, as a GPU's graph holds pointers only."""
+    """Each node's arrays as weak references to their memory (checked at launch): a kernel's
+    node holds its pointers only, as a GPU's graph does, so nothing else keeps its memory
+    alive; a CuPy function's node keeps the arrays its NumPy call takes."""
     for i, node in enumerate(graph.nodes):
         held = [_memory_of(a) for a in node.arrays if isinstance(a, ndarray)]
         graph.nodes[i] = _Node(node.run, (), node.what, tuple(weakref.ref(m) for m in held))
