@@ -350,7 +350,7 @@ class _MemoryPool:
 
 
 @contextlib.contextmanager
-def _using_allocator(allocator=None):
+def _using_allocator(allocator):
     _ALLOCATORS.append(allocator)
     try:
         yield

@@ -120,11 +120,11 @@ class LinearCrossEntropy(Function):
 
     @staticmethod
     def forward(ctx, x, weight, targets, n_classes, design):
-        inv_count = launch("inverse_count", targets, dtypes.compute_dtype(x.dtype))
+        acc = dtypes.compute_dtype(x.dtype)
+        inv_count = launch("inverse_count", targets, acc)
         ctx.inv_count, ctx.n_classes, ctx.design = inv_count, n_classes, design
         precompute = design == "precompute"
         if precompute:  # dlogits and both gradients in fp32, for dloss = 1 / count
-            acc = dtypes.compute_dtype(x.dtype)
             dx, dw = backend.of(x).empty(x.shape, acc), None
             unit = inv_count.reshape(1)
             ctx.dtypes = x.dtype, weight.dtype

@@ -56,9 +56,8 @@ def capture_graph(run):
     """run() recorded as one graph of the device (a CUDA graph) -> (launcher, run()'s result):
     launcher() runs what run() launched again, as one unit, on the same buffers (what run()
     allocated kept for the graph alone: launcher.nbytes() bytes); run() itself launches
-    nothing. Only where GRAPHS is
-    True; elsewhere NotImplementedError (a captured step's replay launches its kernels one by
-    one from Python: graph/capture.py)."""
+    nothing. Only where GRAPHS is True; elsewhere NotImplementedError (a captured step's replay
+    launches its kernels one by one from Python: graph/capture.py)."""
 
 
 HOST = (

@@ -30,11 +30,11 @@ def graphed(program):
     """-> replay() of program as graphs where its launches allow (the module's docstring), or
     None where none can be one; what is launched from Python instead is said once."""
     parts = _parts(_moved(program.steps))
-    if not any(graph for graph, _ in parts):
+    graphs = sum(graph for graph, _ in parts)
+    if not graphs:
         return None
     apart = [s.name for graph, steps in parts if not graph for s in steps if s[0] == "launch"]
     if apart:
-        graphs = sum(graph for graph, _ in parts)
         print(
             f"compile: the step replays as {graphs} graphs, launching {', '.join(apart)} from "
             "Python between them (each takes a value a host call makes, which a graph would "
@@ -74,7 +74,7 @@ def graphed(program):
             env.update(zip(gives, outs))
         return _copied(build(None, *[env[n] for n in result]))
 
-    replay.graphs = sum(graph for graph, _ in parts)  # graph launches a call
+    replay.graphs = graphs  # graph launches a call
     # the device memory the graphs keep (their pools), once captured
     replay.nbytes = lambda: sum(launcher.nbytes() for launcher, _ in first if launcher)
     return replay
@@ -100,7 +100,7 @@ def _moved(steps):
 def _free(host, launch):
     """Whether the host call and the launch may run in either order: the launch takes neither
     the host call's result nor an array it takes, nor makes one."""
-    if f"h{host[3]}" in set().union(*map(_names, arguments(launch))):
+    if f"h{host[3]}" in _uses([launch]):
         return False
     touched = set().union(*map(_arrays, arguments(launch)), {("v", v) for v in made(launch)})
     return not set().union(*map(_arrays, arguments(host))) & touched
@@ -122,16 +122,12 @@ def _parts(steps):
     rest, each in order."""
     parts = []
     for s in steps:
-        graph = s[0] == "launch" and not any(_hosted(d) for d in arguments(s))
+        graph = s[0] == "launch" and not any(n[0] == "h" for n in _uses([s]))
         if parts and parts[-1][0] == graph:
             parts[-1][1].append(s)
         else:
             parts.append((graph, [s]))
     return parts
-
-
-def _hosted(d):
-    return d[0] == "hosted" or (d[0] == "seq" and any(_hosted(x) for x in d[2]))
 
 
 def _names(d):

@@ -146,7 +146,7 @@ def capture_graph(run):
     def launcher():
         graph.launch(cupy.cuda.get_current_stream())
 
-    launcher.graph, launcher.nbytes = graph, pool.total_bytes  # the pool lives with launcher
+    launcher.nbytes = pool.total_bytes  # and so the pool lives as long as the launcher
     return launcher, result
 
 
