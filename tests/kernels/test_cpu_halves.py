@@ -90,3 +90,36 @@ def test_bf16_binary_gives_the_bits_of_widening_then_rounding(ufunc, one):
         want = ufunc(a.astype(np.float32), b.astype(np.float32)).astype(dtypes.bfloat16)
         got = halves.bf16_binary(ufunc, a, b, np.empty(a.shape, dtypes.bfloat16))
     assert got.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+def test_copy_into_gives_numpys_bits_through_any_strides():
+    """copy_into (flash attention's regrouping copies): every bf16 value widened, and fp32
+    values at the rounding boundaries rounded, through strided views on either side (rows
+    contiguous or not, axes of one element, a scale), each NumPy's bits; fp16 and more than
+    five long axes as stated."""
+    h = every(dtypes.bfloat16)[: 1 << 16].reshape(4, 16, 4, 256)  # every bf16 value
+    src = h.transpose(1, 0, 2, 3)[:, None]  # (16, 1, 4, 4, 256): rows contiguous, strided
+    out = np.full(src.shape, np.nan, np.float32)
+    assert halves.copy_into(out, src) is out
+    assert out.tobytes() == src.astype(np.float32).tobytes()
+    gather = np.empty(src.shape[:-2] + src.shape[-1:] + src.shape[-2:-1], np.float32)
+    halves.copy_into(gather, src.swapaxes(-1, -2))  # rows read across src's rows
+    assert gather.tobytes() == src.swapaxes(-1, -2).astype(np.float32).tobytes()
+    scaled = np.empty(src.shape, np.float32)
+    with np.errstate(all="ignore"):
+        want = src.astype(np.float32) * np.float32(0.125)
+    halves.copy_into(scaled, src, np.float32(0.125))
+    assert scaled.tobytes() == want.tobytes()
+    with np.errstate(all="ignore"):
+        x = (out + np.float32(1e-3) * out).swapaxes(0, 2)  # between the bf16 values
+    with np.errstate(all="ignore"):
+        want = x.astype(dtypes.bfloat16).tobytes()
+    for rows in (1, -1):  # dst's rows contiguous (compiled), then written backwards (NumPy's)
+        rounded = np.empty(x.shape, dtypes.bfloat16)[:, :, :, :, ::rows]
+        with np.errstate(all="ignore"):
+            assert halves.copy_into(rounded, x).tobytes() == want
+    f16 = np.empty(x.shape, dtypes.float16)
+    with np.errstate(all="ignore"):
+        assert halves.copy_into(f16, x).tobytes() == x.astype(dtypes.float16).tobytes()
+    with pytest.raises(ValueError, match="at most 5"):
+        halves.copy_into(np.empty((2,) * 6, np.float32), np.empty((2,) * 6, np.float32))

@@ -193,3 +193,31 @@ def test_cpu_layernorm_fp32_against_float64():
     want = layernorm_bwd_ref(dy, x, w, ref_mu, ref_rstd)
     for g, r, rtol in zip(got, want, (1e-4, 1e-4, 1e-5)):
         np.testing.assert_allclose(g, r, rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.parametrize("epilogue", [None, "add"])
+def test_cpu_bf16_rows_are_the_fp32_kernels_rounded(epilogue):
+    """bf16 operands are read where they lie and widened a row at a time: the results are the
+    fp32 kernels' on the widened operands, rounded once to bf16 (dx + add: the add of the
+    rounded dx, as elementwise's add after the kernel), the statistics and the weight gradients
+    the fp32 kernels' bits."""
+    shape = (70, 96)  # three row blocks, the last ragged
+    x, w, b, dy = rows(BF16, shape)
+    kw = plus(lambda a: a, BF16, shape, epilogue)
+    wide = {k: v.astype(F32) for k, v in kw.items()}
+    rnd = lambda a: a.astype(BF16)  # noqa: E731 (ml_dtypes: round to nearest even)
+    as_bytes = lambda rs: [np.asarray(r).tobytes() for r in rs]  # noqa: E731
+    y, mean, rstd = cpu.layernorm_fwd(x, w, b)
+    y32, mean32, rstd32 = cpu.layernorm_fwd(x.astype(F32), w, b)
+    assert as_bytes([y, mean, rstd]) == as_bytes([rnd(y32), mean32, rstd32])
+    got = cpu.layernorm_bwd(dy, x, w, mean, rstd, **kw)
+    dx32, dw32, db32 = cpu.layernorm_bwd(dy.astype(F32), x.astype(F32), w, mean, rstd)
+    dx = rnd(dx32) if epilogue is None else rnd(rnd(dx32).astype(F32) + wide["add"])
+    assert as_bytes(got) == as_bytes([dx, rnd(dw32), rnd(db32)])
+    y, rstd = cpu.rmsnorm_fwd(x, w)
+    y32, rstd32 = cpu.rmsnorm_fwd(x.astype(F32), w)
+    assert as_bytes([y, rstd]) == as_bytes([rnd(y32), rstd32])
+    got = cpu.rmsnorm_bwd(dy, x, w, rstd, **kw)
+    dx32, dw32 = cpu.rmsnorm_bwd(dy.astype(F32), x.astype(F32), w, rstd)
+    dx = rnd(dx32) if epilogue is None else rnd(rnd(dx32).astype(F32) + wide["add"])
+    assert as_bytes(got) == as_bytes([dx, rnd(dw32)])

@@ -23,7 +23,7 @@ import numpy as np
 from llvmlite import ir
 from numba import prange, types
 from numba.core.registry import cpu_target
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from ... import dtypes
 from .compiled import (
@@ -66,6 +66,190 @@ def bf16_bits(w):
         return np.uint16(((w >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0))
     even = (w >> np.uint32(16)) & np.uint32(1)
     return np.uint16((w + np.uint32(0x7FFF) + even) >> np.uint32(16))
+
+
+@device
+def through_bf16(v):
+    """fp32 v rounded to bf16 (rounded's bits), as the fp32 it stands for."""
+    return f32_from_bf16_bits(bf16_bits(bits_from_f32(v)))
+
+
+# A row kernel reads a bf16 operand where it lies, as its bits (operand()), and widens a row at
+# a time into a scratch row of the core's (row_in); it writes a bf16 result into a scratch row,
+# rounded into the result's bits when the row is done (row_out, row_done). Over fp32 or fp64
+# arrays the same calls are the arrays' own rows: one kernel body serves every dtype, and a
+# 2-byte result is the fp32 kernel's rounded once (no widened copy of the whole operand made
+# first, no fp32 result rounded after).
+
+
+def value(x):
+    """x in the compute type: a bf16's bits (a uint16 element of bits()) widened."""
+
+
+def stored(a, v):
+    """v as an element of a: rounded to a bf16's bits where a holds bits."""
+
+
+def row_in(a, row, scratch):
+    """Row `row` of a (rows, C) to read: a's own row, or a bf16's bits widened into scratch (C,)
+    fp32, which is returned."""
+
+
+def row_out(a, row, scratch):
+    """Where row `row` of the result a (rows, C) is computed: a's own row, or for a bf16's bits
+    scratch (C,) fp32, to be rounded into a by row_done."""
+
+
+def row_done(a, row, values):
+    """values (row_out's) rounded into row `row` of a bf16's bits a; nothing for a float a."""
+
+
+def through(a, v):
+    """v as the result a holds it: rounded to bf16 and widened back for a bf16's bits a (what an
+    add after the kernel reads), v itself for a float a."""
+
+
+def _bits(a):
+    return isinstance(a, types.Array) and a.dtype == types.uint16
+
+
+@overload(value, jit_options={"cache": True})
+def _value(x):
+    if x == types.uint16:
+        return lambda x: f32_from_bf16_bits(x)
+    return lambda x: x
+
+
+@overload(stored, jit_options={"cache": True})
+def _stored(a, v):
+    if _bits(a):
+        return lambda a, v: bf16_bits(bits_from_f32(v))
+    return lambda a, v: v
+
+
+@overload(row_in, jit_options={"cache": True})
+def _row_in(a, row, scratch):
+    if _bits(a):
+
+        def widened(a, row, scratch):
+            for c in range(scratch.shape[0]):
+                scratch[c] = value(a[row, c])
+            return scratch
+
+        return widened
+    return lambda a, row, scratch: a[row]
+
+
+@overload(row_out, jit_options={"cache": True})
+def _row_out(a, row, scratch):
+    if _bits(a):
+        return lambda a, row, scratch: scratch
+    return lambda a, row, scratch: a[row]
+
+
+@overload(row_done, jit_options={"cache": True})
+def _row_done(a, row, values):
+    if _bits(a):
+
+        def rounded_row(a, row, values):
+            for c in range(values.shape[0]):
+                a[row, c] = stored(a, values[c])
+
+        return rounded_row
+    return lambda a, row, values: None
+
+
+@overload(through, jit_options={"cache": True})
+def _through(a, v):
+    if _bits(a):
+        return lambda a, v: through_bf16(v)
+    return lambda a, v: v
+
+
+def bits(a):
+    """a as a compiled kernel reads or writes it in place, any strides: a bf16 array as its
+    bits (value() widens an element, stored() rounds one), any other as it is."""
+    return a.view(np.uint16) if a.dtype == dtypes.bfloat16 else a
+
+
+@kernel
+def _copied(src, dst, scale, scaled, rows):
+    # src, dst (P, Q, R, S, U), each fp32, fp64 or a bf16's bits: dst = src (x scale where
+    # scaled), widened from and rounded to bf16 element by element; a (P, Q) pair per
+    # iteration. dst's rows (U,) are contiguous, and src's where rows: typed so (a view, no
+    # copy), the loop over a row then vectorizes (an any-strides view's does not; nor does a
+    # loop with a branch inside, hence four loops)
+    P, Q, R, S, U = dst.shape
+    for pq in prange(P * Q):
+        p, q = pq // Q, pq % Q
+        for r in range(R):
+            for s in range(S):
+                d = np.ascontiguousarray(dst[p, q, r, s])
+                if rows:
+                    x = np.ascontiguousarray(src[p, q, r, s])
+                    if scaled:
+                        for u in range(U):
+                            d[u] = stored(dst, value(x[u]) * scale)
+                    else:
+                        for u in range(U):
+                            d[u] = stored(dst, value(x[u]))
+                elif scaled:
+                    for u in range(U):
+                        d[u] = stored(dst, value(src[p, q, r, s, u]) * scale)
+                else:
+                    for u in range(U):
+                        d[u] = stored(dst, value(src[p, q, r, s, u]))
+
+
+def copy_into(dst, src, scale=None):
+    """dst[...] = src (times scale, in the compute type, where given), both of one shape of at
+    most 5 axes longer than 1, any strides, in fp32, fp64 or bf16: one compiled pass over the cores
+    (a bf16 widened or rounded as it is read or written, NumPy's bits), where NumPy's
+    assignment converts bf16 one element at a time on one core. -> dst"""
+    if dst.dtype == dtypes.float16:  # NumPy's conversion (no fp16 in a compiled loop)
+        dst[...] = f32(src) if scale is None else f32(src) * scale
+        return dst
+    src = f32(src) if src.dtype == dtypes.float16 else src
+    # the axes of length 1 dropped (a loop of one turn innermost would not vectorize), then
+    # length-1 axes put in front: views, never copies
+    axes = tuple(i for i, n in enumerate(dst.shape) if n == 1)
+    shape = tuple(n for n in dst.shape if n != 1)
+    if len(shape) > 5:
+        raise ValueError(f"copy_into: {dst.ndim} axes of more than one element, at most 5")
+    as5 = lambda a: bits(a).squeeze(axes).reshape((1,) * (5 - len(shape)) + shape)  # noqa: E731
+    s5, d5 = as5(src), as5(dst)
+    if d5.strides[-1] != d5.itemsize:  # rows not contiguous: NumPy's assignment
+        dst[...] = src if scale is None else f32(src) * scale
+        return dst
+    compute = dtypes.compute_dtype(src.dtype).type
+    scaling = compute(1 if scale is None else scale)
+    _copied(s5, d5, scaling, scale is not None, s5.strides[-1] == s5.itemsize)
+    return dst
+
+
+def operand(a, stat):
+    """a (..., C) as a row kernel reads it, (rows, C) C-contiguous: a bf16's bits, read where
+    they lie (row_in widens them); any other dtype in stat (fp32 or fp64), widened or copied
+    only where it must be."""
+    C = a.shape[-1]
+    if a.dtype == dtypes.bfloat16:
+        return bits(np.ascontiguousarray(a.reshape(-1, C)))
+    return np.ascontiguousarray(f32(a.reshape(-1, C)), dtype=stat)
+
+
+def result(shape, dtype, stat):
+    """(the array to return, what a row kernel writes) for a result of dtype: a bf16 array and
+    its bits (row_out, row_done), or an array in stat, rounded to dtype after (finished)."""
+    if np.dtype(dtype) == dtypes.bfloat16:
+        out = np.empty(shape, dtype)
+        return out, out.reshape(-1, shape[-1]).view(np.uint16)
+    out = np.empty(shape, stat)
+    return out, out.reshape(-1, shape[-1])
+
+
+def finished(out, dtype):
+    """result()'s array as dtype: a bf16 one as it is (rounded row by row), another rounded."""
+    return out if out.dtype == np.dtype(dtype) else rounded(out, dtype)
 
 
 @kernel

@@ -42,7 +42,7 @@ from ...backend.cpu.compiled import (
     serial_kernel,
     vector_dot,
 )
-from ...backend.cpu.halves import f32, rounded
+from ...backend.cpu.halves import copy_into, f32, rounded
 from ...backend.cpu.runtime import CHUNK, in_parallel, one_blas_thread
 from . import spec
 
@@ -170,11 +170,7 @@ def _grouped(a, Hkv, scale=None, transposed=False):
     src = _by_group(a, Hkv)  # (B, Hkv, T, G, D)
     if transposed:
         src = src.transpose(0, 1, 4, 2, 3)  # (B, Hkv, D, T, G)
-    out = np.empty(src.shape, dtype=dtypes.compute_dtype(a.dtype))
-    if scale is None:
-        np.copyto(out, src)
-    else:
-        np.multiply(f32(src), scale, out=out)
+    out = copy_into(np.empty(src.shape, dtype=dtypes.compute_dtype(a.dtype)), src, scale)
     rows = T * (H // Hkv if Hkv else 1)
     return out.reshape(B, Hkv, D, rows) if transposed else out.reshape(B, Hkv, rows, D)
 
@@ -321,7 +317,7 @@ def flash_attention_fwd(q, k, v, scale):
                     o += np.matmul(pT, vj)
             o /= lsum[..., None]
             shape = (B, h1 - h0, i1 - i0, G)  # the block's rows t G + g as (t, g)
-            out_g[:, h0:h1, i0:i1] = o.reshape(*shape, D)
+            copy_into(out_g[:, h0:h1, i0:i1], o.reshape(*shape, D))  # rounded once
             lse_g[:, h0:h1, i0:i1] = (m + np.log(lsum)).reshape(*shape, 1)
 
     _by_heads(Hkv, heads, B * G * Tq * Tk)
@@ -390,5 +386,5 @@ def flash_attention_bwd(q, k, v, out, lse, dout, scale):
 
     _by_heads(Hkv, heads, B * G * Tq * Tk)
     dq_heads = np.empty(q.shape, dtype=q.dtype)
-    _by_group(dq_heads, Hkv)[...] = dq.reshape(B, Hkv, Tq, G, D)  # rounded once
+    copy_into(_by_group(dq_heads, Hkv), dq.reshape(B, Hkv, Tq, G, D))  # rounded once
     return dq_heads, rounded(dk, k.dtype), rounded(dv, v.dtype)

@@ -36,9 +36,9 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ...backend.cpu.compiled import bits_from_f32, device, f32_from_bf16_bits, kernel, use_pool
+from ...backend.cpu.compiled import device, kernel, use_pool
 from ...backend.cpu.emit import F32, I32, I64, Emit, cpu_has, splat
-from ...backend.cpu.halves import bf16_bits
+from ...backend.cpu.halves import through_bf16
 from ...backend.cpu.runtime import THREADS
 from ...dtypes import as_dtype, bfloat16
 
@@ -169,12 +169,6 @@ def _pair(lo, hi):
     return np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
 
 
-@device
-def _through_bf16(v):
-    """fp32 v rounded to bf16 (halves.rounded's bits), as the fp32 it stands for."""
-    return f32_from_bf16_bits(bf16_bits(bits_from_f32(v)))
-
-
 @kernel(work=lambda x, pairs: x.size)
 def _pairs(x, pairs):
     # x (M, K) uint16 (bf16's bits), any strides; pairs (M, K2) uint32: (x[m, 2p], x[m, 2p +
@@ -251,7 +245,7 @@ def _gemm_kernel(rows_b):
                             r, col = (n0 + q, m) if transposed else (m, n0 + q)
                             v = strip[m - i0 * MR, q]
                             if widened:
-                                v = _through_bf16(v)
+                                v = through_bf16(v)
                             c[r, col] = c[r, col] + v if widened == 2 else v
 
     return _gemm
