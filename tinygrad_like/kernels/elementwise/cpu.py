@@ -9,6 +9,7 @@ import numpy as np
 from numba import prange
 
 from ... import dtypes
+from ...backend.cpu import halves
 from ...backend.cpu.compiled import f32_from_bf16_bits, f32_from_f16_bits, kernel
 from ...backend.cpu.halves import HALVES, bf16_binary, converted, f32, rounded
 from ...backend.cpu.runtime import CHUNK, in_parallel
@@ -238,17 +239,17 @@ def _elementwise(x, *others, body):
 def _compiled(e, args):
     """Expression e's compiled kernel (numba_source.py) over args: the inputs contiguous in the
     compute dtype (2-byte ones widened exactly), flat or (rows, C) beside a row vector, each
-    output rounded once to the first input's dtype and shape."""
+    output rounded once to the first input's dtype and shape; all-bf16 inputs read and the
+    outputs written as their bits by the kernel's bf16 twin (the same bits)."""
     first = e.check(*args)
-    compute = dtypes.compute_dtype(first.dtype)
+    bits = all(a.dtype == dtypes.bfloat16 for a in args)
+    compute = first.dtype if bits else dtypes.compute_dtype(first.dtype)
     shape = (-1, first.shape[-1]) if e.rows else (-1,)  # (rows, C) beside a row vector (C,)
-    ins = [
-        np.ascontiguousarray(f32(a), dtype=compute).reshape((-1,) if i.row else shape)
-        for a, i in zip(args, e.inputs)
-    ]
+    ins = [halves.bits(np.ascontiguousarray(a if bits else f32(a), dtype=compute)) for a in args]
+    ins = [a.reshape((-1,) if i.row else shape) for a, i in zip(ins, e.inputs)]
     outs = [np.empty(first.size, compute).reshape(shape) for _ in e.outputs]
     if first.size:
-        numba_source.compiled(e.name)(*ins, *outs)
+        numba_source.compiled(e.name, bits)(*ins, *(halves.bits(o) for o in outs))
     outs = tuple(rounded(o, first.dtype).reshape(first.shape) for o in outs)
     return outs if len(outs) > 1 else outs[0]
 

@@ -2,7 +2,11 @@
 cached on disk as compiled.py's kernels are.
 
 The source is one function over arrays in the compute type, the inputs then one array per
-output, read as the hand-written kernels read (elementwise.cu's thread per element): a prange
+output, read as the hand-written kernels read (elementwise.cu's thread per element); its bf16
+twin (bits=True) reads and writes bf16 arrays as their bits, each element widened as it is
+loaded and rounded as it is stored (halves.value, halves.stored), computing in fp32: the fp32
+kernel's bits on widened inputs, rounded once, with no widened copy of an input or fp32 copy
+of an output passing through memory. A prange
 loop over the flat (n,) elements, each Op one line in the expression's order. With a row vector
 input (C,) the others are (rows, C) and the loop runs over the rows (split over the cores) and,
 inside, over the columns, so that b[col] needs no division. exp and tanh are compiled.py's
@@ -33,9 +37,11 @@ _PRELUDE = """\
 # kernels/elementwise/numba_source.py: do not edit.
 import math
 
+import numpy as np
 from numba import prange
 
 from tinygrad_like.backend.cpu.compiled import exp, tanh
+from tinygrad_like.backend.cpu.halves import stored, value
 """
 NUMBA = Dialect(
     "_A({})",  # the compute type, x.dtype.type
@@ -51,9 +57,10 @@ EXP_FLOPS = 10
 ELEMENT_FLOPS = 64
 
 
-def source(e):
+def source(e, bits=False):
     """The Python source of expression e's kernel: def <name>(*inputs, *outputs), over flat
-    (n,) arrays, or, with a row vector input, the others (rows, C) and the vector (C,)."""
+    (n,) arrays, or, with a row vector input, the others (rows, C) and the vector (C,); bits:
+    the bf16 twin's (the module's docstring)."""
     names = {i: f"in_{i.name}" for i in e.inputs}
     body = []
     for k, n in enumerate(e.ops):
@@ -71,10 +78,13 @@ def source(e):
         at = row_at = "[_i]"
         head = [f"for _i in prange({first}.shape[0]):"]
     indent = "    " * len(head)
-    loads = [f"in_{i.name} = {i.name}{row_at if i.row else at}" for i in e.inputs]
-    stores = [f"{o}{at} = {names[n]}" for o, n in zip(outs, e.outputs)]
+    load, store = ("value({})", "stored({}, {})") if bits else ("{}", "{1}")
+    loads = [
+        f"in_{i.name} = " + load.format(f"{i.name}{row_at if i.row else at}") for i in e.inputs
+    ]
+    stores = [f"{o}{at} = " + store.format(o, names[n]) for o, n in zip(outs, e.outputs)]
     params = ", ".join([i.name for i in e.inputs] + outs)
-    lines = [f"_A = {first}.dtype.type"] + head
+    lines = ["_A = np.float32" if bits else f"_A = {first}.dtype.type"] + head
     lines += [indent + s for s in loads + body + stores]
     return (
         _PRELUDE.format(name=e.name)
@@ -83,10 +93,10 @@ def source(e):
     )
 
 
-def _written(e):
+def _written(e, bits):
     """The file holding e's source (written now if it is not there yet: atomically, so that
     processes compiling at once each read a whole file)."""
-    text = source(e)
+    text = source(e, bits)
     folder = Path(numba.config.CACHE_DIR) / "generated"
     path = folder / f"{e.name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
     if not path.exists():
@@ -98,13 +108,13 @@ def _written(e):
 
 
 @lru_cache(maxsize=None)
-def compiled(name):
+def compiled(name, bits=False):
     """The compiled kernel of EXPRESSIONS[name] (compiled.kernel's: prange over the cores, the
     serial twin below its size threshold), called with C-contiguous arrays in the compute type
-    (source's: flat, or (rows, C) beside a row vector (C,)): the inputs, then an output per
-    formula output."""
+    (source's: flat, or (rows, C) beside a row vector (C,)), or with bits, bf16 arrays' bits:
+    the inputs, then an output per formula output."""
     e = EXPRESSIONS[name]
-    path = _written(e)
+    path = _written(e, bits)
     module_name = f"tinygrad_like_generated.{path.stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
