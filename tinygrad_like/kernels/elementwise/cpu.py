@@ -97,16 +97,15 @@ def div_bwd(a, b, dy):
 
 def _unary(x, others, e):
     """Expression e (spec.UNARY's) over x and others, in fp32 for 2-byte x, rounded once:
-    compiled (_compiled) for fp32 and fp64 x, or, where e has an exp, log or tanh or x is 2-byte,
-    by NumPy's ufuncs in flat blocks in parallel (expr.evaluate): NumPy's vectorized exp, log and
-    tanh give the bits these ops have always had (compiled.py's exp differs in the last bits;
-    Numba's logf is scalar, slower), and a block widens and rounds its own 2-byte elements, on
-    its own core (_compiled converts the whole array on one: measured 1.5-2x slower in bf16 on
-    2 cores, scripts/bench_elementwise.py). log(0) = -inf, sqrt(-1) = nan and exp's overflow to
-    inf are PyTorch's values, so NumPy's warnings about them are silenced (np.errstate is per
-    thread)."""
-    wide = x.dtype == dtypes.compute_dtype(x.dtype)
-    if wide and not any(n.op in TRANSCENDENTAL for n in e.ops):
+    compiled (_compiled) for fp32, fp64 and bf16 x (bf16 read and written as its bits), or,
+    where e has an exp, log or tanh or x is fp16, by NumPy's ufuncs in flat blocks in parallel
+    (expr.evaluate): NumPy's vectorized exp, log and tanh give the bits these ops have always
+    had (compiled.py's exp differs in the last bits; Numba's logf is scalar, slower), and a
+    block widens and rounds its own fp16 elements, on its own core (_compiled widens the whole
+    array first). log(0) = -inf, sqrt(-1) = nan and exp's overflow to inf are PyTorch's values,
+    so NumPy's warnings about them are silenced (np.errstate is per thread)."""
+    compiled = x.dtype in (dtypes.compute_dtype(x.dtype), dtypes.bfloat16)
+    if compiled and not any(n.op in TRANSCENDENTAL for n in e.ops):
         return _compiled(e, (x, *others))
 
     def body(out, x, *others):
