@@ -11,16 +11,19 @@ When PyTorch is importable the same model (our weights, copied) runs the same ba
 same step in this run (scripts/torch_gpt2.py): fp32 eager on the CPU; bf16 autocast, flash
 attention and fused AdamW on a GPU; with --torch-compile also under torch.compile. The
 contestants take turns round by round, so that a load from elsewhere hits all alike, and ours
-and PyTorch eager must give the same initial loss before anything is timed. When transformers
-is importable, Hugging Face's GPT2LMHeadModel.generate (greedy, use_cache) runs on the same
-weights for the decode comparison (scripts/hf_generate.py). Without torch and transformers (not
-dependencies of the project) only ours runs.
+and PyTorch eager must give the same initial loss before anything is timed. With --compile our
+step also runs captured and replayed (tinygrad_like.compile, as train_gpt2.py --compile) on a
+twin of our model, as one more contestant: graph against eager, and against torch.compile.
+When transformers is importable, Hugging Face's GPT2LMHeadModel.generate (greedy, use_cache)
+runs on the same weights for the decode comparison (scripts/hf_generate.py). Without torch and
+transformers (not dependencies of the project) only ours runs.
 
     python scripts/bench.py                              # gpt2-mini, B=8, T=128, fp32, CPU
     python scripts/bench.py --model gpt2 --batch-size 4 --seq-len 256
     python scripts/bench.py --device cuda --dtype bf16 --model gpt2 --batch-size 16 \\
         --seq-len 1024 --no-generate                     # GPT-2 124M on a GPU
     python scripts/bench.py --census --json bench.json   # plus where the time goes
+    python scripts/bench.py --compile --torch-compile    # graph against graph: both compiled
     python scripts/bench.py --census --plot roofline.png # and the roofline picture of it
     python scripts/bench.py --decode-formats --checkpoint out --plot formats.png --no-train
     python scripts/bench.py --decode-sweep --no-train --no-generate
@@ -46,7 +49,6 @@ use; to measure what a current NumPy does on this CPU, unset both for that comma
 """
 
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -60,6 +62,7 @@ import machine
 import numpy as np
 from bench_ours import (
     build_ours,
+    captured_step,
     census_decode_step,
     census_train_step,
     format_phases,
@@ -72,11 +75,11 @@ from bench_ours import (
     time_generations,
     time_steps,
 )
+from bench_report import format_report, write_json
 from torch_gpt2 import PEER_DTYPES, TorchPeer
 
 from accounting import mfu, roofline, roofline_plot
 from accounting.measure import random_batch
-from accounting.tables import table
 from nn import GPT2Config
 from tinygrad_like import backend, peaks
 from tinygrad_like.profiler import format_census
@@ -92,7 +95,6 @@ from training.corpus import DEFAULT_DATA_DIR
 
 # |initial loss, ours - PyTorch's| allowed: both compute the same function, rounded alike
 LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}
-PEER_NAMES = {"torch": "torch eager", "torch_compiled": "torch.compile", "hf": "HF generate"}
 
 
 def parse_args(argv=None):
@@ -171,6 +173,13 @@ def parse_args(argv=None):
         action="store_true",
         help="also run scripts/decode_sweep.py: batched decode along the roofline, B = 1 ... 64",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time our training step captured and replayed (train_gpt2.py --compile), "
+        "on a twin of our model from the same seed, beside the eager one (the warm-up steps "
+        "record it; the census stays eager)",
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument(
         "--torch-compile",
@@ -248,17 +257,22 @@ def run(args, results, log=print):
         log("transformers not installed: Hugging Face generate skipped (pip install transformers)")
     machine.set_threads(args.threads, torch)
     config = GPT2Config.from_preset(args.model)
-    model, opt, scaler = build_ours(
-        config,
-        args.device,
-        args.dtype,
-        args.seed,
-        args.lr,
-        args.weight_decay,
-        args.grad_clip,
-        (args.batch_size, args.seq_len),
-        **options_from_args(args),
-    )  # before the environment: it picks the pool and the GEMM library the environment names
+
+    def build():
+        return build_ours(
+            config,
+            args.device,
+            args.dtype,
+            args.seed,
+            args.lr,
+            args.weight_decay,
+            args.grad_clip,
+            (args.batch_size, args.seq_len),
+            **options_from_args(args),
+        )
+
+    model, opt, scaler = build()  # before the environment: it picks the pool and the GEMM
+    # library the environment names
     env = machine.environment_info(torch, args.device)
     results.update(
         args=vars(args),
@@ -291,8 +305,15 @@ def run(args, results, log=print):
     if not args.no_generate:
         results["generate"] = bench_generation(args, config, model, torch, transformers, log)
     if not args.no_train:
-        step = lambda: ours_train_step(model, opt, x, y, args.device, scaler)  # noqa: E731
-        results["train"] = bench_training(args, step, peers, x, y, fpt, peak, log)
+        ours = {"ours": lambda: ours_train_step(model, opt, x, y, args.device, scaler)}
+        if args.compile:  # a twin from the same seed takes the same steps, captured
+            twin, twin_opt, twin_scaler = build()
+            replay = captured_step(twin, twin_opt, twin_scaler, args.device)
+            ours["ours_compiled"] = lambda: ours_train_step(
+                twin, twin_opt, x, y, args.device, twin_scaler, replay
+            )
+            log("ours compiled: the same step captured on its first two calls, then replayed")
+        results["train"] = bench_training(args, ours, peers, x, y, fpt, peak, log)
     if args.census:
         results["census"] = run_census(args, config, model, opt, scaler, peers, x, y, log)
     if args.decode_formats:
@@ -337,8 +358,10 @@ def build_peers(args, torch, config, model, x, y, results, log):
     return peers
 
 
-def bench_training(args, ours_step, peers, x, y, fpt, peak, log):
-    steps = {"ours": ours_step}
+def bench_training(args, ours, peers, x, y, fpt, peak, log):
+    """ours: {"ours": step, and "ours_compiled" with --compile} -> each contestant's summary,
+    the contestants taking turns round by round."""
+    steps = dict(ours)
     for name, peer in peers.items():
         steps[name] = lambda peer=peer, batch=peer.batch(x, y): peer.train_step(*batch)
     log(
@@ -481,103 +504,6 @@ def run_decode_sweep(args, log):
     argv = ["--model", args.model, "--dtype", args.dtype, "--device", args.device]
     argv += ["--seq-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
     return decode_sweep.run(decode_sweep.parse_args(argv), log)
-
-
-# ---------------------------------------------------------------- the report
-
-TRAIN_ROWS = [
-    ("step ms (median)", "median_ms", ".1f", False),
-    ("step ms (min)", "min_ms", ".1f", False),
-    ("tokens/s (median)", "tokens_per_s", ",.0f", True),
-    ("tokens/s (best step)", "tokens_per_s_best", ",.0f", True),
-    ("MFU (median)", "mfu", mfu.percent, True),
-    ("spread (max-min)/med", "spread", ".0%", False),
-    ("others' CPU share", "foreign_cpu", ".0%", False),
-    ("loss after the steps", "last_loss", ".5f", False),
-]
-GENERATE_ROWS = [
-    ("prompt ms", "prompt_ms", ".1f", False),
-    ("prompt tokens/s", "prompt_tokens_per_s", ",.0f", True),
-    ("decode ms/token", "decode_ms_per_token", ".2f", False),
-    ("decode tokens/s", "decode_tokens_per_s", ",.1f", True),
-    ("others' CPU share", "foreign_cpu", ".0%", False),
-]
-
-
-def comparison(part, rows):
-    """Ours beside each peer that ran (part: {"ours": summary, peer: summary}), with an
-    ours/peer column for the rows where a ratio means something (throughputs)."""
-    peers = [name for name in part if name in PEER_NAMES]
-    names = [PEER_NAMES[p] for p in peers]
-    headers = ["", "ours"] + names + [f"ours/{name}" for name in names]
-    body = []
-    for label, key, spec, ratio in rows:
-        cells = [label] + [
-            spec(part[name][key]) if callable(spec) else format(part[name][key], spec)
-            for name in ["ours"] + peers
-        ]
-        body.append(
-            cells + [f"{part['ours'][key] / part[p][key]:.2f}x" if ratio else "" for p in peers]
-        )
-    return table(headers, body)
-
-
-def noise_note(part, unit):
-    """Which samples the medians use: the quiet ones, or all when too few were quiet."""
-    notes = []
-    for name, r in part.items():
-        if isinstance(r, dict) and f"quiet_{unit}" in r:
-            notes.append(
-                f"{name} {r[f'quiet_{unit}']} of {r[unit]} quiet"
-                if r[f"quiet_{unit}"]
-                else f"{name}: too few quiet {unit} of {r[unit]}, median of all (noisy)"
-            )
-    return (
-        f"  medians over the {unit} where other processes took under {machine.QUIET:.0%} "
-        "of the CPUs: " + "; ".join(notes)
-    )
-
-
-def format_report(results):
-    args, lines = results["args"], []
-    train = results.get("train")
-    if train:
-        lines += [
-            f"\ntraining step, {args['dtype']} on {args['device']} ({args['model']}, "
-            f"B={args['batch_size']}, T={args['seq_len']}; median of "
-            f"{train['ours']['steps']} steps)",
-            comparison(train, TRAIN_ROWS),
-            noise_note(train, "steps"),
-            f"  MFU = tokens/s x {results['flops_per_token'] / 1e6:.1f} MFLOP/token "
-            f"(6N + 12LCT) / the {results['peak_name']}",
-        ]
-    gen = results.get("generate")
-    if gen:
-        lines += [
-            f"\ngeneration, greedy with KV cache (batch {args['gen_batch']}, prompt "
-            f"{args['prompt_len']}, {args['new_tokens']} new tokens; median of "
-            f"{gen['ours']['runs']} runs)",
-            comparison(gen, GENERATE_ROWS),
-            noise_note(gen, "runs"),
-        ]
-    load0, load1 = results["environment"]["load_average"], results.get("load_average_end")
-    if load0 and load1:
-        lines.append(
-            f"\nload average: {load0[0]:.2f} at start, {load1[0]:.2f} at end "
-            f"(above ~0.1 means something else was running)"
-        )
-    return "\n".join(lines)
-
-
-def write_json(path, results):
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1, default=_json_default)
-
-
-def _json_default(o):
-    if isinstance(o, (np.integer, np.floating)):
-        return o.item()
-    return o.tolist() if isinstance(o, np.ndarray) else str(o)
 
 
 def main(argv=None):

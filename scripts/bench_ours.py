@@ -10,8 +10,8 @@ import numpy as np
 
 from nn import GPT2
 from optim import AdamW, LossScaler
-from optim.step import train_on
-from tinygrad_like import backend, no_grad
+from optim.step import device_step, train_on
+from tinygrad_like import backend, graph, no_grad
 from tinygrad_like.gemm_library import choose as choose_gemm_library
 from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 from tinygrad_like.profiler import Profiler
@@ -47,12 +47,26 @@ def ours_loss(model, x, y):
         return float(model(x, y)[1].item())
 
 
-def ours_train_step(model, opt, x, y, device="cpu", scaler=None):
+def ours_train_step(model, opt, x, y, device="cpu", scaler=None, step=device_step):
     """One optimizer step as the trainer takes it (optim/step.py, grad_accum 1, no data
-    loading), finished on the device. -> the loss."""
-    loss = train_on(model, opt, [(x, y)], scaler)[0]
+    loading), finished on the device; step: device_step or captured_step's. -> the loss."""
+    loss = train_on(model, opt, [(x, y)], scaler, step=step)[0]
     backend.get(device).synchronize()
     return loss
+
+
+def captured_step(model, opt, scaler, device):
+    """A step for train_on that records device_step on its first two calls and replays it
+    after (tinygrad_like.compile), as train_gpt2.py --compile does: the batch moved to the
+    device before each call, outside the captured step."""
+    be = backend.get(device)
+    replay = graph.compile(lambda x, y: device_step(model, opt, [(x, y)], scaler))
+
+    def step(model, optimizer, batches, scaler, watch=None):
+        ((x, y),) = batches
+        return replay(be.asarray(x), be.asarray(y))
+
+    return step
 
 
 def time_steps(step, n):

@@ -108,6 +108,27 @@ def test_main_writes_json(bench, tmp_path, capsys):
     assert "generate" not in data
 
 
+def test_compile_times_the_replayed_step_beside_the_eager_one(bench, monkeypatch):
+    """--compile: a twin of our model from the same seed takes the same steps captured (on
+    the warm-up steps) and replayed (the timed ones), its loss after them the eager model's,
+    bit for bit (fp32); the report puts it beside ours, with compiled over eager."""
+    import bench_ours
+
+    made = []
+    compile_step = bench_ours.graph.compile
+    monkeypatch.setattr(
+        bench_ours.graph, "compile", lambda fn: made.append(compile_step(fn)) or made[-1]
+    )
+    args = bench.parse_args(TINY + ["--no-generate", "--warmup", "2", "--compile"])
+    results = bench.run(args, {}, log=lambda *a: None)
+    (step,) = made  # replayed: recorded, nothing failed
+    assert step.program is not None and step.last.failed is None
+    eager, compiled = results["train"]["ours"], results["train"]["ours_compiled"]
+    assert compiled["steps"] == 2 and positive(compiled["tokens_per_s"])
+    assert compiled["last_loss"] == eager["last_loss"]
+    assert "ours compiled/eager" in bench.format_report(results)
+
+
 def test_json_is_written_when_interrupted(bench, tmp_path, monkeypatch):
     def stop(*args):
         raise KeyboardInterrupt

@@ -17,6 +17,12 @@ other value gives NumPy's (ml_dtypes') bits: tests/kernels/test_cpu_halves.py ch
 2-byte value widened and fp32's rounding boundaries, scripts/check_halves.py every fp32 value
 rounded. Below SMALL elements NumPy converts (a compiled call costs more than the
 conversion of a decode step's rows).
+
+A compiled kernel may also read and write bf16 where it lies, as its bits (bits()): value()
+widens an element as it is loaded, stored() rounds one as it is stored, and the row helpers
+(row_in, row_out, row_done) do it a row at a time through a scratch row, so that one kernel
+body serves fp32, fp64 and bf16 and gives the fp32 kernel's bits rounded once, with no widened
+copy of an operand made first; copy_into is such a copy between any strides.
 """
 
 import numpy as np
@@ -109,7 +115,8 @@ def through(a, v):
     add after the kernel reads), v itself for a float a."""
 
 
-def _bits(a):
+def _holds_bits(a):
+    """Whether a kernel's argument a (a Numba type) is an array of a bf16's bits."""
     return isinstance(a, types.Array) and a.dtype == types.uint16
 
 
@@ -122,14 +129,14 @@ def _value(x):
 
 @overload(stored, jit_options={"cache": True})
 def _stored(a, v):
-    if _bits(a):
+    if _holds_bits(a):
         return lambda a, v: bf16_bits(bits_from_f32(v))
     return lambda a, v: v
 
 
 @overload(row_in, jit_options={"cache": True})
 def _row_in(a, row, scratch):
-    if _bits(a):
+    if _holds_bits(a):
 
         def widened(a, row, scratch):
             for c in range(scratch.shape[0]):
@@ -142,14 +149,14 @@ def _row_in(a, row, scratch):
 
 @overload(row_out, jit_options={"cache": True})
 def _row_out(a, row, scratch):
-    if _bits(a):
+    if _holds_bits(a):
         return lambda a, row, scratch: scratch
     return lambda a, row, scratch: a[row]
 
 
 @overload(row_done, jit_options={"cache": True})
 def _row_done(a, row, values):
-    if _bits(a):
+    if _holds_bits(a):
 
         def rounded_row(a, row, values):
             for c in range(values.shape[0]):
@@ -161,7 +168,7 @@ def _row_done(a, row, values):
 
 @overload(through, jit_options={"cache": True})
 def _through(a, v):
-    if _bits(a):
+    if _holds_bits(a):
         return lambda a, v: through_bf16(v)
     return lambda a, v: v
 
@@ -242,7 +249,7 @@ def result(shape, dtype, stat):
     its bits (row_out, row_done), or an array in stat, rounded to dtype after (finished)."""
     if np.dtype(dtype) == dtypes.bfloat16:
         out = np.empty(shape, dtype)
-        return out, out.reshape(-1, shape[-1]).view(np.uint16)
+        return out, bits(out.reshape(-1, shape[-1]))
     out = np.empty(shape, stat)
     return out, out.reshape(-1, shape[-1])
 

@@ -2,16 +2,17 @@
 cached on disk as compiled.py's kernels are.
 
 The source is one function over arrays in the compute type, the inputs then one array per
-output, read as the hand-written kernels read (elementwise.cu's thread per element); its bf16
-twin (bits=True) reads and writes bf16 arrays as their bits, each element widened as it is
-loaded and rounded as it is stored (halves.value, halves.stored), computing in fp32: the fp32
-kernel's bits on widened inputs, rounded once, with no widened copy of an input or fp32 copy
-of an output passing through memory. A prange
+output, read as the hand-written kernels read (elementwise.cu's thread per element): a prange
 loop over the flat (n,) elements, each Op one line in the expression's order. With a row vector
 input (C,) the others are (rows, C) and the loop runs over the rows (split over the cores) and,
 inside, over the columns, so that b[col] needs no division. exp and tanh are compiled.py's
 (its fp32 exp, vectorizable); log, sqrt and erf are Python's math module's, which Numba
 compiles in fp32 for fp32 (logf and erff are a call per element).
+
+Its bf16 twin (bits=True) reads and writes bf16 arrays as their bits, each element widened as
+it is loaded and rounded as it is stored (halves.value, halves.stored), computing in fp32: the
+fp32 kernel's bits on the widened inputs, rounded once, with no widened copy of an input or
+fp32 copy of an output passing through memory.
 
 Numba caches a compiled function by its source file, so each kernel's source is written to a
 file of its own, named by the kernel and a hash of the text, beside Numba's cache
