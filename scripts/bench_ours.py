@@ -62,7 +62,7 @@ def captured_step(model, opt, scaler, device):
     be = backend.get(device)
     replay = graph.compile(lambda x, y: device_step(model, opt, [(x, y)], scaler))
 
-    def step(model, optimizer, batches, scaler, watch=None):
+    def step(_model, _optimizer, batches, _scaler, watch=None):  # the ones replay closes over
         ((x, y),) = batches
         return replay(be.asarray(x), be.asarray(y))
 
