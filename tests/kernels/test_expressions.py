@@ -96,15 +96,17 @@ def test_the_fused_kernels_keep_the_unfused_bits_in_fp32():
     assert np.array_equal(k.bias_residual(x, v, b), k.add(x, k.add(v, b)))
 
 
+@pytest.mark.parametrize("half", ["bf16", "fp16"])
 @pytest.mark.parametrize("name", sorted(expr.EXPRESSIONS))
-def test_bf16_operands_are_read_as_bits_with_the_fp32_kernels_bits(name):
-    """Every declared kernel's bf16 twin (numba_source's bits=True: elements widened as they
+def test_2_byte_operands_are_read_as_bits_with_the_fp32_kernels_bits(name, half):
+    """Every declared kernel's 2-byte twin (numba_source's bits=True: elements widened as they
     are loaded, rounded as they are stored) gives the fp32 kernel's results on the widened
-    operands, rounded once to bf16, row vectors included; NaN, infinities and values past
-    bf16's range among the operands (a NaN result's sign aside)."""
+    operands, rounded once, row vectors included; NaN, infinities and values past the format's
+    range among the operands (a NaN result's sign and payload aside)."""
     from tinygrad_like import dtypes, kernels
     from tinygrad_like.backend import cpu
 
+    dtype = dtypes.as_dtype(half)
     k = kernels.on(cpu)
     e = expr.EXPRESSIONS[name]
     rng = np.random.default_rng(0)
@@ -114,14 +116,15 @@ def test_bf16_operands_are_read_as_bits_with_the_fp32_kernels_bits(name):
         a = (rng.standard_normal(shape[-1:] if i.row else shape) * 4).astype(np.float32)
         if not i.row:
             a.reshape(-1)[n : n + 3] = [np.nan, np.inf, -3e38]
-        args.append(a.astype(dtypes.bfloat16))
+        with np.errstate(over="ignore"):  # -3e38 overflows fp16: -inf
+            args.append(a.astype(dtype))
     direction, _, op = name.partition("unary_")[2].partition("_")
     run = (lambda *a: getattr(k, f"unary_{direction}")(*a, op)) if op else getattr(k, name)
     got, want = run(*args), run(*(a.astype(np.float32) for a in args))
     got, want = (r if isinstance(r, tuple) else (r,) for r in (got, want))
     for g, w in zip(got, want):
-        assert g.dtype == dtypes.bfloat16
+        assert g.dtype == dtype
         with np.errstate(all="ignore"):
-            w = w.astype(dtypes.bfloat16)
+            w = w.astype(dtype)
         nan = np.isnan(w)  # a NaN's sign is the compiled loop's, in either kernel
         assert (np.isnan(g) == nan).all() and g[~nan].tobytes() == w[~nan].tobytes()

@@ -195,17 +195,18 @@ def test_cpu_layernorm_fp32_against_float64():
         np.testing.assert_allclose(g, r, rtol=rtol, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", HALF, ids=dtypes.name)
 @pytest.mark.parametrize("epilogue", [None, "add"])
-def test_cpu_bf16_rows_are_the_fp32_kernels_rounded(epilogue):
-    """bf16 operands are read where they lie and widened a row at a time: the results are the
-    fp32 kernels' on the widened operands, rounded once to bf16 (dx + add: the add of the
-    rounded dx, as elementwise's add after the kernel), the statistics and the weight gradients
-    the fp32 kernels' bits."""
+def test_cpu_half_rows_are_the_fp32_kernels_rounded(epilogue, dtype):
+    """2-byte operands are read where they lie and widened a row at a time: the results are the
+    fp32 kernels' on the widened operands, rounded once (dx + add: the add of the rounded dx,
+    as elementwise's add after the kernel), the statistics and the weight gradients the fp32
+    kernels' bits."""
     shape = (70, 96)  # three row blocks, the last ragged
-    x, w, b, dy = rows(BF16, shape)
-    kw = plus(lambda a: a, BF16, shape, epilogue)
+    x, w, b, dy = rows(dtype, shape)
+    kw = plus(lambda a: a, dtype, shape, epilogue)
     wide = {k: v.astype(F32) for k, v in kw.items()}
-    rnd = lambda a: a.astype(BF16)  # noqa: E731 (ml_dtypes: round to nearest even)
+    rnd = lambda a: a.astype(dtype)  # noqa: E731 (NumPy, ml_dtypes: round to nearest even)
     as_bytes = lambda rs: [np.asarray(r).tobytes() for r in rs]  # noqa: E731
     y, mean, rstd = cpu.layernorm_fwd(x, w, b)
     y32, mean32, rstd32 = cpu.layernorm_fwd(x.astype(F32), w, b)

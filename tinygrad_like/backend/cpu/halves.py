@@ -18,11 +18,12 @@ other value gives NumPy's (ml_dtypes') bits: tests/kernels/test_cpu_halves.py ch
 rounded. Below SMALL elements NumPy converts (a compiled call costs more than the
 conversion of a decode step's rows).
 
-A compiled kernel may also read and write bf16 where it lies, as its bits (bits()): value()
-widens an element as it is loaded, stored() rounds one as it is stored, and the row helpers
-(row_in, row_out, row_done) do it a row at a time through a scratch row, so that one kernel
-body serves fp32, fp64 and bf16 and gives the fp32 kernel's bits rounded once, with no widened
-copy of an operand made first; copy_into is such a copy between any strides.
+A compiled kernel may also read and write bf16 and fp16 where they lie, as their bits (bits():
+bf16 as uint16, fp16 as int16, where the CPU converts halves itself): value() widens an element
+as it is loaded, stored() rounds one as it is stored, and the row helpers (row_in, row_out,
+row_done) do it a row at a time through a scratch row, so that one kernel body serves fp32,
+fp64 and the 2-byte formats and gives the fp32 kernel's bits rounded once, with no widened copy
+of an operand made first; copy_into is such a copy between any strides.
 """
 
 import numpy as np
@@ -44,6 +45,8 @@ from .compiled import (
 SMALL = 1 << 12  # fewer elements than this: NumPy's conversion
 HALVES = (np.dtype(dtypes.bfloat16), np.dtype(dtypes.float16))
 _HARDWARE_HALF = _converts_half(cpu_target.target_context)  # fptrunc to half compiles here
+# the 2-byte formats a compiled kernel reads and writes as their bits (bits(), value(), stored())
+IN_PLACE = HALVES if _HARDWARE_HALF else HALVES[:1]
 
 
 @intrinsic
@@ -89,48 +92,60 @@ def through_bf16(v):
 
 
 def value(x):
-    """x in the compute type: a bf16's bits (a uint16 element of bits()) widened."""
+    """x in the compute type: a 2-byte float's bits (an element of bits()) widened."""
 
 
 def stored(a, v):
-    """v as an element of a: rounded to a bf16's bits where a holds bits."""
+    """v as an element of a: rounded to a 2-byte float's bits where a holds bits."""
 
 
 def row_in(a, row, scratch):
-    """Row `row` of a (rows, C) to read: a's own row, or a bf16's bits widened into scratch (C,)
-    fp32, which is returned."""
+    """Row `row` of a (rows, C) to read: a's own row, or a 2-byte float's bits widened into
+    scratch (C,) fp32, which is returned."""
 
 
 def row_out(a, row, scratch):
-    """Where row `row` of the result a (rows, C) is computed: a's own row, or for a bf16's bits
-    scratch (C,) fp32, to be rounded into a by row_done."""
+    """Where row `row` of the result a (rows, C) is computed: a's own row, or for a 2-byte
+    float's bits scratch (C,) fp32, to be rounded into a by row_done."""
 
 
 def row_done(a, row, values):
-    """values (row_out's) rounded into row `row` of a bf16's bits a; nothing for a float a."""
+    """values (row_out's) rounded into row `row` of a 2-byte float's bits a; nothing for a
+    float a."""
 
 
 def through(a, v):
-    """v as the result a holds it: rounded to bf16 and widened back for a bf16's bits a (what an
-    add after the kernel reads), v itself for a float a."""
+    """v as the result a holds it: rounded to its 2-byte format and widened back for bits a
+    (what an add after the kernel reads), v itself for a float a."""
 
 
 def _holds_bits(a):
-    """Whether a kernel's argument a (a Numba type) is an array of a bf16's bits."""
-    return isinstance(a, types.Array) and a.dtype == types.uint16
+    """Whether a kernel's argument a (a Numba type) is an array of a 2-byte float's bits: bf16's
+    (uint16) or fp16's (int16)."""
+    return isinstance(a, types.Array) and a.dtype in (types.uint16, types.int16)
+
+
+@device
+def f16_rounded_bits(v):
+    """fp32 v rounded to fp16, as its bits in an int16 (bits()'s fp16 element)."""
+    return np.int16(_f16_bits_from_f32(v))
 
 
 @overload(value, jit_options={"cache": True})
 def _value(x):
     if x == types.uint16:
         return lambda x: f32_from_bf16_bits(x)
+    if x == types.int16:
+        return lambda x: f32_from_f16_bits(np.int32(x))
     return lambda x: x
 
 
 @overload(stored, jit_options={"cache": True})
 def _stored(a, v):
-    if _holds_bits(a):
+    if _holds_bits(a) and a.dtype == types.uint16:
         return lambda a, v: bf16_bits(bits_from_f32(v))
+    if _holds_bits(a):
+        return lambda a, v: f16_rounded_bits(v)
     return lambda a, v: v
 
 
@@ -169,23 +184,26 @@ def _row_done(a, row, values):
 @overload(through, jit_options={"cache": True})
 def _through(a, v):
     if _holds_bits(a):
-        return lambda a, v: through_bf16(v)
+        return lambda a, v: value(stored(a, v))
     return lambda a, v: v
 
 
 def bits(a):
     """a as a compiled kernel reads or writes it in place, any strides: a bf16 array as its
-    bits (value() widens an element, stored() rounds one), any other as it is."""
-    return a.view(np.uint16) if a.dtype == dtypes.bfloat16 else a
+    bits (uint16), an fp16 one as int16 where the CPU converts halves (IN_PLACE; value() widens
+    an element, stored() rounds one), any other as it is."""
+    if a.dtype not in IN_PLACE:
+        return a
+    return a.view(np.uint16 if a.dtype == dtypes.bfloat16 else np.int16)
 
 
 @kernel
 def _copied(src, dst, scale, scaled, rows):
-    # src, dst (P, Q, R, S, U), each fp32, fp64 or a bf16's bits: dst = src (x scale where
-    # scaled), widened from and rounded to bf16 element by element; a (P, Q) pair per
-    # iteration. dst's rows (U,) are contiguous, and src's where rows: typed so (a view, no
-    # copy), the loop over a row then vectorizes (an any-strides view's does not; nor does a
-    # loop with a branch inside, hence four loops)
+    # src, dst (P, Q, R, S, U), each fp32, fp64 or a 2-byte float's bits: dst = src (x scale where
+    # scaled), widened and rounded element by element; a (P, Q) pair per iteration. dst's rows (U,)
+    # are contiguous, and src's where rows: typed so (a view, no copy), the loop over a row then
+    # vectorizes (an any-strides view's does not; nor does a loop with a branch inside, hence four
+    # loops)
     P, Q, R, S, U = dst.shape
     for pq in prange(P * Q):
         p, q = pq // Q, pq % Q
@@ -210,13 +228,14 @@ def _copied(src, dst, scale, scaled, rows):
 
 def copy_into(dst, src, scale=None):
     """dst[...] = src (times scale, in the compute type, where given), both of one shape of at
-    most 5 axes longer than 1, any strides, in fp32, fp64 or bf16: one compiled pass over the cores
-    (a bf16 widened or rounded as it is read or written, NumPy's bits), where NumPy's
-    assignment converts bf16 one element at a time on one core. -> dst"""
-    if dst.dtype == dtypes.float16:  # NumPy's conversion (no fp16 in a compiled loop)
+    most 5 axes longer than 1, any strides, in fp32, fp64, bf16 or fp16: one compiled pass over
+    the cores (a 2-byte float widened or rounded as it is read or written, NumPy's bits but for
+    a signaling fp16 NaN, above), where NumPy's assignment converts bf16 one element at a time
+    on one core. -> dst"""
+    if dst.dtype in HALVES and dst.dtype not in IN_PLACE:  # NumPy's conversion
         dst[...] = f32(src) if scale is None else f32(src) * scale
         return dst
-    src = f32(src) if src.dtype == dtypes.float16 else src
+    src = f32(src) if src.dtype in HALVES and src.dtype not in IN_PLACE else src
     # the axes of length 1 dropped (a loop of one turn innermost would not vectorize), then
     # length-1 axes put in front: views, never copies
     axes = tuple(i for i, n in enumerate(dst.shape) if n == 1)
@@ -235,19 +254,19 @@ def copy_into(dst, src, scale=None):
 
 
 def operand(a, stat):
-    """a (..., C) as a row kernel reads it, (rows, C) C-contiguous: a bf16's bits, read where
-    they lie (row_in widens them); any other dtype in stat (fp32 or fp64), widened or copied
-    only where it must be."""
+    """a (..., C) as a row kernel reads it, (rows, C) C-contiguous: a 2-byte float's bits, read
+    where they lie (row_in widens them); any other dtype in stat (fp32 or fp64), widened or
+    copied only where it must be."""
     C = a.shape[-1]
-    if a.dtype == dtypes.bfloat16:
+    if a.dtype in IN_PLACE:
         return bits(np.ascontiguousarray(a.reshape(-1, C)))
     return np.ascontiguousarray(f32(a.reshape(-1, C)), dtype=stat)
 
 
 def result(shape, dtype, stat):
-    """(the array to return, what a row kernel writes) for a result of dtype: a bf16 array and
+    """(the array to return, what a row kernel writes) for a result of dtype: a 2-byte array and
     its bits (row_out, row_done), or an array in stat, rounded to dtype after (finished)."""
-    if np.dtype(dtype) == dtypes.bfloat16:
+    if np.dtype(dtype) in IN_PLACE:
         out = np.empty(shape, dtype)
         return out, bits(out.reshape(-1, shape[-1]))
     out = np.empty(shape, stat)
@@ -255,7 +274,7 @@ def result(shape, dtype, stat):
 
 
 def finished(out, dtype):
-    """result()'s array as dtype: a bf16 one as it is (rounded row by row), another rounded."""
+    """result()'s array as dtype: a 2-byte one as it is (rounded row by row), another rounded."""
     return out if out.dtype == np.dtype(dtype) else rounded(out, dtype)
 
 

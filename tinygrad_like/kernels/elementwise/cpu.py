@@ -97,14 +97,15 @@ def div_bwd(a, b, dy):
 
 def _unary(x, others, e):
     """Expression e (spec.UNARY's) over x and others, in fp32 for 2-byte x, rounded once:
-    compiled (_compiled) for fp32, fp64 and bf16 x (bf16 read and written as its bits), or,
-    where e has an exp, log or tanh or x is fp16, by NumPy's ufuncs in flat blocks in parallel
-    (expr.evaluate): NumPy's vectorized exp, log and tanh give the bits these ops have always
-    had (compiled.py's exp differs in the last bits; Numba's logf is scalar, slower), and a
-    block widens and rounds its own fp16 elements, on its own core (_compiled widens the whole
-    array first). log(0) = -inf, sqrt(-1) = nan and exp's overflow to inf are PyTorch's values,
-    so NumPy's warnings about them are silenced (np.errstate is per thread)."""
-    compiled = x.dtype in (dtypes.compute_dtype(x.dtype), dtypes.bfloat16)
+    compiled (_compiled) for fp32, fp64 and the 2-byte x read and written as their bits
+    (halves.IN_PLACE), or, where e has an exp, log or tanh or x is another 2-byte x, by NumPy's
+    ufuncs in flat blocks in parallel (expr.evaluate): NumPy's vectorized exp, log and tanh give
+    the bits these ops have always had (compiled.py's exp differs in the last bits; Numba's
+    logf is scalar, slower), and a block widens and rounds its own 2-byte elements, on its own
+    core (_compiled widens the whole array first). log(0) = -inf, sqrt(-1) = nan and exp's
+    overflow to inf are PyTorch's values, so NumPy's warnings about them are silenced
+    (np.errstate is per thread)."""
+    compiled = x.dtype == dtypes.compute_dtype(x.dtype) or x.dtype in halves.IN_PLACE
     if compiled and not any(n.op in TRANSCENDENTAL for n in e.ops):
         return _compiled(e, (x, *others))
 
@@ -238,10 +239,11 @@ def _elementwise(x, *others, body):
 def _compiled(e, args):
     """Expression e's compiled kernel (numba_source.py) over args: the inputs contiguous in the
     compute dtype (2-byte ones widened exactly), flat or (rows, C) beside a row vector, each
-    output rounded once to the first input's dtype and shape; all-bf16 inputs read and the
-    outputs written as their bits by the kernel's bf16 twin (the same bits)."""
+    output rounded once to the first input's dtype and shape; inputs all of one 2-byte format
+    (halves.IN_PLACE) read and the outputs written as their bits by the kernel's 2-byte twin
+    (the same bits)."""
     first = e.check(*args)
-    bits = all(a.dtype == dtypes.bfloat16 for a in args)
+    bits = first.dtype in halves.IN_PLACE and all(a.dtype == first.dtype for a in args)
     compute = first.dtype if bits else dtypes.compute_dtype(first.dtype)
     shape = (-1, first.shape[-1]) if e.rows else (-1,)  # (rows, C) beside a row vector (C,)
     ins = [halves.bits(np.ascontiguousarray(a if bits else f32(a), dtype=compute)) for a in args]

@@ -9,10 +9,10 @@ inside, over the columns, so that b[col] needs no division. exp and tanh are com
 (its fp32 exp, vectorizable); log, sqrt and erf are Python's math module's, which Numba
 compiles in fp32 for fp32 (logf and erff are a call per element).
 
-Its bf16 twin (bits=True) reads and writes bf16 arrays as their bits, each element widened as
-it is loaded and rounded as it is stored (halves.value, halves.stored), computing in fp32: the
-fp32 kernel's bits on the widened inputs, rounded once, with no widened copy of an input or
-fp32 copy of an output passing through memory.
+Its 2-byte twin (bits=True) reads and writes bf16 or fp16 arrays as their bits (halves.bits),
+each element widened as it is loaded and rounded as it is stored (halves.value, halves.stored),
+computing in fp32: the fp32 kernel's bits on the widened inputs, rounded once, with no widened
+copy of an input or fp32 copy of an output passing through memory.
 
 Numba caches a compiled function by its source file, so each kernel's source is written to a
 file of its own, named by the kernel and a hash of the text, beside Numba's cache
@@ -61,7 +61,7 @@ ELEMENT_FLOPS = 64
 def source(e, bits=False):
     """The Python source of expression e's kernel: def <name>(*inputs, *outputs), over flat
     (n,) arrays, or, with a row vector input, the others (rows, C) and the vector (C,); bits:
-    the bf16 twin's (the module's docstring)."""
+    the 2-byte twin's (the module's docstring)."""
     names = {i: f"in_{i.name}" for i in e.inputs}
     body = []
     for k, n in enumerate(e.ops):
@@ -112,7 +112,7 @@ def _written(e, bits):
 def compiled(name, bits=False):
     """The compiled kernel of EXPRESSIONS[name] (compiled.kernel's: prange over the cores, the
     serial twin below its size threshold), called with C-contiguous arrays in the compute type
-    (source's: flat, or (rows, C) beside a row vector (C,)), or with bits, bf16 arrays' bits:
+    (source's: flat, or (rows, C) beside a row vector (C,)), or with bits, 2-byte arrays' bits:
     the inputs, then an output per formula output."""
     e = EXPRESSIONS[name]
     path = _written(e, bits)

@@ -31,8 +31,8 @@ _BLOCK_ROWS = 32
 @kernel
 def _layernorm_fwd(x, weight, bias, eps, y, mean, rstd):
     # a block of rows per iteration, each row as rownorm.cu's warp per row: x, y (rows, C) in
-    # A (fp32 or fp64) or a bf16's bits (halves.row_in / row_out); d, xs, ys: the block's
-    # scratch rows
+    # A (fp32 or fp64) or a 2-byte float's bits (halves.row_in / row_out); d, xs, ys: the
+    # block's scratch rows
     A = mean.dtype.type
     rows, C = x.shape
     for b in prange(-(-rows // _BLOCK_ROWS)):
@@ -73,7 +73,8 @@ def _norm_bwd(dy, x, weight, mean, rstd, centred, plus, dx, partial):
     # plus[row] added to it where plus has rows (the epilogue, as elementwise's add after the
     # kernel: in fp32, to dx as its dtype holds it), and the block's partial[b] = (sum(dy
     # xhat), sum(dy)) over its rows in order (_partials). dy, x, plus, dx: (rows, C) in A or a
-    # bf16's bits (halves.row_in / row_out); xhat, g, xs, dys, dxs: the block's scratch rows
+    # 2-byte float's bits (halves.row_in / row_out); xhat, g, xs, dys, dxs: the block's scratch
+    # rows
     A = partial.dtype.type
     rows, C = x.shape
     for b in prange(partial.shape[0]):
@@ -100,8 +101,9 @@ def _norm_bwd(dy, x, weight, mean, rstd, centred, plus, dx, partial):
 def _norm_backward(dy, x, weight, mean, rstd, add):
     """dx [+ add] and the (blocks, 2, C) partial sums of dweight and dbias of layernorm's
     backward, or RMSNorm's when mean is None (_norm_bwd); the callers add them in block order.
-    add joins dx inside the pass where dx is written in its own dtype (fp32, fp64, bf16); an
-    fp16 dx is rounded after the pass, so there the add is elementwise's, after it."""
+    add joins dx inside the pass where dx is written in its own dtype (fp32, fp64, a 2-byte
+    format the kernel writes as bits: halves.IN_PLACE); else dx is rounded after the pass, so
+    there the add is elementwise's, after it."""
     C = x.shape[-1]
     stat = dtypes.compute_dtype(x.dtype)
     dys, xs = operand(dy, stat), operand(x, stat)
