@@ -232,9 +232,6 @@ def copy_into(dst, src, scale=None):
     the cores (a 2-byte float widened or rounded as it is read or written, NumPy's bits but for
     a signaling fp16 NaN, above), where NumPy's assignment converts bf16 one element at a time
     on one core. -> dst"""
-    if dst.dtype in HALVES and dst.dtype not in IN_PLACE:  # NumPy's conversion
-        dst[...] = f32(src) if scale is None else f32(src) * scale
-        return dst
     src = f32(src) if src.dtype in HALVES and src.dtype not in IN_PLACE else src
     # the axes of length 1 dropped (a loop of one turn innermost would not vectorize), then
     # length-1 axes put in front: views, never copies
@@ -244,8 +241,8 @@ def copy_into(dst, src, scale=None):
         raise ValueError(f"copy_into: {dst.ndim} axes of more than one element, at most 5")
     as5 = lambda a: bits(a).squeeze(axes).reshape((1,) * (5 - len(shape)) + shape)  # noqa: E731
     s5, d5 = as5(src), as5(dst)
-    if d5.strides[-1] != d5.itemsize:  # rows not contiguous: NumPy's assignment
-        dst[...] = src if scale is None else f32(src) * scale
+    if (dst.dtype in HALVES and dst.dtype not in IN_PLACE) or d5.strides[-1] != d5.itemsize:
+        dst[...] = src if scale is None else f32(src) * scale  # NumPy's assignment
         return dst
     compute = dtypes.compute_dtype(src.dtype).type
     scaling = compute(1 if scale is None else scale)

@@ -7,16 +7,14 @@ from numba import prange
 
 from ... import dtypes
 from ...backend.cpu.compiled import (
-    bits_from_f32,
     device,
     exp,
-    f32_from_bf16_bits,
     kernel,
     row_dot,
     row_max,
     row_sum,
 )
-from ...backend.cpu.halves import bf16_bits, f32, rounded
+from ...backend.cpu.halves import f32, rounded, row_done, row_in
 from .spec import check_targets
 
 
@@ -120,16 +118,14 @@ def _ce_bf16(bits, targets, V, dloss, lse_in, losses, lse_out, dbits, forward, b
     for block in prange((N + _BF16_ROWS - 1) // _BF16_ROWS):
         x = np.empty(Vp, np.float32)
         for row in range(block * _BF16_ROWS, min(block * _BF16_ROWS + _BF16_ROWS, N)):
-            for c in range(Vp):
-                x[c] = f32_from_bf16_bits(bits[row, c])
+            row_in(bits, row, x)  # widened into x
             xs = x[:V]
             loss, lse = _ce_row(xs, xs, targets[row], V, dloss, lse_in[row], forward, backward)
             if forward:
                 losses[row], lse_out[row] = loss, lse
             if backward:
                 x[V:] = 0  # no gradient to padding
-                for c in range(Vp):
-                    dbits[row, c] = bf16_bits(bits_from_f32(x[c]))
+                row_done(dbits, row, x)
 
 
 def _cross_entropy(
