@@ -28,9 +28,11 @@ from pathlib import Path
 
 import numba
 import numpy as np
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic, overload
 
 from ... import compiles
@@ -176,12 +178,12 @@ LANES = 16  # the accumulators of a row sum: one AVX-512 register of fp32, two o
 SERIAL_BELOW = 1 << 18
 
 
-def _jit(fn, parallel, fastmath=False):
+def _jit(fn, parallel, fastmath=False, interleave=None):
     """fn compiled (cached on disk); the serial twin under its own name, so that the two never
     share a cache entry (Numba keys its cache by the function's name, not its flags).
-    fastmath: reassociated sums (vector_dot's flags) for a kernel held to a tolerance. Each new
-    variant's compile (or disk-cache load) is counted in tinygrad_like.compiles, so that a
-    timed step can leave it out."""
+    fastmath: reassociated sums (vector_dot's flags) for a kernel held to a tolerance;
+    interleave: _interleaved's. Each new variant's compile (or disk-cache load) is counted in
+    tinygrad_like.compiles, so that a timed step can leave it out."""
     _check_cells(fn)
     if not parallel:
         name = fn.__name__ + "_serial"  # a closure keeps its cells: a kernel made per format
@@ -191,7 +193,8 @@ def _jit(fn, parallel, fastmath=False):
     jitted = numba.njit(
         parallel=parallel, cache=True, nogil=True, error_model="numpy", fastmath=flags
     )(fn)
-    compile_variant = jitted.compile  # what a call that finds no variant for its types runs
+    compile_variant = _interleaved(jitted.compile, interleave)  # what a call that finds no
+    # variant for its types runs
 
     def counted(signature):  # its compiles (and disk-cache loads) into tinygrad_like.compiles
         before, t0 = len(jitted.overloads), time.perf_counter()
@@ -203,6 +206,28 @@ def _jit(fn, parallel, fastmath=False):
 
     jitted.compile = counted
     return jitted
+
+
+def _interleaved(compile_variant, factor):
+    """compile_variant, compiling with LLVM's loop vectorizer told to run `factor` vectors of
+    each loop at once (-force-vector-interleave; None: its cost model's choice, one here for a
+    long formula). For an elementwise formula whose ops each wait for the one before (an exp's
+    polynomial, a divide): four independent chains in flight where the core's window of
+    waiting vector ops holds little more than one. Each element's arithmetic is the same, so
+    are its bits (no reassociation: a sum's order is not interleaved without fast-math). The
+    option is LLVM's, for the whole process: set and reset under Numba's compiler lock."""
+    if factor is None:
+        return compile_variant
+
+    def compile_interleaved(signature):
+        with global_compiler_lock:
+            llvm.set_option("", f"-force-vector-interleave={factor}")
+            try:
+                return compile_variant(signature)
+            finally:
+                llvm.set_option("", "-force-vector-interleave=0")
+
+    return compile_interleaved
 
 
 def _on_a_thread_of_its_own(fn, *args):
@@ -257,18 +282,22 @@ def _announced(jitted, name, args):
     return out
 
 
-def kernel(fn=None, *, serial_below=None, work=None, fastmath=False):
+def kernel(fn=None, *, serial_below=None, work=None, fastmath=False, interleave=None):
     """@kernel: fn compiled with prange over the cores (one core below serial_below elements
     of its first argument, default SERIAL_BELOW), cached on disk; the first call per dtype that
     compiles (a cold cache) prints 'compiled cpu.<name> in N s' to stderr. @kernel(serial_below=
     n) for a kernel whose work per element of its first argument is another's, and work=f for
     one whose work is not its first argument's size: f(*args), compared with serial_below;
     fastmath=True for one whose sums may be reassociated (a GEMV: vector_dot's flags, inlined
-    loops included). fn may be a closure over constants (a kernel made per format: Numba
-    caches it by their values), never over a compiled function, which Numba does not cache."""
+    loops included); interleave=n for one whose loop is one long chain of dependent vector ops
+    per element (_interleaved). fn may be a closure over constants (a kernel made per format:
+    Numba caches it by their values), never over a compiled function, which Numba does not
+    cache."""
     if fn is None:
-        return lambda fn: kernel(fn, serial_below=serial_below, work=work, fastmath=fastmath)
-    variants = {True: _jit(fn, True, fastmath), False: _jit(fn, False, fastmath)}
+        return lambda fn: kernel(
+            fn, serial_below=serial_below, work=work, fastmath=fastmath, interleave=interleave
+        )
+    variants = {p: _jit(fn, p, fastmath, interleave) for p in (True, False)}
     size = work or (lambda first, *rest: first.size)
 
     def call(*args):
@@ -449,6 +478,22 @@ def f32_from_bits(typingctx, bits):
 
 
 @intrinsic
+def fma(typingctx, a, b, c):
+    """a b + c for fp32 a, b, c, rounded once (CUDA's fmaf, C's fmaf): LLVM's llvm.fma, one
+    vector instruction on a CPU with FMA (every x86 since 2013, AArch64), the same bits
+    everywhere. Where a kernel writes it, never where LLVM chooses (no fast-math contract)."""
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        llvm_fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32"
+        )
+        return builder.call(llvm_fma, args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
 def bits_from_f32(typingctx, x):
     """The uint32 bits of fp32 x (CUDA's __float_as_uint)."""
 
@@ -516,7 +561,8 @@ def f32_from_bf16_bits(bits):
 
 
 def exp(x):
-    """e^x (math.exp); in fp32 a polynomial LLVM can vectorize, within 2 ulps of expf."""
+    """e^x (math.exp); in fp32 a polynomial LLVM can vectorize, within about an ulp of the
+    exact value (1.01 ulps at most over [-87.3, 88.7], tests/kernels/test_compiled.py)."""
     return math.exp(x)
 
 
@@ -529,17 +575,19 @@ def _exp(x):
         return lambda x: math.exp(x)
 
     def exp_f32(x):
-        # Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^n put
-        # into the exponent bits. Past the fp32 range it is 0 or inf; nan stays nan.
+        # Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts, the first exact in
+        # n ln2), e^r by a degree-6 polynomial in Horner's form, each step a fused multiply-add,
+        # 2^n put into the exponent bits. Past the fp32 range it is 0 or inf; nan stays nan.
         xc = min(max(x, np.float32(-87.5)), np.float32(88.72283))
         n = xc * np.float32(1.44269504) + _ROUND - _ROUND  # round to nearest, no call
-        r = xc - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
-        p = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        p = p * r * r + r + np.float32(1.0)
+        r = fma(n, np.float32(-0.693359375), xc)
+        r = fma(n, np.float32(2.12194440e-4), r)
+        p = fma(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))
+        p = fma(p, r, np.float32(8.3334519073e-3))
+        p = fma(p, r, np.float32(4.1665795894e-2))
+        p = fma(p, r, np.float32(1.6666665459e-1))
+        p = fma(p, r, np.float32(5.0000001201e-1))
+        p = fma(p, r * r, r) + np.float32(1.0)
         # 2^n as two factors, so n = 128 (x near 88.7) needs no fp32 exponent of 255
         k = np.int32(n)
         y = p * f32_from_bits(((k >> 1) + 127) << 23) * f32_from_bits((k - (k >> 1) + 127) << 23)

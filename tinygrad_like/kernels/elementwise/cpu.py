@@ -14,7 +14,7 @@ from ...backend.cpu.compiled import f32_from_bf16_bits, f32_from_f16_bits, kerne
 from ...backend.cpu.halves import HALVES, bf16_binary, converted, f32, rounded
 from ...backend.cpu.runtime import CHUNK, in_parallel
 from . import numba_source
-from .expr import TRANSCENDENTAL, device_kernels, evaluate
+from .expr import device_kernels, evaluate
 from .spec import unary_op
 
 
@@ -98,15 +98,15 @@ def div_bwd(a, b, dy):
 def _unary(x, others, e):
     """Expression e (spec.UNARY's) over x and others, in fp32 for 2-byte x, rounded once:
     compiled (_compiled) for fp32, fp64 and the 2-byte x read and written as their bits
-    (halves.IN_PLACE), or, where e has an exp, log or tanh or x is another 2-byte x, by NumPy's
-    ufuncs in flat blocks in parallel (expr.evaluate): NumPy's vectorized exp, log and tanh give
-    the bits these ops have always had (compiled.py's exp differs in the last bits; Numba's
-    logf is scalar, slower), and a block widens and rounds its own 2-byte elements, on its own
-    core (_compiled widens the whole array first). log(0) = -inf, sqrt(-1) = nan and exp's
+    (halves.IN_PLACE), or, where e has a log or x is another 2-byte x, by NumPy's ufuncs in flat
+    blocks in parallel (expr.evaluate): Numba's logf is a call per element, NumPy's log
+    vectorized, and a block widens and rounds its own 2-byte elements, on its own core
+    (_compiled widens the whole array first). exp, tanh, sigmoid and silu are compiled.py's exp
+    (about an ulp from the exact value, as NumPy's). log(0) = -inf, sqrt(-1) = nan and exp's
     overflow to inf are PyTorch's values, so NumPy's warnings about them are silenced
     (np.errstate is per thread)."""
     compiled = x.dtype == dtypes.compute_dtype(x.dtype) or x.dtype in halves.IN_PLACE
-    if compiled and not any(n.op in TRANSCENDENTAL for n in e.ops):
+    if compiled and not any(n.op in _CALLED for n in e.ops):
         return _compiled(e, (x, *others))
 
     def body(out, x, *others):
@@ -114,6 +114,9 @@ def _unary(x, others, e):
             (out[...],) = evaluate(e, [f32(x), *[f32(o) for o in others]], np)
 
     return _elementwise(x, *others, body=body)
+
+
+_CALLED = ("log", "erf")  # what Numba compiles to a libm call per element, never vectorized
 
 
 def unary_fwd(x, op):

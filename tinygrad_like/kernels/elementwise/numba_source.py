@@ -51,9 +51,10 @@ NUMBA = Dialect(
 )
 # A kernel's work is its FLOPs per element (an exp or tanh counted as EXP_FLOPS) times its
 # elements, in units of ELEMENT_FLOPS: compiled.kernel runs it on one core below
-# compiled.SERIAL_BELOW (2^15) units, 2M FLOPs, where the parallel launch's hand-off costs more
-# than a second core gains a cheap kernel (measured on 2 vCPUs: relu on 524K elements 60 us on
-# one core, 112 on two; rsqrt's 2 FLOPs on as many, even; GELU's 19, 403 against 279).
+# compiled.SERIAL_BELOW units (times the pool's hand-off), where the parallel launch's
+# hand-off costs more than a second core gains a cheap kernel (measured on 2 vCPUs: relu on 524K
+# elements 60 us on one core, 112 on two; rsqrt's 2 FLOPs on as many, even; GELU's 19, 403
+# against 279).
 EXP_FLOPS = 10
 ELEMENT_FLOPS = 64
 
@@ -123,4 +124,6 @@ def compiled(name, bits=False):
     spec.loader.exec_module(module)
     flops, exps = e.counts()
     cost = (flops + EXP_FLOPS * exps) / ELEMENT_FLOPS
-    return kernel(getattr(module, name), work=lambda first, *_: first.size * cost)
+    # interleaved: each element is one long chain of dependent vector ops (an exp's polynomial,
+    # a divide), and four independent ones in flight keep the vector units busy
+    return kernel(getattr(module, name), work=lambda first, *_: first.size * cost, interleave=4)
