@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tinygrad_like import dtypes
-from tinygrad_like.backend.cpu.compiled import exp
+from tinygrad_like.backend.cpu.vector_math import exp
 from tinygrad_like.kernels.attention import cpu as attention_cpu
 
 from .check import F32, F64, FLOATS, cases, close, cpu, f64, rand

@@ -17,7 +17,6 @@ reach these kernels widened to fp32 (halves.f32) and their results are rounded o
 """
 
 import hashlib
-import math
 import os
 import sys
 import threading
@@ -33,7 +32,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.core.compiler_lock import global_compiler_lock
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from ... import compiles
 from . import runtime
@@ -478,22 +477,6 @@ def f32_from_bits(typingctx, bits):
 
 
 @intrinsic
-def fma(typingctx, a, b, c):
-    """a b + c for fp32 a, b, c, rounded once (CUDA's fmaf, C's fmaf): LLVM's llvm.fma, one
-    vector instruction on a CPU with FMA (every x86 since 2013, AArch64), the same bits
-    everywhere. Where a kernel writes it, never where LLVM chooses (no fast-math contract)."""
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        llvm_fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32"
-        )
-        return builder.call(llvm_fma, args)
-
-    return types.float32(types.float32, types.float32, types.float32), codegen
-
-
-@intrinsic
 def bits_from_f32(typingctx, x):
     """The uint32 bits of fp32 x (CUDA's __float_as_uint)."""
 
@@ -558,57 +541,3 @@ def f32_from_bf16_bits(bits):
     """The fp32 value of the bf16 whose bits are bits (its top half, exact: the twin of
     f32_from_f16_bits)."""
     return f32_from_bits(np.int32(bits) << np.int32(16))
-
-
-def exp(x):
-    """e^x (math.exp); in fp32 a polynomial LLVM can vectorize, within about an ulp of the
-    exact value (1.01 ulps at most over [-87.3, 88.7], tests/kernels/test_compiled.py)."""
-    return math.exp(x)
-
-
-_ROUND = np.float32(1.5 * 2**23)  # x + _ROUND - _ROUND: x rounded to an integer (|x| < 2^22)
-
-
-@overload(exp, jit_options={"cache": True})
-def _exp(x):
-    if x != types.float32:
-        return lambda x: math.exp(x)
-
-    def exp_f32(x):
-        # Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts, the first exact in
-        # n ln2), e^r by a degree-6 polynomial in Horner's form, each step a fused multiply-add,
-        # 2^n put into the exponent bits. Past the fp32 range it is 0 or inf; nan stays nan.
-        xc = min(max(x, np.float32(-87.5)), np.float32(88.72283))
-        n = xc * np.float32(1.44269504) + _ROUND - _ROUND  # round to nearest, no call
-        r = fma(n, np.float32(-0.693359375), xc)
-        r = fma(n, np.float32(2.12194440e-4), r)
-        p = fma(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))
-        p = fma(p, r, np.float32(8.3334519073e-3))
-        p = fma(p, r, np.float32(4.1665795894e-2))
-        p = fma(p, r, np.float32(1.6666665459e-1))
-        p = fma(p, r, np.float32(5.0000001201e-1))
-        p = fma(p, r * r, r) + np.float32(1.0)
-        # 2^n as two factors, so n = 128 (x near 88.7) needs no fp32 exponent of 255
-        k = np.int32(n)
-        y = p * f32_from_bits(((k >> 1) + 127) << 23) * f32_from_bits((k - (k >> 1) + 127) << 23)
-        if x < np.float32(-87.3):
-            y = np.float32(0.0)
-        if x > np.float32(88.72284):
-            y = np.float32(np.inf)
-        return x if x != x else y
-
-    return exp_f32
-
-
-def tanh(x):
-    """tanh(x) (math.tanh); in fp32 1 - 2 / (e^2x + 1) through exp: absolute error an ulp of 1,
-    all that GELU's 1 + t and 1 - t^2 can see."""
-    return math.tanh(x)
-
-
-@overload(tanh, jit_options={"cache": True})
-def _tanh(x):
-    if x != types.float32:
-        return lambda x: math.tanh(x)
-    one, two = np.float32(1), np.float32(2)
-    return lambda x: one - two / (exp(x + x) + one)

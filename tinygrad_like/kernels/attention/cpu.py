@@ -36,7 +36,6 @@ from ... import dtypes
 from ...backend.cpu.compiled import (
     LANES,
     device,
-    exp,
     kernel,
     row_max,
     serial_kernel,
@@ -44,6 +43,7 @@ from ...backend.cpu.compiled import (
 )
 from ...backend.cpu.halves import copy_into, f32, rounded
 from ...backend.cpu.runtime import CHUNK, in_parallel, one_blas_thread
+from ...backend.cpu.vector_math import exp
 from . import spec
 
 # A call whose kv heads serve at most this many query rows each (Tq G: a decode step) runs

@@ -98,15 +98,13 @@ def div_bwd(a, b, dy):
 def _unary(x, others, e):
     """Expression e (spec.UNARY's) over x and others, in fp32 for 2-byte x, rounded once:
     compiled (_compiled) for fp32, fp64 and the 2-byte x read and written as their bits
-    (halves.IN_PLACE), or, where e has a log or x is another 2-byte x, by NumPy's ufuncs in flat
-    blocks in parallel (expr.evaluate): Numba's logf is a call per element, NumPy's log
-    vectorized, and a block widens and rounds its own 2-byte elements, on its own core
-    (_compiled widens the whole array first). exp, tanh, sigmoid and silu are compiled.py's exp
-    (about an ulp from the exact value, as NumPy's). log(0) = -inf, sqrt(-1) = nan and exp's
-    overflow to inf are PyTorch's values, so NumPy's warnings about them are silenced
-    (np.errstate is per thread)."""
-    compiled = x.dtype == dtypes.compute_dtype(x.dtype) or x.dtype in halves.IN_PLACE
-    if compiled and not any(n.op in _CALLED for n in e.ops):
+    (halves.IN_PLACE), or, for another 2-byte x, by NumPy's ufuncs in flat blocks in parallel
+    (expr.evaluate), a block widening and rounding its own 2-byte elements, on its own core
+    (_compiled widens the whole array first). exp, log and tanh (sigmoid and silu through exp)
+    are compiled.py's, about an ulp from the exact value, as NumPy's are. log(0) = -inf,
+    sqrt(-1) = nan and exp's overflow to inf are PyTorch's values, so NumPy's warnings about
+    them are silenced (np.errstate is per thread)."""
+    if x.dtype == dtypes.compute_dtype(x.dtype) or x.dtype in halves.IN_PLACE:
         return _compiled(e, (x, *others))
 
     def body(out, x, *others):
@@ -114,9 +112,6 @@ def _unary(x, others, e):
             (out[...],) = evaluate(e, [f32(x), *[f32(o) for o in others]], np)
 
     return _elementwise(x, *others, body=body)
-
-
-_CALLED = ("log", "erf")  # what Numba compiles to a libm call per element, never vectorized
 
 
 def unary_fwd(x, op):

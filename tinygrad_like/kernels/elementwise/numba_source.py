@@ -5,9 +5,9 @@ The source is one function over arrays in the compute type, the inputs then one 
 output, read as the hand-written kernels read (elementwise.cu's thread per element): a prange
 loop over the flat (n,) elements, each Op one line in the expression's order. With a row vector
 input (C,) the others are (rows, C) and the loop runs over the rows (split over the cores) and,
-inside, over the columns, so that b[col] needs no division. exp and tanh are compiled.py's
-(its fp32 exp, vectorizable); log, sqrt and erf are Python's math module's, which Numba
-compiles in fp32 for fp32 (logf and erff are a call per element).
+inside, over the columns, so that b[col] needs no division. exp, log and tanh are
+compiled.py's (in fp32 polynomials LLVM vectorizes); sqrt and erf are Python's math module's,
+which Numba compiles in fp32 for fp32 (sqrt one instruction, erff a call per element).
 
 Its 2-byte twin (bits=True) reads and writes bf16 or fp16 arrays as their bits (halves.bits),
 each element widened as it is loaded and rounded as it is stored (halves.value, halves.stored),
@@ -41,12 +41,12 @@ import math
 import numpy as np
 from numba import prange
 
-from tinygrad_like.backend.cpu.compiled import exp, tanh
+from tinygrad_like.backend.cpu.vector_math import exp, log, tanh
 from tinygrad_like.backend.cpu.halves import stored, value
 """
 NUMBA = Dialect(
     "_A({})",  # the compute type, x.dtype.type
-    {"exp": "exp", "tanh": "tanh", "log": "math.log", "sqrt": "math.sqrt", "erf": "math.erf"},
+    {"exp": "exp", "tanh": "tanh", "log": "log", "sqrt": "math.sqrt", "erf": "math.erf"},
     "{1} if {0} else {2}",
 )
 # A kernel's work is its FLOPs per element (an exp or tanh counted as EXP_FLOPS) times its

@@ -12,7 +12,7 @@ block's scores), alpha = exp(m - m_new), p = exp(s - m_new), lsum = lsum alpha +
 alpha + sum over the block's keys, in order, of (p x the value's row scale) x v, v decoded as it
 is read. At the end out = o / lsum, in fp32, rounded once to q's dtype. The CUDA twin computes
 the same products in the same order but for q . k's sum (there a warp's lanes and warp_sum, here
-vector_dot's partial sums), its expf (here compiled.exp) and, on a GPU, its fused multiply-adds:
+vector_dot's partial sums), its expf (here vector_math.exp) and, on a GPU, its fused multiply-adds:
 the two agree to fp32 rounding, not bit for bit.
 kv_quantize is the CUDA twin's bit for bit: the max of a row (exact), one fp32 divide and
 minifloat_code's integer rounding.

@@ -1,17 +1,23 @@
-"""The device functions the CPU kernels share (backend/cpu/compiled.py): fp32 exp against the
-exact value, and fma rounded once."""
+"""The device functions the CPU kernels share (backend/cpu/vector_math.py): fp32 exp and log
+against the exact value, and fma rounded once."""
 
 import numba
 import numpy as np
 from numba import prange
 
-from tinygrad_like.backend.cpu.compiled import exp, fma
+from tinygrad_like.backend.cpu.vector_math import exp, fma, log
 
 
 @numba.njit(error_model="numpy")
 def _exps(x, out):
     for i in prange(x.shape[0]):
         out[i] = exp(x[i])
+
+
+@numba.njit(error_model="numpy")
+def _logs(x, out):
+    for i in prange(x.shape[0]):
+        out[i] = log(x[i])
 
 
 @numba.njit(error_model="numpy")
@@ -41,6 +47,27 @@ def test_fp32_exp_past_its_range_and_of_specials():
     _exps(x, y)
     assert np.isnan(y[0])
     np.testing.assert_array_equal(y[1:], [np.inf, 0, 1, 1, np.inf, np.inf, 0, 0])
+
+
+def test_fp32_log_is_within_about_an_ulp_of_the_exact_value():
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [
+            np.exp(rng.uniform(-87, 88, 1 << 18)).astype(np.float32),
+            np.linspace(0.5, 2, 1 << 18, dtype=np.float32),
+            (rng.uniform(0, 1, 1 << 12) * 1e-38).astype(np.float32),  # subnormals
+        ]
+    )
+    y = np.empty_like(x)
+    _logs(x, y)
+    exact = np.log(x.astype(np.float64))
+    finite = np.isfinite(exact)
+    ulps = np.abs(y - exact)[finite] / np.spacing(np.abs(exact[finite]).astype(np.float32))
+    assert ulps.max() <= 1.05
+    specials = np.array([0.0, -0.0, -1.0, np.inf, -np.inf, np.nan, 1.0], np.float32)
+    y = np.empty_like(specials)
+    _logs(specials, y)
+    np.testing.assert_array_equal(y, [-np.inf, -np.inf, np.nan, np.inf, np.nan, np.nan, 0.0])
 
 
 def test_fma_rounds_once():
