@@ -98,13 +98,17 @@ def div_bwd(a, b, dy):
 def _unary(x, others, e):
     """Expression e (spec.UNARY's) over x and others, in fp32 for 2-byte x, rounded once:
     compiled (_compiled) for fp32, fp64 and the 2-byte x read and written as their bits
-    (halves.IN_PLACE), or, for another 2-byte x, by NumPy's ufuncs in flat blocks in parallel
-    (expr.evaluate), a block widening and rounding its own 2-byte elements, on its own core
-    (_compiled widens the whole array first). exp, log and tanh (sigmoid and silu through exp)
-    are compiled.py's, about an ulp from the exact value, as NumPy's are. log(0) = -inf,
+    (halves.IN_PLACE), or by NumPy's ufuncs in flat blocks in parallel (expr.evaluate): for
+    another 2-byte x, a block widening and rounding its own 2-byte elements, on its own core
+    (_compiled widens the whole array first); and for log's forward in fp32 or fp64, whose
+    NumPy ufunc is as fast as vector_math's log on one core and splits over the cores at sizes
+    where the compiled kernel runs on one. exp, log and tanh (sigmoid and silu through exp) are
+    vector_math's elsewhere, about an ulp from the exact value, as NumPy's are. log(0) = -inf,
     sqrt(-1) = nan and exp's overflow to inf are PyTorch's values, so NumPy's warnings about
     them are silenced (np.errstate is per thread)."""
-    if x.dtype == dtypes.compute_dtype(x.dtype) or x.dtype in halves.IN_PLACE:
+    if x.dtype in halves.IN_PLACE or (
+        x.dtype == dtypes.compute_dtype(x.dtype) and e is not _LOG_FORWARD
+    ):
         return _compiled(e, (x, *others))
 
     def body(out, x, *others):
@@ -112,6 +116,9 @@ def _unary(x, others, e):
             (out[...],) = evaluate(e, [f32(x), *[f32(o) for o in others]], np)
 
     return _elementwise(x, *others, body=body)
+
+
+_LOG_FORWARD = unary_op("log")[0]
 
 
 def unary_fwd(x, op):
