@@ -1,8 +1,9 @@
 """The peak MFU divides by (MFU = achieved model FLOP/s / peak; the model FLOPs per token are
 the model's own formula, GPT2Config.flops_per_token), and MFU as printed.
 
-The peak is this machine's (tinygrad_like/peaks.py): on a CPU its fp32 matmul peak, measured
-once per machine and cached, so the progress bar, metrics.jsonl, the accounting report and the
+The peak is this machine's (tinygrad_like/peaks.py): on a CPU the dtype's matmul peak (fp32's,
+measured once per machine and cached, unless a run's own GEMMs in the dtype beat it: bf16's by
+AVX-512 BF16's dot products), so the progress bar, metrics.jsonl, the accounting report and the
 bench all divide by the same number, however busy the host is when a run starts; on a GPU the
 datasheet's dense rate for the dtype. No run reaches 100% of a true peak: an MFU above it says
 the peak is too low (measured while other processes took the CPU), and is printed as that.
@@ -19,10 +20,11 @@ def device_peak(device, dtype_name, machine=None):
         return None, "no peak: the meta device runs nothing"
     if not be.GPU:
         cached = machine or peaks.get(device)
-        rate = cached.flops("fp32")
+        rate = cached.flops(dtype_name)
+        whose = dtype_name if dtype_name in cached.matmul else "fp32"
         condition = cached.condition()
         return rate, (
-            f"fp32 matmul peak of this CPU, {rate / 1e9:.0f} GFLOP/s (measured {cached.when}"
+            f"{whose} matmul peak of this CPU, {rate / 1e9:.0f} GFLOP/s (measured {cached.when}"
             + (f"; {condition}" if cached.busy else "")
             + f"; cached, {peaks.REMEASURE}=1 measures again)"
         )

@@ -149,12 +149,24 @@ def test_a_runs_own_gemms_raise_a_lower_peak_and_say_so(machine_peaks, tmp_path,
     monkeypatch.setattr(peaks, "measure", lambda device: machine_peaks)
     peak = machine_peaks.flops("fp32")
     assert peaks.beaten("cpu", "fp32", peak / 2, "matmul") == (machine_peaks, None)  # below
-    raised, note = peaks.beaten("cpu", "bf16", 2 * peak, "matmul_nt (3 launches)")  # fp32's
-    assert raised.flops("fp32") == raised.flops("bf16") == 2 * peak
+    raised, note = peaks.beaten("cpu", "fp32", 2 * peak, "matmul_nt (3 launches)")
+    assert raised.flops("fp32") == raised.flops("bf16") == 2 * peak  # bf16's is fp32's here
     assert f"matmul_nt (3 launches) reached {2 * peak / 1e9:,.1f} GFLOP/s, above the cached" in note
     assert "raised to a run's own GEMM" in raised.describe()
     _new_process(monkeypatch)
     assert peaks.get("cpu") == raised  # in the cache for the runs after
+
+
+def test_a_bf16_gemm_raises_bf16s_peak_never_fp32s(machine_peaks, tmp_path, monkeypatch):
+    """The bug: a bf16 run's GEMMs (AVX-512 BF16's dot products, twice fp32's rate) raised the
+    CPU's one fp32 peak, and every fp32 MFU and roof after it read 1.6x low."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(peaks, "measure", lambda device: machine_peaks)
+    peak = machine_peaks.flops("fp32")
+    raised, note = peaks.beaten("cpu", "bf16", 2 * peak, "matmul_nt (3 launches)")
+    assert raised.flops("bf16") == 2 * peak and raised.flops("fp32") == peak
+    assert raised.flops("fp16") == peak and "above the cached bf16 matmul peak" in note
+    assert peaks.beaten("cpu", "bf16", 1.5 * peak, "matmul")[1] is None  # below bf16's own
 
 
 def test_one_report_reads_one_peak_and_its_gemms_raise_a_lower_one(

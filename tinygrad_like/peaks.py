@@ -19,8 +19,10 @@ lowers a rate and lengthens a call, so the best seen is the nearest to the machi
 BUSY_MEASUREMENTS of them; a quiet measurement clears the mark. And a run whose own GEMMs beat
 the matmul peak raises it (beaten(): the accounting report does this with its profiled step's
 GEMMs, and says so), since no peak can be below what a kernel reached.
-  matmul  GEMM FLOP/s per dtype. CPU: fp32, NumPy's BLAS on 1024^3 (cpu_matmul_rate); the CPU
-          backend computes fp16 and bf16 GEMMs in fp32, so fp32's peak is theirs too.
+  matmul  GEMM FLOP/s per dtype. CPU: fp32, NumPy's BLAS on 1024^3 (cpu_matmul_rate), which is
+          fp16's and bf16's peak too until a run's own GEMMs in that dtype beat it (beaten():
+          bf16 by AVX-512 BF16's dot products, twice fp32's multiply-adds per instruction),
+          then the dtype's own entry; a 2-byte GEMM never raises fp32's.
           GPU: cuBLAS (cupy.matmul) on 8192^3 in fp32 and fp16; bf16 is given fp16's rate
           (equal on NVIDIA's tensor cores since Ampere, DATASHEET_PEAKS; CuPy's cuBLAS path
           has no bf16).
@@ -64,7 +66,8 @@ import numpy as np
 from . import backend, dtypes, kernels
 from .files import atomic_write, read_small
 
-METHOD = 3  # bumped whenever a measurement changes: older caches are not read
+METHOD = 4  # bumped whenever a measurement changes: older caches are not read (4: a bf16
+# run's GEMMs had raised the CPU's fp32 peak)
 REMEASURE = "TG_REMEASURE_PEAKS"
 # the environment that changes which BLAS kernels run, and on how many threads
 BLAS_ENV = (
@@ -242,11 +245,11 @@ def get(device="cpu", remeasure=None):
 
 def beaten(device, dtype_name, rate, what):
     """A run's own GEMM reached rate FLOP/s in dtype_name (what: which, in words). When that
-    beats the matmul peak, the peak becomes that rate, in the cache and for the rest of this
-    process. -> (the Peaks now, a line saying what was raised, or None)."""
+    beats the dtype's matmul peak (Peaks.flops: fp32's where the dtype has none of its own),
+    the dtype's peak becomes that rate, in the cache and for the rest of this process; other
+    dtypes' peaks stay. -> (the Peaks now, a line saying what was raised, or None)."""
     peaks = get(device)
-    key = dtype_name if dtype_name in peaks.matmul else "fp32"  # a CPU's one fp32 peak
-    old = peaks.matmul[key]
+    key, old = dtype_name, peaks.flops(dtype_name)
     if rate <= old:
         return peaks, None
     how = f"raised to a run's own GEMM, {what} (measured: {old / 1e9:,.0f} GFLOP/s)"
