@@ -443,8 +443,8 @@ def _measure_cpu(cores):
         "exp_rate": max(exp.values()),
         "launch_s": _launch_floor(be, np),
         "how": {
-            "matmul_fp32": f"np.matmul {CPU_GEMM}^3 fp32, best of {CPU_GEMM_TRIES} (fp16/bf16 "
-            "GEMMs run in fp32 on the CPU backend)",
+            "matmul_fp32": f"np.matmul {CPU_GEMM}^3 fp32, best of {CPU_GEMM_TRIES} (fp16's and "
+            "bf16's too, until a run's own GEMMs in them beat it)",
             "copy": f"np.copyto {stream}, read + write: " + per_threads(copy, "GB/s", 1e9),
             "read": f"np.max over {stream}: " + per_threads(read, "GB/s", 1e9),
             "exp": f"np.exp, {EXP_BLOCK >> 10}K float32 per thread in L2: "
