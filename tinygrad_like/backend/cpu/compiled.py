@@ -192,8 +192,8 @@ def _jit(fn, parallel, fastmath=False, interleave=None):
     jitted = numba.njit(
         parallel=parallel, cache=True, nogil=True, error_model="numpy", fastmath=flags
     )(fn)
-    compile_variant = _interleaved(jitted.compile, interleave)  # what a call that finds no
-    # variant for its types runs
+    # what a call that finds no variant for its types runs
+    compile_variant = _interleaved(jitted.compile, interleave)
 
     def counted(signature):  # its compiles (and disk-cache loads) into tinygrad_like.compiles
         before, t0 = len(jitted.overloads), time.perf_counter()
