@@ -6,8 +6,9 @@ output, read as the hand-written kernels read (elementwise.cu's thread per eleme
 loop over the flat (n,) elements, each Op one line in the expression's order. With a row vector
 input (C,) the others are (rows, C) and the loop runs over the rows (split over the cores) and,
 inside, over the columns, so that b[col] needs no division. exp, log and tanh are
-compiled.py's (in fp32 polynomials LLVM vectorizes); sqrt and erf are Python's math module's,
-which Numba compiles in fp32 for fp32 (sqrt one instruction, erff a call per element).
+vector_math.py's (in fp32 polynomials LLVM vectorizes); sqrt and erf are Python's math
+module's, which Numba compiles in fp32 for fp32 (sqrt one instruction, erff a call per
+element). The loops compile four vectors interleaved (compiled.kernel's interleave).
 
 Its 2-byte twin (bits=True) reads and writes bf16 or fp16 arrays as their bits (halves.bits),
 each element widened as it is loaded and rounded as it is stored (halves.value, halves.stored),
