@@ -25,10 +25,14 @@ if _HERE not in sys.path:
 # none writes the user's ~/.cache. Set in pytest_configure, before the test modules are
 # imported: some build their subprocesses' environment then (test_faults.ENV). A subprocess
 # with other BLAS variables is another machine to the cache (tinygrad_like/peaks.py) and
-# measures its own, once, into the same folder. TG_QUIET=1: a Numba compile's announcement
+# measures its own, once, into the same folder. pytest-xdist's workers inherit the controller's
+# folder (_CACHE_OWNER names it) rather than each making its own: Numba compiles each kernel
+# once for the whole run, not once per worker (its cache and the peaks' are written file by
+# file, atomically), and only the controller removes the folder. TG_QUIET=1: a Numba compile's announcement
 # ("compiled cpu.<kernel> in N s", printed by whichever test first meets a cold cache) would
 # otherwise be a second line beside the one-line errors the tests read.
 _SESSION = {}
+_CACHE_OWNER = "TINYGRAD_LIKE_TEST_CACHE"
 
 
 def pytest_configure(config):
@@ -47,17 +51,18 @@ def pytest_configure(config):
         how=dict.fromkeys(("matmul_fp32", "copy", "read", "exp", "launch"), "made up"),
         when="the tests' start",
     )
-    _SESSION.update(
-        peaks=made_up,
-        folder=tempfile.mkdtemp(prefix="tinygrad_like-test-cache-"),
-        env={k: os.environ.get(k) for k in ("XDG_CACHE_HOME", peaks.REMEASURE, "TG_QUIET")},
-    )
-    os.environ["XDG_CACHE_HOME"] = _SESSION["folder"]
+    names = ("XDG_CACHE_HOME", peaks.REMEASURE, "TG_QUIET", _CACHE_OWNER)
+    _SESSION.update(peaks=made_up, env={k: os.environ.get(k) for k in names})
+    inherited = os.environ.get(_CACHE_OWNER) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    _SESSION["folder"] = inherited or tempfile.mkdtemp(prefix="tinygrad_like-test-cache-")
+    _SESSION["owner"] = inherited is None
+    os.environ["XDG_CACHE_HOME"] = os.environ[_CACHE_OWNER] = _SESSION["folder"]
     os.environ["TG_QUIET"] = "1"
     os.environ.pop(peaks.REMEASURE, None)
-    path = peaks.cache_path("cpu")
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(dataclasses.asdict(made_up)))
+    if _SESSION["owner"]:
+        path = peaks.cache_path("cpu")
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(dataclasses.asdict(made_up)))
 
 
 def pytest_unconfigure(config):
@@ -66,7 +71,8 @@ def pytest_unconfigure(config):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    shutil.rmtree(_SESSION.get("folder", ""), ignore_errors=True)
+    if _SESSION.get("owner"):
+        shutil.rmtree(_SESSION["folder"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
