@@ -30,13 +30,17 @@ GEMMs, and says so), since no peak can be below what a kernel reached.
           far over the caches, so it is DRAM's rate for a kernel that reads and writes.
   read    a streaming read of the same buffer: a max reduction, one compare per element, so
           the loads limit it (np.sum's pairwise adds reach only a third of it on a CPU).
-  exp     exps per second: np.exp on float32 blocks of 64K (256 KB, in the core's L2, so exp
-          is timed and not memory). NumPy's loops run on one thread, and the CPU backend runs
+  exp     exps per second on float32 blocks of 64K (256 KB, in the core's L2, so exp is timed
+          and not memory), by np.exp and by our exp kernel (cpu.unary_fwd's, vector_math.py's
+          exp in fused multiply-adds), each into its output: the faster is the machine's, as a
+          GEMM peak is the best GEMM (on an AMD EPYC without AVX-512, NumPy's float32 exp ran
+          at a third of our kernel's rate, and a roof from it put exp-bound kernels over 100%).
+          NumPy's loops and our kernel at this size run on one thread, and the CPU backend runs
           its exp-heavy kernels on one block of rows per core (cpu._in_parallel): the rate is
           measured on one thread and on one per usable core, and the bound uses the higher
-          (both are reported). A tanh counts as one exp (tanh = 1 - 2 / (exp(2x) + 1); NumPy's
-          float32 tanh is no slower than its exp). Not measured on a GPU: its special function
-          units evaluate exp far faster than memory can feed them, so exp never binds there.
+          (all are reported). A tanh counts as one exp (tanh = 1 - 2 / (exp(2x) + 1), as our
+          kernels take it). Not measured on a GPU: its special function units evaluate exp far
+          faster than memory can feed them, so exp never binds there.
   launch  the cheapest kernel call: the cheaper of the backend's add and copy on 1-element
           arrays, averaged over 2,000 back-to-back calls. On a GPU, the launch overhead (a
           few microseconds). A CPU has no launch: its floor is a Python call (copy's, well
@@ -65,9 +69,11 @@ import numpy as np
 
 from . import backend, dtypes, kernels
 from .files import atomic_write, read_small
+from .kernels.elementwise import numba_source
+from .kernels.elementwise.spec import unary_op
 
-METHOD = 4  # bumped whenever a measurement changes: older caches are not read (4: a bf16
-# run's GEMMs had raised the CPU's fp32 peak)
+METHOD = 5  # bumped whenever a measurement changes: older caches are not read (4: a bf16
+# run's GEMMs had raised the CPU's fp32 peak; 5: exp's rate is also our own exp kernel's)
 REMEASURE = "TG_REMEASURE_PEAKS"
 # the environment that changes which BLAS kernels run, and on how many threads
 BLAS_ENV = (
@@ -415,24 +421,28 @@ def _measure_cpu(cores):
     blocks = np.random.default_rng(0).standard_normal((cores, EXP_BLOCK), dtype=np.float32)
     outs = np.empty_like(blocks)
 
-    def exps(i):
-        for _ in range(EXP_REPS):
-            np.exp(blocks[i], out=outs[i])
+    ours = numba_source.compiled(unary_op("exp")[0].name, False)  # cpu.unary_fwd's exp kernel
+    exp_by = {  # one block's exps into its output, NumPy's and ours
+        "np.exp": lambda i: np.exp(blocks[i], out=outs[i]),
+        "our exp kernel": lambda i: ours(blocks[i], outs[i]),
+    }
 
-    copy, read, exp = {}, {}, {}
+    def exps(way):
+        return lambda i: [exp_by[way](i) for _ in range(EXP_REPS)]
+
+    copy, read, exp = {}, {}, {way: {} for way in exp_by}
     with ThreadPoolExecutor(cores) as pool:
         for n in sorted({1, cores}):  # one thread, then one per core
             srcs, dsts = np.array_split(src, n), np.array_split(dst, n)
             copy[n] = 2 * src.nbytes / best_seconds(lambda: list(pool.map(np.copyto, dsts, srcs)))
             read[n] = src.nbytes / best_seconds(lambda: list(pool.map(np.max, srcs)))
-            exp[n] = n * EXP_REPS * EXP_BLOCK / best_seconds(lambda: list(pool.map(exps, range(n))))
+            for way in exp_by:
+                seconds = best_seconds(lambda: list(pool.map(exps(way), range(n))))
+                exp[way][n] = n * EXP_REPS * EXP_BLOCK / seconds
 
     def per_threads(rates, unit, scale):
-        return (
-            ", ".join(
-                f"{n} thread{'s' if n > 1 else ''} {r / scale:.2f} {unit}" for n, r in rates.items()
-            )
-            + "; the higher is the peak"
+        return ", ".join(
+            f"{n} thread{'s' if n > 1 else ''} {r / scale:.2f} {unit}" for n, r in rates.items()
         )
 
     stream = f"{STREAM_BYTES['cpu'] >> 20} MB float32"
@@ -440,15 +450,20 @@ def _measure_cpu(cores):
         "matmul": {"fp32": matmul},
         "copy_bw": max(copy.values()),
         "read_bw": max(read.values()),
-        "exp_rate": max(exp.values()),
+        "exp_rate": max(max(rates.values()) for rates in exp.values()),
         "launch_s": _launch_floor(be, np),
         "how": {
             "matmul_fp32": f"np.matmul {CPU_GEMM}^3 fp32, best of {CPU_GEMM_TRIES} (fp16's and "
             "bf16's too, until a run's own GEMMs in them beat it)",
-            "copy": f"np.copyto {stream}, read + write: " + per_threads(copy, "GB/s", 1e9),
-            "read": f"np.max over {stream}: " + per_threads(read, "GB/s", 1e9),
-            "exp": f"np.exp, {EXP_BLOCK >> 10}K float32 per thread in L2: "
-            + per_threads(exp, "G/s", 1e9),
+            "copy": f"np.copyto {stream}, read + write: "
+            + per_threads(copy, "GB/s", 1e9)
+            + "; the higher is the peak",
+            "read": f"np.max over {stream}: "
+            + per_threads(read, "GB/s", 1e9)
+            + "; the higher is the peak",
+            "exp": f"{EXP_BLOCK >> 10}K float32 per thread in L2: "
+            + "; ".join(f"{way} " + per_threads(rates, "G/s", 1e9) for way, rates in exp.items())
+            + "; the highest is the peak",
             "launch": f"cpu.add or cpu.copy (the cheaper) on 1-element arrays, mean "
             f"of {LAUNCHES} calls (Python + NumPy dispatch)",
         },
