@@ -40,7 +40,8 @@ def softmax_causal_bwd(probs, dprobs, scale):
 # One row per prange iteration, as softmax.cu's block per row; the exps of a row are summed over
 # fixed lanes (compiled.row_sum), so the forward's and fwd_bwd's sums, and losses, are the same
 # bits. 2-byte logits are widened to fp32 a row or a block of rows at a time, dlogits rounded
-# once.
+# once. The kernels with an exp run four vectors of it at once (interleave=4, compiled.py's
+# _interleaved: its polynomial is one chain of dependent multiply-adds), the same bits.
 
 
 @device
@@ -82,7 +83,7 @@ def _ce_row(x, e, t, V, dloss, shift, forward, backward):
     return loss, lse
 
 
-@kernel
+@kernel(interleave=4)
 def _ce(logits, targets, V, dloss, lse_in, losses, lse_out, dlogits, forward, backward, in_place):
     # _ce_row over the rows of logits (N, Vp), the first V read; in_place: dlogits is logits.
     # Each call site names its own e, so that the in-place one passes x itself (_exp_sum).
@@ -108,7 +109,7 @@ _WIDEN_ROWS = 64
 _BF16_ROWS = 8  # rows of bf16 logits per prange iteration, one scratch row (Vp fp32) for all
 
 
-@kernel
+@kernel(interleave=4)
 def _ce_bf16(bits, targets, V, dloss, lse_in, losses, lse_out, dbits, forward, backward):
     # _ce_row over bf16 logits, their bits (N, Vp) uint16, dlogits' bits into dbits (N, Vp)
     # uint16 when backward: each row widened into an fp32 scratch row (in the core's cache),
@@ -209,7 +210,7 @@ _BLOCK_ROWS = 32
 _WIDEN_ELEMENTS = 1 << 22
 
 
-@kernel
+@kernel(interleave=4)
 def _softmax_rows(x, scale, Tq, causal, log, y):
     # x, y (rows, C) in the compute dtype, m the row's max of scale x. Softmax: y = exp(scale x -
     # m) / sum(...), with causal (the naive attention's scores, row r being query r % Tq at
@@ -242,7 +243,7 @@ def _softmax_rows(x, scale, Tq, causal, log, y):
                 yr[seen:] = 0
 
 
-@kernel
+@kernel(interleave=4)
 def _softmax_rows_bwd(y, dy, scale, log, dx):
     # y, dy, dx (rows, C) in the compute dtype, y the forward's output. Softmax:
     # dx = (dy - sum(dy y)) y scale (scale 1 but for the causal softmax); log:
