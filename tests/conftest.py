@@ -28,9 +28,9 @@ if _HERE not in sys.path:
 # measures its own, once, into the same folder. pytest-xdist's workers inherit the controller's
 # folder (_CACHE_OWNER names it) rather than each making its own: Numba compiles each kernel
 # once for the whole run, not once per worker (its cache and the peaks' are written file by
-# file, atomically), and only the controller removes the folder. TG_QUIET=1: a Numba compile's announcement
-# ("compiled cpu.<kernel> in N s", printed by whichever test first meets a cold cache) would
-# otherwise be a second line beside the one-line errors the tests read.
+# file, atomically), and only the controller removes the folder. TG_QUIET=1: a Numba
+# compile's announcement ("compiled cpu.<kernel> in N s", printed by whichever test first meets
+# a cold cache) would otherwise be a second line beside the one-line errors the tests read.
 _SESSION = {}
 _CACHE_OWNER = "TINYGRAD_LIKE_TEST_CACHE"
 

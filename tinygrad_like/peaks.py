@@ -33,8 +33,8 @@ GEMMs, and says so), since no peak can be below what a kernel reached.
   exp     exps per second on float32 blocks of 64K (256 KB, in the core's L2, so exp is timed
           and not memory), by np.exp and by our exp kernel (cpu.unary_fwd's, vector_math.py's
           exp in fused multiply-adds), each into its output: the faster is the machine's, as a
-          GEMM peak is the best GEMM (on an AMD EPYC without AVX-512, NumPy's float32 exp ran
-          at a third of our kernel's rate, and a roof from it put exp-bound kernels over 100%).
+          GEMM peak is the best GEMM (on a CPU without AVX-512 NumPy's float32 exp can run well
+          behind ours, and a roof from it alone put exp-bound kernels over 100% of it).
           NumPy's loops and our kernel at this size run on one thread, and the CPU backend runs
           its exp-heavy kernels on one block of rows per core (cpu._in_parallel): the rate is
           measured on one thread and on one per usable core, and the bound uses the higher
