@@ -10,7 +10,9 @@
 #    builds it (common.cuh pasted in, the same name expressions), for sm_80 and sm_90. Runs when
 #    Python can load CuPy's NVRTC binding; skipped with a note otherwise.
 #
-# Prints one line per file and check; exits non-zero if anything fails.
+# The checks run side by side, as many at once as there are cores (the NVRTC pass beside the
+# nvcc ones); prints one line per file and check, in order, once all have ended; exits
+# non-zero if anything fails.
 set -u
 cd "$(dirname "$0")/.."
 KDIR=tinygrad_like/kernels
@@ -35,23 +37,8 @@ for g in "$KDIR"/*/cuda_source.py; do
     fi
 done
 
-for f in "$KDIR"/*/*.cu "$GENERATED"/*.cu; do
-    for arch in $ARCHS; do
-        if log=$("$NVCC" -std=c++17 -arch=sm_$arch -DTG_CHECK_INSTANTIATE -I"$COMMON" \
-                 -c -o /dev/null "$f" 2>&1); then
-            echo "ok   nvcc  sm_$arch $(basename "$f")"
-        else
-            echo "FAIL nvcc  sm_$arch $(basename "$f")"
-            echo "$log" | sed 's/^/     /'
-            status=1
-        fi
-    done
-done
-
-# CUDA headers for NVRTC (cuda_fp16.h, cuda_bf16.h): the include directory nvcc itself uses.
-CUDA_INCLUDE=$("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
-               | sed -n 's/^#\$ INCLUDES="-I\([^"]*\)".*/\1/p' | head -1 | sed 's/ *$//')
-"$PYTHON" - "$CUDA_INCLUDE" $ARCHS <<'EOF' || status=1
+check_nvrtc() {  # every kernel file as cuda/runtime.py builds it, for each arch
+    "$PYTHON" - "$CUDA_INCLUDE" $ARCHS <<'EOF'
 import sys
 
 try:
@@ -86,6 +73,39 @@ for name in cuda.kernel_files():
             nvrtc.destroyProgram(prog)
 sys.exit(1 if failed else 0)
 EOF
+}
+
+RESULTS=$GENERATED/results  # each check's lines, named in the order they print
+mkdir "$RESULTS"
+JOBS=$(nproc 2>/dev/null || echo 1)
+
+check_nvcc() {  # $1 the .cu file, $2 the arch -> its line, and nvcc's log if it fails
+    if log=$("$NVCC" -std=c++17 -arch=sm_$2 -DTG_CHECK_INSTANTIATE -I"$COMMON" \
+             -c -o /dev/null "$1" 2>&1); then
+        echo "ok   nvcc  sm_$2 $(basename "$1")"
+    else
+        echo "FAIL nvcc  sm_$2 $(basename "$1")"
+        echo "$log" | sed 's/^/     /'
+    fi
+}
+
+# CUDA headers for NVRTC (cuda_fp16.h, cuda_bf16.h): the include directory nvcc itself uses.
+CUDA_INCLUDE=$("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
+               | sed -n 's/^#\$ INCLUDES="-I\([^"]*\)".*/\1/p' | head -1 | sed 's/ *$//')
+(check_nvrtc > "$RESULTS/9999-nvrtc" 2>&1; echo $? > "$GENERATED/nvrtc_status") &
+
+n=0
+for f in "$KDIR"/*/*.cu "$GENERATED"/*.cu; do
+    for arch in $ARCHS; do
+        n=$((n + 1))
+        while [ "$(jobs -rp | wc -l)" -gt "$JOBS" ]; do wait -n; done  # the NVRTC pass and JOBS
+        check_nvcc "$f" "$arch" > "$RESULTS/$(printf %04d $n)-nvcc" 2>&1 &
+    done
+done
+wait
+if [ "$(cat "$GENERATED/nvrtc_status")" != 0 ]; then status=1; fi
+cat "$RESULTS"/*
+if grep -q '^FAIL nvcc' "$RESULTS"/*-nvcc; then status=1; fi
 
 if [ $status -ne 0 ]; then echo "check_kernels: FAILED"; else echo "check_kernels: all passed"; fi
 exit $status
