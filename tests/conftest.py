@@ -81,9 +81,9 @@ def _collector_skips_what_lives_on():
     """At each test module's start, the garbage collected and what survives frozen
     (gc.freeze): the compiled kernels, caches and imports a worker holds are never scanned
     again, so the full collections of the memory tracker's readings (memory.settled,
-    accounting/measure.py) cost what the test made, not the worker's whole history (a
-    reference-7B test took 16 s in the full run against 2 s alone). What a test makes is
-    collected as before; a frozen object that a later module drops in a cycle stays."""
+    accounting/measure.py) cost what the test made, not the worker's whole history. What a
+    test makes is collected as before; a frozen object that a later module drops in a cycle
+    stays."""
     gc.collect()
     gc.freeze()
     yield
