@@ -427,8 +427,12 @@ def _measure_cpu(cores):
         "our exp kernel": lambda i: ours(blocks[i], outs[i]),
     }
 
-    def exps(way):
-        return lambda i: [exp_by[way](i) for _ in range(EXP_REPS)]
+    def repeated(one_block):  # EXP_REPS passes over thread i's block
+        def passes(i):
+            for _ in range(EXP_REPS):
+                one_block(i)
+
+        return passes
 
     copy, read, exp = {}, {}, {way: {} for way in exp_by}
     with ThreadPoolExecutor(cores) as pool:
@@ -436,8 +440,8 @@ def _measure_cpu(cores):
             srcs, dsts = np.array_split(src, n), np.array_split(dst, n)
             copy[n] = 2 * src.nbytes / best_seconds(lambda: list(pool.map(np.copyto, dsts, srcs)))
             read[n] = src.nbytes / best_seconds(lambda: list(pool.map(np.max, srcs)))
-            for way in exp_by:
-                seconds = best_seconds(lambda: list(pool.map(exps(way), range(n))))
+            for way, one_block in exp_by.items():
+                seconds = best_seconds(lambda: list(pool.map(repeated(one_block), range(n))))
                 exp[way][n] = n * EXP_REPS * EXP_BLOCK / seconds
 
     def per_threads(rates, unit, scale):
