@@ -8,7 +8,9 @@ head's three per block of losses.HEAD_BLOCK_ROWS rows: logits = x wte^T (matmul_
 wte (matmul) and dW = dlogits^T x (matmul_tn), plus dW summed over the step's blocks.
 The libraries, each on all the usable cores:
   ours       cpu.matmul / matmul_nt / matmul_tn (kernels/gemm/cpu.py: NumPy's OpenBLAS, a long K
-             cut in two halves on two cores);
+             cut in two halves on two cores), on the kernel set OpenBLAS loaded, and as
+  ours SkylakeX  on its AVX-512 kernels where it loaded others on a CPU that has AVX-512
+             (cpu_blas.openblas_core, what the trainer's openblas-skylakex runs);
   np.matmul  NumPy's OpenBLAS called directly, the operands as the step lays them out;
   MKL        cblas_sgemm of the `mkl` wheel's libmkl_rt through ctypes (--mkl PATH, or the
              wheel installed beside NumPy), set up as the kernels run it (cpu_blas.load_mkl:
@@ -35,6 +37,7 @@ median round's time over the best's, per library.
 """
 
 import ctypes
+import functools
 import math
 import os
 import statistics
@@ -124,11 +127,23 @@ def widened(kind, a, b, out):
     return numpy_matmul(kind, halves.f32(a), halves.f32(b), out)
 
 
+def on_core(core, gemm):
+    """gemm run on OpenBLAS's kernel set `core`, the set in use before it restored after."""
+
+    def run(*args):
+        with cpu_blas.openblas_core(core):
+            return gemm(*args)
+
+    return run
+
+
 def libraries(mkl, dtype="fp32"):
     """name -> gemm(kind, a, b, out) of each library found (for bf16 operands: ours, widened)."""
     if dtype == "bf16":
         return {"ours": ours, "widened": widened}
     found = {"ours": ours, "np.matmul": numpy_matmul}
+    for core in cpu_blas.openblas_cores()[1:]:  # OpenBLAS's others than the set it loaded
+        found[f"ours {core}"] = on_core(core, ours)
     if mkl is not None:
         found["MKL"] = cblas_sgemm(mkl.cblas_sgemm, ctypes.c_int)
     if (blis := blis_sgemm()) is not None:
@@ -241,9 +256,10 @@ def run(models, rounds, mkl, dtype="fp32"):
     n = peaks.CPU_GEMM
     square = [rng.standard_normal((n, n), dtype=np.float32) for _ in range(3)]
     peak_flop = 2 * n**3
-
-    def peak():
-        np.matmul(*square[:2], out=square[2])
+    rates = peaks.cpu_matmul_rate(tries=3)  # the peak's GEMM on OpenBLAS's fastest set here
+    peak = functools.partial(np.matmul, *square[:2], out=square[2])
+    if len(rates) > 1:
+        peak = on_core(max(rates, key=rates.get), peak)
 
     cases = {}
     libs, sums = libraries(mkl, dtype), accumulators(mkl) if dtype == "fp32" else {}
@@ -266,9 +282,9 @@ def run(models, rounds, mkl, dtype="fp32"):
     seen = [peak_flop / p for samples in times.values() for _, p in samples]
     peak = max(seen)
     print(
-        f"  matmul peak (np.matmul {n}^3, sampled before every GEMM): best {peak / 1e9:.1f}, "
-        f"median {statistics.median(seen) / 1e9:.1f} GFLOP/s; cached (peaks.get): "
-        f"{cached / 1e9:.1f}"
+        f"  matmul peak (np.matmul {n}^3 on OpenBLAS's fastest set, sampled before every "
+        f"GEMM): best {peak / 1e9:.1f}, median {statistics.median(seen) / 1e9:.1f} GFLOP/s; "
+        f"cached (peaks.get): {cached / 1e9:.1f}"
     )
     print(
         f"\nGFLOP/s (% of the best peak): the best of {rounds} interleaved rounds (a burst of "

@@ -32,6 +32,10 @@ if _HERE not in sys.path:
 # file, atomically), and only the controller removes the folder. TG_QUIET=1: a Numba
 # compile's announcement ("compiled cpu.<kernel> in N s", printed by whichever test first meets
 # a cold cache) would otherwise be a second line beside the one-line errors the tests read.
+# TG_BLAS=openblas: the trainer's GEMMs on NumPy's OpenBLAS as it loaded, chosen without
+# measuring (gemm_library.py), so that no test spends seconds timing libraries at its step's
+# shapes or runs its GEMMs on other kernels (other bits) than the test before it;
+# tests/test_gemm_library.py unsets it where it tests the choice.
 _SESSION = {}
 _CACHE_OWNER = "TINYGRAD_LIKE_TEST_CACHE"
 
@@ -52,13 +56,14 @@ def pytest_configure(config):
         how=dict.fromkeys(("matmul_fp32", "copy", "read", "exp", "launch"), "made up"),
         when="the tests' start",
     )
-    names = ("XDG_CACHE_HOME", peaks.REMEASURE, "TG_QUIET", _CACHE_OWNER)
+    names = ("XDG_CACHE_HOME", peaks.REMEASURE, "TG_QUIET", "TG_BLAS", _CACHE_OWNER)
     _SESSION.update(peaks=made_up, env={k: os.environ.get(k) for k in names})
     inherited = os.environ.get(_CACHE_OWNER) if os.environ.get("PYTEST_XDIST_WORKER") else None
     _SESSION["folder"] = inherited or tempfile.mkdtemp(prefix="tinygrad_like-test-cache-")
     _SESSION["owner"] = inherited is None
     os.environ["XDG_CACHE_HOME"] = os.environ[_CACHE_OWNER] = _SESSION["folder"]
     os.environ["TG_QUIET"] = "1"
+    os.environ["TG_BLAS"] = "openblas"
     os.environ.pop(peaks.REMEASURE, None)
     if _SESSION["owner"]:
         path = peaks.cache_path("cpu")

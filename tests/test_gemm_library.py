@@ -59,7 +59,7 @@ def test_a_named_library_is_used_and_a_bad_name_refused(monkeypatch, restore_ope
     assert (choice.library, choice.how, cpu_blas.used()) == ("openblas", "TG_BLAS", "openblas")
     assert gemm_library.chosen() is choice and "OpenBLAS" in choice.describe()
     monkeypatch.setenv(gemm_library.CHOOSE, "blis")
-    with pytest.raises(ValueError, match="TG_BLAS=blis: name one of openblas, mkl"):
+    with pytest.raises(ValueError, match="blis: name one of openblas, openblas-skylakex, mkl"):
         gemm_library.choose(from_preset("gpt2-tiny"), 2, 16)
     monkeypatch.setattr(cpu_blas, "available", lambda: ("openblas",))
     monkeypatch.setenv(gemm_library.CHOOSE, "mkl")
@@ -100,6 +100,29 @@ def test_the_faster_library_is_measured_once_and_cached(monkeypatch, tmp_path, r
     cache.write_text('{"x": {"library": "blis"}}')  # unsound: measured again
     gemm_library.choose(config, 2, 16)
     assert len(measured) == 4
+
+
+@pytest.mark.skipif(not cpu_blas.SKYLAKEX, reason="OpenBLAS loaded its AVX-512 kernels, or none")
+def test_openblas_switches_to_its_avx512_kernels_and_back(restore_openblas):
+    """openblas-skylakex: NumPy's OpenBLAS on its SkylakeX kernels (a Zen 5 EPYC's OpenBLAS
+    loads its AVX2 ones, or an environment names them), fp32's rounding of the loaded set's
+    GEMMs; openblas: back to the set it loaded; the environment as it was either way."""
+    import os
+
+    environment = os.environ.get("OPENBLAS_CORETYPE")
+    a, b = _rand((300, 1024), 6), _rand((1024, 200), 7)
+    loaded = np.matmul(a, b)
+    assert cpu_blas.openblas_cores() == (cpu_blas.LOADED_CORE, "SkylakeX")
+    cpu_blas.use("openblas-skylakex")
+    assert cpu_blas._CORES[0]() == "SkylakeX" and cpu_blas.used() == "openblas-skylakex"
+    np.testing.assert_allclose(kernels.on("cpu").matmul(a, b), loaded, rtol=1e-4, atol=1e-3)
+    with cpu_blas.openblas_core(cpu_blas.LOADED_CORE):  # the peaks' matmul, set by set
+        np.testing.assert_array_equal(np.matmul(a, b), loaded)
+    assert cpu_blas._CORES[0]() == "SkylakeX"
+    cpu_blas.use("openblas")
+    assert cpu_blas._CORES[0]() == cpu_blas.LOADED_CORE
+    np.testing.assert_array_equal(np.matmul(a, b), loaded)
+    assert os.environ.get("OPENBLAS_CORETYPE") == environment
 
 
 def test_the_step_gemms_are_the_models():

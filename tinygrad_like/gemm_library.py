@@ -1,17 +1,20 @@
-"""Which BLAS the CPU's GEMMs run on, chosen on each machine by measurement: NumPy's OpenBLAS
-and, with the `mkl` extra (`pip install -e '.[mkl]'`), Intel's MKL (kernels/gemm/cpu_blas.py;
-for a bf16 step, MKL's bf16 GEMM against this project's own). Each is timed at a training
-step's own GEMMs (step_gemms: every linear layer's forward X W, dX = dY W^T and dW = X^T dY, and
-the fused LM head's three per block of rows) as the step calls them (cpu.matmul, matmul_nt,
-matmul_tn: the same splits across the cores), in interleaved rounds, each GEMM's best round
-weighted by its calls per step; the faster library is used (MKL only where clearly faster:
-MARGIN). Why measure rather than name a vendor: at these shapes MKL was 2-16% slower than
-OpenBLAS on an AMD EPYC and, by PyTorch's GEMMs, well ahead on an Intel Xeon
-(docs/performance.md, "The GEMMs"); a BLAS's speed is a fact of the machine, as the peaks are.
+"""Which BLAS the CPU's GEMMs run on, chosen on each machine by measurement: NumPy's OpenBLAS with
+the kernel set it loaded, the same with its AVX-512 (SkylakeX) kernels where it loaded others
+on a CPU that has AVX-512, and, with the `mkl` extra (`pip install -e '.[mkl]'`), Intel's MKL
+(kernels/gemm/cpu_blas.py; for a bf16 step, MKL's bf16 GEMM against this project's own). Each is
+timed at a training step's own GEMMs (step_gemms: every linear layer's forward X W, dX = dY W^T
+and dW = X^T dY, and the fused LM head's three per block of rows) as the step calls them
+(cpu.matmul, matmul_nt, matmul_tn: the same splits across the cores), in interleaved rounds,
+each GEMM's best round weighted by its calls per step; the fastest is used (another than
+OpenBLAS as it loaded only where clearly faster: MARGIN). Why measure rather than name a
+vendor: at these shapes MKL was 2-16% slower than OpenBLAS on an AMD EPYC and, by PyTorch's
+GEMMs, well ahead on an Intel Xeon; on a Zen 5 EPYC whose environment named OpenBLAS's AVX2
+kernels, its AVX-512 ones ran at twice their rate (docs/performance.md, "The GEMMs"); a BLAS's
+speed is a fact of the machine, as the peaks are.
 
 The choice and its figures are cached beside the peaks (peaks.cache_path: the same folder and
-machine fingerprint), one entry per step shape, so a machine measures once; TG_BLAS=openblas or
-TG_BLAS=mkl chooses without measuring.
+machine fingerprint), one entry per step shape, so a machine measures once; TG_BLAS=openblas,
+TG_BLAS=openblas-skylakex or TG_BLAS=mkl chooses without measuring.
 """
 
 import json
@@ -29,10 +32,10 @@ from .kernels.gemm.cpu_bf16 import HAS_DOT
 CHOOSE = "TG_BLAS"  # the environment variable that names the library, not measured
 ROUNDS = 3  # interleaved rounds: a GEMM's time is its best
 CACHE_BYTES = 1 << 20
-# MKL is chosen only where its time is under this fraction of OpenBLAS's: a near tie keeps
-# NumPy's OpenBLAS, so that the noise of one measurement does not flip a machine's choice (and
-# a run's bits) between processes that measure it afresh (another BLAS environment, a run
-# killed before its measurement was cached)
+# Another library is chosen only where its time is under this fraction of OpenBLAS's (as it
+# loaded): a near tie keeps NumPy's OpenBLAS, so that the noise of one measurement does not
+# flip a machine's choice (and a run's bits) between processes that measure it afresh (another
+# BLAS environment, a run killed before its measurement was cached)
 MARGIN = 0.9
 _chosen = []  # the Choice this process made last, for the reports that name it
 
@@ -48,7 +51,9 @@ class Choice:
 
     def describe(self):
         """One line for a report."""
-        names = {"openblas": "OpenBLAS", "mkl": "MKL"}
+        names = {"openblas": "OpenBLAS", "openblas-skylakex": "OpenBLAS SkylakeX", "mkl": "MKL"}
+        if "openblas-skylakex" in self.seconds or self.library == "openblas-skylakex":
+            names["openblas"] = f"OpenBLAS {cpu_blas.LOADED_CORE}"  # the kernels it loaded
         if self.operands == "bf16":  # without MKL's bf16 GEMM, cpu.py's own (or widened)
             names["openblas"] = "ours" if HAS_DOT else "OpenBLAS (widened)"
         if not self.seconds:
@@ -99,25 +104,33 @@ def choose(config, B, T, dtype="fp32", remeasure=False):
     (fp16 operands are widened for the BLAS)."""
     operands = "bf16" if dtypes.name(dtypes.as_dtype(dtype)) == "bf16" else "fp32"
     available = cpu_blas.available()
+    candidates = available  # what is measured: OpenBLAS's two kernel sets are one for bf16
+    if operands == "bf16" and HAS_DOT:  # operands, which cpu_bf16.py's own GEMMs take
+        candidates = tuple(name for name in available if name != "openblas-skylakex")
     named = os.environ.get(CHOOSE)
     if named:
         if named not in cpu_blas.LIBRARIES:
             raise ValueError(f"{CHOOSE}={named}: name one of {', '.join(cpu_blas.LIBRARIES)}")
         if named not in available:
-            raise ValueError(f"{CHOOSE}={named}: not installed (pip install -e '.[{named}]')")
+            missing = (
+                "not on this CPU or this OpenBLAS (AVX-512, and a build with those kernels)"
+                if named == "openblas-skylakex"
+                else f"not installed (pip install -e '.[{named}]')"
+            )
+            raise ValueError(f"{CHOOSE}={named}: {missing}")
         choice = Choice(named, CHOOSE, operands=operands)
-    elif len(available) == 1:
-        choice = Choice(available[0], "the only one installed", operands=operands)
+    elif len(candidates) == 1:
+        choice = Choice(candidates[0], "the only one installed", operands=operands)
     else:
         peaks_file = peaks.cache_path("cpu")
         path = peaks_file.with_name(f"blas-{peaks_file.stem}.json")
         gemms = step_gemms(config, B, T)
         key = json.dumps([operands] + [row[1:] for row in gemms])  # the step's GEMMs
         cached = {} if remeasure else _read(path)
-        if key in cached and set(cached[key]["seconds"]) == set(available):
+        if key in cached and set(cached[key]["seconds"]) == set(candidates):
             choice = Choice(**{**cached[key], "how": "cached"})
         else:
-            choice = measure(gemms, available, operands)
+            choice = measure(gemms, candidates, operands)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, json.dumps({**_read(path), key: asdict(choice)}, indent=1).encode())
     cpu_blas.use(choice.library)

@@ -19,7 +19,8 @@ lowers a rate and lengthens a call, so the best seen is the nearest to the machi
 BUSY_MEASUREMENTS of them; a quiet measurement clears the mark. And a run whose own GEMMs beat
 the matmul peak raises it (beaten(): the accounting report does this with its profiled step's
 GEMMs, and says so), since no peak can be below what a kernel reached.
-  matmul  GEMM FLOP/s per dtype. CPU: fp32, NumPy's BLAS on 1024^3 (cpu_matmul_rate), which is
+  matmul  GEMM FLOP/s per dtype. CPU: fp32, NumPy's BLAS on 1024^3 (cpu_matmul_rate; the best of
+          OpenBLAS's kernel sets the GEMMs may run on here, kernels/gemm/cpu_blas.py), which is
           fp16's and bf16's peak too until a run's own GEMMs in that dtype beat it (beaten():
           bf16 by AVX-512 BF16's dot products, twice fp32's multiply-adds per instruction),
           then the dtype's own entry; a 2-byte GEMM never raises fp32's.
@@ -54,6 +55,7 @@ A GPU's MFU is quoted against its datasheet's dense rate (DATASHEET_PEAKS, datas
 convention MFU figures are compared in; the measured cuBLAS rate is the roofline's compute roof.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -71,9 +73,11 @@ from . import backend, dtypes, kernels
 from .files import atomic_write, read_small
 from .kernels.elementwise import numba_source
 from .kernels.elementwise.spec import unary_op
+from .kernels.gemm import cpu_blas
 
-METHOD = 5  # bumped whenever a measurement changes: older caches are not read (4: a bf16
-# run's GEMMs had raised the CPU's fp32 peak; 5: exp's rate is also our own exp kernel's)
+METHOD = 6  # bumped whenever a measurement changes: older caches are not read (4: a bf16
+# run's GEMMs had raised the CPU's fp32 peak; 5: exp's rate is also our own exp kernel's;
+# 6: the matmul is the best of OpenBLAS's kernel sets the GEMMs may run on)
 REMEASURE = "TG_REMEASURE_PEAKS"
 # the environment that changes which BLAS kernels run, and on how many threads
 BLAS_ENV = (
@@ -392,12 +396,18 @@ def best_seconds(fn, tries=TRIES, be=None):
 
 
 def cpu_matmul_rate(n=CPU_GEMM, tries=CPU_GEMM_TRIES):
-    """The fp32 GEMM FLOP/s NumPy's BLAS reaches here on n x n operands: the CPU's practical
-    peak, since no datasheet number describes a laptop's sustained AVX throughput."""
+    """-> {OpenBLAS's kernel set: the fp32 GEMM FLOP/s NumPy's BLAS reaches with it here on n x n
+    operands}, for each set the GEMMs may run on (cpu_blas.openblas_cores(); one entry "" for
+    a BLAS that says none): the best is the CPU's practical peak, since no datasheet number
+    describes a laptop's sustained AVX throughput."""
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     out = np.empty((n, n), np.float32)
-    return 2 * n**3 / best_seconds(lambda: np.matmul(a, b, out=out), tries)
+    rates = {}
+    for core in cpu_blas.openblas_cores() or ("",):
+        with cpu_blas.openblas_core(core) if core else contextlib.nullcontext():
+            rates[core] = 2 * n**3 / best_seconds(lambda: np.matmul(a, b, out=out), tries)
+    return rates
 
 
 def _launch_floor(be, xp):
@@ -414,7 +424,7 @@ def _launch_floor(be, xp):
 
 def _measure_cpu(cores):
     be = backend.get("cpu")
-    matmul = cpu_matmul_rate()
+    gemm = cpu_matmul_rate()
     # (bytes,) float32 streams, and (cores, EXP_BLOCK) blocks: one per thread of the exp test
     src = np.ones(STREAM_BYTES["cpu"] // 4, dtype=np.float32)
     dst = np.empty_like(src)
@@ -451,14 +461,15 @@ def _measure_cpu(cores):
 
     stream = f"{STREAM_BYTES['cpu'] >> 20} MB float32"
     return {
-        "matmul": {"fp32": matmul},
+        "matmul": {"fp32": max(gemm.values())},
         "copy_bw": max(copy.values()),
         "read_bw": max(read.values()),
         "exp_rate": max(max(rates.values()) for rates in exp.values()),
         "launch_s": _launch_floor(be, np),
         "how": {
-            "matmul_fp32": f"np.matmul {CPU_GEMM}^3 fp32, best of {CPU_GEMM_TRIES} (fp16's and "
-            "bf16's too, until a run's own GEMMs in them beat it)",
+            "matmul_fp32": f"np.matmul {CPU_GEMM}^3 fp32, best of {CPU_GEMM_TRIES}"
+            + "".join(f"; OpenBLAS {k} {v / 1e9:,.0f} GFLOP/s" for k, v in gemm.items() if k)
+            + " (fp16's and bf16's too, until a run's own GEMMs in them beat it)",
             "copy": f"np.copyto {stream}, read + write: "
             + per_threads(copy, "GB/s", 1e9)
             + "; the higher is the peak",

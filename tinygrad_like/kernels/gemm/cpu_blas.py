@@ -1,9 +1,18 @@
-"""The BLAS behind the CPU's GEMMs (cpu.py): NumPy's OpenBLAS, or Intel's MKL (the `mkl` wheel,
-`pip install -e '.[mkl]'`) where this machine measured it faster at the training step's own
-GEMM shapes (tinygrad_like/gemm_library.py chooses, once per machine, and calls use()): MKL's
-sgemm for fp32 operands and its bf16 GEMM for bf16 ones (AMX tiles on Xeons that have them, by
-Intel's documentation: not measured here), where OpenBLAS leaves those to cpu_bf16.py's dot
-products.
+"""The BLAS behind the CPU's GEMMs (cpu.py): NumPy's OpenBLAS with the kernels it loaded, or with
+its AVX-512 (SkylakeX) kernels where it loaded others on a CPU that has AVX-512, or Intel's MKL
+(the `mkl` wheel, `pip install -e '.[mkl]'`), whichever this machine measured fastest at the
+training step's own GEMM shapes (tinygrad_like/gemm_library.py chooses, once per machine, and
+calls use()): MKL's sgemm for fp32 operands and its bf16 GEMM for bf16 ones (AMX tiles on Xeons
+that have them, by Intel's documentation: not measured here), where OpenBLAS leaves those to
+cpu_bf16.py's dot products.
+
+OpenBLAS's kernel set: NumPy's wheel carries one per CPU generation (a DYNAMIC_ARCH build) and
+picks one as it loads, by its own table of CPUs or by OPENBLAS_CORETYPE. A CPU newer than its
+table, or an environment that names an older set (a VM image that pins OPENBLAS_CORETYPE=Haswell
+for the same bits on every host), leaves the AVX-512 kernels unused: on a Zen 5 EPYC the AVX2
+(Haswell) sgemm ran at half the SkylakeX one's rate (docs/performance.md). use() switches the set
+the library's own way: its core table reset and read again (gotoblas_dynamic_quit, _init) with
+OPENBLAS_CORETYPE naming the set for that moment (the environment is left as it was).
 
 Both are called through the same CBLAS wrapper (cblas_sgemm, ctypes) where a GEMM accumulates
 (cpu_accumulate.py), and MKL's for every 2-D GEMM, on the operands where they lie (a transpose, a
@@ -25,9 +34,11 @@ import os
 
 import numpy as np
 
+from ...backend.cpu.emit import cpu_has
 from ...backend.cpu.runtime import BLAS_QUIET, OPENBLAS, THREADS, one_blas_thread
 
-LIBRARIES = ("openblas", "mkl")
+LIBRARIES = ("openblas", "openblas-skylakex", "mkl")
+AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")  # OpenBLAS's SkylakeX needs
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
 _MKL_CBWR_AUTO, _MKL_CBWR_SUCCESS = 2, 0  # mkl_cbwr.h
 
@@ -101,25 +112,93 @@ def load_mkl(path=None):
     return lib
 
 
+def _openblas_core_switch():
+    """NumPy's OpenBLAS's kernel set, as (core() -> its name, set_core(name)), or None where the
+    library has one set only (not a DYNAMIC_ARCH build) or does not say."""
+    lib = OPENBLAS.dynlib if OPENBLAS else None
+    names = ("gotoblas_corename", "gotoblas_dynamic_quit", "gotoblas_dynamic_init")
+    if lib is None or not all(hasattr(lib, name) for name in names):
+        return None
+    lib.gotoblas_corename.restype = ctypes.c_char_p
+
+    def core():
+        return lib.gotoblas_corename().decode()
+
+    def set_core(name):
+        if core() == name:
+            return
+        before = os.environ.get("OPENBLAS_CORETYPE")
+        os.environ["OPENBLAS_CORETYPE"] = name  # what _init reads (putenv: C's getenv sees it)
+        try:
+            lib.gotoblas_dynamic_quit()
+            lib.gotoblas_dynamic_init()
+        finally:
+            if before is None:
+                del os.environ["OPENBLAS_CORETYPE"]
+            else:
+                os.environ["OPENBLAS_CORETYPE"] = before
+        if core() != name:
+            raise RuntimeError(f"OpenBLAS did not switch to its {name} kernels (runs {core()})")
+
+    return core, set_core
+
+
+_CORES = _openblas_core_switch()
+LOADED_CORE = _CORES[0]() if _CORES else None  # the kernel set OpenBLAS picked as it loaded
+# OpenBLAS's AVX-512 kernels, where it loaded others and this CPU and this build have them
+SKYLAKEX = bool(
+    _CORES
+    and LOADED_CORE not in ("SkylakeX", "Cooperlake", "SapphireRapids")
+    and hasattr(OPENBLAS.dynlib, "gotoblas_SKYLAKEX")
+    and all(cpu_has(feature) for feature in AVX512)
+)
+
+
 class _Library:
     """A BLAS as cpu.py calls it: sgemm(a, b, out, beta) (None: NumPy's matmul only), its bf16
     GEMM of the same form (bf16 operands, fp32 out; None: cpu.py's own), whether its idle
-    threads sleep (quiet), and how to hold it to one thread."""
+    threads sleep (quiet), how to hold it to one thread, and OpenBLAS's kernel set it runs
+    (core; None for another library)."""
 
-    def __init__(self, name, sgemm, bf16, quiet, set_threads):
+    def __init__(self, name, sgemm, bf16, quiet, set_threads, core=None):
         self.name, self.sgemm, self.bf16 = name, sgemm, bf16
-        self.quiet, self.set_threads = quiet, set_threads
+        self.quiet, self.set_threads, self.core = quiet, set_threads, core
 
 
 OPENBLAS_SGEMM = _openblas()  # NumPy's OpenBLAS's cblas_sgemm (or None), as sgemm(a, b, out, beta)
-_OPENBLAS = _Library("openblas", OPENBLAS_SGEMM, None, BLAS_QUIET, None)
+_OPENBLAS = _Library("openblas", OPENBLAS_SGEMM, None, BLAS_QUIET, None, LOADED_CORE)
+_SKYLAKEX = _Library("openblas-skylakex", OPENBLAS_SGEMM, None, BLAS_QUIET, None, "SkylakeX")
 _mkl = None  # the MKL library, loaded on first use (False: not installed)
 _used = _OPENBLAS
 
 
 def available():
     """The names of the libraries this installation can run."""
-    return tuple(name for name in LIBRARIES if name == "openblas" or _mkl_library() is not None)
+    found = {"openblas": True, "openblas-skylakex": SKYLAKEX, "mkl": _mkl_library() is not None}
+    return tuple(name for name in LIBRARIES if found[name])
+
+
+def openblas_cores():
+    """The names of OpenBLAS's kernel sets a GEMM may run on here: the one it loaded, and
+    SkylakeX's where it can switch to them (the peaks' matmul is the best of them)."""
+    return tuple(lib.core for lib in (_OPENBLAS, _SKYLAKEX) if lib.name in available())
+
+
+class openblas_core:
+    """with openblas_core(name): NumPy's OpenBLAS runs kernel set `name` (one of
+    openblas_cores()) in the block, then the set it ran before."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.before = _CORES[0]() if _CORES else self.name
+        if self.name != self.before:
+            _CORES[1](self.name)
+
+    def __exit__(self, *exc):
+        if self.name != self.before:
+            _CORES[1](self.before)
 
 
 def _mkl_library():
@@ -139,11 +218,14 @@ def _mkl_library():
 def use(name):
     """Run the GEMMs on library `name` (one of available()) from now on: its sgemm for fp32
     operands (and widened 2-byte ones), its bf16 GEMM, if it has one, for bf16 operands (else
-    cpu.py's own: openblas names NumPy's BLAS and this project's kernels alone)."""
+    cpu.py's own: openblas names NumPy's BLAS, with the kernel set it loaded, and this
+    project's kernels alone; openblas-skylakex the same with OpenBLAS's AVX-512 kernels)."""
     global _used
     if name not in available():
         raise ValueError(f"BLAS {name!r} is not installed here (have: {', '.join(available())})")
-    _used = _mkl_library() if name == "mkl" else _OPENBLAS
+    _used = {"openblas": _OPENBLAS, "openblas-skylakex": _SKYLAKEX}.get(name) or _mkl_library()
+    if _used.core is not None and _CORES:  # MKL leaves OpenBLAS's set as it is
+        _CORES[1](_used.core)
 
 
 def used():
@@ -163,7 +245,7 @@ def sgemm():
 
 def matmul(a, b, out=None):
     """a @ b in fp32 (np.matmul's shapes) by the library in use."""
-    if _used.name == "openblas" or not _fits(a, b, out):
+    if _used.core is not None or not _fits(a, b, out):
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((a.shape[0], b.shape[1]), np.float32)
