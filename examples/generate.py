@@ -34,6 +34,7 @@ from nn.sampling import check_sampling
 from nn.tokenizer import get_tokenizer
 from tinygrad_like import backend, formats, peaks
 from tinygrad_like.backend.cpu.compiled import use_pool
+from tinygrad_like.gemm_library import choose as choose_gemm_library
 from tinygrad_like.kernels.quant.spec import INTEGER_FORMATS, check_int8_activations
 from tinygrad_like.quant import ACTIVATIONS
 from training.args import ArgumentParser, user_errors
@@ -150,6 +151,9 @@ def main(argv=None, choose_pool=False):
             quantize_model(model, args.weights, args.group_size, args.activations)
         else:
             use_activations(model, args.activations)
+        be = backend.get(device)
+        if choose_pool and be.HOLDS_VALUES and not be.GPU:  # the prompt's GEMMs on the CPU's
+            choose_gemm_library(config, *prompt.shape, args.dtype, prompt=True)  # fastest BLAS
     for i in range(args.num_samples):
         title = f"--- sample {i + 1}" if args.num_samples > 1 else "---"
         with user_errors():  # the dtype's overflow (inf logits) found while sampling

@@ -13,10 +13,13 @@ attention and fused AdamW on a GPU; with --torch-compile also under torch.compil
 contestants take turns round by round, so that a load from elsewhere hits all alike, and ours
 and PyTorch eager must give the same initial loss before anything is timed. With --compile our
 step also runs captured and replayed (tinygrad_like.compile, as train_gpt2.py --compile) on a
-twin of our model, as one more contestant: graph against eager, and against torch.compile.
-When transformers is importable, Hugging Face's GPT2LMHeadModel.generate (greedy, use_cache)
-runs on the same weights for the decode comparison (scripts/hf_generate.py). Without torch and
-transformers (not dependencies of the project) only ours runs.
+twin of our model, as one more contestant: graph against eager, and against torch.compile;
+and our generation also runs as generate.py runs it, the decode step captured and replayed
+(with --no-train on generate.py's pool, OpenMP's, as well: a run that trains keeps the
+trainer's, fixed at its first parallel kernel). When transformers is importable, Hugging
+Face's GPT2LMHeadModel.generate (greedy, use_cache) runs on the same weights for the decode
+comparison (scripts/hf_generate.py). Without torch and transformers (not dependencies of the
+project) only ours runs.
 
     python scripts/bench.py                              # gpt2-mini, B=8, T=128, fp32, CPU
     python scripts/bench.py --model gpt2 --batch-size 4 --seq-len 256
@@ -24,6 +27,7 @@ transformers (not dependencies of the project) only ours runs.
         --seq-len 1024 --no-generate                     # GPT-2 124M on a GPU
     python scripts/bench.py --census --json bench.json   # plus where the time goes
     python scripts/bench.py --compile --torch-compile    # graph against graph: both compiled
+    python scripts/bench.py --model gpt2 --no-train --compile  # decode as generate.py runs it
     python scripts/bench.py --census --plot roofline.png # and the roofline picture of it
     python scripts/bench.py --decode-formats --checkpoint out --plot formats.png --no-train
     python scripts/bench.py --decode-sweep --no-train --no-generate
@@ -178,7 +182,8 @@ def parse_args(argv=None):
         action="store_true",
         help="also time our training step captured and replayed (train_gpt2.py --compile), "
         "on a twin of our model from the same seed, beside the eager one (the warm-up steps "
-        "record it; the census stays eager)",
+        "record it; the census stays eager), and our decode as generate.py runs it (replayed; "
+        "with --no-train on generate.py's OpenMP pool too)",
     )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument(
@@ -268,6 +273,7 @@ def run(args, results, log=print):
             args.weight_decay,
             args.grad_clip,
             (args.batch_size, args.seq_len),
+            decode_only=args.no_train and args.compile,
             **options_from_args(args),
         )
 
@@ -403,6 +409,12 @@ def bench_generation(args, config, model, torch, transformers, log):
     ours_generate(model, prompt, N)
     runs = time_generations(lambda: ours_generate(model, prompt, N), args.gen_repeats)
     out = {"ours": summarize_generation(runs, Bg, P, N)}
+    if args.compile:  # as generate.py decodes: the step captured on its first calls, replayed
+        ours_generate(model, prompt, N, compile=True)
+        runs = time_generations(
+            lambda: ours_generate(model, prompt, N, compile=True), args.gen_repeats
+        )
+        out["ours_compiled"] = summarize_generation(runs, Bg, P, N)
     if transformers is None:
         return out
     hf = hf_generate.hf_load(transformers, torch, model, args.device, args.dtype)

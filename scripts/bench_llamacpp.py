@@ -27,6 +27,7 @@ table says so).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -97,10 +98,12 @@ def serve(argv):
 
 def ours(checkpoint, fmt):
     """ours(n, k) -> (prefill seconds, [decode step seconds]): generate_stream's steps, the
-    decode step captured and replayed (compile=True), as examples/generate.py does by default."""
+    decode step captured and replayed (compile=True), the prompt's GEMMs on the BLAS measured
+    fastest for it, as examples/generate.py does by default."""
     from nn import from_pretrained
     from nn.quant import quantize_model
     from tinygrad_like.backend.cpu.compiled import use_pool
+    from tinygrad_like.gemm_library import choose as choose_gemm_library
     from tinygrad_like.quant import split_format
 
     weights, activations = split_format(fmt)
@@ -109,6 +112,7 @@ def ours(checkpoint, fmt):
     quantize_model(model, weights, activations=activations)
 
     def run(n, k):
+        choose_gemm_library(model.config, 1, n, prompt=True)  # as generate.py: cached after once
         stream = model.generate_stream(
             np.array([prompt_ids(model.config.vocab_size, n)]), k + 1, temperature=0, compile=True
         )
@@ -189,11 +193,17 @@ def prepare(args, folder, peer):
             checkpoint
         )
     ggufs = {}
+    if peer and importlib.util.find_spec("gguf") is None:  # export_gguf.py runs with ours
+        raise ValueError(
+            f"llama.cpp reads GGUF files, which scripts/export_gguf.py writes with the gguf "
+            f"package, not installed beside ours: {sys.executable} -m pip install 'gguf>=0.10'"
+        )
     for fmt in args.formats.split(",") if peer else ():
         ggufs[PAIRS[fmt]] = os.path.join(folder, f"model-{PAIRS[fmt]}.gguf")
         export = [sys.executable, os.path.join(os.path.dirname(__file__), "export_gguf.py")]
         export += ["--checkpoint", checkpoint, "--type", PAIRS[fmt], "--out", ggufs[PAIRS[fmt]]]
-        subprocess.run(export, check=True, stdout=subprocess.DEVNULL)
+        if subprocess.run(export, stdout=subprocess.DEVNULL).returncode:
+            raise ValueError(f"scripts/export_gguf.py --type {PAIRS[fmt]} failed (above)")
     return checkpoint, ggufs
 
 

@@ -12,6 +12,7 @@ from nn import GPT2
 from optim import AdamW, LossScaler
 from optim.step import device_step, train_on
 from tinygrad_like import backend, graph, no_grad
+from tinygrad_like.backend.cpu.compiled import use_pool
 from tinygrad_like.gemm_library import choose as choose_gemm_library
 from tinygrad_like.kernels.gemm.cpu_bf16 import use_training_pool
 from tinygrad_like.profiler import Profiler
@@ -20,14 +21,16 @@ from tinygrad_like.profiler import Profiler
 # |initial loss, ours - PyTorch's| allowed: both compute the same function, rounded alike
 def build_ours(
     config, device="cpu", dtype="fp32", seed=0, lr=1e-4, weight_decay=0.1, grad_clip=1.0,
-    batch=None, **options,
+    batch=None, decode_only=False, **options,
 ):  # fmt: skip
     """Our model (options: attention, lm_head, recompute) and AdamW, and the fp16 loss scaler
     (None in fp32 and bf16). On the CPU the trainer's pool first (before the first kernel;
-    after torch has loaded its libgomp in bench.py: docs/performance.md, "Which pool"), and
-    its GEMM library for a step of batch (B, T) (gemm_library.py), when given."""
+    after torch has loaded its libgomp in bench.py: docs/performance.md, "Which pool"), or
+    generate.py's for a run that only decodes (decode_only: OpenMP's, for the decode step's
+    compiled GEMVs), and its GEMM library for a step of batch (B, T) (gemm_library.py), when
+    given."""
     if not backend.get(device).GPU:
-        use_training_pool(dtype)
+        use_pool("omp") if decode_only else use_training_pool(dtype)
         if batch is not None:
             choose_gemm_library(config, *batch, dtype)
     model = GPT2(config, seed=seed, device=device, **options).flatten_parameters(dtype)
@@ -109,12 +112,13 @@ def summarize_steps(samples, tokens, flops_per_token, peak):
     }
 
 
-def ours_generate(model, prompt, new_tokens):
+def ours_generate(model, prompt, new_tokens, compile=False):
     """Greedy generation with the KV cache through GPT2.generate_stream (each token comes back
-    to the host, so the clock reads finished work).
+    to the host, so the clock reads finished work); compile: the decode step captured and
+    replayed, as generate.py decodes by default.
     -> (prompt seconds (to the first new token), decode seconds (the other tokens), ids)."""
     t0 = time.perf_counter()
-    stream = model.generate_stream(prompt, new_tokens, temperature=0.0)
+    stream = model.generate_stream(prompt, new_tokens, temperature=0.0, compile=compile)
     tokens = [next(stream)]
     t1 = time.perf_counter()
     tokens.extend(stream)

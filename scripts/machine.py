@@ -123,9 +123,9 @@ def format_environment(info, peak_name):
     )
     if "OPENBLAS_CORETYPE" in env:
         lines.append(
-            "  note: OPENBLAS_CORETYPE overrides the kernels OpenBLAS would pick for "
-            "this CPU; run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` to "
-            "measure the native ones"
+            "  note: OPENBLAS_CORETYPE names the kernels OpenBLAS loads in place of those it "
+            "would pick for this CPU; ours' GEMMs run on the set the GEMM library's measurement "
+            "chose (its AVX-512 kernels where the CPU has them: gemm_library.py)"
         )
     if "torch" in info:
         t = info["torch"]

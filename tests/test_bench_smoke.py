@@ -173,6 +173,8 @@ def test_generation_and_step_helpers(bench):
     prompt_s, decode_s, ids = bench.ours_generate(model, x[:1, :4], 3)
     assert positive(prompt_s) and positive(decode_s) and ids.shape == (1, 3)
     assert ids.dtype == np.int64 and (ids >= 0).all() and (ids < config.vocab_size).all()
+    replayed = bench.ours_generate(model, x[:1, :4], 3, compile=True)[2]  # --compile's decode
+    np.testing.assert_array_equal(replayed, ids)
 
 
 def test_decode_formats_and_decode_sweep_flags(bench, tmp_path, shakespeare):

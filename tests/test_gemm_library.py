@@ -77,10 +77,10 @@ def test_the_faster_library_is_measured_once_and_cached(monkeypatch, tmp_path, r
     monkeypatch.setattr(cpu_blas, "use", lambda name: None)
     measured = []
 
-    def measure(gemms, libraries, operands):
+    def measure(gemms, libraries, operands, step):
         measured.append(gemms)
         seconds = {"openblas": 1.0, "mkl": 2.0}
-        return gemm_library.Choice("openblas", "measured", seconds, 15, "t", operands)
+        return gemm_library.Choice("openblas", "measured", seconds, len(gemms), "t", operands, step)
 
     monkeypatch.setattr(gemm_library, "measure", measure)
     config = from_preset("gpt2-tiny")
@@ -95,11 +95,15 @@ def test_the_faster_library_is_measured_once_and_cached(monkeypatch, tmp_path, r
     bf16 = gemm_library.choose(config, 2, 16, "bf16")
     assert len(measured) == 3 and "15 bf16 GEMM shapes" in bf16.describe()  # other operands
     assert gemm_library.choose(config, 2, 16, "fp16").how == "cached"  # fp16 widens to fp32
+    prompt = gemm_library.choose(config, 1, 60, prompt=True)  # generation's prefill: its own
+    assert len(measured) == 4 and "this prompt's 5 fp32 GEMM shapes" in prompt.describe()
+    assert measured[-1] == gemm_library.prompt_gemms(config, 1, 64)  # 60 rounded up
+    assert gemm_library.choose(config, 1, 33, prompt=True).how == "cached"  # 64 too
     (cache,) = tmp_path.glob("tinygrad_like/blas-*.json")
-    assert len(json.loads(cache.read_text())) == 3
+    assert len(json.loads(cache.read_text())) == 4
     cache.write_text('{"x": {"library": "blis"}}')  # unsound: measured again
     gemm_library.choose(config, 2, 16)
-    assert len(measured) == 4
+    assert len(measured) == 5
 
 
 @pytest.mark.skipif(not cpu_blas.SKYLAKEX, reason="OpenBLAS loaded its AVX-512 kernels, or none")
@@ -137,6 +141,19 @@ def test_the_step_gemms_are_the_models():
         flops += 2 * M * K * N * calls
     C, V, L = config.n_embd, config.padded_vocab_size, config.n_layer
     assert flops == 6 * B * T * (12 * L * C * C + V * C)
+
+
+def test_the_prompt_gemms_are_the_forward_and_the_last_positions_head():
+    """prompt_gemms: each linear layer's X W over the prompt's tokens and the head's logits at
+    each prompt's last position: 2N per token of the layers, 2 C Vp per prompt for the head."""
+    config = from_preset("gpt2-tiny")
+    B, T = 2, 16
+    flops = sum(2 * a[0] * a[1] * b[1] * calls for _, kind, a, b, calls in
+                gemm_library.prompt_gemms(config, B, T) if kind == "nn")  # fmt: skip
+    head = [row for row in gemm_library.prompt_gemms(config, B, T) if row[1] == "nt"]
+    C, V, L = config.n_embd, config.padded_vocab_size, config.n_layer
+    assert flops == 2 * B * T * 12 * L * C * C
+    assert head == [("head logits", "nt", (B, C), (V, C), 1)]
 
 
 def test_a_near_tie_keeps_openblas():

@@ -48,6 +48,7 @@ class Choice:
     gemms: int = 0  # the distinct GEMMs timed
     when: str = ""  # when they were measured (UTC)
     operands: str = "fp32"  # the GEMMs' operands: fp32 (an fp32 or fp16 step's), or bf16
+    step: str = "step"  # whose GEMMs: a training "step"'s, or a "prompt"'s (generation's prefill)
 
     def describe(self):
         """One line for a report."""
@@ -62,9 +63,9 @@ class Choice:
         times = ", ".join(f"{names[k]} {v * 1e3:,.1f} ms" for k, v in self.seconds.items())
         names["openblas"] += " (bf16 dot products)" if names["openblas"] == "ours" else ""
         return (
-            f"GEMM library: {names[self.library]}, the faster at this step's {self.gemms} "
-            f"{self.operands} GEMM shapes ({times} a step; {self.how} {self.when}; {CHOOSE}= "
-            "chooses)"
+            f"GEMM library: {names[self.library]}, the faster at this {self.step}'s {self.gemms} "
+            f"{self.operands} GEMM shapes ({times} a {self.step}; {self.how} {self.when}; "
+            f"{CHOOSE}= chooses)"
         )
 
 
@@ -97,12 +98,23 @@ def step_gemms(config, B, T):
     ]
 
 
-def choose(config, B, T, dtype="fp32", remeasure=False):
+def prompt_gemms(config, B, T):
+    """step_gemms' rows for a prompt's forward pass (generation's prefill): each linear layer's
+    X W at B T rows, and the head's logits at the last position of each of the B prompts."""
+    forward = [row for row in step_gemms(config, B, T) if row[0].endswith(" X W")]
+    C, Vp = config.n_embd, config.padded_vocab_size
+    return forward + [("head logits", "nt", (B, C), (Vp, C), 1)]
+
+
+def choose(config, B, T, dtype="fp32", remeasure=False, prompt=False):
     """Pick the library for a step of this model, batch and dtype (TG_BLAS, the cache, or a
     measurement of a few seconds), use it from now on -> Choice. A bf16 step's GEMMs are timed
     on bf16 operands (MKL's bf16 GEMM against cpu.py's own), an fp32 or fp16 step's on fp32
-    (fp16 operands are widened for the BLAS)."""
+    (fp16 operands are widened for the BLAS). prompt=True: for generation, a prompt of B
+    sequences of T tokens (prompt_gemms, under a second), T rounded up to a power of two so
+    that a machine measures a few lengths, not every prompt's."""
     operands = "bf16" if dtypes.name(dtypes.as_dtype(dtype)) == "bf16" else "fp32"
+    step = "prompt" if prompt else "step"
     available = cpu_blas.available()
     candidates = available  # what is measured: OpenBLAS's two kernel sets are one for bf16
     if operands == "bf16" and HAS_DOT:  # operands, which cpu_bf16.py's own GEMMs take
@@ -118,19 +130,22 @@ def choose(config, B, T, dtype="fp32", remeasure=False):
                 else f"not installed (pip install -e '.[{named}]')"
             )
             raise ValueError(f"{CHOOSE}={named}: {missing}")
-        choice = Choice(named, CHOOSE, operands=operands)
+        choice = Choice(named, CHOOSE, operands=operands, step=step)
     elif len(candidates) == 1:
-        choice = Choice(candidates[0], "the only one installed", operands=operands)
+        choice = Choice(candidates[0], "the only one installed", operands=operands, step=step)
     else:
         peaks_file = peaks.cache_path("cpu")
         path = peaks_file.with_name(f"blas-{peaks_file.stem}.json")
-        gemms = step_gemms(config, B, T)
-        key = json.dumps([operands] + [row[1:] for row in gemms])  # the step's GEMMs
+        if prompt:  # T rounded up to a power of two: a few lengths a machine
+            gemms = prompt_gemms(config, B, 1 << (T - 1).bit_length())
+        else:
+            gemms = step_gemms(config, B, T)
+        key = json.dumps([operands, step] + [row[1:] for row in gemms])  # the step's GEMMs
         cached = {} if remeasure else _read(path)
         if key in cached and set(cached[key]["seconds"]) == set(candidates):
             choice = Choice(**{**cached[key], "how": "cached"})
         else:
-            choice = measure(gemms, candidates, operands)
+            choice = measure(gemms, candidates, operands, step)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, json.dumps({**_read(path), key: asdict(choice)}, indent=1).encode())
     cpu_blas.use(choice.library)
@@ -148,7 +163,7 @@ def in_use():
     return chosen() or Choice(cpu_blas.used(), "NumPy's; none chosen in this process")
 
 
-def measure(gemms, libraries, operands="fp32"):
+def measure(gemms, libraries, operands="fp32", step="step"):
     """Time each library at gemms (step_gemms' rows), their operands of that dtype -> Choice of
     the faster."""
     cpu = kernels.on("cpu")
@@ -169,7 +184,7 @@ def measure(gemms, libraries, operands="fp32"):
                 best[lib][i] = min(best[lib][i], time.perf_counter() - start)
     seconds = {lib: sum(t * n for t, (*_, n) in zip(best[lib], arrays)) for lib in libraries}
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return Choice(faster(seconds), "measured", seconds, len(gemms), when, operands)
+    return Choice(faster(seconds), "measured", seconds, len(gemms), when, operands, step)
 
 
 def faster(seconds):
@@ -190,6 +205,7 @@ def _read(path):
         and v.get("library") in cpu_blas.LIBRARIES
         and isinstance(v.get("seconds"), dict)
         and v.get("operands") in ("fp32", "bf16")
+        and v.get("step") in ("step", "prompt")
         and all(isinstance(s, (int, float)) for s in v["seconds"].values())
         and set(v) == {f for f in Choice.__dataclass_fields__}
         for v in found.values()
