@@ -8,9 +8,9 @@ cpu_bf16.py's dot products.
 
 OpenBLAS's kernel set: NumPy's wheel carries one per CPU generation (a DYNAMIC_ARCH build) and
 picks one as it loads, by its own table of CPUs or by OPENBLAS_CORETYPE. A CPU newer than its
-table, or an environment that names an older set (a VM image that pins OPENBLAS_CORETYPE=Haswell
-for the same bits on every host), leaves the AVX-512 kernels unused: on a Zen 5 EPYC the AVX2
-(Haswell) sgemm ran at half the SkylakeX one's rate (docs/performance.md). use() switches the set
+table, or an environment that names an older set (a Zen 5 EPYC VM's had OPENBLAS_CORETYPE=
+Haswell), leaves the AVX-512 kernels unused: there the AVX2 (Haswell) sgemm ran at half the
+SkylakeX one's rate (docs/performance.md). use() switches the set
 the library's own way: its core table reset and read again (gotoblas_dynamic_quit, _init) with
 OPENBLAS_CORETYPE naming the set for that moment (the environment is left as it was).
 
