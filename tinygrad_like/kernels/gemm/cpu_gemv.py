@@ -47,9 +47,8 @@ def _columns_kernel(code):
         # rows of b in order (one long run of memory) into its partial rows, which stay in L1;
         # the caller adds them. fp32's b four rows a pass over the partial rows: each element's
         # sum takes them one by one in k's order, as a pass per row does (the same bits), with
-        # a quarter of the partial rows' loads and stores (one core streamed GPT-2's layers at
-        # 28-29 GB/s, against 21-23 a row a pass; the 2-byte rows widened so ran at half their
-        # speed: they keep a row a pass).
+        # a quarter of the partial rows' loads and stores; the 2-byte rows keep a row a pass,
+        # which their widening runs faster (docs/decode.md: the figures).
         M, K = a.shape
         P = partial.shape[0]
         for p in prange(P):
