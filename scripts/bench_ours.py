@@ -30,7 +30,10 @@ def build_ours(
     compiled GEMVs), and its GEMM library for a step of batch (B, T) (gemm_library.py), when
     given."""
     if not backend.get(device).GPU:
-        use_pool("omp") if decode_only else use_training_pool(dtype)
+        if decode_only:
+            use_pool("omp")
+        else:
+            use_training_pool(dtype)
         if batch is not None:
             choose_gemm_library(config, *batch, dtype)
     model = GPT2(config, seed=seed, device=device, **options).flatten_parameters(dtype)

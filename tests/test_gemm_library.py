@@ -3,6 +3,7 @@
 cached, and MKL's GEMMs where the `mkl` extra is installed."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -111,8 +112,6 @@ def test_openblas_switches_to_its_avx512_kernels_and_back(restore_openblas):
     """openblas-skylakex: NumPy's OpenBLAS on its SkylakeX kernels (a Zen 5 EPYC's OpenBLAS
     loads its AVX2 ones, or an environment names them), fp32's rounding of the loaded set's
     GEMMs; openblas: back to the set it loaded; the environment as it was either way."""
-    import os
-
     environment = os.environ.get("OPENBLAS_CORETYPE")
     a, b = _rand((300, 1024), 6), _rand((1024, 200), 7)
     loaded = np.matmul(a, b)

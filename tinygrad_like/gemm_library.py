@@ -5,8 +5,8 @@ on a CPU that has AVX-512, and, with the `mkl` extra (`pip install -e '.[mkl]'`)
 timed at a training step's own GEMMs (step_gemms: every linear layer's forward X W, dX = dY W^T
 and dW = X^T dY, and the fused LM head's three per block of rows) as the step calls them
 (cpu.matmul, matmul_nt, matmul_tn: the same splits across the cores), in interleaved rounds,
-each GEMM's best round weighted by its calls per step; the fastest is used (another than
-OpenBLAS as it loaded only where clearly faster: MARGIN). Why measure rather than name a
+each GEMM's best round weighted by its calls per step; the fastest is used (a library other
+than OpenBLAS as it loaded only where clearly faster: MARGIN). Why measure rather than name a
 vendor: at these shapes MKL was 2-16% slower than OpenBLAS on an AMD EPYC and, by PyTorch's
 GEMMs, well ahead on an Intel Xeon; on a Zen 5 EPYC whose environment named OpenBLAS's AVX2
 kernels, its AVX-512 ones ran at twice their rate (docs/performance.md, "The GEMMs"); a BLAS's
