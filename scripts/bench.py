@@ -53,6 +53,7 @@ use; to measure what a current NumPy does on this CPU, unset both for that comma
 """
 
 import dataclasses
+import importlib.util
 import os
 import sys
 import tempfile
@@ -86,6 +87,7 @@ from accounting import mfu, roofline, roofline_plot
 from accounting.measure import random_batch
 from nn import GPT2Config
 from tinygrad_like import backend, peaks
+from tinygrad_like.kernels.gemm.cpu_bf16 import HAS_DOT
 from tinygrad_like.profiler import format_census
 from training.args import (
     ArgumentParser,
@@ -231,6 +233,24 @@ def parse_args(argv=None):
     return args
 
 
+def quiet_peer_threads(args, log):
+    """PyTorch's OpenMP threads asleep as soon as they are idle (OMP_WAIT_POLICY=PASSIVE), as
+    ours' BLAS threads are (runtime.BLAS_QUIET), where ours' step runs on Numba's workqueue (an
+    fp32 or fp16 step on the CPU): libgomp's threads otherwise spin after each of PyTorch's ops
+    and take the cores from the next contestant's step (docs/performance.md: the figures).
+    libgomp reads the variable once, as it loads with torch; a policy or spin count the user
+    set wins. Not where ours runs on OpenMP's pool (a bf16 step with the dot product, a decode
+    with --no-train --compile): the two share libgomp and its spin then."""
+    ours_on_openmp = (HAS_DOT and args.dtype == "bf16") or (args.no_train and args.compile)
+    if args.no_torch or backend.get(args.device).GPU or ours_on_openmp:
+        return
+    if importlib.util.find_spec("torch") is None:  # no peer: nothing to quiet
+        return
+    if not any(v in os.environ for v in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        log("PyTorch's OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE), as ours' do")
+
+
 def import_torch(device, dtype, log):
     """torch when it is importable and can be a peer here (its CUDA for a GPU run, a dtype it
     runs in), else None, saying why when it is installed."""
@@ -254,6 +274,7 @@ def import_torch(device, dtype, log):
 def run(args, results, log=print):
     """Every measurement the arguments ask for, into results (a JSON-friendly dict), each part
     as soon as it is measured: a run stopped early keeps what it had."""
+    quiet_peer_threads(args, log)  # before torch loads libgomp
     # the peak first: measured (on a machine with no cache yet) before --threads limits BLAS
     peak, peak_name = mfu.device_peak(args.device, args.dtype)
     torch = None if args.no_torch else import_torch(args.device, args.dtype, log)
