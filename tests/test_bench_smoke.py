@@ -154,6 +154,30 @@ def test_environment_names_the_blas(bench):
     assert line == "  openblas: 0.3"
 
 
+def test_the_peers_idle_openmp_threads_sleep_where_ours_do(bench, monkeypatch):
+    """With a PyTorch peer beside ours' workqueue step, libgomp's threads are asked to sleep
+    when idle (set before torch loads); not without a peer, not where ours runs on OpenMP's
+    pool too (a bf16 step with the dot product, a decode-only --compile run), not over a
+    policy or spin count the user set."""
+    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: name == "torch")
+    peer = [a for a in TINY if a != "--no-torch"]  # a run with a PyTorch peer
+    args = bench.parse_args(peer)
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):  # unset now, as they were after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    said = []
+    bench.quiet_peer_threads(bench.parse_args(TINY), said.append)  # --no-torch
+    assert "OMP_WAIT_POLICY" not in os.environ and not said
+    bench.quiet_peer_threads(bench.parse_args(peer + ["--no-train", "--compile"]), said.append)
+    assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10")  # the user's
+    bench.quiet_peer_threads(args, said.append)
+    assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    bench.quiet_peer_threads(args, said.append)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "PASSIVE" in said[0]
+
+
 def test_without_torch_the_peers_are_said_skipped(bench, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     said = []
