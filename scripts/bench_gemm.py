@@ -37,12 +37,12 @@ median round's time over the best's, per library.
 """
 
 import ctypes
-import functools
 import math
 import os
 import statistics
 import sys
 import time
+from functools import partial
 
 import machine
 import numpy as np
@@ -257,9 +257,7 @@ def run(models, rounds, mkl, dtype="fp32"):
     square = [rng.standard_normal((n, n), dtype=np.float32) for _ in range(3)]
     peak_flop = 2 * n**3
     rates = peaks.cpu_matmul_rate(tries=3)  # the peak's GEMM on OpenBLAS's fastest set here
-    peak = functools.partial(np.matmul, *square[:2], out=square[2])
-    if len(rates) > 1:
-        peak = on_core(max(rates, key=rates.get), peak)
+    peak = on_core(max(rates, key=rates.get), partial(np.matmul, *square[:2], out=square[2]))
 
     cases = {}
     libs, sums = libraries(mkl, dtype), accumulators(mkl) if dtype == "fp32" else {}

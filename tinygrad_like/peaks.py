@@ -55,7 +55,6 @@ A GPU's MFU is quoted against its datasheet's dense rate (DATASHEET_PEAKS, datas
 convention MFU figures are compared in; the measured cuBLAS rate is the roofline's compute roof.
 """
 
-import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -397,15 +396,15 @@ def best_seconds(fn, tries=TRIES, be=None):
 
 def cpu_matmul_rate(n=CPU_GEMM, tries=CPU_GEMM_TRIES):
     """-> {OpenBLAS's kernel set: the fp32 GEMM FLOP/s NumPy's BLAS reaches with it here on n x n
-    operands}, for each set the GEMMs may run on (cpu_blas.openblas_cores(); one entry "" for
-    a BLAS that says none): the best is the CPU's practical peak, since no datasheet number
-    describes a laptop's sustained AVX throughput."""
+    operands}, for each set the GEMMs may run on (cpu_blas.openblas_cores(); one entry, None,
+    for a BLAS that names none): the best is the CPU's practical peak, since no datasheet
+    number describes a laptop's sustained AVX throughput."""
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     out = np.empty((n, n), np.float32)
     rates = {}
-    for core in cpu_blas.openblas_cores() or ("",):
-        with cpu_blas.openblas_core(core) if core else contextlib.nullcontext():
+    for core in cpu_blas.openblas_cores():
+        with cpu_blas.openblas_core(core):
             rates[core] = 2 * n**3 / best_seconds(lambda: np.matmul(a, b, out=out), tries)
     return rates
 

@@ -179,14 +179,16 @@ def available():
 
 
 def openblas_cores():
-    """The names of OpenBLAS's kernel sets a GEMM may run on here: the one it loaded, and
-    SkylakeX's where it can switch to them (the peaks' matmul is the best of them)."""
+    """The names of OpenBLAS's kernel sets a GEMM may run on here: the one it loaded (None
+    where the library names none), and SkylakeX's where it can switch to them (the peaks'
+    matmul is the best of them)."""
     return tuple(lib.core for lib in (_OPENBLAS, _SKYLAKEX) if lib.name in available())
 
 
 class openblas_core:
     """with openblas_core(name): NumPy's OpenBLAS runs kernel set `name` (one of
-    openblas_cores()) in the block, then the set it ran before."""
+    openblas_cores(); None, a library that names none, changes nothing) in the block, then the
+    set it ran before."""
 
     def __init__(self, name):
         self.name = name
@@ -224,7 +226,7 @@ def use(name):
     if name not in available():
         raise ValueError(f"BLAS {name!r} is not installed here (have: {', '.join(available())})")
     _used = {"openblas": _OPENBLAS, "openblas-skylakex": _SKYLAKEX}.get(name) or _mkl_library()
-    if _used.core is not None and _CORES:  # MKL leaves OpenBLAS's set as it is
+    if _used.core is not None:  # MKL leaves OpenBLAS's set as it is
         _CORES[1](_used.core)
 
 
@@ -245,7 +247,7 @@ def sgemm():
 
 def matmul(a, b, out=None):
     """a @ b in fp32 (np.matmul's shapes) by the library in use."""
-    if _used.core is not None or not _fits(a, b, out):
+    if _used.name != "mkl" or not _fits(a, b, out):  # OpenBLAS: NumPy's matmul calls it
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((a.shape[0], b.shape[1]), np.float32)
