@@ -194,7 +194,7 @@ class openblas_core:
         self.name = name
 
     def __enter__(self):
-        self.before = _CORES[0]() if _CORES else self.name
+        self.before = _CORES[0]() if _CORES and self.name else self.name
         if self.name != self.before:
             _CORES[1](self.name)
 
