@@ -506,3 +506,22 @@ def test_cpu_decode_gemv_of_2_byte_weights_gives_the_widened_bits(kernel, dtype)
     want = getattr(cpu, kernel)(x.astype(F32), w.astype(F32)).astype(dtype)
     got = getattr(cpu, kernel)(x, w)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_cpu_decode_gemv_rows_a_pass_give_the_same_bits(rows):
+    """fp32's column GEMV (cpu_gemv._columns, GPT-2's Conv1D layout) one row of W a pass over
+    its partial sums and four: each sum adds the rows one by one in k's order either way, so
+    the bits are the same, whichever of the two fp32_rows measures faster on the machine (K
+    with a tail past the fours in each half; fp32_rows answers 1 or 4)."""
+    from tinygrad_like.kernels.gemm import cpu_gemv
+
+    x, w = rand((rows, 203), F32, seed=1), rand((203, 131), F32, seed=2)
+    got = {}
+    for per_pass in (1, 4):
+        partial = np.empty((2, rows, 131), F32)
+        cpu_gemv._COLUMNS[np.dtype(F32), per_pass](x, w, partial)
+        got[per_pass] = partial
+    np.testing.assert_array_equal(got[1].view(np.uint32), got[4].view(np.uint32))
+    np.testing.assert_allclose(got[1].sum(0), x.astype(F64) @ w.astype(F64), rtol=1e-5, atol=1e-5)
+    assert cpu_gemv.fp32_rows() in (1, 4)

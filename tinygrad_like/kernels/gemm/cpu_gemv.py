@@ -15,6 +15,8 @@ Either gives each element of C one core's fixed order; neither is BLAS's, so a d
 C differs from a prompt's in the last bits, as sgemv's and sgemm's do.
 """
 
+import time
+
 import numpy as np
 from numba import prange
 
@@ -36,26 +38,26 @@ _FIELDS = {
 }
 
 
-def _columns_kernel(code):
+def _columns_kernel(code, rows):
     """_columns for b's elements as fp32 (code 0), or as the bits (uint16) of bf16 (1) or fp16
-    (2), each widened where it is read: the widened values, the same sums."""
+    (2), each widened where it is read: the widened values, the same sums; `rows` (1 or 4) of b
+    a pass over the partial sums."""
 
     @kernel(serial_below=SERIAL_BELOW, work=lambda a, b, partial: b.size)  # qmatmul's rule
     def _columns(a, b, partial):
         # a (M, K), b (K, N), M < GEMV_BELOW, N <= COLUMNS; partial (P, M, N) fp32: the sums
         # over P contiguous ranges of k (gemv's: two halves), one a program, each streaming its
         # rows of b in order (one long run of memory) into its partial rows, which stay in L1;
-        # the caller adds them. fp32's b four rows a pass over the partial rows: each element's
-        # sum takes them one by one in k's order, as a pass per row does (the same bits), with
-        # a quarter of the partial rows' loads and stores; the 2-byte rows keep a row a pass,
-        # which their widening runs faster (docs/decode.md: the figures).
+        # the caller adds them. With rows = 4, four rows of b a pass over the partial rows: each
+        # element's sum takes them one by one in k's order, as a pass per row does (the same
+        # bits), with a quarter of the partial rows' loads and stores.
         M, K = a.shape
         P = partial.shape[0]
         for p in prange(P):
             acc = partial[p]
             acc[...] = 0
             k, end = p * K // P, (p + 1) * K // P
-            while code == 0 and k + 4 <= end:
+            while rows == 4 and k + 4 <= end:
                 r0, r1, r2, r3 = b[k], b[k + 1], b[k + 2], b[k + 3]
                 for m in range(M):
                     x0, x1, x2, x3, sums = a[m, k], a[m, k + 1], a[m, k + 2], a[m, k + 3], acc[m]
@@ -85,11 +87,37 @@ def _widened(v, code):
     return v
 
 
+# (dtype, rows a pass) -> _columns. The 2-byte rows take one a pass (four ran their widening at
+# half speed); fp32's speed at one or four depends on the machine: four read GPT-2's weights
+# a third faster on a Zen 5 EPYC, one half again as fast on a Zen 4 (docs/decode.md: the
+# figures), so fp32 takes whichever fp32_rows measured faster here.
 _COLUMNS = {
-    np.dtype(np.float32): _columns_kernel(0),
-    np.dtype(dtypes.bfloat16): _columns_kernel(1),
-    np.dtype(dtypes.float16): _columns_kernel(2),
+    (np.dtype(np.float32), 1): _columns_kernel(0, 1),
+    (np.dtype(np.float32), 4): _columns_kernel(0, 4),
+    (np.dtype(dtypes.bfloat16), 1): _columns_kernel(1, 1),
+    (np.dtype(dtypes.float16), 1): _columns_kernel(2, 1),
 }
+_fp32_rows = []  # fp32_rows' answer, once a process
+
+
+def fp32_rows(K=4096, N=2048, layers=4, rounds=3):
+    """Rows of b a pass for fp32's _columns on this machine: 1 or 4, whichever streamed `layers`
+    (K, N) weights (128 MB, past any L3 a decode's weights do not fit in either) faster, each
+    the best of `rounds` taking turns, on the cores this process runs its kernels on. Measured
+    once a process, at its first fp32 GEMV (a fraction of a second): both give the same bits,
+    so a choice that differs between runs changes their speed only."""
+    if not _fp32_rows:
+        ws = [np.full((K, N), 0.5, np.float32) for _ in range(layers)]
+        x, partial = np.ones((1, K), np.float32), np.empty((2, 1, N), np.float32)
+        best = {rows: float("inf") for rows in (1, 4)}
+        for _ in range(rounds):
+            for rows in best:
+                start = time.perf_counter()
+                for w in ws:
+                    _COLUMNS[np.dtype(np.float32), rows](x, w, partial)
+                best[rows] = min(best[rows], time.perf_counter() - start)
+        _fp32_rows.append(min(best, key=best.get))
+    return _fp32_rows[0]
 
 
 def gemv(a, b):
@@ -113,6 +141,9 @@ def gemv(a, b):
         row_gemv(codes, none, b.shape[0], bits, fields, x, np.zeros(0, np.float32), c)
     else:
         halves = np.empty((2, rows, b.shape[1]), np.float32)  # one a core on two cores
-        _COLUMNS[b.dtype](x, b if b.dtype == np.float32 else b.view(np.uint16), halves)
+        if b.dtype == np.float32:
+            _COLUMNS[b.dtype, fp32_rows()](x, b, halves)
+        else:
+            _COLUMNS[b.dtype, 1](x, b.view(np.uint16), halves)
         np.add(halves[0], halves[1], out=c)
     return c.reshape(a.shape[:-1] + (b.shape[1],))
