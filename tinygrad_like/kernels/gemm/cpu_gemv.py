@@ -87,10 +87,9 @@ def _widened(v, code):
     return v
 
 
-# (dtype, rows a pass) -> _columns. The 2-byte rows take one a pass (four ran their widening at
-# half speed); fp32's speed at one or four depends on the machine: four read GPT-2's weights
-# a third faster on a Zen 5 EPYC, one half again as fast on a Zen 4 (docs/decode.md: the
-# figures), so fp32 takes whichever fp32_rows measured faster here.
+# (dtype, rows a pass) -> _columns. The 2-byte rows take one a pass (four ran their widening
+# slower); for fp32 which of one and four streams faster depends on the machine (four on a
+# Zen 5 EPYC, one on a Zen 4: docs/decode.md), so it takes whichever fp32_rows measured here.
 _COLUMNS = {
     (np.dtype(np.float32), 1): _columns_kernel(0, 1),
     (np.dtype(np.float32), 4): _columns_kernel(0, 4),
