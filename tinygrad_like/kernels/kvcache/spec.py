@@ -157,21 +157,24 @@ def check_positions(what, q, cache, positions, read=True):
     consecutive, the last below L. read=False (a device that never reads the positions on the
     host, so that a step can be captured as a CUDA graph): the shapes only, -> None; the
     positions' values are then the caller's to keep in range (nn/lm.py's KVCache.advance)."""
-    shapes = f"{what}: q {q.shape}, cache {cache.shape}, positions {positions.shape}"
+
+    def shapes():  # the message's start, made only for an error (this runs every decode step)
+        return f"{what}: q {q.shape}, cache {cache.shape}, positions {positions.shape}"
+
     if q.ndim != 4 or cache.ndim != 4 or positions.shape != (q.shape[2],) or not q.shape[2]:
-        raise ValueError(f"{shapes}: need q (B, H, Tq, D), a cache (B, Hkv, L, D), Tq positions")
+        raise ValueError(f"{shapes()}: need q (B, H, Tq, D), a cache (B, Hkv, L, D), Tq positions")
     (B, H, Tq, D), (_, Hkv, L, _) = q.shape, cache.shape
     if cache.shape[0] != B or cache.shape[3] != D or not Hkv or H % Hkv:
-        raise ValueError(f"{shapes}: need one B and D, and H a multiple of Hkv")
+        raise ValueError(f"{shapes()}: need one B and D, and H a multiple of Hkv")
     if positions.dtype != np.int64:
-        raise TypeError(f"{shapes}: positions must be int64, got {positions.dtype}")
+        raise TypeError(f"{shapes()}: positions must be int64, got {positions.dtype}")
     if not read:
         return None
     at = host_positions(positions)
     first, length = int(at[0]), int(at[-1]) + 1
     consecutive = length - first == Tq and (Tq < 3 or bool((np.diff(at) == 1).all()))
     if not (0 <= first and length <= L and consecutive):  # a decode step's Tq = 1: no array op
-        raise ValueError(f"{shapes}: need consecutive positions in [0, L = {L}), got {at}")
+        raise ValueError(f"{shapes()}: need consecutive positions in [0, L = {L}), got {at}")
     return length
 
 
