@@ -101,10 +101,10 @@ _fp32_rows = []  # fp32_rows' answer, once a process
 
 def fp32_rows(K=4096, N=2048, layers=4, rounds=3):
     """Rows of b a pass for fp32's _columns on this machine: 1 or 4, whichever streamed `layers`
-    (K, N) weights (128 MB, past any L3 a decode's weights do not fit in either) faster, each
-    the best of `rounds` taking turns, on the cores this process runs its kernels on. Measured
-    once a process, at its first fp32 GEMV (a fraction of a second): both give the same bits,
-    so a choice that differs between runs changes their speed only."""
+    (K, N) weights faster (128 MB: read from memory past the L3, as a decode reads its weights),
+    each the best of `rounds` taking turns, on the cores this process runs its kernels on.
+    Measured once a process, at its first fp32 GEMV: both give the same bits, so a choice that
+    differs between runs changes their speed only."""
     if not _fp32_rows:
         ws = [np.full((K, N), 0.5, np.float32) for _ in range(layers)]
         x, partial = np.ones((1, K), np.float32), np.empty((2, 1, N), np.float32)
