@@ -71,8 +71,9 @@ def _norm_bwd(dy, x, weight, mean, rstd, centred, plus, dx, partial):
     # layernorm (centred) or RMSNorm (mean unused) backward in one pass over dy and x: a block
     # of _BLOCK_ROWS rows per iteration, each row's dx (rownorm.cu's _bwd_dx, a warp per row),
     # plus[row] added to it where plus has rows (the epilogue, as elementwise's add after the
-    # kernel: in fp32, to dx as its dtype holds it), and the block's partial[b] = (sum(dy
-    # xhat), sum(dy)) over its rows in order (_partials). dy, x, plus, dx: (rows, C) in A or a
+    # kernel: in fp32, to dx as its dtype holds it), and the block's partial[b] = (dweight,
+    # dbias) = (sum(dy xhat), sum(dy)) over its rows in order (_partials), added in the pass
+    # that makes xhat (one pass over the row fewer). dy, x, plus, dx: (rows, C) in A or a
     # 2-byte float's bits (halves.row_in / row_out); xhat, g, xs, dys, dxs: the block's scratch
     # rows
     A = partial.dtype.type
@@ -80,21 +81,23 @@ def _norm_bwd(dy, x, weight, mean, rstd, centred, plus, dx, partial):
     for b in prange(partial.shape[0]):
         xhat, g = np.empty(C, A), np.empty(C, A)
         xs, dys, dxs = np.empty(C, A), np.empty(C, A), np.empty(C, A)
+        dweight, dbias = partial[b, 0], partial[b, 1]
         for row in range(b * _BLOCK_ROWS, min(rows, (b + 1) * _BLOCK_ROWS)):
             xr, dyr = row_in(x, row, xs), row_in(dy, row, dys)
             mu = mean[row] if centred else A(0)
             rs = rstd[row]
             for c in range(C):
-                xhat[c] = (xr[c] - mu) * rs
+                xh = (xr[c] - mu) * rs
+                xhat[c] = xh
                 g[c] = dyr[c] * weight[c]
+                dweight[c] += dyr[c] * xh
+                dbias[c] += dyr[c]
             mean_g = row_sum(g) / A(C) if centred else A(0)
             mean_gx = row_dot(g, xhat) / A(C)
             dxr = row_out(dx, row, dxs)
             for c in range(C):
                 v = (g[c] - mean_g - xhat[c] * mean_gx) * rs
                 dxr[c] = through(dx, v) + value(plus[row, c]) if plus.shape[0] else v
-                partial[b, 0, c] += dyr[c] * xhat[c]
-                partial[b, 1, c] += dyr[c]
             row_done(dx, row, dxr)
 
 
