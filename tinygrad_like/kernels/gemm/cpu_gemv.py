@@ -15,6 +15,7 @@ Either gives each element of C one core's fixed order; neither is BLAS's, so a d
 C differs from a prompt's in the last bits, as sgemv's and sgemm's do.
 """
 
+import functools
 import time
 
 import numpy as np
@@ -96,27 +97,25 @@ _COLUMNS = {
     (np.dtype(dtypes.bfloat16), 1): _columns_kernel(1, 1),
     (np.dtype(dtypes.float16), 1): _columns_kernel(2, 1),
 }
-_fp32_rows = []  # fp32_rows' answer, once a process
 
 
+@functools.cache
 def fp32_rows(K=4096, N=2048, layers=4, rounds=3):
     """Rows of b a pass for fp32's _columns on this machine: 1 or 4, whichever streamed `layers`
     (K, N) weights faster (128 MB: read from memory past the L3, as a decode reads its weights),
     each the best of `rounds` taking turns, on the cores this process runs its kernels on.
     Measured once a process, at its first fp32 GEMV: both give the same bits, so a choice that
     differs between runs changes their speed only."""
-    if not _fp32_rows:
-        ws = [np.full((K, N), 0.5, np.float32) for _ in range(layers)]
-        x, partial = np.ones((1, K), np.float32), np.empty((2, 1, N), np.float32)
-        best = {rows: float("inf") for rows in (1, 4)}
-        for _ in range(rounds):
-            for rows in best:
-                start = time.perf_counter()
-                for w in ws:
-                    _COLUMNS[np.dtype(np.float32), rows](x, w, partial)
-                best[rows] = min(best[rows], time.perf_counter() - start)
-        _fp32_rows.append(min(best, key=best.get))
-    return _fp32_rows[0]
+    ws = [np.full((K, N), 0.5, np.float32) for _ in range(layers)]
+    x, partial = np.ones((1, K), np.float32), np.empty((2, 1, N), np.float32)
+    best = {rows: float("inf") for rows in (1, 4)}
+    for _ in range(rounds):
+        for rows in best:
+            start = time.perf_counter()
+            for w in ws:
+                _COLUMNS[np.dtype(np.float32), rows](x, w, partial)
+            best[rows] = min(best[rows], time.perf_counter() - start)
+    return min(best, key=best.get)
 
 
 def gemv(a, b):
@@ -140,9 +139,7 @@ def gemv(a, b):
         row_gemv(codes, none, b.shape[0], bits, fields, x, np.zeros(0, np.float32), c)
     else:
         halves = np.empty((2, rows, b.shape[1]), np.float32)  # one a core on two cores
-        if b.dtype == np.float32:
-            _COLUMNS[b.dtype, fp32_rows()](x, b, halves)
-        else:
-            _COLUMNS[b.dtype, 1](x, b.view(np.uint16), halves)
+        fp32 = b.dtype == np.float32
+        _COLUMNS[b.dtype, fp32_rows() if fp32 else 1](x, b if fp32 else b.view(np.uint16), halves)
         np.add(halves[0], halves[1], out=c)
     return c.reshape(a.shape[:-1] + (b.shape[1],))
