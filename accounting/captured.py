@@ -41,6 +41,7 @@ class Captured:
     fused: list = None  # Program.fused_census(): per kind of fused launch (counted steps only)
     graphs: int = None  # device graphs launched per replayed step (None: its launches from Python)
     graph_bytes: int = None  # the device memory those graphs keep (their pools: the arena's twin)
+    python_seconds: float = None  # with graphs, the step replayed launch by launch from Python
 
     @property
     def eager_host(self):
@@ -135,9 +136,11 @@ def decode(model, x, repeats=5):
     """The decode step (CausalLM.decode_step, B = 1) after a prompt, the first row of token ids
     x (B, T), filled a KV cache: one untimed step (its first kernels' compiles), `repeats` eager
     steps timed (twice each: see the module's docstring), two more that capture it, then
-    `repeats` replays timed (the best of each)."""
+    `repeats` replays timed (the best of each); where the replay runs as a graph (CUDA's, or
+    the CPU's compiled ops: graph/cpu_step.py), each repeat also a replay launched from Python
+    (python_seconds), the two ways taking turns."""
     like = model.get_input_embeddings().weight
-    be, steps = backend.get(like.device), 4 * repeats + 3
+    be, steps = backend.get(like.device), 5 * repeats + 3
     prompt = x[:1, : min(x.shape[1], model.config.n_positions - steps)]
     P = prompt.shape[1]
     cache = KVCache(model.config, 1, P + steps, like)
@@ -157,10 +160,22 @@ def decode(model, x, repeats=5):
     eagerly = [_eagerly(be, lambda: step(token, at_length())) for _ in range(repeats)]
     captured(token, at_length())
     captured(token, at_length())
-    replayed = [
-        _replayed(be, lambda t=None: captured(token, at_length(), timers=t)) for _ in range(repeats)
-    ]
-    return _found(captured.program, eagerly, replayed, counted=False)
+    program, replayed, python = captured.program, [], []
+
+    def from_python():  # the replay of each kernel from Python, where a graph holds them
+        held, program.graph = program.graph, None
+        try:
+            captured(token, at_length())
+        finally:
+            program.graph = held
+
+    for _ in range(repeats):
+        replayed.append(_replayed(be, lambda t=None: captured(token, at_length(), timers=t)))
+        if program.graph is not None:
+            python.append(_timed(be, from_python))
+    found = _found(program, eagerly, replayed, counted=False)
+    found.python_seconds = min(python, default=None)
+    return found
 
 
 def host_ms(host):

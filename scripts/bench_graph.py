@@ -98,7 +98,7 @@ def ms(seconds):
     return f"{seconds * 1e3:,.2f}"
 
 
-def decode_table(rows):
+def decode_table(rows, device):
     out = []
     for name, fmt, c in rows:
         out.append(
@@ -115,20 +115,28 @@ def decode_table(rows):
         )
     columns = ("model", "weights", "launches (fused)", "eager ms", "host ms", "replayed ms")
     columns += ("host ms", "speedup")
-    if any(c.graphs is not None for *_, c in rows):  # a device that keeps graphs (CUDA)
-        out = [(*row, *_graph_cells(c)) for row, (*_, c) in zip(out, rows)]
-        columns += ("graphs a step", "graph MB")
+    if any(c.graphs is not None for *_, c in rows):  # replayed as graphs, or compiled ops
+        python = [ms(c.python_seconds) if c.python_seconds else "-" for *_, c in rows]
+        out = [(*row, *_graph_cells(c), p) for row, (*_, c), p in zip(out, rows, python)]
+        columns += (*_graph_columns(device), "from Python ms")
     return table(columns, out, "llrrrrrr" + "r" * (len(columns) - 8))
 
 
+def _graph_columns(device):
+    """The names of _graph_cells: a CUDA graph's, or the CPU's compiled ops (graph/cpu_step.py:
+    a parallel hand-off per run of ops, their buffers in the plan's arena)."""
+    return ("graphs a step", "graph MB") if device != "cpu" else ("hand-offs", "arena MB")
+
+
 def _graph_cells(c):
-    """The graphs a replayed step launches and the device memory they keep (their pools)."""
+    """The graphs a replayed step launches and the memory they keep (their pools; the CPU's
+    compiled ops: their arena and scratch)."""
     if c.graphs is None:
         return "-", "-"
     return c.graphs, f"{c.graph_bytes / 1e6:,.1f}"
 
 
-def training_table(unfused, fused):
+def training_table(unfused, fused, device):
     """Eager (the best of both runs'), replayed as recorded, replayed fused: launches, bytes the
     launches move, ms, host time and speed against eager."""
     eager = min(unfused.eager_seconds, fused.eager_seconds)
@@ -154,7 +162,7 @@ def training_table(unfused, fused):
     if fused.graphs is not None:  # a device that keeps graphs (CUDA): beside the plan's arena
         cells = [("-", "-"), _graph_cells(unfused), _graph_cells(fused)]
         rows = [(*row, *cell) for row, cell in zip(rows, cells)]
-        columns += ("graphs a step", "graph MB")
+        columns += _graph_columns(device)
     return table(columns, rows, "lrrrrrr" + "r" * (len(columns) - 7))
 
 
@@ -169,17 +177,22 @@ def pinned(cores, args, part):
 
 
 def cores_table(results, names):
-    """Per format, replayed ms on each core set and the speedup of the last over the first."""
+    """Per format, replayed ms on each core set and the speedup of the last over the first,
+    eager, replayed, and (where the replay runs compiled ops: graph/cpu_step.py) replayed
+    launch by launch from Python."""
     rows = []
     first, last = results[0], results[-1]
     for key in first:
         cells = [ms(r[key]["replay_seconds"]) for r in results]
-        eager = first[key]["eager_seconds"] / last[key]["eager_seconds"]
-        replay = first[key]["replay_seconds"] / last[key]["replay_seconds"]
-        rows.append((key, *cells, f"{eager:.2f}x", f"{replay:.2f}x"))
+        ways = ["eager_seconds", "replay_seconds", "python_seconds"]
+        speedups = [
+            f"{first[key][w] / last[key][w]:.2f}x" if first[key][w] and last[key][w] else "-"
+            for w in ways
+        ]
+        rows.append((key, *cells, *speedups))
     columns = ("model weights", *(f"replayed ms, cores {c}" for c in names))
-    columns += ("eager speedup", "replayed speedup")
-    return table(columns, rows, "l" + "r" * (len(names) + 2))
+    columns += ("eager speedup", "replayed speedup", "from Python speedup")
+    return table(columns, rows, "l" + "r" * (len(names) + 3))
 
 
 def main(argv=None):
@@ -202,19 +215,19 @@ def main(argv=None):
     print(f"== bench_graph on {args.device}: {machine}, {len(os.sched_getaffinity(0))} cores ==")
     if args.part in ("decode", "all"):
         print("\n-- decode, B = 1 after 64 tokens: the best of", args.repeats, "steps each way")
-        print(decode_table(decode_rows(formats, args.repeats, args.device)))
+        print(decode_table(decode_rows(formats, args.repeats, args.device), args.device))
     title = f"training, gpt2-mini {args.dtype}, B = 8, T = 128: the best of {args.rounds} steps"
     title += " each way"
     if args.part in ("training", "all") and not args.cores:
         print(f"\n-- {title}")
-        print(training_table(*training_rows(args.rounds, args.device, args.dtype)))
+        print(training_table(*training_rows(args.rounds, args.device, args.dtype), args.device))
     if args.cores and args.part in ("decode", "all"):
         print("\n-- decode pinned (taskset -c), one process per core set")
         print(cores_table([pinned(c, args, "decode") for c in args.cores], args.cores))
     for cores in (args.cores or []) if args.part in ("training", "all") else []:
         print(f"\n-- {title}, pinned to cores {cores} (taskset -c)")
         found = pinned(cores, args, "training")
-        print(training_table(*(captured.Captured(**found[k]) for k in ("unfused", "fused"))))
+        print(training_table(*(captured.Captured(**found[k]) for k in ("unfused", "fused")), "cpu"))
 
 
 if __name__ == "__main__":

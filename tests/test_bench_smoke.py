@@ -290,15 +290,24 @@ def test_bench_graph_bad_input_and_tables(capsys):
         _refused(capsys, graph.parse_args, argv, message)
     counts = (53, 53, 1, 128, 96, 4_000_000, 4_000_000, 0)  # launches, arena, bytes, none fused
     c = Captured(*counts, 2e-3, 1.5e-3, 1e-3, 0.9e-3)  # eager 2 ms, replayed 1 ms
-    assert "2.00x" in graph.decode_table([("gpt2-mini", "fp32", c)])
+    assert "2.00x" in graph.decode_table([("gpt2-mini", "fp32", c)], "cpu")
     fused = Captured(53, 50, 1, 128, 96, 4_000_000, 3_000_000, 1_000_000, 2e-3, 1.5e-3, 8e-4, 7e-4)
-    shares = graph.training_table(c, fused)
+    shares = graph.training_table(c, fused, "cpu")
     assert "25.0%" in shares and "10.0%" in shares  # host 0.5 of 2 ms, 0.1 of 1 ms
     assert "2.50x" in shares and "3.0" in shares  # fused: 0.8 ms, 3.0 MB moved
     noisy = Captured(*counts, 2e-3, 1.5e-3, 1e-3, 1.1e-3)  # kernels 0.1 ms over the step
-    assert "~0" in graph.training_table(noisy, noisy) and "-0.10" not in graph.decode_table(
-        [("gpt2-mini", "fp32", noisy)]
+    assert "~0" in graph.training_table(noisy, noisy, "cpu") and "-0.10" not in graph.decode_table(
+        [("gpt2-mini", "fp32", noisy)], "cpu"
     )
+    # replayed as the CPU's compiled ops (graph/cpu_step.py): one hand-off, 1.5 ms from Python
+    ops = Captured(*counts, 2e-3, 1.5e-3, 1e-3, 0.9e-3, graphs=1, graph_bytes=2e5)
+    ops.python_seconds = 1.5e-3
+    compiled = graph.decode_table([("gpt2-mini", "fp32", ops), ("gpt2", "int8", c)], "cpu")
+    assert "hand-offs" in compiled and "arena MB" in compiled and "1.50" in compiled
+    one, two = ({"gpt2 fp32": vars(Captured(*counts, e, 0, r, 0))} for e, r in ((4, 2), (2, 1)))
+    one["gpt2 fp32"]["python_seconds"], two["gpt2 fp32"]["python_seconds"] = 3.0, 2.0
+    speedups = graph.cores_table([one, two], ["0", "0,1"])
+    assert "2.00x" in speedups and "1.50x" in speedups  # eager and replayed; from Python
 
 
 def test_bench_elementwise_times_every_expression_kernel(capsys):

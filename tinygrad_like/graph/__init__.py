@@ -17,6 +17,7 @@ torch.compile falls back to eager where it cannot capture; fullgraph=True raises
 import sys
 
 from .. import backend, kernels
+from . import cpu_step
 from .capture import Mismatch, Program, Recording
 from .device_graph import graphed
 from .fuse import fuse
@@ -101,6 +102,8 @@ class Capture:
                 fuse(self.program)
             if self.program.device.GRAPHS:
                 self.program.graph = graphed(self.program)
+            elif self.program.device.name == "cpu":
+                self.program.graph, self.program.python_why = cpu_step.compiled(self.program)
             self.recordings = None
         return result
 

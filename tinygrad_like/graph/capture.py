@@ -113,7 +113,9 @@ class Program:
         self.where = "the step's result"
         self.result = self._describe(result1, result2)
         self.recorded = list(self.steps)  # the launches as recorded, before any fusion
-        self.graph = None  # replay() as device graphs (device_graph.py), where the device has them
+        # replay() as device graphs (device_graph.py), where the device has them, or on the CPU
+        # as runs of compiled ops (cpu_step.py); python_why: why the CPU's stays from Python
+        self.graph, self.python_why = None, None
         self.planned()
 
     @property
@@ -244,8 +246,8 @@ class Program:
         buffers. timers: a list each kernel's timer (the device's) is appended to (a replay's
         host time is its seconds minus its kernels'); a profiler that times launches gets
         them when no caller asks. The steps run as one function generated at the first replay
-        (replay.py), after fuse.py has had its say; untimed, as device graphs where graph holds
-        them (device_graph.py, on a device that keeps graphs)."""
+        (replay.py), after fuse.py has had its say; untimed, as what graph holds where it holds
+        one: device graphs (device_graph.py), or on the CPU runs of compiled ops (cpu_step.py)."""
         if timers is None and profiler.timing_wanted():
             timers = []
         for prof in profiler.active():

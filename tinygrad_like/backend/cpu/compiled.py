@@ -198,6 +198,8 @@ def _jit(fn, parallel, fastmath=False, interleave=None):
     def counted(signature):  # its compiles (and disk-cache loads) into tinygrad_like.compiles
         before, t0 = len(jitted.overloads), time.perf_counter()
         try:
+            if global_compiler_lock.is_locked():  # typing a caller (a step's op): its thread,
+                return compile_variant(signature)  # which holds the lock another would wait on
             return _on_a_thread_of_its_own(compile_variant, signature)
         finally:
             if len(jitted.overloads) > before:
@@ -311,6 +313,7 @@ def kernel(fn=None, *, serial_below=None, work=None, fastmath=False, interleave=
         return _announced(variants[parallel], fn.__name__, args)
 
     call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+    call.serial = variants[False]  # what a compiled step's op calls (step_runner.py)
     return call
 
 
