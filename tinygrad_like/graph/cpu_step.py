@@ -8,10 +8,11 @@ the ops of its kernel's form (a family's cpu_step.py) over these buffers, the we
 step's inputs; a host call (a KV cache's length grown) is moved past the launches that touch
 nothing of its (device_graph.py's rule) and runs from Python between runs of ops. A call runs
 the launches' checks of the step's inputs (a token id in range, a position in the cache) on the
-host, then the ops, and returns the step's result copied out of the arena (the next call
-writes it again). A step with a launch no form takes (another kernel, a quantized or 2-byte
-format, a layout the forms do not read) stays a replay from Python, as a step with a host
-value stays out of a CUDA graph: compiled() says why.
+host before anything runs (a bad input changes nothing, as eagerly), then the ops, and returns
+the step's result copied out of the arena (the next call writes it again). A step with a launch
+no form takes (an fp8 KV cache's kernels, 2-byte activations, a prompt's GEMMs, a training
+step's backward) stays a replay from Python, as a step with a host value stays out of a CUDA
+graph: compiled() says why.
 """
 
 import importlib
@@ -25,7 +26,7 @@ from .plan import ALIGN
 from .replay import _view_of
 
 # the families whose cpu_step.py has forms (imported when a step is first compiled)
-FAMILIES = ("elementwise", "embedding", "gemm", "kvcache", "rownorm")
+FAMILIES = ("elementwise", "embedding", "gemm", "kvcache", "quant", "rotary", "rownorm")
 
 
 def compiled(program):
@@ -74,8 +75,11 @@ def compiled(program):
     except step_runner.Unsupported as e:
         return None, str(e)
     result = program.result
+    ops = [p for p in parts if isinstance(p, step_runner.Ops)]
 
     def replay():
+        for part in ops:  # every check before anything runs: a bad input changes nothing
+            part.check_inputs()
         for part in parts:
             if isinstance(part, step_runner.Ops):
                 part.run()
@@ -84,7 +88,6 @@ def compiled(program):
                 hosted[k] = fn(*resolve(arguments))
         return _copied(resolve(result))
 
-    ops = [p for p in parts if isinstance(p, step_runner.Ops)]
     replay.graphs = len(ops)  # hand-offs a call (accounting/captured.py reads graphs' figures)
     replay.nbytes = lambda: arena.nbytes + sum(a.nbytes for p in ops for a in p.scratches)
     return replay, None

@@ -19,6 +19,7 @@ does not promise that: under it no step is compiled, run_ready says so).
 """
 
 import time
+import types as types_module
 
 import numba
 import numpy as np
@@ -101,7 +102,9 @@ def _pointer(kind):
     return at
 
 
-f32_at, i64_at, u8_at = _pointer(types.float32), _pointer(types.int64), _pointer(types.uint8)
+f32_at, i64_at = _pointer(types.float32), _pointer(types.int64)
+u8_at, u16_at = _pointer(types.uint8), _pointer(types.uint16)
+i8_at, i32_at = _pointer(types.int8), _pointer(types.int32)
 
 
 @intrinsic
@@ -175,6 +178,23 @@ def op(fn):
     return Op(fn)
 
 
+_VARIANTS = {}
+
+
+def variant(template, key, **bound):
+    """template's op with some of its globals bound to other objects (one format's kernel, a
+    closure compiled.kernel made): a copy of its function named <its name>_<key>, so that
+    Numba's disk cache keeps each under its own name (compiled._jit's serial twins likewise),
+    made once a process."""
+    name = f"{template.fn.__name__}_{key}"
+    if name not in _VARIANTS:
+        fn = template.fn
+        fn = types_module.FunctionType(fn.__code__, {**fn.__globals__, **bound}, name)
+        fn.__qualname__ = name
+        _VARIANTS[name] = Op(fn)
+    return _VARIANTS[name]
+
+
 class Unsupported(Exception):
     """A launch no op form takes (its kernel, dtype or layout): the step stays a replay from
     Python."""
@@ -215,8 +235,8 @@ def strided4(a, k):
 class Ops:
     """A step's ops in order, each with its row of int64s; the arrays they address are kept
     alive here, with the host checks of the step's inputs (a token id in range, a position in
-    the cache) that its launches made from Python. run() runs the checks, then the ops, on every
-    thread of the pool at once (or on this one)."""
+    the cache) that its launches made from Python. run() runs the ops on every thread of the
+    pool at once (or on this one)."""
 
     def __init__(self, variable=()):
         self.ops, self.rows, self.kept, self.scratches, self.checks = [], [], [], [], {}
@@ -268,9 +288,14 @@ class Ops:
             self._table = (ops, at, table)
         return self._table
 
-    def run(self):
+    def check_inputs(self):
+        """The launches' checks of the step's inputs (check()), each raising what its launch
+        raised from Python."""
         for fn in self.checks.values():
             fn()
+
+    def run(self):
+        """The ops, the inputs checked (check_inputs) first."""
         ops, at, table = self.ready()
         T = min(THREADS, numba.get_num_threads())
         if T > 1:

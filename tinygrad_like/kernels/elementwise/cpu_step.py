@@ -42,25 +42,50 @@ def _add_form(ops, outs, a, b, out=None):
     ops.add(_add, a, b, outs[0], a.size, b.size, outs[0].size)
 
 
-# then= epilogues a step's GEMM may carry (gemm/cpu_step.py): their codes in then_rows, and
-# the serial twins of their compiled kernels over flat fp32 (n,) arrays (x, out)
-THEN = {"gelu_fwd": 1}
+# then= epilogues a step's GEMM may carry: their codes, and the serial twins of their compiled
+# kernels over flat fp32 (n,) arrays (inputs, then out)
+THEN = {"gelu_fwd": 1, "swiglu_fwd": 2}
 _gelu_fwd = numba_source.compiled("gelu_fwd").serial
+_swiglu_fwd = numba_source.compiled("swiglu_fwd").serial  # (gate, up, out): then= up's
 
 
-def then_code(then):
-    """then='s code for then_rows (0: none); Unsupported for a kernel it does not run."""
+def epilogue(ops, outs, M, N, add=None, then=None):
+    """(C's buffer (M, N), the epilogue's four Ops.add values) for a GEMM's op whose output is
+    outs[0] (M, N): add= (its address or 0), then='s code (0: none), its operand (or 0), and
+    where then= writes (0: none). C is the output itself without then=, else a scratch of the
+    op's own. Unsupported for another then= or an operand that is no fp32 (M, N) array."""
+    arrays = (add, *(then[1] if then else ()))
+    if any(a is not None and not a.flags.c_contiguous for a in arrays):
+        raise Unsupported("a GEMV epilogue of a strided array")  # reshape would copy it
+    add = 0 if add is None else add.reshape(M, N)
     if then is None:
-        return 0
+        return outs[0].reshape(M, N), (add, 0, 0, 0)
     name, operands = then
-    if name not in THEN or operands:
+    if name not in THEN or len(operands) != THEN[name] - 1:
         raise Unsupported(f"then={name}")
-    return THEN[name]
+    operand = operands[0].reshape(M, N) if operands else 0
+    if operands and operands[0].dtype != np.float32:
+        raise Unsupported(f"then={name} of a {operands[0].dtype} operand")
+    return ops.scratch((M, N)), (add, THEN[name], operand, outs[0].reshape(M, N))
 
 
 @numba.njit(inline="always")
-def then_rows(code, c, out, lo, hi):
-    """out[m, lo:hi] = then='s kernel (then_code's code) of c[m, lo:hi], each row m of c."""
-    for m in range(c.shape[0]):
-        if code == 1:
-            _gelu_fwd(c[m, lo:hi], out[m, lo:hi])
+def apply_epilogue(a, k, c, lo, hi):
+    """Columns [lo, hi) of C (M, N) fp32: + add, then then='s kernel into its output, as the
+    launch from Python runs them one after the other (elementwise's add, then_epilogue); a[k]
+    to a[k + 3] the values epilogue() gave."""
+    M, N = c.shape
+    if a[k]:
+        add = numba.carray(f32_at(a[k]), (M, N))
+        for m in range(M):
+            for j in range(lo, hi):
+                c[m, j] = add[m, j] + c[m, j]
+    code = a[k + 1]
+    if code:
+        out = numba.carray(f32_at(a[k + 3]), (M, N))
+        operand = numba.carray(f32_at(a[k + 2] if a[k + 2] else a[k + 3]), (M, N))
+        for m in range(M):
+            if code == 1:
+                _gelu_fwd(c[m, lo:hi], out[m, lo:hi])
+            else:
+                _swiglu_fwd(operand[m, lo:hi], c[m, lo:hi], out[m, lo:hi])

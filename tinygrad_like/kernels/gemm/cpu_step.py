@@ -3,16 +3,17 @@ launches cpu_gemv.py's gemv runs from Python, split over the threads the same wa
 - matmul (B (K, N) C-contiguous, GPT-2's Conv1D weights): _columns' two halves of K, one a
   thread (both on one thread), then, after the barrier, C = p0 + p1 [+ bias] [+ add] [then=]
   over each thread's columns: the unfused launches' operations in their order, each rounded to
-  fp32 (cpu.py's gemv, bias add and epilogue; elementwise/cpu_step.py's then_rows);
-- matmul_nt (W (N, K) C-contiguous: the tied LM head, x @ wte^T): quant/cpu_gemv.py's row GEMV
-  on each thread's rows of W.
+  fp32 (cpu.py's gemv, bias add and epilogue; elementwise/cpu_step.py's apply_epilogue);
+- matmul_nt (W (N, K) C-contiguous: the tied LM head, x @ wte^T, and Llama's linear layers):
+  quant/cpu_gemv.py's row GEMV on each thread's rows of W, then [+ add] [then=] over its
+  columns of C.
 The serial twins of the same compiled loops: each element of C the launch's bits."""
 
 import numba
 import numpy as np
 
 from ...backend.cpu.step_runner import Unsupported, f32_at, form, op, share
-from ..elementwise.cpu_step import then_code, then_rows
+from ..elementwise.cpu_step import apply_epilogue, epilogue
 from ..quant.cpu_gemv import _gemv_kernel
 from .cpu_gemv import _COLUMNS, COLUMNS, GEMV_BELOW, fp32_rows
 
@@ -37,9 +38,9 @@ def _halves(t, T, a):
 
 @op
 def _sum_halves(t, T, a):
-    # a: partial (2, M, N), c (M, N), bias (N,) or 0, add (M, N) or 0, out (M, N) or 0, fp32;
-    # M, N, then code (elementwise/cpu_step.py then_rows)
-    M, N, code = a[5], a[6], a[7]
+    # a: partial (2, M, N), c (M, N), bias (N,) or 0, fp32; then the epilogue's four
+    # (elementwise/cpu_step.py); M, N
+    M, N = a[7], a[8]
     partial = numba.carray(f32_at(a[0]), (2, M, N))
     c = numba.carray(f32_at(a[1]), (M, N))
     lo, hi = share(N, t, T)
@@ -50,12 +51,7 @@ def _sum_halves(t, T, a):
             bias = numba.carray(f32_at(a[2]), (N,))
             for j in range(lo, hi):
                 c[m, j] = c[m, j] + bias[j]
-        if a[3]:
-            add = numba.carray(f32_at(a[3]), (M, N))
-            for j in range(lo, hi):
-                c[m, j] = add[m, j] + c[m, j]
-    if code:
-        then_rows(code, c, numba.carray(f32_at(a[4]), (M, N)), lo, hi)
+    apply_epilogue(a, 3, c, lo, hi)
 
 
 def _gemv_rows(a, b, *unfused):
@@ -71,6 +67,11 @@ def _gemv_rows(a, b, *unfused):
     return a.reshape(M, a.shape[-1])
 
 
+def _fp32_add(add, M, N):
+    if add is not None and (add.dtype != _F32 or add.size != M * N):
+        raise Unsupported("a GEMV with add= other than fp32 of C's shape")
+
+
 @form("matmul")
 def _matmul_form(ops, outs, a, b, bias=None, scale=None, cast=None, add=None, out=None,
                  then=None, aux=False):  # fmt: skip
@@ -80,29 +81,18 @@ def _matmul_form(ops, outs, a, b, bias=None, scale=None, cast=None, add=None, ou
         raise Unsupported("matmul: B (K, N) C-contiguous, N <= COLUMNS")
     if bias is not None and (bias.dtype != _F32 or bias.shape != (N,)):
         raise Unsupported("matmul: an fp32 bias (N,)")
-    if add is not None and (add.dtype != _F32 or add.size != M * N):
-        raise Unsupported("matmul: an fp32 add= of C's shape")
-    code = then_code(then)
+    _fp32_add(add, M, N)
+    c, tail = epilogue(ops, outs, M, N, add, then)
     partial = ops.scratch((2, M, N))
-    c = ops.scratch((M, N)) if code else outs[0].reshape(M, N)
     ops.add(_halves, x, b, partial, M, K, N, fp32_rows())
-    ops.add(
-        _sum_halves,
-        partial,
-        c,
-        0 if bias is None else bias,
-        0 if add is None else add.reshape(M, N),
-        outs[0].reshape(M, N) if code else 0,
-        M,
-        N,
-        code,
-    )
+    ops.add(_sum_halves, partial, c, 0 if bias is None else bias, *tail, M, N)
 
 
 @op
 def _rows_of_w(t, T, a):
-    # a: x (M, K), w (N, K), y (M, N), no scales (N, 0), no bias (0,), fp32; M, K, N
-    M, K, N = a[5], a[6], a[7]
+    # a: x (M, K), w (N, K), y (M, N), no scales (N, 0), no bias (0,), fp32; the epilogue's
+    # four (elementwise/cpu_step.py); M, K, N
+    M, K, N = a[9], a[10], a[11]
     x, w = numba.carray(f32_at(a[0]), (M, K)), numba.carray(f32_at(a[1]), (N, K))
     y = numba.carray(f32_at(a[2]), (M, N))
     scales, bias = numba.carray(f32_at(a[3]), (N, 0)), numba.carray(f32_at(a[4]), (0,))
@@ -110,14 +100,17 @@ def _rows_of_w(t, T, a):
     lo, hi = share(N, t, T)
     if lo < hi:
         _row_dots(w[lo:hi], scales[lo:hi], x, empty, empty, bias, y[:, lo:hi])
+        apply_epilogue(a, 5, y, lo, hi)
 
 
 @form("matmul_nt")
 def _matmul_nt_form(ops, outs, a, b, scale=None, cast=None, add=None, out=None, then=None,
                     aux=False):  # fmt: skip
-    x = _gemv_rows(a, b, scale, cast, add, out, then, aux)
+    x = _gemv_rows(a, b, scale, cast, out, aux)
     (M, K), N = x.shape, b.shape[0]
     if not b.flags.c_contiguous or outs[0] is None:
         raise Unsupported("matmul_nt: W (N, K) C-contiguous")
+    _fp32_add(add, M, N)
+    y, tail = epilogue(ops, outs, M, N, add, then)
     none = ops.scratch(1)  # the address of the empty scales, bias and nibble rows
-    ops.add(_rows_of_w, x, b, outs[0].reshape(M, N), none, none, M, K, N)
+    ops.add(_rows_of_w, x, b, y, none, none, *tail, M, K, N)
