@@ -95,6 +95,7 @@ class StepMeter:
         self.tokens, self.timing = tokens, timing
         self.steps = []  # (seconds, [Launch])
         self.replayed = []  # per step, the launches of the captured steps it replayed
+        self.hand_offs = []  # per step, its replay's runs of compiled ops (graph/cpu_step.py)
         self.host_seconds = []  # per step, its seconds minus its kernels' (timing only)
         self.compiled = Compiles()  # during the steps, outside their seconds
 
@@ -112,6 +113,8 @@ class StepMeter:
                 self.compiled += compiled
                 self.steps.append((seconds - compiled.seconds, prof.launches[start:]))
                 self.replayed.append(sum(r.launches for r in prof.replays[replays:]))
+                graphs = [r.program.graph for r in prof.replays[replays:]]
+                self.hand_offs.append(sum(g.graphs for g in graphs if g is not None))
                 kernels = sum(launch.seconds for launch in self.steps[-1][1])
                 kernels += sum(r.seconds for r in prof.replays[replays:])
                 self.host_seconds.append(seconds - kernels)  # a compile is in both or host
@@ -167,9 +170,11 @@ def stats(meter, config, weight_dtype, kv_dtype, batch, prompt_len, peaks, group
     if len(counted) < n:  # generate --compile: the first two decode steps recorded, eagerly
         eager = sum(meter.steps[s][0] for s in counted) / len(counted)
         again = sum(meter.steps[s][0] for s in steps if s not in counted) / (n - len(counted))
-        fused = max(meter.replayed)
+        fused, hand_offs = max(meter.replayed), max(meter.hand_offs)
+        ops = f", as compiled ops in {hand_offs} parallel hand-off{'s' * (hand_offs > 1)}"
         launches += (
-            f", {fused} on a replayed step (no op layer, adds and activations fused): "
+            f", {fused} on a replayed step (no op layer, adds and activations fused"
+            f"{ops if hand_offs else ''}): "
             f"replayed {again * 1e3:,.2f} ms/step, the {len(counted)} eager steps that recorded it "
             f"{eager * 1e3:,.2f} ms/step"
         )

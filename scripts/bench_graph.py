@@ -123,9 +123,11 @@ def decode_table(rows, device):
 
 
 def _graph_columns(device):
-    """The names of _graph_cells: a CUDA graph's, or the CPU's compiled ops (graph/cpu_step.py:
-    a parallel hand-off per run of ops, their buffers in the plan's arena)."""
-    return ("graphs a step", "graph MB") if device != "cpu" else ("hand-offs", "arena MB")
+    """The names of _graph_cells: a CUDA graph's, or compiled ops' (STEP_OPS, the CPU's:
+    graph/cpu_step.py, a parallel hand-off per run of ops, their buffers in the plan's arena)."""
+    if backend.get(device).STEP_OPS:
+        return "hand-offs", "arena MB"
+    return "graphs a step", "graph MB"
 
 
 def _graph_cells(c):

@@ -12,6 +12,7 @@ FACTS = (
     "GPU",  # a GPU: a GPU run's training defaults, datasheet peaks, ranks over NCCL
     "HOST_MEMORY",  # its memory is the host's: a machine's ranks and host copies share it
     "GRAPHS",  # it keeps graphs of launches of its own (CUDA graphs): capture_graph
+    "STEP_OPS",  # a captured step runs as compiled ops, a hand-off a run (graph/cpu_step.py)
 )
 
 

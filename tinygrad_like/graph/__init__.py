@@ -102,7 +102,7 @@ class Capture:
                 fuse(self.program)
             if self.program.device.GRAPHS:
                 self.program.graph = graphed(self.program)
-            elif self.program.device.name == "cpu":
+            elif self.program.device.STEP_OPS:
                 self.program.graph, self.program.python_why = cpu_step.compiled(self.program)
             self.recordings = None
         return result

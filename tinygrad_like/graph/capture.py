@@ -244,16 +244,19 @@ class Program:
     def replay(self, timers=None):
         """Run the step's kernels and host calls again -> its result, built of this run's
         buffers. timers: a list each kernel's timer (the device's) is appended to (a replay's
-        host time is its seconds minus its kernels'); a profiler that times launches gets
-        them when no caller asks. The steps run as one function generated at the first replay
-        (replay.py), after fuse.py has had its say; untimed, as what graph holds where it holds
-        one: device graphs (device_graph.py), or on the CPU runs of compiled ops (cpu_step.py)."""
+        host time is its seconds minus its kernels'; the CPU's compiled ops: a timer each run of
+        them); a profiler that times launches gets them when no caller asks. The steps run as
+        one function generated at the first replay (replay.py), after fuse.py has had its say;
+        as what graph holds where it holds one: device graphs (device_graph.py), untimed; on the
+        CPU, runs of compiled ops (cpu_step.py)."""
         if timers is None and profiler.timing_wanted():
             timers = []
         for prof in profiler.active():
             prof.replays.append(profiler.Replay(self, timers))
-        if timers is None and self.graph is not None:
+        if self.graph is not None and timers is None:
             return self.graph()
+        if self.graph is not None and getattr(self.graph, "timed", False):
+            return self.graph(timers)  # the CPU's compiled ops, each run of them timed
         if not hasattr(self, "_replay"):
             self._replay = generate(self.steps, self.result, self.device.start_timer)
         return self._replay(timers)

@@ -77,17 +77,25 @@ def compiled(program):
     result = program.result
     ops = [p for p in parts if isinstance(p, step_runner.Ops)]
 
-    def replay():
+    timer = program.device.start_timer
+
+    def replay(timers=None):
+        """The step's ops and host calls; timers: a list each run of ops' timer is appended to
+        (its seconds the step's kernels', as a replay's launches' are)."""
         for part in ops:  # every check before anything runs: a bad input changes nothing
             part.check_inputs()
         for part in parts:
             if isinstance(part, step_runner.Ops):
+                t = timer() if timers is not None else None
                 part.run()
+                if t is not None:
+                    timers.append(t.stop())
             else:
                 fn, arguments, k = part
                 hosted[k] = fn(*resolve(arguments))
         return _copied(resolve(result))
 
+    replay.timed = True  # it takes Program.replay's timers (a CUDA graph's replay does not)
     replay.graphs = len(ops)  # hand-offs a call (accounting/captured.py reads graphs' figures)
     replay.nbytes = lambda: arena.nbytes + sum(a.nbytes for p in ops for a in p.scratches)
     return replay, None

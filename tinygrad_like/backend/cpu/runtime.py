@@ -55,7 +55,8 @@ def supported_dtypes():
 HOLDS_VALUES = True  # its arrays have values to read back; its kernels run, and are timed
 GPU = False  # the training defaults of a CPU run; ranks talk over MPI
 HOST_MEMORY = True  # its memory is the host's: the ranks of one machine and host copies share it
-GRAPHS = False  # a replay launches each kernel from Python (graph/replay.py)
+GRAPHS = False  # no graphs of its own: its steps' ops run compiled (STEP_OPS)
+STEP_OPS = True  # graph/cpu_step.py: every thread through a step's ops, one hand-off
 
 
 def require_values(what):

@@ -11,6 +11,7 @@ from .runtime import (  # noqa: F401
     GRAPHS,
     HOLDS_VALUES,
     HOST_MEMORY,
+    STEP_OPS,
     PoolWatcher,
     asarray,
     available_bytes,

@@ -55,6 +55,7 @@ HOLDS_VALUES = True  # its arrays have values to read back; its kernels run, and
 GPU = True  # a GPU run's training defaults; one GPU per rank, ranks talk over NCCL
 HOST_MEMORY = False  # a GPU's memory of its own, one GPU per rank
 GRAPHS = True  # a captured step replays as one CUDA graph where it can (capture_graph)
+STEP_OPS = False  # its graphs hold the launches (GRAPHS)
 
 
 def require_values(what):

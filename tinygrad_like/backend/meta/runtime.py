@@ -22,6 +22,7 @@ HOLDS_VALUES = False  # shapes only: nothing to read back, no weights drawn, not
 GPU = False  # counts any machine's step: the CPU's training defaults
 HOST_MEMORY = False  # it allocates nothing
 GRAPHS = False  # nothing runs on it
+STEP_OPS = False
 
 
 def require_values(what):
