@@ -137,10 +137,12 @@ def decode(model, x, repeats=5):
     x (B, T), filled a KV cache: one untimed step (its first kernels' compiles), `repeats` eager
     steps timed (twice each: see the module's docstring), two more that capture it, then
     `repeats` replays timed (the best of each); where the replay runs as a graph (CUDA's, or
-    the CPU's compiled ops: graph/cpu_step.py), each repeat also a replay launched from Python
-    (python_seconds), the two ways taking turns."""
+    the CPU's compiled ops: graph/cpu_step.py) and the context has room, each repeat also a
+    replay launched from Python (python_seconds), the two ways taking turns."""
     like = model.get_input_embeddings().weight
-    be, steps = backend.get(like.device), 5 * repeats + 3
+    be, steps = backend.get(like.device), 4 * repeats + 3
+    python_repeats = repeats if model.config.n_positions > steps + repeats else 0
+    steps += python_repeats
     prompt = x[:1, : min(x.shape[1], model.config.n_positions - steps)]
     P = prompt.shape[1]
     cache = KVCache(model.config, 1, P + steps, like)
@@ -171,7 +173,7 @@ def decode(model, x, repeats=5):
 
     for _ in range(repeats):
         replayed.append(_replayed(be, lambda t=None: captured(token, at_length(), timers=t)))
-        if program.graph is not None:
+        if program.graph is not None and len(python) < python_repeats:
             python.append(_timed(be, from_python))
     found = _found(program, eagerly, replayed, counted=False)
     found.python_seconds = min(python, default=None)

@@ -1,10 +1,10 @@
 """A captured step's kernels run as one parallel hand-off (graph/cpu_step.py builds it): every
 thread of the pool enters one compiled loop over the step's ops, each thread does its share of
 an op (thread t of T: its rows, heads or half of K), then waits at a barrier for the others
-before the next op, as llama.cpp's graph compute runs its threads over a graph. A kernel launched
-from Python hands each parallel kernel to the pool and back (an OpenMP wake-up and join, about 4
-us, the workqueue's about 110), and runs each small kernel on one core while the others idle;
-here the pool is woken once a step and a barrier costs tens of nanoseconds.
+before the next op, as llama.cpp's graph compute runs its threads over a graph. A step launched
+from Python hands each parallel kernel to the pool and back (a wake-up and a join each), pays
+Python around every launch, and runs each small kernel on one core while the others idle; here
+the pool is woken once a step, and between ops the threads meet at a barrier in shared memory.
 
 An op is a C function op(t, T, args) (Numba's cfunc: a kernel family's cpu_step.py writes each,
 around its kernels' serial twins, so the same compiled loops and the same bits as a launch from
