@@ -47,7 +47,7 @@ class Compiled:
 
     def __call__(self, *inputs, timers=None):
         """fn(*inputs), eagerly or replayed. timers: Program.replay's (a replay's kernel times)."""
-        key = tuple((tuple(a.shape), str(a.dtype), backend.of(a).name) for a in inputs)
+        key = tuple((tuple(a.shape), a.dtype, backend.of(a).name) for a in inputs)
         capture = self.captures.get(key)
         if capture is None:
             if self.captures and not self.told:

@@ -91,7 +91,8 @@ def _kv_attention_form(ops, outs, q, k, v, positions, scale):
     Hkv, L = k.shape[1], k.shape[2]
     if not fp32 or v.shape != k.shape or Tq * (H // Hkv) > DECODE_ROWS or outs[0] is None:
         raise Unsupported("kv_attention: a decode step's rows over an fp32 cache")
-    key = ("positions", id(positions), id(k))
+    # the positions' values against the cache's length: every layer's cache is as long
+    key = ("positions", id(positions), k.shape)
     ops.check(key, lambda: check_positions("kv_attention", q, k, positions), positions)
     lse = ops.scratch((B, H, Tq))
     ops.add(_attention, Strided(q), k, v, positions, outs[0], lse, Hkv, L, float(scale))
