@@ -15,8 +15,10 @@ them to bf16 for bf16 weights (llama.cpp's bf16: a prompt's GEMMs bf16 dot produ
 sets the KV cache's format: fp32, fp16 or bf16, or fp8_e4m3 / fp8_e5m2 (a byte a key or value
 and an fp32 scale per position of a head, quantized as each position is appended; the
 attention kernel decodes the codes as it reads them). The decode step is captured on its first
-two tokens and replayed for the rest (tinygrad_like.compile: the kernels in order, no op layer),
-the same tokens; --no-compile runs every step through the op layer (eager)."""
+two tokens and replayed for the rest (tinygrad_like.compile: the kernels in order, no op layer;
+on the CPU one parallel hand-off a token, every thread through the step's compiled ops, where
+each kernel has its op: graph/cpu_step.py), the same tokens; --no-compile runs every step
+through the op layer (eager)."""
 
 import argparse
 import os
