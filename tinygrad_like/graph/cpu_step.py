@@ -63,12 +63,9 @@ def compiled(program):
                 continue
             if not parts or not isinstance(parts[-1], step_runner.Ops):
                 parts.append(step_runner.Ops({id(arena)}))
-            fn = step_runner.FORMS.get(s.name)
-            if fn is None:
-                raise step_runner.Unsupported(f"{s.name} has no op form")
             args = [resolve(d) for d in s.args]
             kwargs = {k: resolve(d) for k, d in s.kwargs.items()}
-            fn(parts[-1], _outputs(s, buffers), *args, **kwargs)
+            step_runner.FORMS[s.name](parts[-1], _outputs(s, buffers), *args, **kwargs)
         for part in parts:
             if isinstance(part, step_runner.Ops):
                 part.ready()  # each op compiled (or loaded from the disk cache) now
@@ -76,7 +73,6 @@ def compiled(program):
         return None, str(e)
     result = program.result
     ops = [p for p in parts if isinstance(p, step_runner.Ops)]
-
     timer = program.device.start_timer
 
     def replay(timers=None):
