@@ -1,6 +1,6 @@
 """The CPU's compiled step (tinygrad_like/graph/cpu_step.py, backend/cpu/step_runner.py): a
 captured decode step whose launches all have op forms (GPT-2 and Llama, fp32 and the quantized
-weight formats, fp32 or int8 activations) runs as one parallel hand-off, every thread through
+weight formats, fp32, int8 or bf16 activations) runs as one parallel hand-off, every thread through
 the step's ops with a barrier between them, over buffers planned in one arena. It gives the
 eager step's logits bit for bit on one thread and on two, refuses bad token ids and
 positions as the eager step does (and runs nothing), and a step with a launch no form takes
@@ -47,6 +47,7 @@ def _model(family, fmt):
         ("gpt2", "fp32", 2),
         ("gpt2", "int4+int8", 2),
         ("gpt2", "bf16", 1),
+        ("gpt2", "bf16+bf16", 2),
         ("llama", "fp32", 2),
         ("llama", "int8", 1),
         ("gpt2", "int8+int8", 1),

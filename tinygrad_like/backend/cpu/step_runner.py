@@ -103,7 +103,7 @@ def _pointer(kind):
 
 
 f32_at, i64_at = _pointer(types.float32), _pointer(types.int64)
-u8_at, u16_at = _pointer(types.uint8), _pointer(types.uint16)
+u8_at, u16_at, u32_at = _pointer(types.uint8), _pointer(types.uint16), _pointer(types.uint32)
 i8_at, i32_at = _pointer(types.int8), _pointer(types.int32)
 
 

@@ -1,15 +1,25 @@
-"""Elementwise kernels as ops of a compiled CPU step (backend/cpu/step_runner.py): add of two
-fp32 arrays, each of the result's shape or broadcast over its leading dimensions (cpu.py's add:
-NumPy's, each sum rounded once, the same bits), its elements split over the threads; and the
-expression kernels a GEMM's then= epilogue runs (gemm/cpu_step.py), each thread its own part of
-C, by the kernel's serial twin: the bits of the launch from Python, whose compiled loop computes
-each element the same way on any split."""
+"""Elementwise kernels as ops of a compiled CPU step (backend/cpu/step_runner.py), their
+elements split over the threads: add of two fp32 arrays, each of the result's shape or broadcast
+over its leading dimensions (cpu.py's add: NumPy's, each sum rounded once); cast from fp32 to
+bf16 (halves.py's rounding kernel); and the expression kernels GELU and SwiGLU, launched on
+their own or as a GEMM's then= epilogue (gemm/ and quant/cpu_step.py). Each by its kernel's
+serial twin where it has one, whose loop computes each element the same way on any split: the
+bits of the launch from Python."""
 
 import numba
 import numpy as np
 
-from ...backend.cpu.step_runner import Unsupported, f32_at, form, op, share
+from ...backend.cpu.halves import _bf16_rounded
+from ...backend.cpu.step_runner import Unsupported, f32_at, form, op, share, u16_at, u32_at
+from ...dtypes import bfloat16
 from . import numba_source
+
+# The expression kernels a step runs on their own or as a GEMM's then= epilogue: their codes,
+# and the serial twins of their compiled kernels over flat fp32 (n,) arrays (inputs, then out)
+THEN = {"gelu_fwd": 1, "swiglu_fwd": 2}
+_gelu_fwd = numba_source.compiled("gelu_fwd").serial
+_swiglu_fwd = numba_source.compiled("swiglu_fwd").serial  # (gate, up, out): then= up's
+_bf16_bits = _bf16_rounded.serial  # fp32 bits (n,) -> bf16 bits (n,), rounded to nearest even
 
 
 @op
@@ -42,11 +52,44 @@ def _add_form(ops, outs, a, b, out=None):
     ops.add(_add, a, b, outs[0], a.size, b.size, outs[0].size)
 
 
-# then= epilogues a step's GEMM may carry: their codes, and the serial twins of their compiled
-# kernels over flat fp32 (n,) arrays (inputs, then out)
-THEN = {"gelu_fwd": 1, "swiglu_fwd": 2}
-_gelu_fwd = numba_source.compiled("gelu_fwd").serial
-_swiglu_fwd = numba_source.compiled("swiglu_fwd").serial  # (gate, up, out): then= up's
+@op
+def _to_bf16(t, T, a):
+    # a: x (n,) fp32 as its bits (uint32), out (n,) bf16 as its bits (uint16); n
+    n = a[2]
+    x, out = numba.carray(u32_at(a[0]), (n,)), numba.carray(u16_at(a[1]), (n,))
+    lo, hi = share(n, t, T)
+    if lo < hi:
+        _bf16_bits(x[lo:hi], out[lo:hi])
+
+
+@form("cast")
+def _cast_form(ops, outs, a, dtype):
+    if a.dtype != np.float32 or np.dtype(dtype) != bfloat16 or outs[0] is None:
+        raise Unsupported("cast: fp32 to bf16")
+    ops.add(_to_bf16, a.view(np.uint32), outs[0].view(np.uint16), a.size)
+
+
+@op
+def _expression(t, T, a):
+    # a: x (n,), y (n,) or 0, out (n,), fp32; n, the kernel's code (THEN's)
+    n, code = a[3], a[4]
+    x, out = numba.carray(f32_at(a[0]), (n,)), numba.carray(f32_at(a[2]), (n,))
+    y = numba.carray(f32_at(a[1] if a[1] else a[0]), (n,))
+    lo, hi = share(n, t, T)
+    if lo < hi:
+        if code == 1:
+            _gelu_fwd(x[lo:hi], out[lo:hi])
+        else:
+            _swiglu_fwd(x[lo:hi], y[lo:hi], out[lo:hi])
+
+
+def _expression_form(name):
+    def expression_form(ops, outs, *args):
+        if any(a.dtype != np.float32 or a.shape != args[0].shape for a in args) or outs[0] is None:
+            raise Unsupported(f"{name}: fp32 operands of one shape")
+        ops.add(_expression, *args, *([0] * (2 - len(args))), outs[0], args[0].size, THEN[name])
+
+    return expression_form
 
 
 def epilogue(ops, outs, M, N, add=None, then=None):
@@ -89,3 +132,7 @@ def apply_epilogue(a, k, c, lo, hi):
                 _gelu_fwd(c[m, lo:hi], out[m, lo:hi])
             else:
                 _swiglu_fwd(operand[m, lo:hi], c[m, lo:hi], out[m, lo:hi])
+
+
+for _name in THEN:  # the same kernels launched on their own
+    form(_name)(_expression_form(_name))

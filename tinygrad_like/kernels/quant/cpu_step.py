@@ -1,8 +1,9 @@
-"""Quantized weights in a compiled CPU step (backend/cpu/step_runner.py), with fp32 activations:
-- qmatmul of a decode step's few rows (cpu.py's, where cpu_gemv.py's GEMV takes the layout):
-  the format's GEMV (its serial twin: each code decoded as it is read, the same bits) on each
-  thread's rows of W, then [+ add] [then=] over its columns of y, the launch's epilogue; a 4-bit
-  W's x split into its even and odd elements first, by one thread (gemv's x0, x1);
+"""Quantized weights in a compiled CPU step (backend/cpu/step_runner.py):
+- qmatmul of a decode step's few rows (cpu.py's, where cpu_gemv.py's GEMV takes the layout; a
+  bf16 x widened first, exactly, as cpu.py widens it): the format's GEMV (its serial twin: each
+  code decoded as it is read, the same bits) on each thread's rows of W, then [+ add] [then=]
+  over its columns of y, the launch's epilogue; a 4-bit W's x split into its even and odd
+  elements first, by one thread (gemv's x0, x1);
 - with int8 activations (llama.cpp's Q8_0 blocks): quantize_rows on each thread's rows of x
   (cpu_int8x.py's, its serial twin), then qmatmul_int8x's integer dots (its serial twin) on each
   thread's rows of W, each thread making its own copy of the kernel's per-call scratch (each
@@ -15,6 +16,7 @@ the qmatmul op is compiled once per format (step_runner.variant)."""
 import numba
 import numpy as np
 
+from ...backend.cpu.halves import _bf16_widened
 from ...backend.cpu.runtime import THREADS
 from ...backend.cpu.step_runner import (
     Unsupported,
@@ -27,8 +29,10 @@ from ...backend.cpu.step_runner import (
     share,
     u8_at,
     u16_at,
+    u32_at,
     variant,
 )
+from ...dtypes import bfloat16
 from ...formats import FORMATS
 from ..elementwise.cpu_step import apply_epilogue, epilogue
 from ..embedding.spec import check_ids
@@ -41,6 +45,17 @@ from .spec import X_BLOCK, int8x_out
 _dots = _codes_at = None  # a format's GEMV and its codes' pointer: bound by variant()
 _decoded = _qembedding.serial
 _int8_blocks = _quantize_rows.serial
+_widened = _bf16_widened.serial  # bf16 bits (n,) -> fp32 bits (n,)
+
+
+@op
+def _widen(t, T, a):
+    # a: x (n,) bf16 as its bits (uint16), out (n,) fp32 as its bits (uint32); n
+    n = a[2]
+    lo, hi = share(n, t, T)
+    if lo < hi:
+        x, out = numba.carray(u16_at(a[0]), (n,)), numba.carray(u32_at(a[1]), (n,))
+        _widened(x[lo:hi], out[lo:hi])
 
 
 @op
@@ -80,8 +95,10 @@ def _qmatmul_form(
 ):  # fmt: skip
     fp32 = np.dtype(np.float32)
     M, K = x.shape
-    if x.dtype != fp32 or not M < DECODE_ONCE_FROM or aux or dtype not in (None, fp32):
-        raise Unsupported("qmatmul: a decode step's rows of fp32 x")
+    if x.dtype not in (fp32, bfloat16) or not M < DECODE_ONCE_FROM or aux:
+        raise Unsupported("qmatmul: a decode step's rows of fp32 or bf16 x")
+    if (dtype or x.dtype) != fp32:
+        raise Unsupported("qmatmul: an fp32 result")
     if outs[0] is None or any(a is not None and a.dtype != fp32 for a in (bias, add)):
         raise Unsupported("qmatmul: an fp32 bias and add=")
     codes, scales, group_size, *fields = _kernel_args(codes, scales, fmt, group_size)
@@ -100,6 +117,9 @@ def _qmatmul_form(
     )
     y, tail = epilogue(ops, outs, M, N, add, then)
     none = ops.scratch(1)  # the address of what is empty: x0 and x1 but for 4 bits, no bias
+    if x.dtype == bfloat16:  # widened first, as cpu.py's f32(x) (exact)
+        x16, x = x, ops.scratch((M, K))
+        ops.add(_widen, x16.view(np.uint16), x.view(np.uint32), M * K)
     x0 = x1 = none
     if bits == 4:
         x0, x1 = ops.scratch((M, K // 2)), ops.scratch((M, K // 2))
