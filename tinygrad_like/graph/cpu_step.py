@@ -11,8 +11,8 @@ the launches' checks of the step's inputs (a token id in range, a position in th
 host before anything runs (a bad input changes nothing, as eagerly), then the ops, and returns
 the step's result copied out of the arena (the next call writes it again). A step with a launch
 no form takes (an fp8 KV cache's kernels, a model in a 2-byte dtype, a prompt's GEMMs, a
-training step's backward) stays a replay from Python, as a step with a host value stays out of a CUDA
-graph: compiled() says why.
+training step's backward) stays a replay from Python, as a step with a host value stays out of
+a CUDA graph: compiled() says why.
 """
 
 import importlib
