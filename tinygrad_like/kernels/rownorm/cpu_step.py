@@ -12,43 +12,39 @@ _layernorm_rows, _rmsnorm_rows = _layernorm_fwd.serial, _rmsnorm_fwd.serial
 
 
 @op
-def _layernorm(t, T, a):
-    # a: x, y (rows, C), weight, bias (C,), mean, rstd (rows,), all fp32; rows, C, eps's bits
+def _norm(t, T, a):
+    # a: x, y (rows, C), weight (C,), bias (C,) or 0, mean (rows,) or 0, rstd (rows,), all fp32;
+    # rows, C, eps's bits: layernorm with a bias, RMSNorm without
     rows, C = a[6], a[7]
     lo, hi = share(rows, t, T)
     if lo == hi:
         return
     x, y = numba.carray(f32_at(a[0]), (rows, C)), numba.carray(f32_at(a[1]), (rows, C))
-    weight, bias = numba.carray(f32_at(a[2]), (C,)), numba.carray(f32_at(a[3]), (C,))
-    mean, rstd = numba.carray(f32_at(a[4]), (rows,)), numba.carray(f32_at(a[5]), (rows,))
+    weight, rstd = numba.carray(f32_at(a[2]), (C,)), numba.carray(f32_at(a[5]), (rows,))
     eps = f64_of(a[8])
-    _layernorm_rows(x[lo:hi], weight, bias, eps, y[lo:hi], mean[lo:hi], rstd[lo:hi])
+    if a[3]:
+        bias, mean = numba.carray(f32_at(a[3]), (C,)), numba.carray(f32_at(a[4]), (rows,))
+        _layernorm_rows(x[lo:hi], weight, bias, eps, y[lo:hi], mean[lo:hi], rstd[lo:hi])
+    else:
+        _rmsnorm_rows(x[lo:hi], weight, eps, y[lo:hi], rstd[lo:hi])
+
+
+def _fp32(name, *arrays):
+    if any(a is None or a.dtype != np.float32 for a in arrays) or not arrays[0].ndim:
+        raise Unsupported(f"{name}: fp32 x, weight and outputs")
 
 
 @form("layernorm_fwd")
 def _layernorm_fwd_form(ops, outs, x, weight, bias, eps=1e-5):
-    arrays = (x, weight, bias, *outs)
-    if any(a is None or a.dtype != np.float32 for a in arrays) or not x.ndim:
-        raise Unsupported("layernorm_fwd: fp32 x, weight and bias")
+    _fp32("layernorm_fwd", x, weight, bias, *outs)
+    y, mean, rstd = outs
     C = x.shape[-1]
-    ops.add(_layernorm, x, outs[0], weight, bias, outs[1], outs[2], x.size // C, C, float(eps))
-
-
-@op
-def _rmsnorm(t, T, a):
-    # a: x, y (rows, C), weight (C,), rstd (rows,), all fp32; rows, C, eps's bits
-    rows, C = a[4], a[5]
-    lo, hi = share(rows, t, T)
-    if lo == hi:
-        return
-    x, y = numba.carray(f32_at(a[0]), (rows, C)), numba.carray(f32_at(a[1]), (rows, C))
-    weight, rstd = numba.carray(f32_at(a[2]), (C,)), numba.carray(f32_at(a[3]), (rows,))
-    _rmsnorm_rows(x[lo:hi], weight, f64_of(a[6]), y[lo:hi], rstd[lo:hi])
+    ops.add(_norm, x, y, weight, bias, mean, rstd, x.size // C, C, float(eps))
 
 
 @form("rmsnorm_fwd")
 def _rmsnorm_fwd_form(ops, outs, x, weight, eps=1e-6):
-    if any(a is None or a.dtype != np.float32 for a in (x, weight, *outs)) or not x.ndim:
-        raise Unsupported("rmsnorm_fwd: fp32 x and weight")
+    _fp32("rmsnorm_fwd", x, weight, *outs)
+    y, rstd = outs
     C = x.shape[-1]
-    ops.add(_rmsnorm, x, outs[0], weight, outs[1], x.size // C, C, float(eps))
+    ops.add(_norm, x, y, weight, 0, 0, rstd, x.size // C, C, float(eps))
