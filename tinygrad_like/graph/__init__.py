@@ -8,11 +8,12 @@ call with inputs of a shape runs fn eagerly, recording; the second runs it eager
 recording, and checks the two (capture.py); every later call copies its inputs into the buffers
 the first two ran on and replays the kernels (on a device that keeps graphs, as CUDA graphs:
 device_graph.py; on the CPU, where every launch has an op form, as one parallel hand-off of
-compiled ops over the memory plan's arena: cpu_step.py). A call whose inputs have another shape or dtype is
-captured anew, and says so once. What changes between calls must reach the kernels as the
-contents of an input (token ids, positions), never as a Python value the step computes: a step
-that passes one (capture.py names the launch) runs eagerly from then on, and says so once, as
-torch.compile falls back to eager where it cannot capture; fullgraph=True raises instead.
+compiled ops over the memory plan's arena: cpu_step.py). A call whose inputs have another shape
+or dtype is captured anew, and says so once. What changes between calls must reach the kernels
+as the contents of an input (token ids, positions), never as a Python value the step computes:
+a step that passes one (capture.py names the launch) runs eagerly from then on, and says so
+once, as torch.compile falls back to eager where it cannot capture; fullgraph=True raises
+instead.
 """
 
 import sys
