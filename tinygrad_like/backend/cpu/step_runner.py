@@ -18,6 +18,7 @@ of as many as there are threads, so every thread is in the loop at once (TBB's w
 does not promise that: under it no step is compiled, run_ready says so).
 """
 
+import threading
 import time
 import types as types_module
 
@@ -295,16 +296,19 @@ class Ops:
             fn()
 
     def run(self):
-        """The ops, the inputs checked (check_inputs) first."""
+        """The ops (their inputs checked first: check_inputs), one run at a time in the process
+        (the barrier's counters are one)."""
         ops, at, table = self.ready()
-        T = min(THREADS, numba.get_num_threads())
-        if T > 1:
-            if not _started[0]:
-                _start_pool()
-                T = min(THREADS, numba.get_num_threads())
-            _run_parallel(ops, at, table, T, _SYNC)
-        else:
-            _run_serial(ops, at, table)
+        with _ONE_RUN:
+            T = min(THREADS, numba.get_num_threads())
+            if T > 1:
+                if not _started[0]:
+                    _start_pool()
+                    T = min(THREADS, numba.get_num_threads())
+                _run_parallel(ops, at, table, T, _SYNC)
+            else:
+                _run_serial(ops, at, table)
 
 
-_SYNC = np.zeros(16, np.int64)  # the barrier's count and generation (one step runs at a time)
+_SYNC = np.zeros(16, np.int64)  # the barrier's count and generation
+_ONE_RUN = threading.Lock()  # held by the thread whose ops run
