@@ -16,6 +16,7 @@ a CUDA graph: compiled() says why.
 """
 
 import importlib
+from pathlib import Path
 
 import numpy as np
 
@@ -25,8 +26,10 @@ from .device_graph import _copied, _moved
 from .plan import ALIGN
 from .replay import _view_of
 
-# the families whose cpu_step.py has forms (imported when a step is first compiled)
-FAMILIES = ("elementwise", "embedding", "gemm", "kvcache", "quant", "rotary", "rownorm")
+# the kernel families with a cpu_step.py of forms, imported when a step is first compiled
+FAMILIES = sorted(
+    p.parent.name for p in (Path(__file__).parents[1] / "kernels").glob("*/cpu_step.py")
+)
 
 
 def compiled(program):

@@ -252,7 +252,6 @@ def _qmatmul_int8x_form(
     none = ops.scratch(1)
     y, tail = epilogue(ops, outs, M, N, add, then)
     dots = variant(_int8_dots, fmt, _dots=_QMATMUL_INT8X[fmt].serial)
-    ops.kept.append(group_of)
     ops.add(
         dots, codes, scales, group_of, xcodes, x0, x1, xscales, xoff,
         none if bias is None else bias, y, *tail,
